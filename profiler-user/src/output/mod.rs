@@ -1,0 +1,1 @@
+//! Output sinks (placeholder, being written).
