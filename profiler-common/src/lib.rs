@@ -1,1 +1,147 @@
-//! profiler-common
+//! The kernel/user ABI of spanprof.
+//!
+//! # Overview
+//! The C header `profiler-ebpf/include/spanprof_abi.h` is the source of truth. This crate mirrors
+//! it in `#[repr(C)]` types that user space reads out of ring buffer records and writes into maps.
+//! A test generates C `_Static_assert`s from the Rust layout (size, alignment and every field
+//! offset) and compiles them against the header, so a change on one side fails the build of the
+//! tests until the other side follows.
+//!
+//! # Design constraints
+//! Fixed-width integers only, explicit padding, no `bool`, every struct `Copy` and a multiple of
+//! 8 bytes, so a record can be read from any byte slice with [`SampleRecord::from_bytes`].
+#![no_std]
+
+/// Maximum frames of one kernel or user stack (perf's default `kernel.perf_event_max_stack`).
+pub const MAX_STACK_DEPTH: usize = 127;
+/// Length of a task's `comm`, NUL-padded.
+pub const TASK_COMM_LEN: usize = 16;
+/// Record kind of [`SampleRecord`].
+pub const RECORD_SAMPLE: u32 = 1;
+
+/// Process named by the user (`--pid` or the `--` command).
+pub const TARGET_EXPLICIT: u32 = 1;
+/// Process forked by a profiled process.
+pub const TARGET_CHILD: u32 = 2;
+
+/// Indexes of the per-CPU error counters in the `errors` map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ErrorCode {
+    /// The ring buffer was full; the sample was lost.
+    RingbufFull = 0,
+    /// `bpf_get_stack` failed for the kernel stack.
+    KernelStack = 1,
+    /// `bpf_get_stack` failed for the user stack.
+    UserStack = 2,
+    /// A child process could not be added to `target_pids`.
+    PidMapFull = 3,
+}
+
+/// Number of slots in the `errors` map.
+pub const ERROR_COUNT: u32 = 8;
+
+impl ErrorCode {
+    /// Every code, for reporting.
+    pub const ALL: [ErrorCode; 4] = [
+        ErrorCode::RingbufFull,
+        ErrorCode::KernelStack,
+        ErrorCode::UserStack,
+        ErrorCode::PidMapFull,
+    ];
+
+    /// What the counter means, for summaries.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorCode::RingbufFull => "samples lost: ring buffer full",
+            ErrorCode::KernelStack => "kernel stacks not captured",
+            ErrorCode::UserStack => "user stacks not captured",
+            ErrorCode::PidMapFull => "child processes not followed: pid map full",
+        }
+    }
+}
+
+/// Value of the `target_pids` map (`struct spanprof_target`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct Target {
+    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`].
+    pub flags: u32,
+    /// Parent process of a child target, 0 for explicit ones.
+    pub parent_tgid: u32,
+}
+
+/// One on-CPU sample (`struct spanprof_sample`).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct SampleRecord {
+    /// [`RECORD_SAMPLE`].
+    pub kind: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the sample.
+    pub time_ns: u64,
+    /// Valid entries in `kstack`, or a negative errno.
+    pub kstack_len: i32,
+    /// Valid entries in `ustack`, or a negative errno.
+    pub ustack_len: i32,
+    /// Thread name, NUL-padded.
+    pub comm: [u8; TASK_COMM_LEN],
+    /// Kernel return addresses, leaf first.
+    pub kstack: [u64; MAX_STACK_DEPTH],
+    /// User return addresses, leaf first.
+    pub ustack: [u64; MAX_STACK_DEPTH],
+}
+
+// SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).
+unsafe impl Pod for SampleRecord {}
+// SAFETY: as above.
+unsafe impl Pod for Target {}
+
+/// Types that may be reinterpreted from any bytes of the right length.
+///
+/// # Safety
+/// Implementors are `#[repr(C)]`, have no padding and accept every bit pattern.
+pub unsafe trait Pod: Copy {}
+
+impl SampleRecord {
+    /// Reads a record from a ring buffer item, or `None` when it is too short or of another kind.
+    pub fn from_bytes(bytes: &[u8]) -> Option<&SampleRecord> {
+        if bytes.len() < core::mem::size_of::<SampleRecord>()
+            || bytes.as_ptr().align_offset(core::mem::align_of::<SampleRecord>()) != 0
+        {
+            return None;
+        }
+        // SAFETY: length and alignment checked above; SampleRecord is Pod.
+        let rec = unsafe { &*(bytes.as_ptr() as *const SampleRecord) };
+        (rec.kind == RECORD_SAMPLE).then_some(rec)
+    }
+
+    /// The kernel stack, leaf first (empty on error).
+    pub fn kernel_stack(&self) -> &[u64] {
+        clamp(&self.kstack, self.kstack_len)
+    }
+
+    /// The user stack, leaf first (empty on error).
+    pub fn user_stack(&self) -> &[u64] {
+        clamp(&self.ustack, self.ustack_len)
+    }
+
+    /// The thread name up to its first NUL.
+    pub fn comm(&self) -> &[u8] {
+        let end = self.comm.iter().position(|&b| b == 0).unwrap_or(TASK_COMM_LEN);
+        &self.comm[..end]
+    }
+}
+
+fn clamp(stack: &[u64; MAX_STACK_DEPTH], len: i32) -> &[u64] {
+    let n = usize::try_from(len).unwrap_or(0).min(MAX_STACK_DEPTH);
+    &stack[..n]
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * spanprof's eBPF programs: on-CPU sampling and following children of profiled processes.
+ *
+ * Kept small and bounded: no loops, two bpf_get_stack calls per sample, one ring buffer record.
+ * Everything that can fail is counted in `errors` so user space can report it.
+ */
+#include <linux/bpf.h>
+#include <linux/bpf_perf_event.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "spanprof_abi.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/*
+ * The only kernel type read here. CO-RE relocates the field by name against the running
+ * kernel's BTF, so this stub stands in for a full vmlinux.h.
+ */
+struct task_struct {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+/* Set by user space before load (EbpfLoader::override_global). */
+const volatile __u32 follow_children = 0;
+
+/* Processes to profile, by tgid. User space adds targets; on_fork adds their children. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct spanprof_target);
+} target_pids SEC(".maps");
+
+/* Sized by user space (--ring-buffer-size); this is the default. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 * 1024 * 1024);
+} samples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SPANPROF_ERR_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} errors SEC(".maps");
+
+static __always_inline void count_error(__u32 code)
+{
+	__u64 *n = bpf_map_lookup_elem(&errors, &code);
+
+	if (n)
+		*n += 1;
+}
+
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct spanprof_sample *s;
+	long n;
+
+	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
+		return 0;
+
+	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	if (!s) {
+		count_error(SPANPROF_ERR_RINGBUF_FULL);
+		return 0;
+	}
+	s->kind = SPANPROF_RECORD_SAMPLE;
+	s->cpu = bpf_get_smp_processor_id();
+	s->pid = tgid;
+	s->tid = (__u32)id;
+	s->time_ns = bpf_ktime_get_ns();
+	bpf_get_current_comm(s->comm, sizeof(s->comm));
+
+	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
+	n = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
+	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+
+	n = bpf_get_stack(ctx, s->ustack, sizeof(s->ustack), BPF_F_USER_STACK);
+	if (n < 0)
+		count_error(SPANPROF_ERR_USTACK);
+	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+
+	bpf_ringbuf_submit(s, 0);
+	return 0;
+}
+
+/*
+ * sched_process_fork fires for new threads too; only a new thread group (a process) is added.
+ * Done in the kernel so no child can run unprofiled while user space catches up.
+ */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid, ctgid;
+	struct spanprof_target t = {};
+
+	if (!follow_children)
+		return 0;
+	ptgid = BPF_CORE_READ(parent, tgid);
+	ctgid = BPF_CORE_READ(child, tgid);
+	if (ptgid == ctgid || !bpf_map_lookup_elem(&target_pids, &ptgid))
+		return 0;
+	t.flags = SPANPROF_TARGET_CHILD;
+	t.parent_tgid = ptgid;
+	if (bpf_map_update_elem(&target_pids, &ctgid, &t, BPF_ANY))
+		count_error(SPANPROF_ERR_PID_MAP_FULL);
+	return 0;
+}
