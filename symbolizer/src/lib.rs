@@ -1,1 +1,353 @@
-//! symbolizer
+//! Native (ELF/DWARF) and kernel symbolization for spanprof, on top of blazesym.
+//!
+//! # Overview
+//! Symbolization happens in two steps, because a profiled process may exit before the session
+//! ends:
+//! 1. [`Symbolizer::normalize`] turns a live process's virtual addresses into (module, file offset)
+//!    pairs by reading `/proc/PID/maps`, while the process is still there. User space calls it for
+//!    new addresses every time it drains the ring buffer, so only the last few milliseconds of a
+//!    process that exits are at risk, and those come out as unknown frames with the reason.
+//! 2. [`Symbolizer::symbolize`] resolves everything at the end, per module file, in batches:
+//!    names (demangled), source files and lines from DWARF when present, and the kernel from
+//!    `/proc/kallsyms`.
+//!
+//! An address that cannot be resolved is not an error: it is a [`Symbol`] with no function and
+//! an `unknown_reason`, so outputs can still name the module and offset.
+//!
+//! # Design constraints
+//! Addresses passed in must already be "lookup" addresses: the caller subtracts one from return
+//! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
+//! the next one.
+
+use std::collections::hash_map::Entry;
+use std::path::{Path, PathBuf};
+
+use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized};
+use blazesym::Pid;
+use rustc_hash::FxHashMap;
+
+/// Module name used for kernel frames.
+pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
+
+/// A resolved (or unresolvable) address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Symbol {
+    /// Demangled function name, `None` when unknown.
+    pub function: Option<String>,
+    /// Module path (ELF file, or [`KERNEL_MODULE`]), when known.
+    pub module: Option<String>,
+    /// File offset within the module for user addresses, the absolute address otherwise.
+    pub address: u64,
+    /// Source file, from DWARF.
+    pub file: Option<String>,
+    /// Source line, from DWARF.
+    pub line: Option<u32>,
+    /// Why `function` is `None`.
+    pub unknown_reason: Option<String>,
+}
+
+/// Where a user address lives, once normalized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Location {
+    Elf { module: u32, offset: u64 },
+    Unknown { module: Option<u32>, reason: String },
+}
+
+/// Counters for the session summary and `--stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// User addresses normalized while their process was alive.
+    pub normalized: u64,
+    /// User addresses whose process was gone (or unreadable) before normalization.
+    pub process_gone: u64,
+}
+
+/// Normalizes user addresses during a session and symbolizes everything at its end.
+#[derive(Debug)]
+pub struct Symbolizer {
+    normalizer: Normalizer,
+    modules: Vec<PathBuf>,
+    module_ids: FxHashMap<PathBuf, u32>,
+    user: FxHashMap<(u32, u64), Location>,
+    stats: Stats,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer with empty caches.
+    pub fn new() -> Self {
+        Self {
+            // Build ids are not needed to symbolize on this host; skipping them saves a read of
+            // every module.
+            normalizer: Normalizer::builder().enable_build_ids(false).build(),
+            modules: Vec::new(),
+            module_ids: FxHashMap::default(),
+            user: FxHashMap::default(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Whether `addr` of `pid` was already normalized (or found unresolvable).
+    pub fn is_known(&self, pid: u32, addr: u64) -> bool {
+        self.user.contains_key(&(pid, addr))
+    }
+
+    /// Normalizes addresses of a live process. Already known addresses are skipped; `addrs` is
+    /// sorted and deduplicated in place.
+    pub fn normalize(&mut self, pid: u32, addrs: &mut Vec<u64>) {
+        addrs.sort_unstable();
+        addrs.dedup();
+        addrs.retain(|a| !self.user.contains_key(&(pid, *a)));
+        if addrs.is_empty() {
+            return;
+        }
+        let opts = NormalizeOpts {
+            sorted_addrs: true,
+            ..Default::default()
+        };
+        match self
+            .normalizer
+            .normalize_user_addrs_opts(Pid::from(pid), addrs, &opts)
+        {
+            Ok(out) => {
+                // Own what is needed so `out` (which borrows the normalizer) can be dropped
+                // before modules are interned.
+                let metas: Vec<Result<PathBuf, String>> = out
+                    .meta
+                    .iter()
+                    .map(|m| match m {
+                        UserMeta::Elf(elf) => Ok(elf.path.clone()),
+                        UserMeta::Unknown(u) => Err(u.reason.to_string()),
+                        UserMeta::Sym(s) => Err(format!("unsupported mapping ({})", s.name)),
+                        _ => Err("unsupported mapping".to_string()),
+                    })
+                    .collect();
+                let outputs = out.outputs;
+                for (&addr, (value, meta_idx)) in addrs.iter().zip(outputs) {
+                    let loc = match metas.get(meta_idx) {
+                        Some(Ok(path)) => Location::Elf {
+                            module: self.intern_module(path),
+                            offset: value,
+                        },
+                        Some(Err(reason)) => Location::Unknown {
+                            module: None,
+                            reason: reason.clone(),
+                        },
+                        None => Location::Unknown {
+                            module: None,
+                            reason: "normalizer returned no metadata".to_string(),
+                        },
+                    };
+                    self.user.insert((pid, addr), loc);
+                    self.stats.normalized += 1;
+                }
+            }
+            Err(err) => {
+                let reason = if Path::new(&format!("/proc/{pid}")).exists() {
+                    format!("cannot read memory map: {err}")
+                } else {
+                    "process exited before symbolization".to_string()
+                };
+                for &addr in addrs.iter() {
+                    self.user.insert(
+                        (pid, addr),
+                        Location::Unknown {
+                            module: None,
+                            reason: reason.clone(),
+                        },
+                    );
+                    self.stats.process_gone += 1;
+                }
+            }
+        }
+    }
+
+    fn intern_module(&mut self, path: &Path) -> u32 {
+        match self.module_ids.entry(path.to_path_buf()) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                let id = self.modules.len() as u32;
+                self.modules.push(path.to_path_buf());
+                e.insert(id);
+                id
+            }
+        }
+    }
+
+    /// Resolves user addresses (`(pid, addr)` pairs normalized earlier) and kernel addresses.
+    ///
+    /// Returns one [`Symbol`] per input, in input order. User addresses never normalized come
+    /// out unknown ("not normalized").
+    pub fn symbolize(&self, user: &[(u32, u64)], kernel: &[u64]) -> (Vec<Symbol>, Vec<Symbol>) {
+        let symbolizer = blazesym::symbolize::Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(false)
+            .enable_demangling(true)
+            .build();
+
+        // Group file offsets per module so each module is opened and searched once.
+        let mut per_module: FxHashMap<u32, Vec<(usize, u64)>> = FxHashMap::default();
+        let mut user_out: Vec<Symbol> = Vec::with_capacity(user.len());
+        for (i, &(pid, addr)) in user.iter().enumerate() {
+            match self.user.get(&(pid, addr)) {
+                Some(Location::Elf { module, offset }) => {
+                    per_module.entry(*module).or_default().push((i, *offset));
+                    user_out.push(unknown(
+                        Some(&self.modules[*module as usize]),
+                        *offset,
+                        "not symbolized",
+                    ));
+                }
+                Some(Location::Unknown { module, reason }) => user_out.push(unknown(
+                    module.map(|m| self.modules[m as usize].as_path()),
+                    addr,
+                    reason,
+                )),
+                None => user_out.push(unknown(None, addr, "not normalized")),
+            }
+        }
+        for (module, items) in per_module {
+            let path = &self.modules[module as usize];
+            let offsets: Vec<u64> = items.iter().map(|&(_, o)| o).collect();
+            let src = Source::Elf(Elf::new(path));
+            match symbolizer.symbolize(&src, Input::FileOffset(&offsets)) {
+                Ok(results) => {
+                    for ((i, offset), result) in items.iter().zip(results) {
+                        user_out[*i] = to_symbol(result, Some(path), *offset);
+                    }
+                }
+                Err(err) => {
+                    let reason = format!("cannot read {}: {err}", path.display());
+                    for (i, offset) in &items {
+                        user_out[*i] = unknown(Some(path), *offset, &reason);
+                    }
+                }
+            }
+        }
+
+        let kernel_out = if kernel.is_empty() {
+            Vec::new()
+        } else {
+            let src = Source::Kernel(Kernel::default());
+            let kernel_path = Path::new(KERNEL_MODULE);
+            match symbolizer.symbolize(&src, Input::AbsAddr(kernel)) {
+                Ok(results) => results
+                    .into_iter()
+                    .zip(kernel)
+                    .map(|(r, &a)| to_symbol(r, Some(kernel_path), a))
+                    .collect(),
+                Err(err) => {
+                    let reason = format!("cannot read kernel symbols: {err}");
+                    kernel
+                        .iter()
+                        .map(|&a| unknown(Some(kernel_path), a, &reason))
+                        .collect()
+                }
+            }
+        };
+        (user_out, kernel_out)
+    }
+}
+
+fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {
+    Symbol {
+        function: None,
+        module: module.map(|m| m.display().to_string()),
+        address,
+        file: None,
+        line: None,
+        unknown_reason: Some(reason.to_string()),
+    }
+}
+
+fn to_symbol(result: Symbolized<'_>, module: Option<&Path>, address: u64) -> Symbol {
+    match result {
+        Symbolized::Sym(sym) => {
+            let (file, line) = match &sym.code_info {
+                Some(ci) => (Some(ci.to_path().display().to_string()), ci.line),
+                None => (None, None),
+            };
+            Symbol {
+                function: Some(sym.name.into_owned()),
+                module: module.map(|m| m.display().to_string()),
+                address,
+                file,
+                line,
+                unknown_reason: None,
+            }
+        }
+        Symbolized::Unknown(reason) => unknown(module, address, &reason.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn marker_function_for_symbolizer_test() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn symbolizes_own_function_with_source_line() {
+        let addr = marker_function_for_symbolizer_test as *const () as u64;
+        let pid = std::process::id();
+        let mut s = Symbolizer::new();
+        let mut addrs = vec![addr, addr];
+        s.normalize(pid, &mut addrs);
+        assert_eq!(addrs.len(), 1, "deduplicated");
+        assert!(s.is_known(pid, addr));
+        let (user, kernel) = s.symbolize(&[(pid, addr)], &[]);
+        assert!(kernel.is_empty());
+        let sym = &user[0];
+        assert!(
+            sym.function
+                .as_deref()
+                .unwrap_or_default()
+                .ends_with("marker_function_for_symbolizer_test"),
+            "{sym:?}"
+        );
+        assert!(sym.module.as_deref().unwrap_or_default().contains("symbolizer"), "{sym:?}");
+        assert!(sym.file.as_deref().unwrap_or_default().ends_with("lib.rs"), "{sym:?}");
+        assert!(sym.line.is_some(), "{sym:?}");
+    }
+
+    #[test]
+    fn gone_process_gives_unknown_with_reason() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![0x401000]);
+        let (user, _) = s.symbolize(&[(pid, 0x401000), (pid, 0x5000)], &[]);
+        assert_eq!(
+            user[0].unknown_reason.as_deref(),
+            Some("process exited before symbolization")
+        );
+        assert_eq!(user[1].unknown_reason.as_deref(), Some("not normalized"));
+        assert_eq!(s.stats().process_gone, 1);
+    }
+
+    #[test]
+    fn unmapped_address_is_unknown_not_error() {
+        let pid = std::process::id();
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![0x10]);
+        let (user, _) = s.symbolize(&[(pid, 0x10)], &[]);
+        assert!(user[0].function.is_none());
+        assert!(user[0].unknown_reason.is_some());
+    }
+}
