@@ -30,7 +30,10 @@ fn main() {
                  (`cargo xtask deps` does it when run as root)"
             )
         });
-    let arch_include = format!("/usr/include/{}-linux-gnu", env::var("CARGO_CFG_TARGET_ARCH").unwrap());
+    let arch_include = format!(
+        "/usr/include/{}-linux-gnu",
+        env::var("CARGO_CFG_TARGET_ARCH").unwrap()
+    );
     let status = Command::new(clang)
         .args(["-g", "-O2", "-target", "bpf", "-D__TARGET_ARCH_x86"])
         .args(["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"])

@@ -112,7 +112,10 @@ impl SampleRecord {
     /// Reads a record from a ring buffer item, or `None` when it is too short or of another kind.
     pub fn from_bytes(bytes: &[u8]) -> Option<&SampleRecord> {
         if bytes.len() < core::mem::size_of::<SampleRecord>()
-            || bytes.as_ptr().align_offset(core::mem::align_of::<SampleRecord>()) != 0
+            || bytes
+                .as_ptr()
+                .align_offset(core::mem::align_of::<SampleRecord>())
+                != 0
         {
             return None;
         }
@@ -133,7 +136,11 @@ impl SampleRecord {
 
     /// The thread name up to its first NUL.
     pub fn comm(&self) -> &[u8] {
-        let end = self.comm.iter().position(|&b| b == 0).unwrap_or(TASK_COMM_LEN);
+        let end = self
+            .comm
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(TASK_COMM_LEN);
         &self.comm[..end]
     }
 }
@@ -142,6 +149,10 @@ fn clamp(stack: &[u64; MAX_STACK_DEPTH], len: i32) -> &[u64] {
     let n = usize::try_from(len).unwrap_or(0).min(MAX_STACK_DEPTH);
     &stack[..n]
 }
+
+// SAFETY: Target is repr(C), padding-free and valid for every bit pattern (layout test).
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for Target {}
 
 #[cfg(test)]
 mod tests;

@@ -56,10 +56,14 @@ fn c_asserts() -> String {
         c += &format!("_Static_assert(_Alignof({name}) == {align}, \"align of {name}\");\n");
         let mut covered = 0;
         for (field, offset, fsize) in fields {
-            c += &format!("_Static_assert(offsetof({field}) == {offset}, \"offset of {field}\");\n");
+            c +=
+                &format!("_Static_assert(offsetof({field}) == {offset}, \"offset of {field}\");\n");
             covered += fsize;
         }
-        assert_eq!(covered, *size, "{name} has padding or fields missing from this test");
+        assert_eq!(
+            covered, *size,
+            "{name} has padding or fields missing from this test"
+        );
     }
     let consts = [
         ("SPANPROF_MAX_STACK_DEPTH", MAX_STACK_DEPTH as u64),
@@ -112,7 +116,10 @@ fn from_bytes_rejects_short_and_foreign_records() {
     #[repr(C, align(8))]
     struct Buf([u8; size_of::<SampleRecord>()]);
     let mut buf = Buf([0; size_of::<SampleRecord>()]);
-    assert!(SampleRecord::from_bytes(&buf.0).is_none(), "kind 0 is not a sample");
+    assert!(
+        SampleRecord::from_bytes(&buf.0).is_none(),
+        "kind 0 is not a sample"
+    );
     buf.0[..4].copy_from_slice(&RECORD_SAMPLE.to_ne_bytes());
     // kstack_len = 3, ustack_len = -14 (EFAULT)
     let k = offset_of!(SampleRecord, kstack_len);

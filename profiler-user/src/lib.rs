@@ -1,3 +1,32 @@
-//! spanprof: a low-overhead eBPF sampling profiler with trace correlation.
+//! spanprof: a low-overhead eBPF sampling profiler for Linux with trace correlation.
+//!
+//! # Overview
+//! One sample's life (ARCHITECTURE.md tells it in full):
+//! 1. [`bpf`] loads the C programs of `profiler-ebpf/` and attaches a `perf_event` program to a
+//!    software `cpu-clock` event on every CPU; for processes in the `target_pids` map it sends a
+//!    [`profiler_common::SampleRecord`] (kernel and user stacks, thread id and name) through a
+//!    ring buffer.
+//! 2. [`session`] drains the ring buffer into the [`aggregate::Aggregator`], which interns stacks
+//!    and counts them per thread, and has new addresses normalized while processes are alive.
+//! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`].
+//! 4. [`output`] renders the profile as SVG, folded stacks, pprof or speedscope; [`write`] puts
+//!    the files in place atomically with mode 0600.
+//!
+//! # Design constraints
+//! The per-sample path (BPF program and [`aggregate::Aggregator::record`]) is bounded and does not
+//! allocate for stacks it has seen before. Nothing is lost silently: ring buffer overflows and
+//! other in-kernel failures are counted per CPU and reported.
+//!
+//! # Minimum kernel
+//! Linux 5.8 (BPF ring buffer, `CAP_BPF`/`CAP_PERFMON`) with BTF (`CONFIG_DEBUG_INFO_BTF=y`) for
+//! the `tp_btf` fork follower. Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
+//! (or root / `CAP_SYS_ADMIN`); reading other users' processes' memory maps needs
+//! `CAP_SYS_PTRACE`, and kernel symbols need `CAP_SYSLOG`.
+pub mod aggregate;
+pub mod bpf;
 pub mod output;
+pub mod preflight;
 pub mod profile;
+pub mod session;
+pub mod summary;
+pub mod write;

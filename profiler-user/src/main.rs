@@ -1,1 +1,237 @@
-fn main() {}
+//! The `spanprof` command line.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use spanprof::output::{self, Format};
+use spanprof::session::{self, Ending, Options, Target};
+use spanprof::write::PendingOutput;
+use spanprof::{bpf, summary};
+
+/// Exit status for bad command-line input.
+const EXIT_USAGE: u8 = 2;
+/// Exit status for a failed session.
+const EXIT_FAILURE: u8 = 1;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "spanprof",
+    version,
+    about = "Low-overhead eBPF sampling profiler with trace correlation"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Profile running processes, or a command and its children, for a while.
+    Profile(ProfileArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  spanprof profile --pid 1234 --duration 30s -o flame.svg\n  \
+                  spanprof profile -o run.pb.gz -o run.svg -- ./bench --fast\n\n\
+                  Formats (from the extension, or --format for every output): .svg flame graph, \
+                  .folded stacks, .pb.gz pprof, .speedscope.json.\n\
+                  Exit status: the command's in `-- CMD` mode; 2 for bad arguments; 1 for other errors."
+)]
+struct ProfileArgs {
+    /// Processes to profile, comma-separated.
+    #[arg(short, long, value_name = "PID[,PID…]", conflicts_with = "command")]
+    pid: Option<String>,
+    /// How long to profile (e.g. 30s, 500ms, 2m). Default: until the targets exit or Ctrl-C.
+    #[arg(short, long, value_name = "DURATION")]
+    duration: Option<String>,
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
+    frequency: u64,
+    /// Output file; repeat for several formats of the same profile.
+    #[arg(short, long = "output", value_name = "FILE")]
+    output: Vec<PathBuf>,
+    /// Format of every output (svg, folded, pprof, speedscope), instead of the extension.
+    #[arg(long, value_name = "FORMAT")]
+    format: Option<String>,
+    /// Drop kernel frames.
+    #[arg(long)]
+    no_kernel: bool,
+    /// With --pid, also profile processes the targets start (always on for a command).
+    #[arg(long)]
+    children: bool,
+    /// Size of the kernel-to-user sample ring buffer in bytes (a power of two, ≥ 4096).
+    #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
+    ring_buffer_size: u32,
+    /// No progress bar or progress lines.
+    #[arg(long)]
+    quiet: bool,
+    /// Command to run and profile, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+/// A one-line error and the exit status it gets.
+struct Failure(u8, String);
+
+fn usage(msg: impl Into<String>) -> Failure {
+    Failure(EXIT_USAGE, msg.into())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, Failure> {
+    match humantime::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(usage(format!(
+            "invalid duration '{s}' for --duration: must be more than zero"
+        ))),
+        Err(_) => Err(usage(format!(
+            "invalid duration '{s}' for --duration: expected e.g. 30s, 500ms, 2m"
+        ))),
+    }
+}
+
+fn parse_pids(s: &str) -> Result<Vec<u32>, Failure> {
+    let pids: Result<Vec<u32>, _> = s
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| usage(format!("invalid pid '{}' in --pid", p.trim())))
+        })
+        .collect();
+    let mut pids = pids?;
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+fn profile(args: ProfileArgs) -> Result<u8, Failure> {
+    let target = match (&args.pid, args.command.is_empty()) {
+        (Some(p), true) => Target::Pids(parse_pids(p)?),
+        (None, false) => Target::Command(args.command.clone()),
+        (None, true) => return Err(usage("nothing to profile: give --pid PID or -- CMD ARGS…")),
+        (Some(_), false) => return Err(usage("give either --pid or a command, not both")),
+    };
+    let duration = args.duration.as_deref().map(parse_duration).transpose()?;
+    if !(1..=10_000).contains(&args.frequency) {
+        return Err(usage(format!(
+            "invalid frequency {} for --frequency: expected 1 to 10000 Hz",
+            args.frequency
+        )));
+    }
+    if args.ring_buffer_size < 4096 || !args.ring_buffer_size.is_power_of_two() {
+        return Err(usage(format!(
+            "invalid --ring-buffer-size {}: must be a power of two of at least 4096",
+            args.ring_buffer_size
+        )));
+    }
+    let forced = match &args.format {
+        Some(name) => Some(Format::from_name(name).ok_or_else(|| {
+            usage(format!(
+                "unknown output format '{name}': use svg, folded, pprof or speedscope"
+            ))
+        })?),
+        None => None,
+    };
+    let formats: Vec<Format> = args
+        .output
+        .iter()
+        .map(|path| {
+            forced.or_else(|| Format::from_path(path)).ok_or_else(|| {
+                usage(format!(
+                    "unknown output format for '{}': use a .svg, .folded, .pb.gz or \
+                     .speedscope.json name, or --format svg|folded|pprof|speedscope",
+                    path.display()
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
+    // rather than after a 30 s session.
+    let pending: Vec<PendingOutput> = args
+        .output
+        .iter()
+        .map(|p| PendingOutput::create(p))
+        .collect::<Result<_>>()
+        .map_err(fail)?;
+
+    let opts = Options {
+        target,
+        duration,
+        frequency: args.frequency,
+        kernel: !args.no_kernel,
+        children: args.children,
+        ring_buffer_size: args.ring_buffer_size,
+        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
+        progress: !args.quiet,
+    };
+    let outcome = session::run(&opts).map_err(fail)?;
+    let profile = &outcome.profile;
+    match &outcome.ending {
+        Ending::TargetsExited(_) | Ending::Duration | Ending::CommandExited => {}
+        Ending::Interrupted => eprintln!("spanprof: interrupted; writing what was gathered"),
+    }
+    for (pid, after) in &outcome.exited {
+        eprintln!(
+            "spanprof: process {pid} exited after {:.1} s; writing the {} samples gathered",
+            after.as_secs_f64(),
+            profile.total_samples()
+        );
+    }
+    if outcome.symbolizer.process_gone > 0 {
+        eprintln!(
+            "spanprof: {} addresses could not be symbolized because their process exited first",
+            outcome.symbolizer.process_gone
+        );
+    }
+    eprint!("{}", summary::render(profile, &outcome.errors));
+
+    let mut status = match outcome.exit_status {
+        Some(s) => u8::try_from(session::exit_code(s)).unwrap_or(EXIT_FAILURE),
+        None => 0,
+    };
+    for (out, format) in pending.into_iter().zip(formats) {
+        let dest = out.dest().display().to_string();
+        match output::render(profile, format) {
+            Ok(bytes) => match out.commit(&bytes) {
+                Ok(()) => eprintln!("wrote {dest} ({format})"),
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    status = EXIT_FAILURE;
+                }
+            },
+            Err(e) => {
+                eprintln!("error: cannot write output {dest}: {e}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
+    Ok(status)
+}
+
+fn fail(e: anyhow::Error) -> Failure {
+    // One line: the chain joined with ": ".
+    Failure(EXIT_FAILURE, format!("{e:#}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Profile(args) => profile(args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(Failure(code, msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}

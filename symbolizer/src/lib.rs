@@ -320,8 +320,17 @@ mod tests {
                 .ends_with("marker_function_for_symbolizer_test"),
             "{sym:?}"
         );
-        assert!(sym.module.as_deref().unwrap_or_default().contains("symbolizer"), "{sym:?}");
-        assert!(sym.file.as_deref().unwrap_or_default().ends_with("lib.rs"), "{sym:?}");
+        assert!(
+            sym.module
+                .as_deref()
+                .unwrap_or_default()
+                .contains("symbolizer"),
+            "{sym:?}"
+        );
+        assert!(
+            sym.file.as_deref().unwrap_or_default().ends_with("lib.rs"),
+            "{sym:?}"
+        );
         assert!(sym.line.is_some(), "{sym:?}");
     }
 

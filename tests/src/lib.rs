@@ -1,1 +1,689 @@
-//! tests
+//! Helpers for spanprof's integration tests, which run the real `spanprof`
+//! binary as root against the bundled C workloads in `tests/workloads/`.
+//!
+//! Overview: `cargo xtask test` builds the binary (`SPANPROF_BIN`), the
+//! workloads (`SPANPROF_WORKLOADS`) and a Python venv with `protobuf`
+//! (`SPANPROF_PYTHON`) for the independent pprof decoder
+//! `tests/tools/decode_pprof.py`, then runs `cargo test`. Without those
+//! variables the helpers fall back to the paths under `target/`.
+//!
+//! Design constraints: a test whose prerequisites are missing (not root, no
+//! binary, no workloads) fails with a message saying what is missing and how
+//! to get it; it never passes by skipping. Tests that sample take
+//! [`profiling_lock`] so that two sessions in one test binary do not compete
+//! for the machine's two CPUs.
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A `Vec<OsString>` of command-line arguments from anything string- or path-like:
+/// `args!["profile", "--pid", pid.to_string(), "-o", &path]`.
+#[macro_export]
+macro_rules! args {
+    ($($arg:expr),* $(,)?) => {
+        vec![$(::std::ffi::OsString::from(
+            ::std::convert::AsRef::<::std::ffi::OsStr>::as_ref(&$arg),
+        )),*]
+    };
+}
+
+/// How long any one spanprof run may take before the test kills it.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The workspace root (the parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives inside the workspace")
+        .to_path_buf()
+}
+
+/// True when running in CI (`CI=true`).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Fails the test with a message about a missing prerequisite. Missing
+/// prerequisites are failures everywhere; in CI the message says the CI
+/// machine itself is broken.
+#[track_caller]
+pub fn missing_prerequisite(what: &str, fix: &str) -> ! {
+    let context = if in_ci() {
+        "CI=true: the CI run must provide this; failing instead of skipping"
+    } else {
+        "failing instead of skipping"
+    };
+    panic!("spanprof integration test prerequisite missing: {what}\n  fix: {fix}\n  ({context})");
+}
+
+fn path_from_env(var: &str, fallback: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => workspace_root().join(fallback),
+    }
+}
+
+/// True when the effective uid is 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fails unless running as root: loading eBPF needs CAP_BPF and CAP_PERFMON.
+#[track_caller]
+pub fn require_root() {
+    if !is_root() {
+        missing_prerequisite(
+            "root (the tests load eBPF programs and drop privileges with setpriv)",
+            "run the tests as root: `cargo xtask test` as root",
+        );
+    }
+}
+
+/// The spanprof binary: `SPANPROF_BIN`, else `target/release/spanprof`.
+#[track_caller]
+pub fn spanprof_bin() -> PathBuf {
+    let bin = path_from_env("SPANPROF_BIN", "target/release/spanprof");
+    if !bin.is_file() {
+        missing_prerequisite(
+            &format!("the spanprof binary at {}", bin.display()),
+            "`cargo build --release -p spanprof`, or `cargo xtask test` which builds it",
+        );
+    }
+    bin
+}
+
+/// The directory of the built workloads: `SPANPROF_WORKLOADS`, else `target/workloads`.
+pub fn workloads_dir() -> PathBuf {
+    path_from_env("SPANPROF_WORKLOADS", "target/workloads")
+}
+
+/// The path of one built workload (`cpu_split`, `syscall_heavy`, `forker`).
+#[track_caller]
+pub fn workload_path(name: &str) -> PathBuf {
+    let path = workloads_dir().join(name);
+    if !path.is_file() {
+        missing_prerequisite(
+            &format!("the workload {}", path.display()),
+            "`cargo xtask workloads` (or `cargo xtask test`)",
+        );
+    }
+    path
+}
+
+/// The Python with `protobuf` and `grpcio-tools`: `SPANPROF_PYTHON`, else `target/venv/bin/python`.
+#[track_caller]
+pub fn python() -> PathBuf {
+    let python = path_from_env("SPANPROF_PYTHON", "target/venv/bin/python");
+    if !python.is_file() {
+        missing_prerequisite(
+            &format!("the Python venv interpreter {}", python.display()),
+            "`cargo xtask deps` (creates target/venv with protobuf and grpcio-tools)",
+        );
+    }
+    python
+}
+
+/// Checks everything a test that runs spanprof against a workload needs.
+#[track_caller]
+pub fn require_profiling() {
+    require_root();
+    spanprof_bin();
+    for name in ["cpu_split", "syscall_heavy", "forker"] {
+        workload_path(name);
+    }
+}
+
+static PROFILING: Mutex<()> = Mutex::new(());
+
+/// Serializes the tests of one test binary that sample (cargo runs test
+/// binaries one after another, and the tests inside one in parallel threads).
+pub fn profiling_lock() -> MutexGuard<'static, ()> {
+    PROFILING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A temporary directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates a fresh directory under the system temp dir, named after `label`.
+    pub fn new(label: &str) -> Self {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("spanprof-test-{label}-{}-{n}", std::process::id()));
+        if path.exists() {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        Self { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Names of the entries in the directory, sorted.
+    pub fn entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&self.path)
+            .unwrap_or_else(|e| panic!("cannot list {}: {e}", self.path.display()))
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A running workload, killed and reaped on drop.
+#[derive(Debug)]
+pub struct Workload {
+    pid: u32,
+    child: Option<Child>,
+    reaper: Option<JoinHandle<ExitStatus>>,
+}
+
+impl Workload {
+    /// Starts `name` for `seconds` and waits for the pid it prints first.
+    #[track_caller]
+    pub fn start(name: &str, seconds: f64) -> Self {
+        let path = workload_path(name);
+        let mut child = Command::new(&path)
+            .arg(format!("{seconds}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("cannot read the pid line of {name}: {e}"));
+        let pid: u32 = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} printed {line:?} instead of its pid"));
+        assert_eq!(pid, child.id(), "{name} printed a pid that is not its own");
+        Self {
+            pid,
+            child: Some(child),
+            reaper: None,
+        }
+    }
+
+    /// Starts `name` and reaps it from a thread as soon as it exits, as a
+    /// parent normally would (so no zombie stays behind for the profiler to see).
+    #[track_caller]
+    pub fn start_reaped(name: &str, seconds: f64) -> Self {
+        let mut workload = Self::start(name, seconds);
+        let mut child = workload.child.take().expect("just started");
+        workload.reaper = Some(std::thread::spawn(move || {
+            child.wait().expect("waiting for the workload")
+        }));
+        workload
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits for the workload to exit by itself and returns its status.
+    pub fn wait(mut self) -> ExitStatus {
+        if let Some(mut child) = self.child.take() {
+            return child.wait().expect("waiting for the workload");
+        }
+        self.reaper
+            .take()
+            .expect("a workload has a child or a reaper")
+            .join()
+            .expect("the reaper thread panicked")
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(reaper) = self.reaper.take() {
+            // SAFETY: kill(2) with a pid we started; at worst ESRCH if it
+            // exited already. The reaper thread holds the child, so the pid
+            // cannot have been reused before it is joined below.
+            unsafe {
+                libc::kill(self.pid as libc::pid_t, libc::SIGKILL);
+            }
+            let _ = reaper.join();
+        }
+    }
+}
+
+/// What a finished process left behind.
+#[derive(Debug)]
+pub struct RunOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    pub command: String,
+}
+
+impl RunOutput {
+    /// The exit code, or a panic if the process died of a signal.
+    #[track_caller]
+    pub fn code(&self) -> i32 {
+        match self.status.code() {
+            Some(code) => code,
+            None => panic!("{self}\nkilled by a signal"),
+        }
+    }
+
+    /// Panics with the full output unless the exit code is 0.
+    #[track_caller]
+    pub fn assert_success(&self) {
+        assert!(self.status.success(), "{self}\nexpected success");
+    }
+}
+
+impl fmt::Display for RunOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "$ {}\nexit: {} after {:.1?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.command, self.status, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut line = String::new();
+    for (key, value) in cmd.get_envs() {
+        if let Some(value) = value {
+            line.push_str(&format!(
+                "{}={} ",
+                key.to_string_lossy(),
+                value.to_string_lossy()
+            ));
+        }
+    }
+    line.push_str(&cmd.get_program().to_string_lossy());
+    for arg in cmd.get_args() {
+        line.push(' ');
+        line.push_str(&arg.to_string_lossy());
+    }
+    line
+}
+
+/// Runs `cmd` to completion with captured output, killing it after `timeout`.
+#[track_caller]
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> RunOutput {
+    let command = describe(&cmd);
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
+    let out = drain(child.stdout.take().expect("piped"));
+    let err = drain(child.stderr.take().expect("piped"));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the child") {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`{command}` did not finish within {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    RunOutput {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+        elapsed: start.elapsed(),
+        command,
+    }
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// A `spanprof` command with `args`, not yet run.
+#[track_caller]
+pub fn spanprof_command<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(spanprof_bin());
+    cmd.args(args);
+    cmd
+}
+
+/// Runs `spanprof` with `args` to completion.
+#[track_caller]
+pub fn run_spanprof<I, S>(args: I) -> RunOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    run_with_timeout(spanprof_command(args), RUN_TIMEOUT)
+}
+
+/// One line of folded output: frames root first, and a count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoldedStack {
+    pub frames: Vec<String>,
+    pub count: u64,
+}
+
+impl FoldedStack {
+    /// True when `seq` appears as consecutive frames (root first).
+    pub fn contains_seq(&self, seq: &[&str]) -> bool {
+        contains_seq(&self.frames, seq)
+    }
+
+    pub fn contains(&self, frame: &str) -> bool {
+        self.frames.iter().any(|f| f == frame)
+    }
+
+    /// The frame right after (called by) the first `frame`, if any.
+    pub fn callee_of(&self, frame: &str) -> Option<&str> {
+        let i = self.frames.iter().position(|f| f == frame)?;
+        self.frames.get(i + 1).map(String::as_str)
+    }
+}
+
+/// True when `seq` appears as consecutive elements of `frames`.
+pub fn contains_seq<S: AsRef<str>>(frames: &[S], seq: &[&str]) -> bool {
+    seq.is_empty()
+        || frames
+            .windows(seq.len())
+            .any(|w| w.iter().zip(seq).all(|(a, b)| a.as_ref() == *b))
+}
+
+/// True for a kernel frame in folded output (`name_[k]`).
+pub fn is_kernel_frame(frame: &str) -> bool {
+    frame.ends_with("_[k]")
+}
+
+/// Checks one frame's spelling; `Err` says what is wrong.
+fn check_frame(frame: &str) -> Result<(), String> {
+    if frame.is_empty() {
+        return Err("empty frame".into());
+    }
+    if frame.trim() != frame {
+        return Err(format!("frame {frame:?} has surrounding whitespace"));
+    }
+    if frame.contains(['\n', '\r', '\t']) {
+        return Err(format!("frame {frame:?} has a control character"));
+    }
+    if let Some(rest) = frame.strip_prefix("[unknown]") {
+        // `[unknown]`, or `[unknown] (module+0xHEX)`.
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let inner = rest
+            .strip_prefix(" (")
+            .and_then(|r| r.strip_suffix(')'))
+            .ok_or_else(|| format!("unknown frame {frame:?} is not `[unknown] (module+0x…)`"))?;
+        let (module, offset) = inner
+            .rsplit_once("+0x")
+            .ok_or_else(|| format!("unknown frame {frame:?} has no `+0x` offset"))?;
+        if module.is_empty() || offset.is_empty() || !offset.chars().all(|c| c.is_ascii_hexdigit())
+        {
+            return Err(format!(
+                "unknown frame {frame:?} is not `[unknown] (module+0x…)`"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses and checks folded output: every line is `frame(;frame)* COUNT`,
+/// frames non-empty, count a positive decimal.
+pub fn parse_folded(text: &str) -> Result<Vec<FoldedStack>, String> {
+    let mut stacks = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.is_empty() {
+            return Err(format!("line {n} is empty"));
+        }
+        let (stack, count) = line
+            .rsplit_once(' ')
+            .ok_or_else(|| format!("line {n} has no count: {line:?}"))?;
+        if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "line {n}: count {count:?} is not a number: {line:?}"
+            ));
+        }
+        let count: u64 = count
+            .parse()
+            .map_err(|e| format!("line {n}: count {count:?}: {e}"))?;
+        if count == 0 {
+            return Err(format!("line {n} has count 0: {line:?}"));
+        }
+        let frames: Vec<String> = stack.split(';').map(str::to_owned).collect();
+        for frame in &frames {
+            check_frame(frame).map_err(|e| format!("line {n}: {e}: {line:?}"))?;
+        }
+        stacks.push(FoldedStack { frames, count });
+    }
+    Ok(stacks)
+}
+
+/// Reads and parses a folded file, panicking with the reason when malformed.
+#[track_caller]
+pub fn read_folded(path: &Path) -> Vec<FoldedStack> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    parse_folded(&text).unwrap_or_else(|e| panic!("malformed folded file {}: {e}", path.display()))
+}
+
+/// The sum of the counts.
+pub fn folded_total(stacks: &[FoldedStack]) -> u64 {
+    stacks.iter().map(|s| s.count).sum()
+}
+
+/// The sum of the counts of the stacks for which `pred` holds.
+pub fn folded_count(stacks: &[FoldedStack], pred: impl Fn(&FoldedStack) -> bool) -> u64 {
+    stacks.iter().filter(|s| pred(s)).map(|s| s.count).sum()
+}
+
+/// The heaviest stacks, for failure messages.
+pub fn folded_summary(stacks: &[FoldedStack], n: usize) -> String {
+    let mut sorted: Vec<&FoldedStack> = stacks.iter().collect();
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.count));
+    sorted
+        .iter()
+        .take(n)
+        .map(|s| format!("  {} {}", s.frames.join(";"), s.count))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The decoder script, `tests/tools/decode_pprof.py`.
+pub fn decoder_script() -> PathBuf {
+    workspace_root().join("tests/tools/decode_pprof.py")
+}
+
+/// Decodes a pprof file with the independent Python decoder; `Err` has its
+/// complaint when the file breaks an invariant of the format.
+#[track_caller]
+pub fn try_decode_pprof(path: &Path) -> Result<serde_json::Value, String> {
+    let mut cmd = Command::new(python());
+    cmd.arg(decoder_script()).arg(path);
+    let out = run_with_timeout(cmd, Duration::from_secs(120));
+    if !out.status.success() {
+        return Err(out.to_string());
+    }
+    serde_json::from_str(&out.stdout).map_err(|e| format!("decoder printed invalid JSON: {e}"))
+}
+
+/// Decodes a pprof file, panicking with the decoder's complaint when invalid.
+#[track_caller]
+pub fn decode_pprof(path: &Path) -> serde_json::Value {
+    try_decode_pprof(path).unwrap_or_else(|e| panic!("pprof {} is invalid:\n{e}", path.display()))
+}
+
+/// The permission bits of a file.
+#[track_caller]
+pub fn file_mode(path: &Path) -> u32 {
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("cannot stat {}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// Asserts that an output file exists, is not empty and has mode 0600.
+#[track_caller]
+pub fn assert_private_output(path: &Path) {
+    let meta = std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("output {} was not written: {e}", path.display()));
+    assert!(meta.len() > 0, "output {} is empty", path.display());
+    let mode = meta.permissions().mode() & 0o7777;
+    assert_eq!(
+        mode,
+        0o600,
+        "output {} has mode {mode:o}, expected 600",
+        path.display()
+    );
+}
+
+/// A pid that no process or thread has right now.
+pub fn unused_pid() -> u32 {
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    (1000..max)
+        .rev()
+        .find(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        .expect("some pid is unused")
+}
+
+/// Line numbers `(first, last)` of the definition of C function `name` in a
+/// workload's source: from the line with `name(` to the next line that is `}`.
+#[track_caller]
+pub fn c_function_lines(source: &str, name: &str) -> (i64, i64) {
+    let lines: Vec<&str> = source.lines().collect();
+    let signature = format!(" {name}(");
+    let start = lines
+        .iter()
+        .position(|l| l.contains(&signature) && !l.trim_end().ends_with(';'))
+        .unwrap_or_else(|| panic!("no definition of {name} in the source"));
+    let end = lines[start..]
+        .iter()
+        .position(|l| *l == "}")
+        .map(|i| start + i)
+        .unwrap_or_else(|| panic!("no end of {name} in the source"));
+    (start as i64 + 1, end as i64 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_well_formed_folded() {
+        let text = "_start;main;dispatcher;hot_alpha 30\n\
+                    _start;main;dispatcher;hot_beta 10\n\
+                    main;do_syscalls;entry_SYSCALL_64_[k];read_zero_[k] 7\n\
+                    [unknown] (libc.so.6+0x2a1b0);main 2\n\
+                    [unknown] 1\n";
+        let stacks = parse_folded(text).unwrap();
+        assert_eq!(stacks.len(), 5);
+        assert_eq!(folded_total(&stacks), 50);
+        assert!(stacks[0].contains_seq(&["main", "dispatcher", "hot_alpha"]));
+        assert!(!stacks[0].contains_seq(&["main", "hot_alpha"]));
+        assert_eq!(stacks[1].callee_of("dispatcher"), Some("hot_beta"));
+        assert!(is_kernel_frame(&stacks[2].frames[3]));
+        assert_eq!(
+            folded_count(&stacks, |s| s.contains("dispatcher")),
+            40,
+            "dispatcher samples"
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_folded() {
+        for bad in [
+            "main;hot 0\n",
+            "main;hot\n",
+            "main;;hot 3\n",
+            "main;hot -3\n",
+            "main;hot 3x\n",
+            "\n",
+            "main; hot 3\n",
+            "[unknown] (libc.so.6) 1\n",
+            "[unknown] (libc.so.6+0xzz) 1\n",
+        ] {
+            assert!(parse_folded(bad).is_err(), "accepted {bad:?}");
+        }
+    }
+
+    #[test]
+    fn finds_c_function_lines() {
+        let src = "int x;\n\nvoid f(void);\n__attribute__((noinline)) void f(void)\n{\n\tx++;\n}\n";
+        assert_eq!(c_function_lines(src, "f"), (4, 7));
+    }
+
+    #[test]
+    fn subsequence() {
+        let frames = ["a", "b", "c"];
+        assert!(contains_seq(&frames, &["b", "c"]));
+        assert!(contains_seq(&frames, &[]));
+        assert!(!contains_seq(&frames, &["a", "c"]));
+    }
+
+    #[test]
+    fn unused_pid_is_unused() {
+        let pid = unused_pid();
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+
+    /// The decoder's own checks on hand-made good and broken profiles.
+    #[test]
+    fn pprof_decoder_self_test() {
+        let mut cmd = Command::new(python());
+        cmd.arg(decoder_script()).arg("--self-test");
+        let out = run_with_timeout(cmd, Duration::from_secs(120));
+        out.assert_success();
+        assert!(out.stdout.contains("self-test: ok"), "{out}");
+    }
+}

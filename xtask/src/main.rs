@@ -1,1 +1,178 @@
-fn main() {}
+//! Build, test and demo tasks for spanprof: `cargo xtask <task>`.
+//!
+//! Overview: every task runs from the workspace root and prints what it does
+//! as `xtask: ...` lines. `deps` makes a fresh Debian 12 machine ready (as
+//! root it installs the missing Debian packages with apt-get and creates the
+//! Python venv the tests decode pprof with), `workloads` builds the C test
+//! workloads, `test` runs everything CI runs, `demo` profiles a bundled
+//! workload.
+//!
+//! Design constraints: no network but the package registries, so everything
+//! comes from Debian's packages, PyPI and crates.io; a failed step makes the
+//! task exit non-zero with the failing step named.
+
+mod deps;
+mod run;
+mod workloads;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+
+use crate::run::{cargo, is_root, step, Cmd};
+
+const USAGE: &str = "\
+usage: cargo xtask <task>
+
+tasks:
+  deps       install missing build and test prerequisites (Debian packages with
+             apt-get when root; Python venv in target/venv with protobuf and
+             grpcio-tools)
+  workloads  build the C test workloads into target/workloads/
+  test       deps, workloads, release build, cargo fmt --check, clippy -D warnings,
+             then cargo test --workspace --release with the integration tests
+             running the real binary (needs root)
+  demo       deps, workloads, release build, then profile the cpu_split workload
+             for 5 s into demo.svg and demo.pb.gz (needs root)
+  bench      overhead benchmark (not yet implemented)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<()> {
+    let root = workspace_root();
+    let task = args.first().map(String::as_str);
+    if args.len() > 1 {
+        bail!("unexpected arguments after `{}`\n{USAGE}", args[0]);
+    }
+    match task {
+        Some("deps") => deps::ensure(&root).map(|_| ()),
+        Some("workloads") => workloads::build(&root).map(|_| ()),
+        Some("test") => test(&root),
+        Some("demo") => demo(&root),
+        Some("bench") => bail!("`cargo xtask bench` is not yet implemented"),
+        Some("help" | "-h" | "--help") => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown task `{other}`\n{USAGE}"),
+        None => bail!("no task given\n{USAGE}"),
+    }
+}
+
+/// The workspace root: the parent of this crate's directory.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+fn release_binary(root: &Path) -> PathBuf {
+    root.join("target/release/spanprof")
+}
+
+fn build_release(root: &Path) -> Result<PathBuf> {
+    step("building spanprof (release)");
+    cargo(root)
+        .args(["build", "--release", "-p", "spanprof"])
+        .run()?;
+    let bin = release_binary(root);
+    if !bin.is_file() {
+        bail!("cargo build succeeded but {} is missing", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Everything CI runs. Lints and tests all run even when an earlier one
+/// failed, so one CI log shows every problem; the task fails if any did.
+fn test(root: &Path) -> Result<()> {
+    let env = deps::ensure(root)?;
+    let workloads = workloads::build(root)?;
+    let mut failures: Vec<&str> = Vec::new();
+
+    step("checking formatting: cargo fmt --all -- --check");
+    if let Err(err) = cargo(root).args(["fmt", "--all", "--", "--check"]).run() {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo fmt --check");
+    }
+
+    let bin = build_release(root)?;
+
+    step("linting: cargo clippy --workspace --all-targets -- -D warnings");
+    if let Err(err) = cargo(root)
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .run()
+    {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo clippy");
+    }
+
+    step("testing: cargo test --workspace --release");
+    if !is_root() {
+        eprintln!("xtask: warning: not root: the integration tests that load eBPF will fail");
+    }
+    if let Err(err) = cargo(root)
+        .args(["test", "--workspace", "--release"])
+        .env("SPANPROF_BIN", &bin)
+        .env("SPANPROF_WORKLOADS", &workloads)
+        .env("SPANPROF_PYTHON", &env.python)
+        .run()
+    {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo test");
+    }
+
+    if failures.is_empty() {
+        step("all checks passed");
+        Ok(())
+    } else {
+        bail!("failed: {}", failures.join(", "))
+    }
+}
+
+fn demo(root: &Path) -> Result<()> {
+    deps::ensure(root)?;
+    let workloads = workloads::build(root)?;
+    let bin = build_release(root)?;
+    if !is_root() {
+        eprintln!("xtask: warning: not root: spanprof needs CAP_BPF and CAP_PERFMON");
+    }
+    let svg = root.join("demo.svg");
+    let pprof = root.join("demo.pb.gz");
+    step("profiling the cpu_split demo workload for 5 s");
+    Cmd::new(&bin)
+        .current_dir(root)
+        .args(["profile", "--duration", "5s", "-o"])
+        .arg(&svg)
+        .arg("-o")
+        .arg(&pprof)
+        .arg("--")
+        .arg(workloads.join("cpu_split"))
+        .arg("5")
+        .run()
+        .context("the demo profile failed")?;
+    step(&format!(
+        "demo written:\n  flamegraph: {}\n  pprof:      {}",
+        svg.display(),
+        pprof.display()
+    ));
+    Ok(())
+}

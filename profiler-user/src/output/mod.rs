@@ -1,1 +1,374 @@
-//! Output sinks (placeholder, being written).
+//! Output sinks: turn one aggregated [`Profile`] into the bytes of a file format.
+//!
+//! # Overview
+//!
+//! Every sink reads the same [`Profile`] and renders to memory; the caller picks the [`Format`]
+//! (from a `--format` name or the output file's extension) and writes the bytes atomically.
+//! Rendering is deterministic: the same profile gives the same bytes, so outputs can be diffed and
+//! compared against golden files.
+//!
+//! | Format | Extension | Value and unit |
+//! |--------|-----------|----------------|
+//! | [`Format::Folded`] | `.folded` | sample count per distinct stack |
+//! | [`Format::Svg`] | `.svg` | sample count (frame width) |
+//! | [`Format::Pprof`] | `.pb.gz`, `.pprof` | `samples/count`, period `cpu/nanoseconds` |
+//! | [`Format::Speedscope`] | `.speedscope.json` | weight in `nanoseconds` of CPU time |
+//!
+//! # Formats
+//!
+//! - **Folded** ([`folded`]): Brendan Gregg's collapsed stacks. One line per distinct stack, frames
+//!   root first and `;`-separated, then a space and the number of samples. Samples with the same
+//!   stack on different threads are merged; lines are sorted by stack (byte order). Frame names are
+//!   [`Frame::display_name`](crate::profile::Frame::display_name), so kernel frames end in `_[k]`.
+//! - **SVG** ([`svg`]): an interactive flame graph drawn by inferno from the folded stacks. The
+//!   width of a frame is its number of samples; the subtitle gives duration, frequency, total and
+//!   lost samples. Colors are a deterministic function of the frame name; kernel frames are orange.
+//! - **pprof** ([`pprof`]): gzipped `profile.proto` as read by `go tool pprof` and most profiling
+//!   back ends. One sample type, `samples/count`; the period type is `cpu/nanoseconds` with period
+//!   `1e9 / frequency`, so CPU time is `count * period`. Each sample carries the labels
+//!   `thread.id`, `thread.name` and `process.id`.
+//! - **speedscope** ([`speedscope`]): the JSON file format of <https://www.speedscope.app>. One
+//!   sampled profile per thread with weights in nanoseconds of CPU time (`count * period`).
+//!
+//! # Units
+//!
+//! Units follow the project's output conventions: time is always nanoseconds, counts are plain
+//! sample counts, and a format's unit never changes once released.
+
+use std::{fmt, io, path::Path};
+
+use crate::profile::Profile;
+
+pub mod folded;
+pub mod pprof;
+pub mod speedscope;
+pub mod svg;
+
+/// A file format a [`Profile`] can be rendered to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// Interactive flame graph (SVG with JavaScript), drawn by inferno.
+    Svg,
+    /// Folded (collapsed) stacks: `root;child;leaf COUNT` lines.
+    Folded,
+    /// Gzipped pprof `profile.proto`.
+    Pprof,
+    /// speedscope JSON file format.
+    Speedscope,
+}
+
+impl Format {
+    /// Every format, in the order they are listed in help texts.
+    pub const ALL: [Format; 4] = [
+        Format::Svg,
+        Format::Folded,
+        Format::Pprof,
+        Format::Speedscope,
+    ];
+
+    /// Guesses the format from a file name's extension.
+    ///
+    /// Recognizes `.svg`, `.folded`, `.pb.gz`, `.pprof` and `.speedscope.json`, ignoring ASCII
+    /// case. Returns `None` for anything else (including a plain `.json`, which could be another
+    /// tool's format).
+    pub fn from_path(path: &Path) -> Option<Format> {
+        let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+        // NB: the double extensions are checked before their last component could match.
+        const SUFFIXES: [(&str, Format); 5] = [
+            (".speedscope.json", Format::Speedscope),
+            (".pb.gz", Format::Pprof),
+            (".pprof", Format::Pprof),
+            (".svg", Format::Svg),
+            (".folded", Format::Folded),
+        ];
+        SUFFIXES
+            .iter()
+            .find(|(suffix, _)| name.ends_with(suffix))
+            .map(|&(_, format)| format)
+    }
+
+    /// Parses a format name as given on the command line: `svg`, `folded`, `pprof` or
+    /// `speedscope` (ASCII case ignored).
+    pub fn from_name(name: &str) -> Option<Format> {
+        Format::ALL
+            .into_iter()
+            .find(|format| format.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The format's name, the inverse of [`Format::from_name`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Svg => "svg",
+            Format::Folded => "folded",
+            Format::Pprof => "pprof",
+            Format::Speedscope => "speedscope",
+        }
+    }
+
+    /// The canonical file extension, without the leading dot (e.g. `pb.gz`), for default output
+    /// file names.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Svg => "svg",
+            Format::Folded => "folded",
+            Format::Pprof => "pb.gz",
+            Format::Speedscope => "speedscope.json",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a profile could not be rendered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutputError {
+    /// A sample points past the end of [`Profile::frames`].
+    #[error("sample {sample} refers to frame {frame}, but the profile has {frames} frames")]
+    FrameOutOfRange {
+        /// Index of the sample in [`Profile::samples`].
+        sample: usize,
+        /// The frame index it holds.
+        frame: u32,
+        /// Length of [`Profile::frames`].
+        frames: usize,
+    },
+    /// A sample points past the end of [`Profile::threads`].
+    #[error("sample {sample} refers to thread {thread}, but the profile has {threads} threads")]
+    ThreadOutOfRange {
+        /// Index of the sample in [`Profile::samples`].
+        sample: usize,
+        /// The thread index it holds.
+        thread: u32,
+        /// Length of [`Profile::threads`].
+        threads: usize,
+    },
+    /// A flame graph needs at least one sample (inferno would draw an error message instead).
+    #[error("the profile has no samples, so there is no flame graph to draw")]
+    NoSamples,
+    /// inferno failed to write the SVG.
+    #[error("failed to draw the flame graph")]
+    Svg(#[source] io::Error),
+    /// Compressing the pprof profile failed.
+    #[error("failed to gzip the pprof profile")]
+    Gzip(#[source] io::Error),
+    /// Serializing the speedscope file failed.
+    #[error("failed to serialize the speedscope profile")]
+    Json(#[source] serde_json::Error),
+}
+
+/// Renders `profile` in `format` to memory.
+///
+/// Fails only on an inconsistent profile (an index out of range), or for [`Format::Svg`] when
+/// the profile has no samples.
+pub fn render(profile: &Profile, format: Format) -> Result<Vec<u8>, OutputError> {
+    match format {
+        Format::Svg => svg::render(profile),
+        Format::Folded => folded::render(profile),
+        Format::Pprof => pprof::render(profile),
+        Format::Speedscope => speedscope::render(profile),
+    }
+}
+
+/// Checks that every sample's frame and thread indexes are in range, so sinks can index the
+/// tables directly.
+fn validate(profile: &Profile) -> Result<(), OutputError> {
+    let frames = profile.frames.len();
+    let threads = profile.threads.len();
+    for (i, sample) in profile.samples.iter().enumerate() {
+        if sample.thread as usize >= threads {
+            return Err(OutputError::ThreadOutOfRange {
+                sample: i,
+                thread: sample.thread,
+                threads,
+            });
+        }
+        if let Some(&frame) = sample.frames.iter().find(|&&f| f as usize >= frames) {
+            return Err(OutputError::FrameOutOfRange {
+                sample: i,
+                frame,
+                frames,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A small hand-built profile shared by the sinks' tests.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use std::time::{Duration, SystemTime};
+
+    use crate::profile::{Frame, FrameKind, Meta, Process, Profile, Sample, Thread};
+
+    fn native(function: &str, address: u64, line: u32) -> Frame {
+        Frame {
+            kind: FrameKind::Native,
+            function: Some(function.to_string()),
+            module: Some("/usr/bin/app".to_string()),
+            address,
+            file: Some("src/app.c".to_string()),
+            line: Some(line),
+            unknown_reason: None,
+        }
+    }
+
+    /// Two threads of pid 100; frames: 0 `main`, 1 `compute` (line 42), 2 an unknown frame in
+    /// libfoo, 3 a kernel frame, 4 `compute` again at another address and line.
+    ///
+    /// Folded: `main;compute 8`, `main;compute;do_syscall_64_[k] 2`,
+    /// `main;[unknown] (libfoo.so+0x1234) 1`; 11 samples, 4 lost, 100 Hz.
+    pub(crate) fn profile() -> Profile {
+        Profile {
+            meta: Meta {
+                target: "pid 100 (app)".to_string(),
+                start: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+                duration: Duration::from_millis(2500),
+                frequency: 100,
+                lost_samples: 4,
+            },
+            frames: vec![
+                native("main", 0x1000, 10),
+                native("compute", 0x1200, 42),
+                Frame {
+                    kind: FrameKind::Native,
+                    function: None,
+                    module: Some("/usr/lib/libfoo.so".to_string()),
+                    address: 0x1234,
+                    file: None,
+                    line: None,
+                    unknown_reason: Some("no symbol".to_string()),
+                },
+                Frame {
+                    kind: FrameKind::Kernel,
+                    function: Some("do_syscall_64".to_string()),
+                    module: Some("[kernel]".to_string()),
+                    address: 0xffff_ffff_8100_0000,
+                    file: None,
+                    line: None,
+                    unknown_reason: None,
+                },
+                native("compute", 0x1210, 43),
+            ],
+            threads: vec![
+                Thread {
+                    pid: 100,
+                    tid: 100,
+                    name: "app".to_string(),
+                },
+                Thread {
+                    pid: 100,
+                    tid: 101,
+                    name: "worker".to_string(),
+                },
+            ],
+            processes: vec![Process {
+                pid: 100,
+                name: "app".to_string(),
+            }],
+            samples: vec![
+                Sample {
+                    frames: vec![0, 1],
+                    thread: 0,
+                    count: 5,
+                },
+                Sample {
+                    frames: vec![0, 4],
+                    thread: 1,
+                    count: 3,
+                },
+                Sample {
+                    frames: vec![0, 1, 3],
+                    thread: 0,
+                    count: 2,
+                },
+                Sample {
+                    frames: vec![0, 2],
+                    thread: 1,
+                    count: 1,
+                },
+            ],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn format_from_path() {
+        let cases = [
+            ("out.svg", Some(Format::Svg)),
+            ("/tmp/OUT.SVG", Some(Format::Svg)),
+            ("a.folded", Some(Format::Folded)),
+            ("profile.pb.gz", Some(Format::Pprof)),
+            ("profile.pprof", Some(Format::Pprof)),
+            ("x.speedscope.json", Some(Format::Speedscope)),
+            ("x.json", None),
+            ("x.gz", None),
+            ("svg", None),
+            ("", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(Format::from_path(Path::new(path)), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn format_names_round_trip() {
+        for format in Format::ALL {
+            assert_eq!(Format::from_name(format.name()), Some(format));
+            assert_eq!(format.to_string(), format.name());
+            let file = format!("out.{}", format.extension());
+            assert_eq!(Format::from_path(Path::new(&file)), Some(format));
+        }
+        assert_eq!(Format::from_name("PPROF"), Some(Format::Pprof));
+        assert_eq!(Format::from_name("json"), None);
+    }
+
+    #[test]
+    fn render_rejects_bad_indexes() {
+        let mut profile = fixture::profile();
+        profile.samples[1].frames.push(99);
+        for format in Format::ALL {
+            let err = render(&profile, format).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    OutputError::FrameOutOfRange {
+                        sample: 1,
+                        frame: 99,
+                        frames: 5
+                    }
+                ),
+                "{format}: {err}"
+            );
+        }
+        let mut profile = fixture::profile();
+        profile.samples[0].thread = 7;
+        assert!(matches!(
+            render(&profile, Format::Folded),
+            Err(OutputError::ThreadOutOfRange { thread: 7, .. })
+        ));
+    }
+
+    #[test]
+    fn empty_profile() {
+        let mut profile = fixture::profile();
+        profile.samples.clear();
+        assert!(render(&profile, Format::Folded).unwrap().is_empty());
+        assert!(matches!(
+            render(&profile, Format::Svg),
+            Err(OutputError::NoSamples)
+        ));
+        assert!(!render(&profile, Format::Pprof).unwrap().is_empty());
+        assert!(!render(&profile, Format::Speedscope).unwrap().is_empty());
+    }
+}

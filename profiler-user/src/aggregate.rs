@@ -1,0 +1,280 @@
+//! Per-sample aggregation: interning stacks and counting (thread, kernel stack, user stack).
+//!
+//! [`Aggregator::record`] runs once per ring buffer record and allocates only when it meets a
+//! stack or thread for the first time. Addresses of new user stacks are queued per process so
+//! the session can normalize them while the process is alive ([`Aggregator::normalize_pending`]);
+//! symbolization of everything happens once, in [`Aggregator::into_profile`].
+
+use std::collections::BTreeMap;
+
+use profiler_common::{SampleRecord, MAX_STACK_DEPTH, TASK_COMM_LEN};
+use rustc_hash::FxHashMap;
+use symbolizer::{Symbol, Symbolizer};
+
+use crate::profile::{Frame, FrameKind, Meta, Process, Profile, Sample, Thread};
+
+/// Stack id of "no stack" (empty kernel stack for samples in user mode).
+const EMPTY: u32 = 0;
+
+/// Interns stacks of return addresses, given leaf first.
+#[derive(Debug, Default)]
+struct StackTable {
+    ids: FxHashMap<Vec<u64>, u32>,
+    stacks: Vec<Vec<u64>>,
+}
+
+impl StackTable {
+    fn new() -> Self {
+        let mut t = StackTable::default();
+        t.intern(&[]);
+        t
+    }
+
+    /// Returns the id and whether the stack is new. Allocates only for new stacks.
+    fn intern(&mut self, stack: &[u64]) -> (u32, bool) {
+        if let Some(&id) = self.ids.get(stack) {
+            return (id, false);
+        }
+        let id = self.stacks.len() as u32;
+        self.stacks.push(stack.to_vec());
+        self.ids.insert(stack.to_vec(), id);
+        (id, true)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ThreadInfo {
+    pid: u32,
+    comm: [u8; TASK_COMM_LEN],
+}
+
+/// Counts samples by (thread, kernel stack, user stack).
+#[derive(Debug)]
+pub struct Aggregator {
+    keep_kernel: bool,
+    kernel: StackTable,
+    user: FxHashMap<u32, StackTable>,
+    counts: FxHashMap<(u32, u32, u32), u64>,
+    threads: FxHashMap<u32, ThreadInfo>,
+    processes: BTreeMap<u32, String>,
+    pending: FxHashMap<u32, Vec<u64>>,
+    samples: u64,
+    scratch: [u64; MAX_STACK_DEPTH],
+}
+
+impl Aggregator {
+    /// An empty aggregate; `keep_kernel = false` drops kernel stacks at the door (`--no-kernel`).
+    pub fn new(keep_kernel: bool) -> Self {
+        Aggregator {
+            keep_kernel,
+            kernel: StackTable::new(),
+            user: FxHashMap::default(),
+            counts: FxHashMap::default(),
+            threads: FxHashMap::default(),
+            processes: BTreeMap::new(),
+            pending: FxHashMap::default(),
+            samples: 0,
+            scratch: [0; MAX_STACK_DEPTH],
+        }
+    }
+
+    /// Samples recorded so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Counts one sample.
+    pub fn record(&mut self, rec: &SampleRecord) {
+        self.samples += 1;
+        let kid = if self.keep_kernel {
+            let n = to_lookup_addrs(rec.kernel_stack(), &mut self.scratch);
+            self.kernel.intern(&self.scratch[..n]).0
+        } else {
+            EMPTY
+        };
+        let n = to_lookup_addrs(rec.user_stack(), &mut self.scratch);
+        let table = self.user.entry(rec.pid).or_insert_with(StackTable::new);
+        let (uid, new) = table.intern(&self.scratch[..n]);
+        if new {
+            self.pending
+                .entry(rec.pid)
+                .or_default()
+                .extend_from_slice(&self.scratch[..n]);
+        }
+        *self.counts.entry((rec.tid, kid, uid)).or_insert(0) += 1;
+        match self.threads.get_mut(&rec.tid) {
+            Some(t) if t.pid == rec.pid => t.comm = rec.comm,
+            _ => {
+                self.threads.insert(
+                    rec.tid,
+                    ThreadInfo {
+                        pid: rec.pid,
+                        comm: rec.comm,
+                    },
+                );
+            }
+        }
+        if !self.processes.contains_key(&rec.pid) {
+            self.processes
+                .insert(rec.pid, process_name(rec.pid, rec.comm()));
+        }
+    }
+
+    /// Normalizes the user addresses of stacks seen since the last call, while their processes
+    /// are (hopefully) still alive.
+    pub fn normalize_pending(&mut self, symbolizer: &mut Symbolizer) {
+        for (pid, mut addrs) in self.pending.drain() {
+            symbolizer.normalize(pid, &mut addrs);
+        }
+    }
+
+    /// Symbolizes every stack and builds the profile.
+    pub fn into_profile(mut self, symbolizer: &mut Symbolizer, meta: Meta) -> Profile {
+        self.normalize_pending(symbolizer);
+
+        // Every distinct address once, in a stable order.
+        let mut user_addrs: Vec<(u32, u64)> = self
+            .user
+            .iter()
+            .flat_map(|(&pid, t)| t.stacks.iter().flatten().map(move |&a| (pid, a)))
+            .collect();
+        user_addrs.sort_unstable();
+        user_addrs.dedup();
+        let mut kernel_addrs: Vec<u64> = self.kernel.stacks.iter().flatten().copied().collect();
+        kernel_addrs.sort_unstable();
+        kernel_addrs.dedup();
+        let (user_syms, kernel_syms) = symbolizer.symbolize(&user_addrs, &kernel_addrs);
+
+        let mut frames = FrameTable::default();
+        let user_frame: FxHashMap<(u32, u64), u32> = user_addrs
+            .iter()
+            .zip(user_syms)
+            .map(|(&k, s)| (k, frames.intern(s, FrameKind::Native)))
+            .collect();
+        let kernel_frame: FxHashMap<u64, u32> = kernel_addrs
+            .iter()
+            .zip(kernel_syms)
+            .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel)))
+            .collect();
+
+        let mut thread_ids: Vec<u32> = self.threads.keys().copied().collect();
+        thread_ids.sort_unstable();
+        let thread_index: FxHashMap<u32, u32> = thread_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &tid)| (tid, i as u32))
+            .collect();
+        let threads: Vec<Thread> = thread_ids
+            .iter()
+            .map(|tid| {
+                let t = &self.threads[tid];
+                Thread {
+                    pid: t.pid,
+                    tid: *tid,
+                    name: comm_string(&t.comm),
+                }
+            })
+            .collect();
+
+        let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
+        for (&(tid, kid, uid), &count) in &self.counts {
+            let pid = self.threads[&tid].pid;
+            let ustack = &self.user[&pid].stacks[uid as usize];
+            let kstack = &self.kernel.stacks[kid as usize];
+            // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
+            let mut stack: Vec<u32> = ustack
+                .iter()
+                .rev()
+                .map(|a| user_frame[&(pid, *a)])
+                .collect();
+            stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
+            if stack.is_empty() {
+                stack.push(frames.placeholder("[no stack]"));
+            }
+            samples.push(Sample {
+                frames: stack,
+                thread: thread_index[&tid],
+                count,
+            });
+        }
+        samples.sort_by(|a, b| (a.thread, &a.frames).cmp(&(b.thread, &b.frames)));
+
+        Profile {
+            meta,
+            frames: frames.frames,
+            threads,
+            processes: self
+                .processes
+                .into_iter()
+                .map(|(pid, name)| Process { pid, name })
+                .collect(),
+            samples,
+        }
+    }
+}
+
+/// Copies a leaf-first stack of return addresses, turning every return address (all but the
+/// leaf) into an address inside the call instruction, so the caller's line and function are
+/// found even when the call is the last instruction of a function.
+fn to_lookup_addrs(stack: &[u64], out: &mut [u64; MAX_STACK_DEPTH]) -> usize {
+    let n = stack.len().min(MAX_STACK_DEPTH);
+    for (i, (&a, o)) in stack.iter().zip(out.iter_mut()).enumerate() {
+        *o = if i == 0 { a } else { a.saturating_sub(1) };
+    }
+    n
+}
+
+fn comm_string(comm: &[u8]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+/// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.
+fn process_name(pid: u32, thread_comm: &[u8]) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|_| comm_string(thread_comm))
+}
+
+#[derive(Debug, Default)]
+struct FrameTable {
+    ids: FxHashMap<Frame, u32>,
+    frames: Vec<Frame>,
+}
+
+impl FrameTable {
+    fn intern(&mut self, sym: Symbol, kind: FrameKind) -> u32 {
+        let frame = Frame {
+            kind,
+            function: sym.function,
+            module: sym.module,
+            address: sym.address,
+            file: sym.file,
+            line: sym.line,
+            unknown_reason: sym.unknown_reason,
+        };
+        self.insert(frame)
+    }
+
+    fn insert(&mut self, frame: Frame) -> u32 {
+        if let Some(&id) = self.ids.get(&frame) {
+            return id;
+        }
+        let id = self.frames.len() as u32;
+        self.ids.insert(frame.clone(), id);
+        self.frames.push(frame);
+        id
+    }
+
+    fn placeholder(&mut self, name: &str) -> u32 {
+        self.insert(Frame {
+            kind: FrameKind::Native,
+            function: Some(name.to_string()),
+            module: None,
+            address: 0,
+            file: None,
+            line: None,
+            unknown_reason: None,
+        })
+    }
+}

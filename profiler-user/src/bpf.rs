@@ -1,0 +1,229 @@
+//! Loading and attaching the eBPF programs of `profiler-ebpf/`, and the maps user space uses.
+//!
+//! The compiled object is embedded at build time (see `build.rs`). One `perf_event` program is
+//! attached to a software `cpu-clock` event on every online CPU; it samples only processes in the
+//! `target_pids` map. The `tp_btf/sched_process_fork` program adds children of profiled processes
+//! to that map from inside the kernel, so a child never runs unprofiled while user space catches up.
+
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{BtfTracePoint, PerfEvent, ProgramType};
+use aya::{Btf, Ebpf, EbpfLoader};
+use profiler_common::{ErrorCode, Target, ERROR_COUNT, TARGET_EXPLICIT};
+
+/// The compiled eBPF object.
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spanprof.bpf.o"));
+
+/// Where the kernel exposes its BTF; `SPANPROF_BTF_PATH` overrides it (for kernels that keep it
+/// elsewhere, and for tests of the missing-BTF error).
+pub const DEFAULT_BTF_PATH: &str = "/sys/kernel/btf/vmlinux";
+
+/// Errors of loading and attaching. Messages are lowercase, one line, and say what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The kernel BTF file is missing.
+    #[error(
+        "kernel BTF not found at {0}: spanprof needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+    )]
+    NoBtf(PathBuf),
+    /// The kernel BTF file could not be parsed.
+    #[error("cannot parse kernel BTF at {path}: {source}")]
+    BadBtf {
+        /// BTF path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: aya::BtfError,
+    },
+    /// A program type the profiler needs is missing.
+    #[error("this kernel does not support BPF program type {0}")]
+    Unsupported(&'static str),
+    /// The BPF syscall is missing or refused.
+    #[error("the bpf() system call is not available: {0}")]
+    NoBpf(String),
+    /// Anything else from aya, with what was being done.
+    #[error("failed to {what}: {detail}")]
+    Aya {
+        /// What was being done.
+        what: &'static str,
+        /// aya's error and its causes, flattened to one line.
+        detail: String,
+    },
+}
+
+fn aya_err<E: std::error::Error>(what: &'static str) -> impl FnOnce(E) -> LoadError {
+    move |e| {
+        let mut detail = e.to_string();
+        let mut src = e.source();
+        while let Some(s) = src {
+            detail.push_str(": ");
+            detail.push_str(&s.to_string());
+            src = s.source();
+        }
+        LoadError::Aya { what, detail }
+    }
+}
+
+/// What to load and how.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Samples per second per CPU.
+    pub frequency: u64,
+    /// Add children of profiled processes to the target set, in the kernel.
+    pub follow_children: bool,
+    /// Size of the sample ring buffer in bytes (a power of two, at least one page).
+    pub ring_buffer_size: u32,
+    /// Kernel BTF file.
+    pub btf_path: PathBuf,
+}
+
+/// Loaded, attached programs and the maps user space reads and writes.
+pub struct Programs {
+    // Dropping `Ebpf` detaches every program; it must outlive the maps taken from it.
+    _ebpf: Ebpf,
+    /// Ring buffer of [`profiler_common::SampleRecord`]s.
+    pub samples: RingBuf<MapData>,
+    targets: HashMap<MapData, u32, Target>,
+    errors: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for Programs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Programs").finish_non_exhaustive()
+    }
+}
+
+/// Checks that the kernel has what the programs need, before anything is loaded.
+pub fn probe_kernel(btf_path: &Path) -> Result<(), LoadError> {
+    if !btf_path.exists() {
+        return Err(LoadError::NoBtf(btf_path.to_path_buf()));
+    }
+    // NB: aya's probe for the tracing type loads an fentry program on bpf_fentry_test1, which
+    // kernels refuse with EPERM for reasons unrelated to tp_btf support; a tp_btf load failure
+    // is reported when the fork follower loads instead.
+    for (ty, name) in [(ProgramType::PerfEvent, "perf_event")] {
+        match aya::sys::is_program_supported(ty) {
+            Ok(true) => {}
+            Ok(false) => return Err(LoadError::Unsupported(name)),
+            Err(e) => return Err(LoadError::NoBpf(one_line(&e))),
+        }
+    }
+    Ok(())
+}
+
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+impl Programs {
+    /// Loads the programs and attaches them on every online CPU.
+    pub fn load(opts: &LoadOptions) -> Result<Programs, LoadError> {
+        probe_kernel(&opts.btf_path)?;
+        let btf =
+            Btf::parse_file(&opts.btf_path, aya::Endianness::default()).map_err(|source| {
+                LoadError::BadBtf {
+                    path: opts.btf_path.clone(),
+                    source,
+                }
+            })?;
+        let follow: u32 = opts.follow_children.into();
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("follow_children", &follow, true)
+            .map_max_entries("samples", opts.ring_buffer_size)
+            .load(EBPF_OBJECT)
+            .map_err(aya_err("load the eBPF programs"))?;
+
+        let sampler: &mut PerfEvent = ebpf
+            .program_mut("on_cpu_sample")
+            .expect("on_cpu_sample is in the object")
+            .try_into()
+            .map_err(aya_err("find the sampling program"))?;
+        sampler
+            .load()
+            .map_err(aya_err("load the sampling program"))?;
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| LoadError::Aya {
+            what: "list online CPUs",
+            detail: format!("{what}: {e}"),
+        })?;
+        let period_ns = 1_000_000_000 / opts.frequency.max(1);
+        for cpu in cpus {
+            sampler
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period_ns),
+                    false,
+                )
+                .map_err(aya_err("attach the sampler to a CPU's cpu-clock event"))?;
+        }
+
+        let fork: &mut BtfTracePoint = ebpf
+            .program_mut("on_fork")
+            .expect("on_fork is in the object")
+            .try_into()
+            .map_err(aya_err("find the fork program"))?;
+        fork.load("sched_process_fork", &btf)
+            .map_err(aya_err("load the fork-following program"))?;
+        if opts.follow_children {
+            fork.attach()
+                .map_err(aya_err("attach to sched_process_fork"))?;
+        }
+
+        let samples = RingBuf::try_from(ebpf.take_map("samples").expect("samples map"))
+            .map_err(aya_err("open the sample ring buffer"))?;
+        let targets = HashMap::try_from(ebpf.take_map("target_pids").expect("target_pids map"))
+            .map_err(aya_err("open the target map"))?;
+        let errors = PerCpuArray::try_from(ebpf.take_map("errors").expect("errors map"))
+            .map_err(aya_err("open the error counters"))?;
+        Ok(Programs {
+            _ebpf: ebpf,
+            samples,
+            targets,
+            errors,
+        })
+    }
+
+    /// Adds a process the user named to the profiled set.
+    pub fn add_target(&mut self, pid: u32) -> Result<(), LoadError> {
+        let value = Target {
+            flags: TARGET_EXPLICIT,
+            parent_tgid: 0,
+        };
+        self.targets
+            .insert(pid, value, 0)
+            .map_err(aya_err("add a process to the target map"))
+    }
+
+    /// Removes a process (that exited) from the profiled set; absent pids are fine.
+    pub fn remove_target(&mut self, pid: u32) {
+        // NB: ENOENT when the process was never there or was removed already.
+        let _ = self.targets.remove(&pid);
+    }
+
+    /// Pids in the profiled set now: the targets and the children the kernel added.
+    pub fn targets(&self) -> Vec<u32> {
+        self.targets.keys().filter_map(Result::ok).collect()
+    }
+
+    /// The kernel-side error counters, summed over CPUs.
+    pub fn error_counts(&self) -> [u64; ERROR_COUNT as usize] {
+        let mut out = [0u64; ERROR_COUNT as usize];
+        for code in ErrorCode::ALL {
+            if let Ok(values) = self.errors.get(&(code as u32), 0) {
+                out[code as usize] = values.iter().sum();
+            }
+        }
+        out
+    }
+}

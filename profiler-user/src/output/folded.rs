@@ -1,0 +1,150 @@
+//! Folded (collapsed) stacks, the input format of `flamegraph.pl` and inferno.
+//!
+//! One line per distinct stack: frame names root first, separated by `;`, then a space and the
+//! number of samples, e.g. `main;compute;do_syscall_64_[k] 2`. Samples with the same stack on
+//! different threads are merged, stacks whose total is zero are left out, and lines are sorted by
+//! stack in byte order so the output is deterministic.
+//!
+//! Frame names are [`Frame::display_name`]. Because `;` separates frames and a newline ends the
+//! line, those characters (and other control characters) are replaced in names; see
+//! [`sanitize_name`]. A sample without frames is shown as the single frame [`NO_STACK`] rather
+//! than dropped.
+
+use std::{borrow::Cow, collections::BTreeMap};
+
+use super::{validate, OutputError};
+use crate::profile::{Frame, Profile};
+
+/// The frame name used for a sample that has no frames at all.
+pub const NO_STACK: &str = "[no stack]";
+
+/// Makes a frame name safe for a folded line.
+///
+/// `;` becomes `:` (C++ `operator;`-like names stay readable), newlines and other control
+/// characters become a space, and an empty name becomes `[unknown]`. Spaces are kept: the count
+/// is the last space-separated field, so names like `[unknown] (libfoo.so+0x1234)` are fine.
+pub fn sanitize_name(name: &str) -> Cow<'_, str> {
+    if name.is_empty() {
+        return Cow::Borrowed("[unknown]");
+    }
+    if !name.chars().any(|c| c == ';' || c.is_control()) {
+        return Cow::Borrowed(name);
+    }
+    Cow::Owned(
+        name.chars()
+            .map(|c| match c {
+                ';' => ':',
+                c if c.is_control() => ' ',
+                c => c,
+            })
+            .collect(),
+    )
+}
+
+/// The folded name of one frame: its sanitized display name.
+pub fn frame_name(frame: &Frame) -> String {
+    let name = frame.display_name();
+    match sanitize_name(&name) {
+        Cow::Borrowed(_) => name,
+        Cow::Owned(safe) => safe,
+    }
+}
+
+/// Merges the profile's samples by stack.
+///
+/// Returns `(stack, count)` pairs sorted by stack, where `stack` is the `;`-joined frame names,
+/// root first. Stacks with a zero total are omitted.
+pub fn collapse(profile: &Profile) -> Result<Vec<(String, u64)>, OutputError> {
+    validate(profile)?;
+    // Name each frame once; samples share frames heavily.
+    let names: Vec<String> = profile.frames.iter().map(frame_name).collect();
+    let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+    let mut stack = String::new();
+    for sample in &profile.samples {
+        stack.clear();
+        if sample.frames.is_empty() {
+            stack.push_str(NO_STACK);
+        }
+        for (i, &frame) in sample.frames.iter().enumerate() {
+            if i > 0 {
+                stack.push(';');
+            }
+            stack.push_str(&names[frame as usize]);
+        }
+        match stacks.get_mut(stack.as_str()) {
+            Some(count) => *count = count.saturating_add(sample.count),
+            None => {
+                stacks.insert(stack.clone(), sample.count);
+            }
+        }
+    }
+    Ok(stacks.into_iter().filter(|&(_, count)| count > 0).collect())
+}
+
+/// Renders the profile as folded stacks, one `\n`-terminated line per stack.
+pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
+    let mut out = String::new();
+    for (stack, count) in collapse(profile)? {
+        out.push_str(&stack);
+        out.push(' ');
+        out.push_str(&count.to_string());
+        out.push('\n');
+    }
+    Ok(out.into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::fixture;
+    use crate::profile::{FrameKind, Sample};
+
+    #[test]
+    fn folded_text() {
+        let out = String::from_utf8(render(&fixture::profile()).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "main;[unknown] (libfoo.so+0x1234) 1\n\
+             main;compute 8\n\
+             main;compute;do_syscall_64_[k] 2\n"
+        );
+    }
+
+    #[test]
+    fn sanitizes_separators() {
+        assert_eq!(sanitize_name("a;b\nc\r\td"), "a:b c  d");
+        assert_eq!(sanitize_name("Vec<T>::push (x)"), "Vec<T>::push (x)");
+        assert!(matches!(sanitize_name("plain"), Cow::Borrowed("plain")));
+        assert_eq!(sanitize_name(""), "[unknown]");
+
+        let mut profile = fixture::profile();
+        profile.frames[1].function = Some("evil;name\nhere".to_string());
+        profile.frames[3].kind = FrameKind::Kernel;
+        let out = String::from_utf8(render(&profile).unwrap()).unwrap();
+        assert!(out.contains("main;evil:name here 5\n"), "{out}");
+        for line in out.lines() {
+            let (stack, count) = line.rsplit_once(' ').unwrap();
+            count.parse::<u64>().unwrap();
+            assert!(!stack.is_empty());
+        }
+    }
+
+    #[test]
+    fn empty_stacks_and_zero_counts() {
+        let mut profile = fixture::profile();
+        profile.samples = vec![
+            Sample {
+                frames: vec![],
+                thread: 0,
+                count: 3,
+            },
+            Sample {
+                frames: vec![0],
+                thread: 1,
+                count: 0,
+            },
+        ];
+        let out = String::from_utf8(render(&profile).unwrap()).unwrap();
+        assert_eq!(out, "[no stack] 3\n");
+    }
+}

@@ -1,0 +1,386 @@
+//! Gzipped pprof `profile.proto`, for `go tool pprof`, pprof-rs tooling and profiling back ends.
+//!
+//! # Layout
+//!
+//! - Sample type: one value per sample, `samples/count` (the number of perf events that hit the
+//!   stack). Period type `cpu/nanoseconds`, period `1e9 / frequency`, so a sample's CPU time is
+//!   `count * period`; no second `cpu/nanoseconds` value is stored, as it would only repeat that.
+//! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread), with
+//!   `location_id` leaf first as pprof requires (the reverse of our root-first frames) and the
+//!   labels `thread.id` (num, tid), `thread.name` (str, `comm`) and `process.id` (num, pid).
+//! - One mapping per distinct module, ids from 1, `filename` the module path. Kernel frames all go
+//!   in one `[kernel.kallsyms]` mapping (perf's name) whatever their module says. Frames without
+//!   a module have no mapping (`mapping_id` 0). Mapping address ranges are unknown and left 0:
+//!   location addresses are already module-relative (file offsets; absolute for the kernel).
+//! - One location per distinct frame, with the frame's address and one line
+//!   `{function_id, line}` (line 0 when unknown).
+//! - One function per distinct (name, source file). Kernel functions keep their plain name (no
+//!   `_[k]`; the mapping says they are kernel code). Unknown frames get a function named after
+//!   [`Frame::display_name`], e.g. `[unknown] (libfoo.so+0x1234)`, so they still show up.
+//! - `time_nanos` is the session start (Unix time), `duration_nanos` its length. Comments record
+//!   the target and, when non-zero, the number of lost samples.
+//! - `string_table[0]` is `""`; strings are added in first-use order, so output is deterministic.
+
+use std::{
+    collections::HashMap,
+    io::Write,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use ::pprof::protos::{
+    Function, Label, Line, Location, Mapping, Message, Profile as PprofProfile, Sample, ValueType,
+};
+use flate2::{write::GzEncoder, Compression};
+
+use super::{validate, OutputError};
+use crate::profile::{Frame, FrameKind, Profile};
+
+/// The mapping that holds every kernel frame.
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// Renders the profile as a gzipped `profile.proto`.
+pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
+    let encoded = build(profile)?.encode_to_vec();
+    let mut gz = GzEncoder::new(
+        Vec::with_capacity(encoded.len() / 4),
+        Compression::default(),
+    );
+    gz.write_all(&encoded).map_err(OutputError::Gzip)?;
+    gz.finish().map_err(OutputError::Gzip)
+}
+
+/// Builds the (uncompressed) pprof message for the profile.
+pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
+    validate(profile)?;
+    let meta = &profile.meta;
+    let mut b = Builder::default();
+    // NB: profile.proto requires string_table[0] == "", and index 0 means "unset" everywhere.
+    b.strings.intern("");
+
+    let sample_type = vec![ValueType {
+        ty: b.strings.intern("samples"),
+        unit: b.strings.intern("count"),
+    }];
+    let period_type = Some(ValueType {
+        ty: b.strings.intern("cpu"),
+        unit: b.strings.intern("nanoseconds"),
+    });
+    let thread_id = b.strings.intern("thread.id");
+    let thread_name = b.strings.intern("thread.name");
+    let process_id = b.strings.intern("process.id");
+
+    let mut comment = vec![b.strings.intern(&format!("target: {}", meta.target))];
+    if meta.lost_samples > 0 {
+        comment.push(
+            b.strings
+                .intern(&format!("lost samples: {}", meta.lost_samples)),
+        );
+    }
+
+    let mut location_of_frame: Vec<Option<u64>> = vec![None; profile.frames.len()];
+    let mut samples = Vec::with_capacity(profile.samples.len());
+    for sample in &profile.samples {
+        let thread = &profile.threads[sample.thread as usize];
+        let location_id = sample
+            .frames
+            .iter()
+            .rev()
+            .map(|&frame| {
+                let slot = &mut location_of_frame[frame as usize];
+                *slot.get_or_insert_with(|| b.location(&profile.frames[frame as usize]))
+            })
+            .collect();
+        let label = vec![
+            Label {
+                key: thread_id,
+                num: i64::from(thread.tid),
+                ..Label::default()
+            },
+            Label {
+                key: thread_name,
+                str: b.strings.intern(&thread.name),
+                ..Label::default()
+            },
+            Label {
+                key: process_id,
+                num: i64::from(thread.pid),
+                ..Label::default()
+            },
+        ];
+        samples.push(Sample {
+            location_id,
+            value: vec![saturating_i64(sample.count)],
+            label,
+        });
+    }
+
+    Ok(PprofProfile {
+        sample_type,
+        sample: samples,
+        mapping: b.mappings,
+        location: b.locations,
+        function: b.functions,
+        string_table: b.strings.strings,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: nanos(
+            meta.start
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO),
+        ),
+        duration_nanos: nanos(meta.duration),
+        period_type,
+        period: saturating_i64(meta.period_ns()),
+        comment,
+        default_sample_type: 0,
+    })
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn nanos(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// `profile.proto`'s string table: index 0 is `""`, every string appears once.
+#[derive(Debug, Default)]
+struct StringTable {
+    strings: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl StringTable {
+    fn intern(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as i64;
+        self.strings.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+}
+
+/// The interned tables of a pprof profile under construction.
+#[derive(Debug, Default)]
+struct Builder {
+    strings: StringTable,
+    mappings: Vec<Mapping>,
+    /// Mapping filename (string index) to index in `mappings`.
+    mapping_index: HashMap<i64, usize>,
+    functions: Vec<Function>,
+    /// (name, filename) string indexes to function id.
+    function_ids: HashMap<(i64, i64), u64>,
+    locations: Vec<Location>,
+}
+
+impl Builder {
+    /// Adds a location for `frame` and returns its id.
+    fn location(&mut self, frame: &Frame) -> u64 {
+        let mapping_id = self.mapping(frame);
+        let name = match &frame.function {
+            Some(function) => self.strings.intern(function),
+            None => self.strings.intern(&frame.display_name()),
+        };
+        let filename = match &frame.file {
+            Some(file) => self.strings.intern(file),
+            None => 0,
+        };
+        let next_id = self.functions.len() as u64 + 1;
+        let function_id = *self.function_ids.entry((name, filename)).or_insert(next_id);
+        if function_id == next_id {
+            self.functions.push(Function {
+                id: function_id,
+                name,
+                // NB: only the demangled name is known; pprof shows `name` by default.
+                system_name: name,
+                filename,
+                start_line: 0,
+            });
+        }
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id,
+            address: frame.address,
+            line: vec![Line {
+                function_id,
+                line: frame.line.map_or(0, i64::from),
+            }],
+            is_folded: false,
+        });
+        id
+    }
+
+    /// The id of the mapping `frame` belongs to, 0 when it has no module.
+    fn mapping(&mut self, frame: &Frame) -> u64 {
+        let module = match (frame.kind, &frame.module) {
+            (FrameKind::Kernel, _) => KERNEL_MAPPING,
+            (FrameKind::Native, Some(module)) => module.as_str(),
+            (FrameKind::Native, None) => return 0,
+        };
+        let filename = self.strings.intern(module);
+        let index = *self.mapping_index.entry(filename).or_insert_with(|| {
+            self.mappings.push(Mapping {
+                id: self.mappings.len() as u64 + 1,
+                filename,
+                // Every location gets a function, named after the address if need be.
+                has_functions: true,
+                ..Mapping::default()
+            });
+            self.mappings.len() - 1
+        });
+        let mapping = &mut self.mappings[index];
+        mapping.has_filenames |= frame.file.is_some();
+        mapping.has_line_numbers |= frame.line.is_some();
+        mapping.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use flate2::read::GzDecoder;
+
+    use super::*;
+    use crate::output::fixture;
+
+    fn decode(bytes: &[u8]) -> PprofProfile {
+        let mut raw = Vec::new();
+        GzDecoder::new(bytes).read_to_end(&mut raw).unwrap();
+        PprofProfile::decode(raw.as_slice()).unwrap()
+    }
+
+    fn string(p: &PprofProfile, i: i64) -> &str {
+        &p.string_table[usize::try_from(i).unwrap()]
+    }
+
+    /// The function names of a sample's stack, leaf first.
+    fn stack(p: &PprofProfile, sample: &Sample) -> Vec<String> {
+        sample
+            .location_id
+            .iter()
+            .map(|&id| {
+                let loc = &p.location[usize::try_from(id - 1).unwrap()];
+                assert_eq!(loc.id, id);
+                let func = &p.function[usize::try_from(loc.line[0].function_id - 1).unwrap()];
+                string(p, func.name).to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decodes_with_totals_and_leaf_first_locations() {
+        let profile = fixture::profile();
+        let p = decode(&render(&profile).unwrap());
+
+        assert_eq!(p.string_table[0], "");
+        assert_eq!(p.sample_type.len(), 1);
+        assert_eq!(string(&p, p.sample_type[0].ty), "samples");
+        assert_eq!(string(&p, p.sample_type[0].unit), "count");
+        let period_type = p.period_type.clone().unwrap();
+        assert_eq!(string(&p, period_type.ty), "cpu");
+        assert_eq!(string(&p, period_type.unit), "nanoseconds");
+        assert_eq!(p.period, 10_000_000);
+        assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(p.duration_nanos, 2_500_000_000);
+        let comments: Vec<&str> = p.comment.iter().map(|&c| string(&p, c)).collect();
+        assert_eq!(comments, ["target: pid 100 (app)", "lost samples: 4"]);
+
+        let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+        assert_eq!(total, 11);
+        assert_eq!(p.sample.len(), 4);
+        assert_eq!(stack(&p, &p.sample[0]), ["compute", "main"]);
+        assert_eq!(
+            stack(&p, &p.sample[2]),
+            ["do_syscall_64", "compute", "main"]
+        );
+        assert_eq!(
+            stack(&p, &p.sample[3]),
+            ["[unknown] (libfoo.so+0x1234)", "main"]
+        );
+        // Same frame, same location; same function at two addresses, two locations.
+        assert_eq!(p.sample[0].location_id[1], p.sample[1].location_id[1]);
+        assert_ne!(p.sample[0].location_id[0], p.sample[1].location_id[0]);
+        assert_eq!(p.location.len(), 5);
+        assert_eq!(p.function.len(), 4);
+    }
+
+    #[test]
+    fn mappings_functions_and_lines() {
+        let p = build(&fixture::profile()).unwrap();
+        let mappings: Vec<(u64, &str)> = p
+            .mapping
+            .iter()
+            .map(|m| (m.id, string(&p, m.filename)))
+            .collect();
+        assert_eq!(
+            mappings,
+            [
+                (1, "/usr/bin/app"),
+                (2, KERNEL_MAPPING),
+                (3, "/usr/lib/libfoo.so")
+            ]
+        );
+        assert!(p.mapping.iter().all(|m| m.has_functions));
+        assert!(p.mapping[0].has_line_numbers && !p.mapping[1].has_line_numbers);
+
+        let compute = p
+            .function
+            .iter()
+            .find(|f| string(&p, f.name) == "compute")
+            .unwrap();
+        assert_eq!(string(&p, compute.filename), "src/app.c");
+        let compute_lines: Vec<(u64, i64, u64)> = p
+            .location
+            .iter()
+            .filter(|l| l.line[0].function_id == compute.id)
+            .map(|l| (l.address, l.line[0].line, l.mapping_id))
+            .collect();
+        assert_eq!(compute_lines, [(0x1200, 42, 1), (0x1210, 43, 1)]);
+
+        let kernel = p.location.iter().find(|l| l.mapping_id == 2).unwrap();
+        assert_eq!(kernel.address, 0xffff_ffff_8100_0000);
+        assert_eq!(kernel.line[0].line, 0);
+    }
+
+    #[test]
+    fn thread_and_process_labels() {
+        let p = build(&fixture::profile()).unwrap();
+        let labels: Vec<(&str, i64, &str, i64)> = p.sample[1]
+            .label
+            .iter()
+            .map(|l| (string(&p, l.key), l.num, string(&p, l.str), l.num_unit))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("thread.id", 101, "", 0),
+                ("thread.name", 0, "worker", 0),
+                ("process.id", 100, "", 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn strings_are_unique_and_output_deterministic() {
+        let profile = fixture::profile();
+        let p = build(&profile).unwrap();
+        let mut sorted = p.string_table.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), p.string_table.len());
+        assert_eq!(render(&profile).unwrap(), render(&profile).unwrap());
+    }
+
+    #[test]
+    fn no_lost_comment_when_nothing_lost() {
+        let mut profile = fixture::profile();
+        profile.meta.lost_samples = 0;
+        let p = build(&profile).unwrap();
+        assert_eq!(p.comment.len(), 1);
+    }
+}

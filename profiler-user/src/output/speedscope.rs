@@ -1,0 +1,270 @@
+//! The speedscope JSON file format (<https://www.speedscope.app/file-format-schema.json>).
+//!
+//! # Layout
+//!
+//! - `shared.frames`: one entry per distinct (display name, source file), so a function sampled
+//!   at several addresses is one node, as in the flame graph. `name` is
+//!   [`Frame::display_name`](crate::profile::Frame::display_name) (kernel frames end in `_[k]`),
+//!   `file` the source file when known, and `line` only when every merged frame has the same line
+//!   (speedscope shows it as the function's location, not a sample's).
+//! - `profiles`: one `sampled` profile per thread that has samples, in thread-table order, named
+//!   `comm (tid N)`. `samples` are arrays of frame indexes, root first (speedscope builds its call
+//!   tree from the first element down); `weights` are nanoseconds of CPU time,
+//!   `count * 1e9 / frequency`, with `unit` `nanoseconds`, `startValue` 0 and `endValue` the sum
+//!   of the weights. Samples are aggregated, so the "time order" view shows stacks in profile
+//!   order, not in time.
+//! - `name` is the target, `exporter` `spanprof@<version>` (the spec's recommended form) and
+//!   `activeProfileIndex` the thread with the most samples.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{validate, OutputError};
+use crate::profile::Profile;
+
+/// The `$schema` value that identifies a speedscope file.
+pub const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
+
+/// A speedscope file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct File {
+    /// Always [`SCHEMA`].
+    #[serde(rename = "$schema")]
+    pub schema: String,
+    /// Frames shared by all profiles.
+    pub shared: Shared,
+    /// One profile per thread.
+    pub profiles: Vec<SampledProfile>,
+    /// Name of the profile group: the target.
+    pub name: String,
+    /// Index into `profiles` shown first.
+    pub active_profile_index: usize,
+    /// `spanprof@<version>`.
+    pub exporter: String,
+}
+
+/// Data shared between the profiles of a file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shared {
+    /// Frames that samples refer to by index.
+    pub frames: Vec<SpeedscopeFrame>,
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeedscopeFrame {
+    /// Display name.
+    pub name: String,
+    /// Source file, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Source line, when known and the same for every address merged into this frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+/// A `sampled` profile: weighted stacks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SampledProfile {
+    /// Always `sampled`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `comm (tid N)`.
+    pub name: String,
+    /// Unit of the weights: `nanoseconds`.
+    pub unit: String,
+    /// Always 0.
+    pub start_value: u64,
+    /// Sum of `weights`.
+    pub end_value: u64,
+    /// Stacks as indexes into [`Shared::frames`], root first.
+    pub samples: Vec<Vec<usize>>,
+    /// Weight of each stack in nanoseconds of CPU time.
+    pub weights: Vec<u64>,
+}
+
+/// Renders the profile as speedscope JSON.
+pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
+    serde_json::to_vec(&build(profile)?).map_err(OutputError::Json)
+}
+
+/// Builds the speedscope file for the profile.
+pub fn build(profile: &Profile) -> Result<File, OutputError> {
+    validate(profile)?;
+    let period = profile.meta.period_ns();
+
+    // Map our frames to speedscope frames, merging addresses of the same function, and only
+    // for frames that samples use.
+    let mut frames: Vec<SpeedscopeFrame> = Vec::new();
+    let mut frame_ids: HashMap<(String, Option<&str>), usize> = HashMap::new();
+    // `None` while unassigned; the line is cleared on the first disagreement.
+    let mut index_of: Vec<Option<usize>> = vec![None; profile.frames.len()];
+    let mut line_conflict: Vec<bool> = Vec::new();
+
+    // Samples per thread, in thread-table order.
+    let mut per_thread: Vec<(Vec<Vec<usize>>, Vec<u64>)> =
+        vec![(Vec::new(), Vec::new()); profile.threads.len()];
+    for sample in &profile.samples {
+        if sample.count == 0 {
+            // NB: speedscope ignores zero weights; leave them out rather than send noise.
+            continue;
+        }
+        let stack = sample
+            .frames
+            .iter()
+            .map(|&f| {
+                *index_of[f as usize].get_or_insert_with(|| {
+                    let frame = &profile.frames[f as usize];
+                    let key = (frame.display_name(), frame.file.as_deref());
+                    let id = *frame_ids.entry(key).or_insert_with(|| {
+                        frames.push(SpeedscopeFrame {
+                            name: frame.display_name(),
+                            file: frame.file.clone(),
+                            line: frame.line,
+                        });
+                        line_conflict.push(false);
+                        frames.len() - 1
+                    });
+                    if frames[id].line != frame.line {
+                        line_conflict[id] = true;
+                    }
+                    id
+                })
+            })
+            .collect();
+        let (samples, weights) = &mut per_thread[sample.thread as usize];
+        samples.push(stack);
+        weights.push(sample.count.saturating_mul(period));
+    }
+    for (frame, conflict) in frames.iter_mut().zip(line_conflict) {
+        if conflict {
+            frame.line = None;
+        }
+    }
+
+    let mut profiles = Vec::new();
+    let mut active_profile_index = 0;
+    let mut heaviest = 0;
+    for (thread, (samples, weights)) in profile.threads.iter().zip(per_thread) {
+        if samples.is_empty() {
+            continue;
+        }
+        let end_value = weights.iter().fold(0u64, |sum, &w| sum.saturating_add(w));
+        if end_value > heaviest {
+            heaviest = end_value;
+            active_profile_index = profiles.len();
+        }
+        profiles.push(SampledProfile {
+            kind: "sampled".to_string(),
+            name: format!("{} (tid {})", thread.name, thread.tid),
+            unit: "nanoseconds".to_string(),
+            start_value: 0,
+            end_value,
+            samples,
+            weights,
+        });
+    }
+
+    Ok(File {
+        schema: SCHEMA.to_string(),
+        shared: Shared { frames },
+        profiles,
+        name: profile.meta.target.clone(),
+        active_profile_index,
+        exporter: concat!("spanprof@", env!("CARGO_PKG_VERSION")).to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::output::fixture;
+
+    fn names(file: &File, stack: &[usize]) -> Vec<String> {
+        stack
+            .iter()
+            .map(|&i| file.shared.frames[i].name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn json_shape() {
+        let bytes = render(&fixture::profile()).unwrap();
+        let json: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(json["$schema"], SCHEMA);
+        assert_eq!(json["name"], "pid 100 (app)");
+        assert_eq!(
+            json["exporter"],
+            concat!("spanprof@", env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(json["activeProfileIndex"], 0);
+        let profile = &json["profiles"][0];
+        assert_eq!(profile["type"], "sampled");
+        assert_eq!(profile["name"], "app (tid 100)");
+        assert_eq!(profile["unit"], "nanoseconds");
+        assert_eq!(profile["startValue"], 0);
+        assert_eq!(profile["endValue"], 70_000_000);
+        assert_eq!(json["profiles"][1]["name"], "worker (tid 101)");
+        // Unknown frames have neither file nor line.
+        let unknown = json["shared"]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "[unknown] (libfoo.so+0x1234)")
+            .unwrap();
+        assert_eq!(unknown.as_object().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn stacks_are_root_first_with_nanosecond_weights() {
+        let file: File = serde_json::from_slice(&render(&fixture::profile()).unwrap()).unwrap();
+        assert_eq!(file.profiles.len(), 2);
+
+        let app = &file.profiles[0];
+        assert_eq!(names(&file, &app.samples[0]), ["main", "compute"]);
+        assert_eq!(
+            names(&file, &app.samples[1]),
+            ["main", "compute", "do_syscall_64_[k]"]
+        );
+        assert_eq!(app.weights, [50_000_000, 20_000_000]);
+
+        let worker = &file.profiles[1];
+        assert_eq!(names(&file, &worker.samples[0]), ["main", "compute"]);
+        assert_eq!(
+            names(&file, &worker.samples[1]),
+            ["main", "[unknown] (libfoo.so+0x1234)"]
+        );
+        assert_eq!(worker.weights, [30_000_000, 10_000_000]);
+        assert_eq!(worker.end_value, 40_000_000);
+        for p in &file.profiles {
+            assert_eq!(p.samples.len(), p.weights.len());
+        }
+    }
+
+    #[test]
+    fn frames_merge_by_function_and_keep_unambiguous_lines() {
+        let file = build(&fixture::profile()).unwrap();
+        // `compute` at two addresses is one frame; main, compute, kernel, unknown.
+        assert_eq!(file.shared.frames.len(), 4);
+        let compute = &file.shared.frames[1];
+        assert_eq!(compute.name, "compute");
+        assert_eq!(compute.file.as_deref(), Some("src/app.c"));
+        // Lines 42 and 43 disagree, so no line.
+        assert_eq!(compute.line, None);
+        let main = &file.shared.frames[0];
+        assert_eq!((main.name.as_str(), main.line), ("main", Some(10)));
+    }
+
+    #[test]
+    fn heaviest_thread_is_active() {
+        let mut profile = fixture::profile();
+        profile.samples[1].count = 100;
+        let file = build(&profile).unwrap();
+        assert_eq!(file.active_profile_index, 1);
+    }
+}

@@ -1,0 +1,139 @@
+//! Checks done before anything is loaded, each giving one clear error.
+
+use std::fs;
+
+/// Linux capability numbers (include/uapi/linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// `PF_KTHREAD` from include/linux/sched.h: the task is a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Errors of the checks; messages are one line.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// Capabilities needed to load and attach the programs are missing.
+    #[error(
+        "missing capability {0}: run spanprof as root, or grant it with \
+         `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_syslog+ep spanprof`"
+    )]
+    MissingCapabilities(String),
+    /// No process has this pid.
+    #[error("no process with pid {0}")]
+    NoSuchPid(u32),
+    /// The pid is a kernel thread, which has no user space to profile.
+    #[error("pid {pid} ({name}) is a kernel thread; spanprof profiles user-space processes")]
+    KernelThread {
+        /// Pid.
+        pid: u32,
+        /// Its comm.
+        name: String,
+    },
+}
+
+/// The effective capability set of this process, from `/proc/self/status`.
+fn effective_caps() -> u64 {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// Checks for CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, which implies both), naming the
+/// missing ones.
+pub fn check_capabilities() -> Result<(), PreflightError> {
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if has(CAP_SYS_ADMIN) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|&(c, _)| !has(c))
+        .map(|(_, n)| n)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(PreflightError::MissingCapabilities(missing.join(", ")))
+    }
+}
+
+/// Fields of `/proc/PID/stat` that the checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    /// `comm`, between the parentheses.
+    pub comm: String,
+    /// `flags` (field 9).
+    pub flags: u64,
+}
+
+/// Parses `/proc/PID/stat`; `comm` may contain spaces and parentheses, so it is cut at the last
+/// `)`. Returns `None` on anything malformed.
+pub fn parse_stat(stat: &str) -> Option<ProcStat> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_string();
+    // After ") ": state(3) ppid(4) pgrp(5) session(6) tty_nr(7) tpgid(8) flags(9)
+    let flags = stat
+        .get(close + 1..)?
+        .split_whitespace()
+        .nth(6)?
+        .parse()
+        .ok()?;
+    Some(ProcStat { comm, flags })
+}
+
+/// Checks that `pid` is a live user-space process.
+pub fn check_pid(pid: u32) -> Result<ProcStat, PreflightError> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|_| PreflightError::NoSuchPid(pid))?;
+    // A thread id that is not a process id still has /proc/TID; sampling filters by process.
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if tgid.is_some_and(|t| t != pid) {
+        return Err(PreflightError::NoSuchPid(pid));
+    }
+    let stat = parse_stat(&stat).ok_or(PreflightError::NoSuchPid(pid))?;
+    if stat.flags & PF_KTHREAD != 0 {
+        return Err(PreflightError::KernelThread {
+            pid,
+            name: stat.comm,
+        });
+    }
+    Ok(stat)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_with_awkward_comm() {
+        let s = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0";
+        let st = parse_stat(s).unwrap();
+        assert_eq!(st.comm, "a) b (c)");
+        assert_eq!(st.flags, 4194560);
+        assert!(parse_stat("garbage").is_none());
+        assert!(parse_stat("1 (x) S 1").is_none());
+    }
+
+    #[test]
+    fn own_process_passes_and_kthreadd_is_a_kernel_thread() {
+        assert!(check_pid(std::process::id()).is_ok());
+        match check_pid(2) {
+            Err(PreflightError::KernelThread { pid: 2, name }) => assert_eq!(name, "kthreadd"),
+            other => panic!("pid 2 should be kthreadd: {other:?}"),
+        }
+        assert!(matches!(
+            check_pid(u32::MAX - 1),
+            Err(PreflightError::NoSuchPid(_))
+        ));
+    }
+}

@@ -1,0 +1,81 @@
+//! The end-of-session summary: samples, losses, processes and the top functions.
+
+use std::fmt::Write;
+
+use profiler_common::{ErrorCode, ERROR_COUNT};
+use rustc_hash::FxHashMap;
+
+use crate::profile::Profile;
+
+/// Functions by self samples (the leaf frame's display name), most first, ties by name.
+pub fn top_self(profile: &Profile, n: usize) -> Vec<(String, u64)> {
+    let mut by_name: FxHashMap<String, u64> = FxHashMap::default();
+    for s in &profile.samples {
+        if let Some(&leaf) = s.frames.last() {
+            *by_name
+                .entry(profile.frames[leaf as usize].display_name())
+                .or_insert(0) += s.count;
+        }
+    }
+    let mut v: Vec<(String, u64)> = by_name.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v.truncate(n);
+    v
+}
+
+/// The summary text printed at the end of a session.
+pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String {
+    let total = profile.total_samples();
+    let m = &profile.meta;
+    let mut out = String::new();
+    let procs: Vec<String> = profile
+        .processes
+        .iter()
+        .map(|p| format!("{} ({})", p.pid, p.name))
+        .collect();
+    let _ = writeln!(
+        out,
+        "spanprof: {total} samples, {} lost, from {} process{} in {:.1} s at {} Hz: {}",
+        m.lost_samples,
+        procs.len(),
+        if procs.len() == 1 { "" } else { "es" },
+        m.duration.as_secs_f64(),
+        m.frequency,
+        m.target,
+    );
+    if procs.len() > 1 || (procs.len() == 1 && !m.target.contains(&procs[0])) {
+        let _ = writeln!(out, "processes: {}", procs.join(", "));
+    }
+    for code in ErrorCode::ALL {
+        let n = errors[code as usize];
+        if n > 0 {
+            let _ = writeln!(out, "warning: {}: {n}", code.describe());
+        }
+    }
+    if m.lost_samples > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {} samples were lost because the ring buffer was full; \
+             raise --ring-buffer-size or lower --frequency",
+            m.lost_samples
+        );
+    }
+    let top = top_self(profile, 10);
+    if top.is_empty() {
+        let _ = writeln!(
+            out,
+            "no samples: the target did not run on a CPU while profiled"
+        );
+        return out;
+    }
+    let _ = writeln!(out, "top functions (self):");
+    for (name, n) in top {
+        let _ = writeln!(
+            out,
+            "  {:>5.1}%  {:>7}  {name}",
+            100.0 * n as f64 / total as f64,
+            n
+        );
+    }
+    out
+}
