@@ -16,20 +16,25 @@ use crate::profile::{Frame, FrameKind, Meta, Process, Profile, Sample, Thread};
 /// Stack id of "no stack" (empty kernel stack for samples in user mode).
 const EMPTY: u32 = 0;
 
-/// Interns stacks of return addresses, given leaf first.
-#[derive(Debug, Default)]
+/// Interns stacks of return addresses, given leaf first. Id [`EMPTY`] is the empty stack.
+#[derive(Debug)]
 struct StackTable {
     ids: FxHashMap<Vec<u64>, u32>,
     stacks: Vec<Vec<u64>>,
 }
 
-impl StackTable {
-    fn new() -> Self {
-        let mut t = StackTable::default();
+impl Default for StackTable {
+    fn default() -> Self {
+        let mut t = StackTable {
+            ids: FxHashMap::default(),
+            stacks: Vec::new(),
+        };
         t.intern(&[]);
         t
     }
+}
 
+impl StackTable {
     /// Returns the id and whether the stack is new. Allocates only for new stacks.
     fn intern(&mut self, stack: &[u64]) -> (u32, bool) {
         if let Some(&id) = self.ids.get(stack) {
@@ -67,7 +72,7 @@ impl Aggregator {
     pub fn new(keep_kernel: bool) -> Self {
         Aggregator {
             keep_kernel,
-            kernel: StackTable::new(),
+            kernel: StackTable::default(),
             user: FxHashMap::default(),
             counts: FxHashMap::default(),
             threads: FxHashMap::default(),
@@ -93,7 +98,7 @@ impl Aggregator {
             EMPTY
         };
         let n = to_lookup_addrs(rec.user_stack(), &mut self.scratch);
-        let table = self.user.entry(rec.pid).or_insert_with(StackTable::new);
+        let table = self.user.entry(rec.pid).or_default();
         let (uid, new) = table.intern(&self.scratch[..n]);
         if new {
             self.pending
@@ -114,10 +119,9 @@ impl Aggregator {
                 );
             }
         }
-        if !self.processes.contains_key(&rec.pid) {
-            self.processes
-                .insert(rec.pid, process_name(rec.pid, rec.comm()));
-        }
+        self.processes
+            .entry(rec.pid)
+            .or_insert_with(|| process_name(rec.pid, rec.comm()));
     }
 
     /// Normalizes the user addresses of stacks seen since the last call, while their processes
@@ -276,5 +280,54 @@ impl FrameTable {
             line: None,
             unknown_reason: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_common::RECORD_SAMPLE;
+
+    fn record(pid: u32, tid: u32, kstack: &[u64], ustack: &[u64]) -> SampleRecord {
+        let mut r = SampleRecord {
+            kind: RECORD_SAMPLE,
+            cpu: 0,
+            pid,
+            tid,
+            time_ns: 0,
+            kstack_len: kstack.len() as i32,
+            ustack_len: ustack.len() as i32,
+            comm: [0; TASK_COMM_LEN],
+            kstack: [0; MAX_STACK_DEPTH],
+            ustack: [0; MAX_STACK_DEPTH],
+        };
+        r.comm[..4].copy_from_slice(b"test");
+        r.kstack[..kstack.len()].copy_from_slice(kstack);
+        r.ustack[..ustack.len()].copy_from_slice(ustack);
+        r
+    }
+
+    #[test]
+    fn counts_per_thread_and_stack_and_queues_new_addresses_once() {
+        let mut agg = Aggregator::new(true);
+        let r1 = record(10, 11, &[0xffff_0010], &[0x1000, 0x2000]);
+        agg.record(&r1);
+        agg.record(&r1);
+        agg.record(&record(10, 12, &[], &[0x1000, 0x2000]));
+        assert_eq!(agg.samples(), 3);
+        assert_eq!(agg.counts.len(), 2, "two threads");
+        assert_eq!(agg.counts[&(11, 1, 1)], 2);
+        assert_eq!(agg.counts[&(12, EMPTY, 1)], 1);
+        // The return address (not the leaf) is moved into the call instruction.
+        assert_eq!(agg.pending[&10], vec![0x1000, 0x1fff]);
+        assert_eq!(agg.user[&10].stacks[1], vec![0x1000, 0x1fff]);
+    }
+
+    #[test]
+    fn no_kernel_drops_kernel_stacks() {
+        let mut agg = Aggregator::new(false);
+        agg.record(&record(10, 11, &[0xffff_0010], &[0x1000]));
+        assert_eq!(agg.counts[&(11, EMPTY, 1)], 1);
+        assert_eq!(agg.kernel.stacks.len(), 1, "only the empty stack");
     }
 }
