@@ -205,12 +205,13 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
                 Ok(()) => eprintln!("wrote {dest} ({format})"),
                 Err(e) => {
                     eprintln!("error: {e:#}");
-                    status = EXIT_FAILURE;
+                    status = status.max(EXIT_FAILURE);
                 }
             },
             Err(e) => {
                 eprintln!("error: cannot write output {dest}: {e}");
-                status = EXIT_FAILURE;
+                // A failed command's own status says more than ours.
+                status = status.max(EXIT_FAILURE);
             }
         }
     }

@@ -358,6 +358,16 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         }
     }
 
+    if opts.progress {
+        let until = match opts.duration {
+            Some(d) => format!("for {}", humantime::format_duration(d)),
+            None => "until it exits".to_string(),
+        };
+        eprintln!(
+            "spanprof: profiling {target_desc} at {} Hz {until}; Ctrl-C to stop early",
+            opts.frequency
+        );
+    }
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let mut agg = Aggregator::new(opts.kernel);
