@@ -86,7 +86,11 @@ fn run_filtered(errno: u32, only_cmd: Option<u32>) -> RunOutput {
 #[track_caller]
 fn assert_one_error_line(out: &RunOutput, needle: &str) {
     assert_eq!(out.code(), 1, "exit code\n{out}");
-    let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
     assert_eq!(lines.len(), 1, "expected one line on stderr\n{out}");
     assert!(lines[0].starts_with("error: "), "{out}");
     assert!(lines[0].contains(needle), "expected `{needle}`\n{out}");

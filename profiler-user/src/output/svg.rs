@@ -36,16 +36,38 @@ pub fn subtitle(profile: &Profile) -> String {
     subtitle
 }
 
+/// The picture of a profile without samples.
+fn empty_svg(profile: &Profile) -> String {
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    format!(
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+         <svg version=\"1.1\" width=\"1200\" height=\"120\" xmlns=\"http://www.w3.org/2000/svg\">\n\
+         <rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"#eeeeee\"/>\n\
+         <text x=\"600\" y=\"24\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">{}</text>\n\
+         <text x=\"600\" y=\"48\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"12\">{}</text>\n\
+         <text x=\"600\" y=\"90\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"14\">no samples: the target did not run on a CPU while profiled</text>\n\
+         </svg>\n",
+        esc(&title(&profile.meta)),
+        esc(&subtitle(profile)),
+    )
+}
+
 /// Renders the profile as an SVG flame graph.
 ///
-/// Fails with [`OutputError::NoSamples`] when there is nothing to draw.
+/// A profile with no samples gives a small SVG that says so, with the same title and subtitle,
+/// rather than an error: an idle target is a result too.
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
     let lines: Vec<String> = folded::collapse(profile)?
         .into_iter()
         .map(|(stack, count)| format!("{stack} {count}"))
         .collect();
     if lines.is_empty() {
-        return Err(OutputError::NoSamples);
+        return Ok(empty_svg(profile).into_bytes());
     }
 
     let mut options = Options::default();
