@@ -26,6 +26,11 @@ struct task_struct {
 
 /* Set by user space before load (EbpfLoader::override_global). */
 const volatile __u32 follow_children = 0;
+/*
+ * User space drains the ring buffer on a timer; it is woken early only when more than this many
+ * bytes wait, so a sample does not cost a wake-up of user space (half the ring by default).
+ */
+const volatile __u64 wakeup_bytes = 2 * 1024 * 1024;
 
 /* Processes to profile, by tgid. User space adds targets; on_fork adds their children. */
 struct {
@@ -88,7 +93,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		count_error(SPANPROF_ERR_USTACK);
 	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
 
-	bpf_ringbuf_submit(s, 0);
+	bpf_ringbuf_submit(s, bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes ?
+				      BPF_RB_FORCE_WAKEUP :
+				      BPF_RB_NO_WAKEUP);
 	return 0;
 }
 

@@ -137,9 +137,11 @@ impl Programs {
                 }
             })?;
         let follow: u32 = opts.follow_children.into();
+        let wakeup_bytes = u64::from(opts.ring_buffer_size / 2);
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("follow_children", &follow, true)
+            .override_global("wakeup_bytes", &wakeup_bytes, true)
             .map_max_entries("samples", opts.ring_buffer_size)
             .load(EBPF_OBJECT)
             .map_err(aya_err("load the eBPF programs"))?;
