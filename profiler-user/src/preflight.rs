@@ -67,6 +67,8 @@ pub fn check_capabilities() -> Result<(), PreflightError> {
 pub struct ProcStat {
     /// `comm`, between the parentheses.
     pub comm: String,
+    /// `state` (field 3): `R`, `S`, `D`, `Z` (zombie), `X` (dead), …
+    pub state: char,
     /// `flags` (field 9).
     pub flags: u64,
 }
@@ -78,13 +80,19 @@ pub fn parse_stat(stat: &str) -> Option<ProcStat> {
     let close = stat.rfind(')')?;
     let comm = stat.get(open + 1..close)?.to_string();
     // After ") ": state(3) ppid(4) pgrp(5) session(6) tty_nr(7) tpgid(8) flags(9)
-    let flags = stat
-        .get(close + 1..)?
-        .split_whitespace()
-        .nth(6)?
-        .parse()
-        .ok()?;
-    Some(ProcStat { comm, flags })
+    let mut fields = stat.get(close + 1..)?.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let flags = fields.nth(5)?.parse().ok()?;
+    Some(ProcStat { comm, state, flags })
+}
+
+/// Whether `pid` still runs: it exists and is neither a zombie nor dead. A zombie has released
+/// its memory, so there is nothing left to profile even before its parent reaps it.
+pub fn is_running(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| parse_stat(&s))
+        .is_some_and(|st| !matches!(st.state, 'Z' | 'X' | 'x'))
 }
 
 /// Checks that `pid` is a live user-space process.
@@ -120,6 +128,7 @@ mod tests {
         let st = parse_stat(s).unwrap();
         assert_eq!(st.comm, "a) b (c)");
         assert_eq!(st.flags, 4194560);
+        assert_eq!(st.state, 'S');
         assert!(parse_stat("garbage").is_none());
         assert!(parse_stat("1 (x) S 1").is_none());
     }

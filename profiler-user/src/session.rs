@@ -236,12 +236,6 @@ fn wait_readable(fd: i32, timeout: Duration) {
     unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
 }
 
-fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks existence and permission.
-    let r = unsafe { libc::kill(pid as i32, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
 /// Progress display: a bar on a terminal, a plain line every few seconds otherwise.
 struct Progress {
     bar: Option<ProgressBar>,
@@ -405,7 +399,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             }
         } else {
             for &pid in &pids {
-                if !alive(pid) && !exited.iter().any(|&(p, _)| p == pid) {
+                if !preflight::is_running(pid) && !exited.iter().any(|&(p, _)| p == pid) {
                     exited.push((pid, start.elapsed()));
                     programs.remove_target(pid);
                 }

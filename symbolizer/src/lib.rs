@@ -52,7 +52,7 @@ pub struct Symbol {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Location {
     Elf { module: u32, offset: u64 },
-    Unknown { module: Option<u32>, reason: String },
+    Unknown { reason: String },
 }
 
 /// Counters for the session summary and `--stats`.
@@ -142,11 +142,9 @@ impl Symbolizer {
                             offset: value,
                         },
                         Some(Err(reason)) => Location::Unknown {
-                            module: None,
                             reason: reason.clone(),
                         },
                         None => Location::Unknown {
-                            module: None,
                             reason: "normalizer returned no metadata".to_string(),
                         },
                     };
@@ -164,7 +162,6 @@ impl Symbolizer {
                     self.user.insert(
                         (pid, addr),
                         Location::Unknown {
-                            module: None,
                             reason: reason.clone(),
                         },
                     );
@@ -210,11 +207,7 @@ impl Symbolizer {
                         "not symbolized",
                     ));
                 }
-                Some(Location::Unknown { module, reason }) => user_out.push(unknown(
-                    module.map(|m| self.modules[m as usize].as_path()),
-                    addr,
-                    reason,
-                )),
+                Some(Location::Unknown { reason }) => user_out.push(unknown(None, addr, reason)),
                 None => user_out.push(unknown(None, addr, "not normalized")),
             }
         }
