@@ -1,0 +1,101 @@
+//! Session control: Ctrl-C ends a session early and still writes the outputs; progress is shown
+//! as plain lines when stderr is not a terminal, and as a bar when it is.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use spanprof_tests::{
+    folded_total, profiling_lock, read_folded, require_profiling, spanprof_bin, spanprof_command,
+    TempDir, Workload,
+};
+
+#[test]
+fn ctrl_c_ends_the_session_and_writes_the_outputs() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let dir = TempDir::new("sigint");
+    let workload = Workload::start("cpu_split", 30.0);
+    let out = dir.join("early.folded");
+    let svg = dir.join("early.svg");
+    let started = Instant::now();
+    let mut child = spanprof_command(["profile", "--duration", "60s", "--pid"])
+        .arg(workload.pid().to_string())
+        .arg("-o")
+        .arg(&out)
+        .arg("-o")
+        .arg(&svg)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spanprof starts");
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own unreaped child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}\n{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "Ctrl-C did not end the 60 s session early:\n{stderr}"
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let total = folded_total(&read_folded(&out));
+    // About 1.5 s of one busy thread at 99 Hz.
+    assert!((50..=300).contains(&total), "{total} samples:\n{stderr}");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("hot_alpha"));
+}
+
+#[test]
+fn plain_progress_lines_when_stderr_is_not_a_terminal() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let workload = Workload::start("cpu_split", 20.0);
+    let out = spanprof_command(["profile", "--duration", "6s", "--pid"])
+        .arg(workload.pid().to_string())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("spanprof runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("spanprof: profiling pid"), "{stderr}");
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" of 6s, ") && l.ends_with(" samples"))
+        .collect();
+    assert_eq!(progress.len(), 1, "one line after 5 s:\n{stderr}");
+    assert!(!stderr.contains('\r'), "no bar redraws in plain mode:\n{stderr}");
+}
+
+#[test]
+fn progress_bar_on_a_terminal() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let workload = Workload::start("cpu_split", 20.0);
+    // script(1) gives spanprof a pseudo-terminal and records what it draws.
+    let dir = TempDir::new("tty");
+    let typescript = dir.join("typescript");
+    let cmd = format!(
+        "{} profile --duration 3s --pid {}",
+        spanprof_bin().display(),
+        workload.pid()
+    );
+    let status = Command::new("script")
+        .args(["-q", "-e", "-c", &cmd])
+        .arg(&typescript)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .expect("script(1) from util-linux");
+    let screen = String::from_utf8_lossy(&std::fs::read(&typescript).unwrap()).into_owned();
+    assert!(status.success(), "{screen}");
+    // indicatif redraws the bar in place with the live sample count and the time left.
+    assert!(screen.contains(" samples"), "{screen}");
+    assert!(screen.contains("left)"), "{screen}");
+    assert!(screen.contains("top functions"), "{screen}");
+}
