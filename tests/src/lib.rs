@@ -17,6 +17,7 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,8 +36,9 @@ macro_rules! args {
     };
 }
 
-/// How long any one spanprof run may take before the test kills it.
-pub const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long any one spanprof run may take before the test kills it: the
+/// longest session in the tests is 5 s, loading and symbolizing take a few.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The workspace root (the parent of this crate).
 pub fn workspace_root() -> PathBuf {
@@ -337,12 +339,15 @@ fn describe(cmd: &Command) -> String {
     line
 }
 
-/// Runs `cmd` to completion with captured output, killing it after `timeout`.
+/// Runs `cmd` to completion with captured output. After `timeout` it kills
+/// the command's whole process group (so a command that spanprof started
+/// dies with it) and fails.
 #[track_caller]
 pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> RunOutput {
     let command = describe(&cmd);
     let start = Instant::now();
     let mut child = cmd
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -355,10 +360,14 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> RunOutput {
             break status;
         }
         if start.elapsed() > timeout {
-            let _ = child.kill();
+            // SAFETY: kill(2) on the process group we created for the child
+            // (its pgid is its pid, and it is not reaped yet, so not reused).
+            unsafe {
+                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+            }
             let _ = child.wait();
             panic!(
-                "`{command}` did not finish within {timeout:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                "`{command}` did not finish within {timeout:?}; killed its process group\n--- stdout ---\n{}\n--- stderr ---\n{}",
                 out.join().unwrap_or_default(),
                 err.join().unwrap_or_default()
             );

@@ -25,8 +25,8 @@ fn filter(errno: u32, only_cmd: Option<u32>) -> Vec<libc::sock_filter> {
         jf,
         k,
     };
-    let ld = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u32;
-    let ret = (libc::BPF_RET | libc::BPF_K) as u32;
+    let ld = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
     let allow = libc::SECCOMP_RET_ALLOW;
     let deny = libc::SECCOMP_RET_ERRNO | (errno & libc::SECCOMP_RET_DATA);
     // struct seccomp_data: nr @0, arch @4, instruction_pointer @8, args[6] @16.

@@ -69,7 +69,10 @@ fn plain_progress_lines_when_stderr_is_not_a_terminal() {
         .filter(|l| l.contains(" of 6s, ") && l.ends_with(" samples"))
         .collect();
     assert_eq!(progress.len(), 1, "one line after 5 s:\n{stderr}");
-    assert!(!stderr.contains('\r'), "no bar redraws in plain mode:\n{stderr}");
+    assert!(
+        !stderr.contains('\r'),
+        "no bar redraws in plain mode:\n{stderr}"
+    );
 }
 
 #[test]

@@ -18,6 +18,8 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -69,7 +71,9 @@ fn start_target(workload: &Path, rounds: u64) -> Result<(Child, u32)> {
 
 fn release(target: &mut Child) -> Result<()> {
     let mut stdin = target.stdin.take().expect("piped");
-    stdin.write_all(b"g").context("failed to start the target")?;
+    stdin
+        .write_all(b"g")
+        .context("failed to start the target")?;
     Ok(())
 }
 
@@ -97,7 +101,10 @@ fn bpf_prog_stats() -> Option<(u64, u64)> {
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |name: &str| -> Option<u64> {
         let i = text.find(&format!("\"{name}\":"))? + name.len() + 3;
-        let digits: String = text[i..].chars().take_while(|c| c.is_ascii_digit()).collect();
+        let digits: String = text[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
         digits.parse().ok()
     };
     Some((field("run_time_ns")?, field("run_cnt")?))
@@ -124,28 +131,47 @@ fn run_alone(workload: &Path, rounds: u64) -> Result<Duration> {
     Ok(wait_usage(&mut t)?.1.cpu)
 }
 
-fn run_spanprof(spanprof: &Path, workload: &Path, rounds: u64, out: &Path, r: &mut Round) -> Result<()> {
+fn run_spanprof(
+    spanprof: &Path,
+    workload: &Path,
+    rounds: u64,
+    out: &Path,
+    r: &mut Round,
+) -> Result<()> {
     let (mut t, pid) = start_target(workload, rounds)?;
     let mut prof = Command::new(spanprof)
-        .args(["profile", "--frequency", "99", "--pid", &pid.to_string(), "-o"])
+        .args([
+            "profile",
+            "--frequency",
+            "99",
+            "--pid",
+            &pid.to_string(),
+            "-o",
+        ])
         .arg(out)
         .stderr(Stdio::piped())
         .spawn()
         .context("failed to start spanprof")?;
     let mut err = wait_ready(&mut prof, "spanprof: profiling")?;
     release(&mut t)?;
-    // Read the in-kernel statistics while the program is attached, near the end of the run.
-    let poll = std::thread::spawn(move || {
-        let mut last = None;
-        loop {
-            std::thread::sleep(Duration::from_millis(250));
-            match bpf_prog_stats() {
-                Some(s) => last = Some(s),
-                None => return last,
+    // Read the in-kernel statistics while the program is attached, until the target is done.
+    let done = Arc::new(AtomicBool::new(false));
+    let poll = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut last = None;
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(250));
+                if let Some(s) = bpf_prog_stats() {
+                    last = Some(s);
+                }
             }
-        }
-    });
-    r.spanprof_target = wait_usage(&mut t)?.1.cpu;
+            last
+        })
+    };
+    let target = wait_usage(&mut t);
+    done.store(true, Ordering::Relaxed);
+    r.spanprof_target = target?.1.cpu;
     let mut rest = String::new();
     err.read_to_string(&mut rest)?;
     let (status, own) = wait_usage(&mut prof)?;
@@ -156,7 +182,13 @@ fn run_spanprof(spanprof: &Path, workload: &Path, rounds: u64, out: &Path, r: &m
     r.spanprof_rss_kib = own.max_rss_kib;
     r.spanprof_samples = rest
         .lines()
-        .find_map(|l| l.strip_prefix("spanprof: ")?.split(" samples").next()?.parse().ok())
+        .find_map(|l| {
+            l.strip_prefix("spanprof: ")?
+                .split(" samples")
+                .next()?
+                .parse()
+                .ok()
+        })
         .context("spanprof printed no sample count")?;
     if let Some((ns, runs)) = poll.join().ok().flatten() {
         r.bpf_ns = ns;
@@ -168,7 +200,17 @@ fn run_spanprof(spanprof: &Path, workload: &Path, rounds: u64, out: &Path, r: &m
 fn run_perf(workload: &Path, rounds: u64, out: &Path, r: &mut Round) -> Result<()> {
     let (mut t, pid) = start_target(workload, rounds)?;
     let mut perf = Command::new("perf")
-        .args(["record", "-g", "-F", "99", "-e", "cpu-clock", "-p", &pid.to_string(), "-o"])
+        .args([
+            "record",
+            "-g",
+            "-F",
+            "99",
+            "-e",
+            "cpu-clock",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
         .arg(out)
         .stderr(Stdio::piped())
         .spawn()
@@ -178,7 +220,10 @@ fn run_perf(workload: &Path, rounds: u64, out: &Path, r: &mut Round) -> Result<(
     release(&mut t)?;
     r.perf_target = wait_usage(&mut t)?.1.cpu;
     let mut text = String::new();
-    perf.stderr.take().expect("piped").read_to_string(&mut text)?;
+    perf.stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut text)?;
     let (_, own) = wait_usage(&mut perf)?;
     r.perf_own = own.cpu;
     r.perf_rss_kib = own.max_rss_kib;
@@ -214,11 +259,23 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
         // Alternate the order so drift in the machine's speed does not favour one configuration.
         if i % 2 == 0 {
             r.alone = run_alone(&workload, work)?;
-            run_spanprof(spanprof, &workload, work, &out_dir.join("bench.pb.gz"), &mut r)?;
+            run_spanprof(
+                spanprof,
+                &workload,
+                work,
+                &out_dir.join("bench.pb.gz"),
+                &mut r,
+            )?;
             run_perf(&workload, work, &out_dir.join("perf.data"), &mut r)?;
         } else {
             run_perf(&workload, work, &out_dir.join("perf.data"), &mut r)?;
-            run_spanprof(spanprof, &workload, work, &out_dir.join("bench.pb.gz"), &mut r)?;
+            run_spanprof(
+                spanprof,
+                &workload,
+                work,
+                &out_dir.join("bench.pb.gz"),
+                &mut r,
+            )?;
             r.alone = run_alone(&workload, work)?;
         }
         results.push(r);
@@ -226,12 +283,36 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0").ok();
 
     let secs = |d: Duration| d.as_secs_f64();
-    let sp_ratio = median(results.iter().map(|r| secs(r.spanprof_target) / secs(r.alone)).collect());
-    let perf_ratio = median(results.iter().map(|r| secs(r.perf_target) / secs(r.alone)).collect());
+    let sp_ratio = median(
+        results
+            .iter()
+            .map(|r| secs(r.spanprof_target) / secs(r.alone))
+            .collect(),
+    );
+    let perf_ratio = median(
+        results
+            .iter()
+            .map(|r| secs(r.perf_target) / secs(r.alone))
+            .collect(),
+    );
     let per_sample = |own: Duration, n: u64| secs(own) * 1e6 / n.max(1) as f64;
-    let sp_us = median(results.iter().map(|r| per_sample(r.spanprof_own, r.spanprof_samples)).collect());
-    let perf_us = median(results.iter().map(|r| per_sample(r.perf_own, r.perf_samples)).collect());
-    let sp_rss = results.iter().map(|r| r.spanprof_rss_kib).max().unwrap_or(0);
+    let sp_us = median(
+        results
+            .iter()
+            .map(|r| per_sample(r.spanprof_own, r.spanprof_samples))
+            .collect(),
+    );
+    let perf_us = median(
+        results
+            .iter()
+            .map(|r| per_sample(r.perf_own, r.perf_samples))
+            .collect(),
+    );
+    let sp_rss = results
+        .iter()
+        .map(|r| r.spanprof_rss_kib)
+        .max()
+        .unwrap_or(0);
     let perf_rss = results.iter().map(|r| r.perf_rss_kib).max().unwrap_or(0);
     let bpf_run_ns = median(
         results

@@ -11,6 +11,7 @@
 //! comes from Debian's packages, PyPI and crates.io; a failed step makes the
 //! task exit non-zero with the failing step named.
 
+mod bench;
 mod deps;
 mod run;
 mod workloads;
@@ -35,7 +36,12 @@ tasks:
              running the real binary (needs root)
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
-  bench      overhead benchmark (not yet implemented)
+  bench [--rounds N] [--work ROUNDS]
+             deps, workloads, release build, then the overhead benchmark:
+             the fixed_work target alone, under spanprof and under perf record -g
+             at 99 Hz, N interleaved rounds (default 10) of ROUNDS units of work
+             each (default 20000); prints the figures and updates BENCHMARKS.md
+             (needs root)
 ";
 
 fn main() -> ExitCode {
@@ -52,7 +58,7 @@ fn main() -> ExitCode {
 fn dispatch(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let task = args.first().map(String::as_str);
-    if args.len() > 1 {
+    if args.len() > 1 && task != Some("bench") {
         bail!("unexpected arguments after `{}`\n{USAGE}", args[0]);
     }
     match task {
@@ -60,7 +66,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         Some("workloads") => workloads::build(&root).map(|_| ()),
         Some("test") => test(&root),
         Some("demo") => demo(&root),
-        Some("bench") => bail!("`cargo xtask bench` is not yet implemented"),
+        Some("bench") => bench(&root, &args[1..]),
         Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(())
@@ -125,12 +131,12 @@ fn test(root: &Path) -> Result<()> {
         failures.push("cargo clippy");
     }
 
-    step("testing: cargo test --workspace --release");
+    step("testing: cargo test --workspace --release --no-fail-fast");
     if !is_root() {
         eprintln!("xtask: warning: not root: the integration tests that load eBPF will fail");
     }
     if let Err(err) = cargo(root)
-        .args(["test", "--workspace", "--release"])
+        .args(["test", "--workspace", "--release", "--no-fail-fast"])
         .env("SPANPROF_BIN", &bin)
         .env("SPANPROF_WORKLOADS", &workloads)
         .env("SPANPROF_PYTHON", &env.python)
@@ -175,4 +181,40 @@ fn demo(root: &Path) -> Result<()> {
         pprof.display()
     ));
     Ok(())
+}
+
+/// `bench [--rounds N] [--work ROUNDS]`.
+fn bench(root: &Path, args: &[String]) -> Result<()> {
+    let mut rounds: usize = 10;
+    let mut work: u64 = 20_000;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .with_context(|| format!("`{flag}` needs a value\n{USAGE}"))?;
+        match flag.as_str() {
+            "--rounds" => {
+                rounds = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("invalid --rounds `{value}`"))?;
+            }
+            "--work" => {
+                work = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("invalid --work `{value}`"))?;
+            }
+            other => bail!("unknown bench option `{other}`\n{USAGE}"),
+        }
+    }
+    if !is_root() {
+        bail!("`cargo xtask bench` needs root (eBPF, perf, kernel.bpf_stats_enabled)");
+    }
+    deps::ensure(root)?;
+    let workloads = workloads::build(root)?;
+    let bin = build_release(root)?;
+    bench::run(root, &bin, &workloads, rounds, work)
 }

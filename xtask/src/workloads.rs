@@ -6,8 +6,9 @@ use anyhow::Result;
 
 use crate::run::{step, Cmd};
 
-/// The workloads, each built from `tests/workloads/<name>.c`.
-pub const WORKLOADS: &[&str] = &["cpu_split", "syscall_heavy", "forker"];
+/// The workloads, each built from `tests/workloads/<name>.c`; `fixed_work`
+/// is the target of `cargo xtask bench`.
+pub const WORKLOADS: &[&str] = &["cpu_split", "syscall_heavy", "forker", "fixed_work"];
 
 /// NB: `-mno-omit-leaf-frame-pointer` and frame pointers everywhere: the
 /// profiler unwinds user stacks with frame pointers, and the tests check full
