@@ -190,7 +190,9 @@ impl Symbolizer {
     pub fn symbolize(&self, user: &[(u32, u64)], kernel: &[u64]) -> (Vec<Symbol>, Vec<Symbol>) {
         let symbolizer = blazesym::symbolize::Symbolizer::builder()
             .enable_code_info(true)
-            .enable_inlined_fns(false)
+            // NB: with inlined functions on, `code_info` is the location in the outer (named)
+            // function, not in the innermost inlined callee: name, file and line agree.
+            .enable_inlined_fns(true)
             .enable_demangling(true)
             .build();
 
