@@ -13,14 +13,12 @@ use crate::run::{is_root, step, Cmd};
 /// Debian packages the build and the tests need, and why.
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("clang-19", "compiles the eBPF programs"),
-    ("llvm-19", "llvm-strip/llvm-objdump for the eBPF objects"),
     ("libbpf-dev", "bpf_helpers.h and friends"),
-    ("bpftool", "generates vmlinux.h from the kernel's BTF"),
+    ("bpftool", "reads the kernel's BPF run-time statistics in benchmarks"),
     ("linux-perf", "the reference profiler in benchmarks"),
     ("chromium", "renders the flamegraph SVG in tests"),
     ("python3-venv", "the venv of the pprof decoder"),
     ("gcc", "builds the C test workloads"),
-    ("make", "build tooling"),
 ];
 
 /// PyPI packages of `tests/tools/decode_pprof.py`, and the modules that prove
