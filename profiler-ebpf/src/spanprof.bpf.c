@@ -13,6 +13,8 @@
 
 #include "spanprof_abi.h"
 
+#define EFAULT 14 /* include/uapi/asm-generic/errno-base.h */
+
 char LICENSE[] SEC("license") = "GPL";
 
 /*
@@ -86,6 +88,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
 	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
 	n = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
+	if (n < 0 && n != -EFAULT)
+		count_error(SPANPROF_ERR_KSTACK);
 	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
 
 	n = bpf_get_stack(ctx, s->ustack, sizeof(s->ustack), BPF_F_USER_STACK);
@@ -96,6 +100,21 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	bpf_ringbuf_submit(s, bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes ?
 				      BPF_RB_FORCE_WAKEUP :
 				      BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+/*
+ * A process leaves the target set when its thread group leader exits, so a pid the kernel reuses
+ * later is not profiled by mistake and fork-heavy commands do not fill the map. (A leader that
+ * exits before its other threads ends profiling of those threads too: rare, and accepted.)
+ */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_process_exit, struct task_struct *task)
+{
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+
+	if ((__u32)BPF_CORE_READ(task, pid) == tgid)
+		bpf_map_delete_elem(&target_pids, &tgid);
 	return 0;
 }
 

@@ -47,20 +47,16 @@ impl StackTable {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct ThreadInfo {
-    pid: u32,
-    comm: [u8; TASK_COMM_LEN],
-}
-
 /// Counts samples by (thread, kernel stack, user stack).
 #[derive(Debug)]
 pub struct Aggregator {
     keep_kernel: bool,
     kernel: StackTable,
     user: FxHashMap<u32, StackTable>,
-    counts: FxHashMap<(u32, u32, u32), u64>,
-    threads: FxHashMap<u32, ThreadInfo>,
+    /// By (pid, tid, kernel stack, user stack): a tid can come back under another pid.
+    counts: FxHashMap<(u32, u32, u32, u32), u64>,
+    /// Latest `comm` of each (pid, tid).
+    threads: FxHashMap<(u32, u32), [u8; TASK_COMM_LEN]>,
     processes: BTreeMap<u32, String>,
     pending: FxHashMap<u32, Vec<u64>>,
     samples: u64,
@@ -92,12 +88,15 @@ impl Aggregator {
     pub fn record(&mut self, rec: &SampleRecord) {
         self.samples += 1;
         let kid = if self.keep_kernel {
-            let n = to_lookup_addrs(rec.kernel_stack(), &mut self.scratch);
+            let n = to_lookup_addrs(rec.kernel_stack(), false, &mut self.scratch);
             self.kernel.intern(&self.scratch[..n]).0
         } else {
             EMPTY
         };
-        let n = to_lookup_addrs(rec.user_stack(), &mut self.scratch);
+        // A sample taken in the kernel has a user "leaf" that is the return address of the
+        // system call, so it is adjusted like every other return address.
+        let in_kernel = !rec.kernel_stack().is_empty();
+        let n = to_lookup_addrs(rec.user_stack(), in_kernel, &mut self.scratch);
         let table = self.user.entry(rec.pid).or_default();
         let (uid, new) = table.intern(&self.scratch[..n]);
         if new {
@@ -106,19 +105,9 @@ impl Aggregator {
                 .or_default()
                 .extend_from_slice(&self.scratch[..n]);
         }
-        *self.counts.entry((rec.tid, kid, uid)).or_insert(0) += 1;
-        match self.threads.get_mut(&rec.tid) {
-            Some(t) if t.pid == rec.pid => t.comm = rec.comm,
-            _ => {
-                self.threads.insert(
-                    rec.tid,
-                    ThreadInfo {
-                        pid: rec.pid,
-                        comm: rec.comm,
-                    },
-                );
-            }
-        }
+        *self.counts.entry((rec.pid, rec.tid, kid, uid)).or_insert(0) += 1;
+        // Threads rename themselves (pthread_setname_np); the latest name wins.
+        *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
         self.processes
             .entry(rec.pid)
             .or_insert_with(|| process_name(rec.pid, rec.comm()));
@@ -161,28 +150,24 @@ impl Aggregator {
             .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel)))
             .collect();
 
-        let mut thread_ids: Vec<u32> = self.threads.keys().copied().collect();
+        let mut thread_ids: Vec<(u32, u32)> = self.threads.keys().copied().collect();
         thread_ids.sort_unstable();
-        let thread_index: FxHashMap<u32, u32> = thread_ids
+        let thread_index: FxHashMap<(u32, u32), u32> = thread_ids
             .iter()
             .enumerate()
-            .map(|(i, &tid)| (tid, i as u32))
+            .map(|(i, &key)| (key, i as u32))
             .collect();
         let threads: Vec<Thread> = thread_ids
             .iter()
-            .map(|tid| {
-                let t = &self.threads[tid];
-                Thread {
-                    pid: t.pid,
-                    tid: *tid,
-                    name: comm_string(&t.comm),
-                }
+            .map(|&(pid, tid)| Thread {
+                pid,
+                tid,
+                name: comm_string(&self.threads[&(pid, tid)]),
             })
             .collect();
 
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
-        for (&(tid, kid, uid), &count) in &self.counts {
-            let pid = self.threads[&tid].pid;
+        for (&(pid, tid, kid, uid), &count) in &self.counts {
             let ustack = &self.user[&pid].stacks[uid as usize];
             let kstack = &self.kernel.stacks[kid as usize];
             // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
@@ -197,7 +182,7 @@ impl Aggregator {
             }
             samples.push(Sample {
                 frames: stack,
-                thread: thread_index[&tid],
+                thread: thread_index[&(pid, tid)],
                 count,
             });
         }
@@ -218,12 +203,17 @@ impl Aggregator {
 }
 
 /// Copies a leaf-first stack of return addresses, turning every return address (all but the
-/// leaf) into an address inside the call instruction, so the caller's line and function are
-/// found even when the call is the last instruction of a function.
-fn to_lookup_addrs(stack: &[u64], out: &mut [u64; MAX_STACK_DEPTH]) -> usize {
+/// leaf, and the leaf too when `leaf_is_return` says it is one) into an address inside the call
+/// instruction, so the caller's line and function are found even when the call is the last
+/// instruction of a function.
+fn to_lookup_addrs(stack: &[u64], leaf_is_return: bool, out: &mut [u64; MAX_STACK_DEPTH]) -> usize {
     let n = stack.len().min(MAX_STACK_DEPTH);
     for (i, (&a, o)) in stack.iter().zip(out.iter_mut()).enumerate() {
-        *o = if i == 0 { a } else { a.saturating_sub(1) };
+        *o = if i == 0 && !leaf_is_return {
+            a
+        } else {
+            a.saturating_sub(1)
+        };
     }
     n
 }
@@ -316,18 +306,30 @@ mod tests {
         agg.record(&record(10, 12, &[], &[0x1000, 0x2000]));
         assert_eq!(agg.samples(), 3);
         assert_eq!(agg.counts.len(), 2, "two threads");
-        assert_eq!(agg.counts[&(11, 1, 1)], 2);
-        assert_eq!(agg.counts[&(12, EMPTY, 1)], 1);
-        // The return address (not the leaf) is moved into the call instruction.
-        assert_eq!(agg.pending[&10], vec![0x1000, 0x1fff]);
-        assert_eq!(agg.user[&10].stacks[1], vec![0x1000, 0x1fff]);
+        // In the kernel, the user leaf is the return address of the system call.
+        assert_eq!(agg.counts[&(10, 11, 1, 1)], 2);
+        assert_eq!(agg.user[&10].stacks[1], vec![0xfff, 0x1fff]);
+        // In user mode the leaf is the interrupted instruction itself.
+        assert_eq!(agg.counts[&(10, 12, EMPTY, 2)], 1);
+        assert_eq!(agg.user[&10].stacks[2], vec![0x1000, 0x1fff]);
+        assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
+    }
+
+    #[test]
+    fn a_reused_tid_under_another_pid_is_another_thread() {
+        let mut agg = Aggregator::new(true);
+        agg.record(&record(10, 11, &[], &[0x1000]));
+        agg.record(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000]));
+        assert_eq!(agg.threads.len(), 2);
+        assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
+        assert_eq!(agg.counts[&(20, 11, EMPTY, 1)], 1);
     }
 
     #[test]
     fn no_kernel_drops_kernel_stacks() {
         let mut agg = Aggregator::new(false);
         agg.record(&record(10, 11, &[0xffff_0010], &[0x1000]));
-        assert_eq!(agg.counts[&(11, EMPTY, 1)], 1);
+        assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
         assert_eq!(agg.kernel.stacks.len(), 1, "only the empty stack");
     }
 }

@@ -55,15 +55,9 @@ pub enum LoadError {
 }
 
 fn aya_err<E: std::error::Error>(what: &'static str) -> impl FnOnce(E) -> LoadError {
-    move |e| {
-        let mut detail = e.to_string();
-        let mut src = e.source();
-        while let Some(s) = src {
-            detail.push_str(": ");
-            detail.push_str(&s.to_string());
-            src = s.source();
-        }
-        LoadError::Aya { what, detail }
+    move |e| LoadError::Aya {
+        what,
+        detail: one_line(&e),
     }
 }
 
@@ -181,6 +175,15 @@ impl Programs {
             fork.attach()
                 .map_err(aya_err("attach to sched_process_fork"))?;
         }
+        let exit: &mut BtfTracePoint = ebpf
+            .program_mut("on_process_exit")
+            .expect("on_process_exit is in the object")
+            .try_into()
+            .map_err(aya_err("find the exit program"))?;
+        exit.load("sched_process_exit", &btf)
+            .map_err(aya_err("load the exit program"))?;
+        exit.attach()
+            .map_err(aya_err("attach to sched_process_exit"))?;
 
         let samples = RingBuf::try_from(ebpf.take_map("samples").expect("samples map"))
             .map_err(aya_err("open the sample ring buffer"))?;
@@ -213,18 +216,29 @@ impl Programs {
         let _ = self.targets.remove(&pid);
     }
 
-    /// Pids in the profiled set now: the targets and the children the kernel added.
-    pub fn targets(&self) -> Vec<u32> {
-        self.targets.keys().filter_map(Result::ok).collect()
+    /// Whether any process is still in the profiled set (targets and the children the kernel
+    /// added; the kernel removes each when it exits).
+    pub fn has_targets(&self) -> bool {
+        self.targets.keys().next().is_some()
+    }
+
+    /// Samples lost so far because the ring buffer was full, summed over CPUs.
+    pub fn lost_samples(&self) -> u64 {
+        self.error_count(ErrorCode::RingbufFull)
+    }
+
+    fn error_count(&self, code: ErrorCode) -> u64 {
+        self.errors
+            .get(&(code as u32), 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
     }
 
     /// The kernel-side error counters, summed over CPUs.
     pub fn error_counts(&self) -> [u64; ERROR_COUNT as usize] {
         let mut out = [0u64; ERROR_COUNT as usize];
         for code in ErrorCode::ALL {
-            if let Ok(values) = self.errors.get(&(code as u32), 0) {
-                out[code as usize] = values.iter().sum();
-            }
+            out[code as usize] = self.error_count(code);
         }
         out
     }

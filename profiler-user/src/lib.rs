@@ -24,6 +24,7 @@
 //! `CAP_SYS_PTRACE`, and kernel symbols need `CAP_SYSLOG`.
 pub mod aggregate;
 pub mod bpf;
+pub mod command;
 pub mod output;
 pub mod preflight;
 pub mod profile;

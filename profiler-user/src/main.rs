@@ -152,6 +152,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             })
         })
         .collect::<Result<_, _>>()?;
+    // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
+    session::install_signal_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
     // rather than after a 30 s session.
     let pending: Vec<PendingOutput> = args
@@ -173,7 +175,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
         progress: !args.quiet,
     };
-    let outcome = session::run(&opts).map_err(fail)?;
+    let mut outcome = session::run(&opts).map_err(fail)?;
     let profile = &outcome.profile;
     match &outcome.ending {
         Ending::TargetsExited(_) | Ending::Duration | Ending::CommandExited => {}
@@ -194,25 +196,26 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     }
     eprint!("{}", summary::render(profile, &outcome.errors));
 
-    let mut status = match outcome.exit_status {
-        Some(s) => u8::try_from(session::exit_code(s)).unwrap_or(EXIT_FAILURE),
-        None => 0,
-    };
+    let mut status = 0;
     for (out, format) in pending.into_iter().zip(formats) {
         let dest = out.dest().display().to_string();
-        match output::render(profile, format) {
-            Ok(bytes) => match out.commit(&bytes) {
-                Ok(()) => eprintln!("wrote {dest} ({format})"),
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    status = status.max(EXIT_FAILURE);
-                }
-            },
+        let written = output::render(profile, format)
+            .map_err(anyhow::Error::from)
+            .and_then(|bytes| out.commit(&bytes));
+        match written {
+            Ok(()) => eprintln!("wrote {dest} ({format})"),
             Err(e) => {
-                eprintln!("error: cannot write output {dest}: {e}");
-                // A failed command's own status says more than ours.
-                status = status.max(EXIT_FAILURE);
+                eprintln!("error: cannot write output {dest}: {e:#}");
+                status = EXIT_FAILURE;
             }
+        }
+    }
+    // The outputs are on disk before spanprof waits for a command that outlives the session.
+    if let Some(cmd_status) = outcome.wait_command().map_err(fail)? {
+        // A failed command's own status says more than ours.
+        let code = u8::try_from(session::exit_code(cmd_status)).unwrap_or(EXIT_FAILURE);
+        if code != 0 || status == 0 {
+            status = code;
         }
     }
     Ok(status)

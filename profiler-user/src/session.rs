@@ -5,23 +5,23 @@
 //! checks the stop conditions: duration over, Ctrl-C/SIGTERM, the command exited, or every
 //! target process exited.
 
-use std::ffi::{CString, OsString};
+use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use profiler_common::{ErrorCode, SampleRecord, ERROR_COUNT};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::Aggregator;
 use crate::bpf::{LoadOptions, Programs};
+use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::{Meta, Profile};
 
@@ -80,149 +80,49 @@ pub struct Outcome {
     pub ending: Ending,
     /// Targets that exited during the session (pid mode).
     pub exited: Vec<(u32, Duration)>,
-    /// The command's exit status, in command mode.
-    pub exit_status: Option<ExitStatus>,
+    /// The command, in command mode; it may still run (see [`Outcome::wait_command`]).
+    pub command: Option<GatedCommand>,
     /// Kernel-side error counters, by [`ErrorCode`].
     pub errors: [u64; ERROR_COUNT as usize],
     /// Symbolizer counters.
     pub symbolizer: symbolizer::Stats,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// The signal that asked the session to stop, 0 while none did.
+static STOP: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
+extern "C" fn on_signal(sig: libc::c_int) {
+    STOP.store(sig, Ordering::Relaxed);
 }
 
-/// SIGINT and SIGTERM end the session (outputs are still written).
-fn install_signal_handlers() {
+/// Makes SIGINT and SIGTERM end the session (the outputs are still written). Installed once,
+/// before anything is created that must be cleaned up; a second Ctrl-C gets the default action,
+/// so a user can always get out.
+pub fn install_signal_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = on_signal as *const () as usize;
+            act.sa_flags = libc::SA_RESETHAND;
             libc::sigemptyset(&mut act.sa_mask);
             libc::sigaction(sig, &act, std::ptr::null_mut());
         }
     }
 }
 
-/// A command started by [`spawn_gated`], held before `exec` until [`Gated::release`].
-#[derive(Debug)]
-struct Gated {
-    pid: u32,
-    gate: Option<OwnedFd>,
-    exec_errors: OwnedFd,
-    status: Option<ExitStatus>,
-}
-
-/// Forks the command and holds the child before `exec`, so its pid can enter the target map
-/// before it runs a single instruction of the command.
-///
-/// `std::process::Command` cannot do this: `spawn` returns only after the child has exec'd.
-fn spawn_gated(argv: &[OsString]) -> Result<Gated> {
-    let cargs: Vec<CString> = argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<_, _>>()
-        .context("the command has a NUL byte in an argument")?;
-    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    let (gate_r, gate_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    // SAFETY: between fork and exec/_exit the child calls only async-signal-safe functions
-    // (close, read, execvp, write, _exit) on memory prepared before the fork.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        bail!("failed to fork: {}", std::io::Error::last_os_error());
-    }
-    if pid == 0 {
-        // SAFETY: see above; the child never returns from this block.
-        unsafe {
-            libc::close(gate_w.as_raw_fd());
-            libc::close(err_r.as_raw_fd());
-            let mut b = 0u8;
-            // Blocks until spanprof added this pid to the targets (or died: EOF, run anyway).
-            while libc::read(gate_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1) < 0
-                && *libc::__errno_location() == libc::EINTR
-            {}
-            libc::execvp(ptrs[0], ptrs.as_ptr());
-            let errno = *libc::__errno_location();
-            libc::write(err_w.as_raw_fd(), (&errno as *const i32).cast(), 4);
-            libc::_exit(127);
-        }
-    }
-    drop(gate_r);
-    drop(err_w);
-    Ok(Gated {
-        pid: pid as u32,
-        gate: Some(gate_w),
-        exec_errors: err_r,
-        status: None,
-    })
-}
-
-fn pipe() -> Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two fds into the array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        bail!(
-            "failed to create a pipe: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    // SAFETY: both fds are fresh and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-impl Gated {
-    /// Lets the child exec; fails with the reason when the command cannot be run.
-    fn release(&mut self, argv0: &OsString) -> Result<()> {
-        let gate = self.gate.take().expect("released once");
-        // NB: if this write fails the child sees EOF and runs anyway.
-        // SAFETY: writes one byte from a valid buffer to an fd we own.
-        unsafe { libc::write(gate.as_raw_fd(), b"g".as_ptr().cast(), 1) };
-        drop(gate);
-        let mut errno = [0u8; 4];
-        let n = loop {
-            // SAFETY: reads at most 4 bytes into a 4-byte buffer.
-            let n =
-                unsafe { libc::read(self.exec_errors.as_raw_fd(), errno.as_mut_ptr().cast(), 4) };
-            if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                break n;
-            }
+impl Outcome {
+    /// Waits for the command (command mode) and returns its status. Call it after the outputs
+    /// are written: the command may outlive `--duration`, and spanprof waits for it, as `time`
+    /// does. A SIGTERM that stopped the session is passed on to the command first.
+    pub fn wait_command(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(cmd) = self.command.as_mut() else {
+            return Ok(None);
         };
-        if n == 4 {
-            let err = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
-            let _ = self.wait(true);
-            bail!("cannot run {}: {err}", argv0.to_string_lossy());
+        if self.ending == Ending::Interrupted && STOP.load(Ordering::Relaxed) == libc::SIGTERM {
+            cmd.signal(libc::SIGTERM);
         }
-        // EOF: exec succeeded and closed the CLOEXEC pipe.
-        Ok(())
-    }
-
-    /// Reaps the child; `None` while it runs (when `block` is false).
-    fn wait(&mut self, block: bool) -> Result<Option<ExitStatus>> {
-        if self.status.is_some() {
-            return Ok(self.status);
-        }
-        let mut status = 0;
-        let flags = if block { 0 } else { libc::WNOHANG };
-        loop {
-            // SAFETY: waits for our own child.
-            let r = unsafe { libc::waitpid(self.pid as i32, &mut status, flags) };
-            if r == 0 {
-                return Ok(None);
-            }
-            if r > 0 {
-                self.status = Some(ExitStatus::from_raw(status));
-                return Ok(self.status);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e).context("failed to wait for the command");
-            }
-        }
+        cmd.wait(true)
     }
 }
 
@@ -327,8 +227,6 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         ring_buffer_size: opts.ring_buffer_size,
         btf_path: opts.btf_path.clone(),
     })?;
-    install_signal_handlers();
-
     let mut child = None;
     let mut pids = Vec::new();
     match &opts.target {
@@ -339,15 +237,15 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             pids.clone_from(p);
         }
         Target::Command(argv) => {
-            let mut c = spawn_gated(argv)?;
-            programs.add_target(c.pid)?;
-            c.release(&argv[0])?;
+            let mut c = GatedCommand::spawn(argv)?;
+            programs.add_target(c.pid())?;
+            c.release()?;
             target_desc = argv
                 .iter()
                 .map(|a| a.to_string_lossy())
                 .collect::<Vec<_>>()
                 .join(" ");
-            pids.push(c.pid);
+            pids.push(c.pid());
             child = Some(c);
         }
     }
@@ -368,7 +266,6 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let mut symbolizer = Symbolizer::new();
     let mut progress = Progress::new(opts.progress, opts.duration);
     let mut exited: Vec<(u32, Duration)> = Vec::new();
-    let mut exit_status = None;
     let fd = programs.samples.as_raw_fd();
 
     let ending = loop {
@@ -379,22 +276,16 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         wait_readable(fd, remaining.min(TICK));
         drain(&mut programs, &mut agg);
         agg.normalize_pending(&mut symbolizer);
-        let errors = programs.error_counts();
-        progress.update(
-            start.elapsed(),
-            agg.samples(),
-            errors[ErrorCode::RingbufFull as usize],
-        );
+        progress.update(start.elapsed(), agg.samples(), programs.lost_samples());
 
-        if STOP.load(Ordering::Relaxed) {
+        if STOP.load(Ordering::Relaxed) != 0 {
             break Ending::Interrupted;
         }
         if opts.duration.is_some_and(|d| start.elapsed() >= d) {
             break Ending::Duration;
         }
         if let Some(c) = child.as_mut() {
-            if let Some(status) = c.wait(false)? {
-                exit_status = Some(status);
+            if c.wait(false)?.is_some() {
                 break Ending::CommandExited;
             }
         } else {
@@ -404,7 +295,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
                     programs.remove_target(pid);
                 }
             }
-            if exited.len() == pids.len() {
+            // With --children, the session goes on while children of the targets run (the
+            // kernel removes each process from the map when it exits).
+            if exited.len() == pids.len() && !(opts.children && programs.has_targets()) {
                 break Ending::TargetsExited(exited.iter().map(|&(p, _)| p).collect());
             }
         }
@@ -415,12 +308,6 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let errors = programs.error_counts();
     // Stop sampling before the (slower) symbolization.
     drop(programs);
-
-    if let (Some(c), None) = (child.as_mut(), exit_status) {
-        // Interrupted or out of time: the command got the same Ctrl-C from the terminal, or
-        // keeps running past the duration; wait for it either way, as `time` does.
-        exit_status = c.wait(true)?;
-    }
 
     let meta = Meta {
         target: target_desc,
@@ -434,7 +321,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         profile,
         ending,
         exited,
-        exit_status,
+        command: child,
         errors,
         symbolizer: symbolizer.stats(),
     })

@@ -46,7 +46,11 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
     if procs.len() > 1 || (procs.len() == 1 && !m.target.contains(&procs[0])) {
         let _ = writeln!(out, "processes: {}", procs.join(", "));
     }
-    for code in ErrorCode::ALL {
+    // Lost samples get their own warning below, with what to do about them.
+    for code in ErrorCode::ALL
+        .into_iter()
+        .filter(|&c| c != ErrorCode::RingbufFull)
+    {
         let n = errors[code as usize];
         if n > 0 {
             let _ = writeln!(out, "warning: {}: {n}", code.describe());

@@ -57,14 +57,15 @@ impl PendingOutput {
         &self.dest
     }
 
-    /// Writes `bytes` and moves the file into place.
+    /// Writes `bytes` and moves the file into place. The error does not repeat the path.
     pub fn commit(mut self, bytes: &[u8]) -> Result<()> {
         let mut file = self.file.take().expect("not committed twice");
         let res = file
             .write_all(bytes)
             .and_then(|()| file.sync_all())
             .and_then(|()| std::fs::rename(&self.tmp, &self.dest));
-        res.map_err(|e| anyhow::anyhow!("cannot write output {}: {e}", self.dest.display()))
+        // NB: the caller names the output; this error is only the cause.
+        res.map_err(anyhow::Error::from)
     }
 }
 

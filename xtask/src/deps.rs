@@ -14,7 +14,10 @@ use crate::run::{is_root, step, Cmd};
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("clang-19", "compiles the eBPF programs"),
     ("libbpf-dev", "bpf_helpers.h and friends"),
-    ("bpftool", "reads the kernel's BPF run-time statistics in benchmarks"),
+    (
+        "bpftool",
+        "reads the kernel's BPF run-time statistics in benchmarks",
+    ),
     ("linux-perf", "the reference profiler in benchmarks"),
     ("chromium", "renders the flamegraph SVG in tests"),
     ("python3-venv", "the venv of the pprof decoder"),
