@@ -136,13 +136,14 @@ impl SampleRecord {
 
     /// The thread name up to its first NUL.
     pub fn comm(&self) -> &[u8] {
-        let end = self
-            .comm
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(TASK_COMM_LEN);
-        &self.comm[..end]
+        comm_bytes(&self.comm)
     }
+}
+
+/// A NUL-padded task name up to its first NUL.
+pub fn comm_bytes(comm: &[u8; TASK_COMM_LEN]) -> &[u8] {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(TASK_COMM_LEN);
+    &comm[..end]
 }
 
 fn clamp(stack: &[u64; MAX_STACK_DEPTH], len: i32) -> &[u64] {

@@ -178,7 +178,7 @@ impl Aggregator {
                 .collect();
             stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
             if stack.is_empty() {
-                stack.push(frames.placeholder("[no stack]"));
+                stack.push(frames.placeholder(crate::output::folded::NO_STACK));
             }
             samples.push(Sample {
                 frames: stack,
@@ -218,16 +218,15 @@ fn to_lookup_addrs(stack: &[u64], leaf_is_return: bool, out: &mut [u64; MAX_STAC
     n
 }
 
-fn comm_string(comm: &[u8]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+fn comm_string(comm: &[u8; TASK_COMM_LEN]) -> String {
+    String::from_utf8_lossy(profiler_common::comm_bytes(comm)).into_owned()
 }
 
 /// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.
 fn process_name(pid: u32, thread_comm: &[u8]) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim_end().to_string())
-        .unwrap_or_else(|_| comm_string(thread_comm))
+        .unwrap_or_else(|_| String::from_utf8_lossy(thread_comm).into_owned())
 }
 
 #[derive(Debug, Default)]

@@ -190,7 +190,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     }
     if outcome.symbolizer.process_gone > 0 {
         eprintln!(
-            "spanprof: {} addresses could not be symbolized because their process exited first",
+            "spanprof: {} addresses could not be symbolized: their process exited first, or its \
+             memory map was unreadable (see the [unknown] frames)",
             outcome.symbolizer.process_gone
         );
     }

@@ -42,7 +42,15 @@ impl Frame {
     /// the module's base name and the normalized address. Kernel frames end in `_[k]`, the
     /// convention of perf and inferno.
     pub fn display_name(&self) -> String {
-        let base = match &self.function {
+        match self.kind {
+            FrameKind::Kernel => format!("{}_[k]", self.base_name()),
+            FrameKind::Native => self.base_name(),
+        }
+    }
+
+    /// The name without the kernel suffix: the function, or `[unknown] (module+0x…)`.
+    pub fn base_name(&self) -> String {
+        match &self.function {
             Some(f) => f.clone(),
             None => {
                 let module = self
@@ -52,10 +60,6 @@ impl Frame {
                     .unwrap_or("?");
                 format!("[unknown] ({module}+{:#x})", self.address)
             }
-        };
-        match self.kind {
-            FrameKind::Kernel => format!("{base}_[k]"),
-            FrameKind::Native => base,
         }
     }
 }
@@ -87,7 +91,7 @@ pub struct Sample {
 pub struct Process {
     /// Process id.
     pub pid: u32,
-    /// Executable name (`comm` of the main thread, or the base name of `/proc/PID/exe`).
+    /// Executable name: `/proc/PID/comm` when first sampled, else the sampled thread's `comm`.
     pub name: String,
 }
 

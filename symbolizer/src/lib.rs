@@ -55,12 +55,13 @@ enum Location {
     Unknown { reason: String },
 }
 
-/// Counters for the session summary and `--stats`.
+/// Counters for the session summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// User addresses normalized while their process was alive.
     pub normalized: u64,
-    /// User addresses whose process was gone (or unreadable) before normalization.
+    /// User addresses that could not be normalized: their process was gone, or its memory map
+    /// unreadable.
     pub process_gone: u64,
 }
 
@@ -97,11 +98,6 @@ impl Symbolizer {
     /// Counters so far.
     pub fn stats(&self) -> Stats {
         self.stats
-    }
-
-    /// Whether `addr` of `pid` was already normalized (or found unresolvable).
-    pub fn is_known(&self, pid: u32, addr: u64) -> bool {
-        self.user.contains_key(&(pid, addr))
     }
 
     /// Normalizes addresses of a live process. Already known addresses are skipped; `addrs` is
@@ -304,7 +300,7 @@ mod tests {
         let mut addrs = vec![addr, addr];
         s.normalize(pid, &mut addrs);
         assert_eq!(addrs.len(), 1, "deduplicated");
-        assert!(s.is_known(pid, addr));
+        assert!(s.user.contains_key(&(pid, addr)));
         let (user, kernel) = s.symbolize(&[(pid, addr)], &[]);
         assert!(kernel.is_empty());
         let sym = &user[0];

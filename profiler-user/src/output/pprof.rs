@@ -10,13 +10,13 @@
 //!   labels `thread.id` (num, tid), `thread.name` (str, `comm`) and `process.id` (num, pid).
 //! - One mapping per distinct module, ids from 1, `filename` the module path. Kernel frames all go
 //!   in one `[kernel.kallsyms]` mapping (perf's name) whatever their module says. Frames without
-//!   a module have no mapping (`mapping_id` 0). Mapping address ranges are unknown and left 0:
-//!   location addresses are already module-relative (file offsets; absolute for the kernel).
+//!   a module have no mapping (`mapping_id` 0). Location addresses are module-relative (file
+//!   offsets; absolute for the kernel), so a mapping spans `[0, highest address + 1)`.
 //! - One location per distinct frame, with the frame's address and one line
 //!   `{function_id, line}` (line 0 when unknown).
 //! - One function per distinct (name, source file). Kernel functions keep their plain name (no
 //!   `_[k]`; the mapping says they are kernel code). Unknown frames get a function named after
-//!   [`Frame::display_name`], e.g. `[unknown] (libfoo.so+0x1234)`, so they still show up.
+//!   [`Frame::base_name`], e.g. `[unknown] (libfoo.so+0x1234)`, so they still show up.
 //! - `time_nanos` is the session start (Unix time), `duration_nanos` its length. Comments record
 //!   the target and, when non-zero, the number of lost samples.
 //! - `string_table[0]` is `""`; strings are added in first-use order, so output is deterministic.
@@ -36,7 +36,7 @@ use super::{validate, OutputError};
 use crate::profile::{Frame, FrameKind, Profile};
 
 /// The mapping that holds every kernel frame.
-pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+pub const KERNEL_MAPPING: &str = symbolizer::KERNEL_MODULE;
 
 /// Renders the profile as a gzipped `profile.proto`.
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
@@ -182,7 +182,7 @@ impl Builder {
         let mapping_id = self.mapping(frame);
         let name = match &frame.function {
             Some(function) => self.strings.intern(function),
-            None => self.strings.intern(&frame.display_name()),
+            None => self.strings.intern(&frame.base_name()),
         };
         let filename = match &frame.file {
             Some(file) => self.strings.intern(file),
@@ -233,6 +233,8 @@ impl Builder {
             self.mappings.len() - 1
         });
         let mapping = &mut self.mappings[index];
+        // Addresses are module-relative, so the mapping spans [0, highest address].
+        mapping.memory_limit = mapping.memory_limit.max(frame.address.saturating_add(1));
         mapping.has_filenames |= frame.file.is_some();
         mapping.has_line_numbers |= frame.line.is_some();
         mapping.id
