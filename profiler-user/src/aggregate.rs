@@ -19,15 +19,14 @@ const EMPTY: u32 = 0;
 /// Interns stacks of return addresses, given leaf first. Id [`EMPTY`] is the empty stack.
 #[derive(Debug)]
 struct StackTable {
-    ids: FxHashMap<Vec<u64>, u32>,
-    stacks: Vec<Vec<u64>>,
+    /// Each stack is stored once, as a key; [`StackTable::by_id`] inverts the map at the end.
+    ids: FxHashMap<Box<[u64]>, u32>,
 }
 
 impl Default for StackTable {
     fn default() -> Self {
         let mut t = StackTable {
             ids: FxHashMap::default(),
-            stacks: Vec::new(),
         };
         t.intern(&[]);
         t
@@ -40,10 +39,18 @@ impl StackTable {
         if let Some(&id) = self.ids.get(stack) {
             return (id, false);
         }
-        let id = self.stacks.len() as u32;
-        self.stacks.push(stack.to_vec());
-        self.ids.insert(stack.to_vec(), id);
+        let id = self.ids.len() as u32;
+        self.ids.insert(stack.into(), id);
         (id, true)
+    }
+
+    /// The stacks indexed by id.
+    fn by_id(&self) -> Vec<&[u64]> {
+        let mut v: Vec<&[u64]> = vec![&[]; self.ids.len()];
+        for (stack, &id) in &self.ids {
+            v[id as usize] = stack;
+        }
+        v
     }
 }
 
@@ -129,11 +136,17 @@ impl Aggregator {
         let mut user_addrs: Vec<(u32, u64)> = self
             .user
             .iter()
-            .flat_map(|(&pid, t)| t.stacks.iter().flatten().map(move |&a| (pid, a)))
+            .flat_map(|(&pid, t)| t.ids.keys().flat_map(|s| s.iter()).map(move |&a| (pid, a)))
             .collect();
         user_addrs.sort_unstable();
         user_addrs.dedup();
-        let mut kernel_addrs: Vec<u64> = self.kernel.stacks.iter().flatten().copied().collect();
+        let mut kernel_addrs: Vec<u64> = self
+            .kernel
+            .ids
+            .keys()
+            .flat_map(|s| s.iter())
+            .copied()
+            .collect();
         kernel_addrs.sort_unstable();
         kernel_addrs.dedup();
         let (user_syms, kernel_syms) = symbolizer.symbolize(&user_addrs, &kernel_addrs);
@@ -166,10 +179,13 @@ impl Aggregator {
             })
             .collect();
 
+        let kernel_stacks = self.kernel.by_id();
+        let user_stacks: FxHashMap<u32, Vec<&[u64]>> =
+            self.user.iter().map(|(&pid, t)| (pid, t.by_id())).collect();
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
         for (&(pid, tid, kid, uid), &count) in &self.counts {
-            let ustack = &self.user[&pid].stacks[uid as usize];
-            let kstack = &self.kernel.stacks[kid as usize];
+            let ustack = user_stacks[&pid][uid as usize];
+            let kstack = kernel_stacks[kid as usize];
             // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
             let mut stack: Vec<u32> = ustack
                 .iter()
@@ -307,10 +323,10 @@ mod tests {
         assert_eq!(agg.counts.len(), 2, "two threads");
         // In the kernel, the user leaf is the return address of the system call.
         assert_eq!(agg.counts[&(10, 11, 1, 1)], 2);
-        assert_eq!(agg.user[&10].stacks[1], vec![0xfff, 0x1fff]);
+        assert_eq!(agg.user[&10].by_id()[1], [0xfff, 0x1fff]);
         // In user mode the leaf is the interrupted instruction itself.
         assert_eq!(agg.counts[&(10, 12, EMPTY, 2)], 1);
-        assert_eq!(agg.user[&10].stacks[2], vec![0x1000, 0x1fff]);
+        assert_eq!(agg.user[&10].by_id()[2], [0x1000, 0x1fff]);
         assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
     }
 
@@ -329,6 +345,6 @@ mod tests {
         let mut agg = Aggregator::new(false);
         agg.record(&record(10, 11, &[0xffff_0010], &[0x1000]));
         assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
-        assert_eq!(agg.kernel.stacks.len(), 1, "only the empty stack");
+        assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
     }
 }
