@@ -86,6 +86,33 @@ pub struct Outcome {
     pub errors: [u64; ERROR_COUNT as usize],
     /// Symbolizer counters.
     pub symbolizer: symbolizer::Stats,
+    /// spanprof's own CPU time, by phase.
+    pub overhead: Overhead,
+}
+
+/// spanprof's own CPU time (user + system, all its threads), by phase of the session.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Overhead {
+    /// Checking, loading and attaching the programs, starting the command.
+    pub setup: Duration,
+    /// The sampling loop: draining, aggregating, normalizing addresses, progress.
+    pub sampling: Duration,
+    /// The process's CPU time when sampling ended; later phases are measured from here.
+    pub cpu_at_end_of_sampling: Duration,
+}
+
+/// This process's CPU time so far (user + system).
+pub fn process_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// The signal that asked the session to stop, 0 while none did.
@@ -221,6 +248,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             target_desc.push_str(&format!("pid {pid} ({})", stat.comm));
         }
     }
+    let cpu_at_start = process_cpu_time();
     let mut programs = Programs::load(&LoadOptions {
         frequency: opts.frequency,
         follow_children: opts.children || matches!(opts.target, Target::Command(_)),
@@ -260,6 +288,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             opts.frequency
         );
     }
+    let cpu_at_sampling = process_cpu_time();
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let mut agg = Aggregator::new(opts.kernel);
@@ -303,6 +332,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         }
     };
     let duration = start.elapsed();
+    let cpu_at_end = process_cpu_time();
     drain(&mut programs, &mut agg);
     progress.finish();
     let errors = programs.error_counts();
@@ -324,6 +354,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         command: child,
         errors,
         symbolizer: symbolizer.stats(),
+        overhead: Overhead {
+            setup: cpu_at_sampling.saturating_sub(cpu_at_start),
+            sampling: cpu_at_end.saturating_sub(cpu_at_sampling),
+            cpu_at_end_of_sampling: cpu_at_end,
+        },
     })
 }
 

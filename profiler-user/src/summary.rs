@@ -6,6 +6,8 @@ use profiler_common::{ErrorCode, ERROR_COUNT};
 use rustc_hash::FxHashMap;
 
 use crate::profile::Profile;
+use crate::session::Overhead;
+use std::time::Duration;
 
 /// Functions by self samples (the leaf frame's display name), most first, ties by name.
 pub fn top_self(profile: &Profile, n: usize) -> Vec<(String, u64)> {
@@ -21,6 +23,23 @@ pub fn top_self(profile: &Profile, n: usize) -> Vec<(String, u64)> {
     v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     v.truncate(n);
     v
+}
+
+/// spanprof's own CPU time: setup, per sample while sampling, and symbolizing plus writing.
+pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Duration) -> String {
+    let total = profile.total_samples() + profile.meta.lost_samples;
+    let per_sample = if total > 0 {
+        format!("{:.1} µs", o.sampling.as_secs_f64() * 1e6 / total as f64)
+    } else {
+        "n/a".to_string()
+    };
+    format!(
+        "spanprof own CPU: {:.1} ms setup, {per_sample} per sample while sampling ({:.1} ms), \
+         {:.1} ms symbolizing and writing",
+        o.setup.as_secs_f64() * 1e3,
+        o.sampling.as_secs_f64() * 1e3,
+        symbolize_and_write.as_secs_f64() * 1e3,
+    )
 }
 
 /// The summary text printed at the end of a session.
