@@ -39,8 +39,8 @@ tasks:
   bench [--rounds N] [--work ROUNDS]
              deps, workloads, release build, then the overhead benchmark:
              the fixed_work target alone, under spanprof and under perf record -g
-             at 99 Hz, N interleaved rounds (default 10) of ROUNDS units of work
-             each (default 20000); prints the figures and updates BENCHMARKS.md
+             at 99 Hz, N interleaved rounds (default 8) of ROUNDS units of work
+             each (default 60000, about 5 s); prints the figures and updates BENCHMARKS.md
              (needs root)
 ";
 
@@ -185,8 +185,8 @@ fn demo(root: &Path) -> Result<()> {
 
 /// `bench [--rounds N] [--work ROUNDS]`.
 fn bench(root: &Path, args: &[String]) -> Result<()> {
-    let mut rounds: usize = 10;
-    let mut work: u64 = 20_000;
+    let mut rounds: usize = 8;
+    let mut work: u64 = 60_000;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it
