@@ -21,7 +21,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{mpsc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -212,9 +212,16 @@ impl Workload {
     /// Starts `name` for `seconds` and waits for the pid it prints first.
     #[track_caller]
     pub fn start(name: &str, seconds: f64) -> Self {
+        Self::start_with_args(name, seconds, &[])
+    }
+
+    /// Like [`Workload::start`], with `extra` arguments after the seconds.
+    #[track_caller]
+    pub fn start_with_args(name: &str, seconds: f64, extra: &[&str]) -> Self {
         let path = workload_path(name);
         let mut child = Command::new(&path)
             .arg(format!("{seconds}"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -343,44 +350,166 @@ fn describe(cmd: &Command) -> String {
 /// the command's whole process group (so a command that spanprof started
 /// dies with it) and fails.
 #[track_caller]
-pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> RunOutput {
-    let command = describe(&cmd);
-    let start = Instant::now();
-    let mut child = cmd
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
-    let out = drain(child.stdout.take().expect("piped"));
-    let err = drain(child.stderr.take().expect("piped"));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("waiting for the child") {
-            break status;
+pub fn run_with_timeout(cmd: Command, timeout: Duration) -> RunOutput {
+    Background::spawn(cmd).finish(timeout)
+}
+
+/// A process running in the background in its own process group, with its
+/// output captured; its stderr can be read line by line while it runs. Drop
+/// kills its process group.
+#[derive(Debug)]
+pub struct Background {
+    child: Option<Child>,
+    command: String,
+    start: Instant,
+    stdout: Option<JoinHandle<String>>,
+    stderr_lines: mpsc::Receiver<String>,
+    stderr: String,
+}
+
+impl Background {
+    /// Starts `cmd` with stdin from /dev/null and stdout and stderr captured.
+    #[track_caller]
+    pub fn spawn(mut cmd: Command) -> Self {
+        let command = describe(&cmd);
+        let start = Instant::now();
+        let mut child = cmd
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
+        let stdout = drain(child.stdout.take().expect("piped"));
+        let stderr_lines = lines(child.stderr.take().expect("piped"));
+        Self {
+            child: Some(child),
+            command,
+            start,
+            stdout: Some(stdout),
+            stderr_lines,
+            stderr: String::new(),
         }
-        if start.elapsed() > timeout {
-            // SAFETY: kill(2) on the process group we created for the child
-            // (its pgid is its pid, and it is not reaped yet, so not reused).
-            unsafe {
-                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-            }
-            let _ = child.wait();
-            panic!(
-                "`{command}` did not finish within {timeout:?}; killed its process group\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                out.join().unwrap_or_default(),
-                err.join().unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    RunOutput {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
-        elapsed: start.elapsed(),
-        command,
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("not finished").id()
+    }
+
+    /// Time since the process was started.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// The stderr lines read so far.
+    pub fn stderr_so_far(&self) -> &str {
+        &self.stderr
+    }
+
+    /// Waits up to `timeout` for a stderr line containing `needle` and
+    /// returns it; panics with the stderr so far when none comes.
+    #[track_caller]
+    pub fn wait_for_stderr(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr_lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stderr.push_str(&line);
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "`{}`: no stderr line with {needle:?} within {timeout:?} ({e}); stderr so far:\n{}",
+                    self.command, self.stderr
+                ),
+            }
+        }
+    }
+
+    /// The exit status if the process has exited, without blocking.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .expect("not finished")
+            .try_wait()
+            .expect("waiting for the child")
+    }
+
+    /// Sends `signal` to the process (not to its group).
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child, which is not reaped before
+        // `finish` or drop, so its pid cannot have been reused.
+        let rc = unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
+    }
+
+    /// Waits for the process to exit and returns what it left behind. After
+    /// `timeout` (counted from the start) it kills the process group and fails.
+    #[track_caller]
+    pub fn finish(mut self, timeout: Duration) -> RunOutput {
+        let mut child = self.child.take().expect("not finished");
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("waiting for the child") {
+                break status;
+            }
+            if self.start.elapsed() > timeout {
+                kill_group(&mut child);
+                let (stdout, stderr) = self.collect_output();
+                panic!(
+                    "`{}` did not finish within {timeout:?}; killed its process group\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+                    self.command,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = self.start.elapsed();
+        let (stdout, stderr) = self.collect_output();
+        RunOutput {
+            status,
+            stdout,
+            stderr,
+            elapsed,
+            command: std::mem::take(&mut self.command),
+        }
+    }
+
+    /// The whole stdout and stderr, once every writer closed them (or 10 s
+    /// passed: a descendant that keeps them open does not hang the test).
+    fn collect_output(&mut self) -> (String, String) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Ok(line) = self
+            .stderr_lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            self.stderr.push_str(&line);
+        }
+        let stdout = self
+            .stdout
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        (stdout, std::mem::take(&mut self.stderr))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_group(&mut child);
+        }
+    }
+}
+
+/// Kills the process group of `child` (its pgid is its pid) and reaps it.
+fn kill_group(child: &mut Child) {
+    // SAFETY: kill(2) on the process group we created for the child; it is
+    // not reaped yet, so its pid (the pgid) cannot have been reused.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+    }
+    let _ = child.wait();
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
@@ -389,6 +518,30 @@ fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
         let _ = pipe.read_to_end(&mut bytes);
         String::from_utf8_lossy(&bytes).into_owned()
     })
+}
+
+/// The lines of `pipe` (each with its newline, if it had one) as they come.
+fn lines(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match reader.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if tx
+                        .send(String::from_utf8_lossy(&line).into_owned())
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+    rx
 }
 
 /// A `spanprof` command with `args`, not yet run.
@@ -411,6 +564,86 @@ where
     S: AsRef<OsStr>,
 {
     run_with_timeout(spanprof_command(args), RUN_TIMEOUT)
+}
+
+/// The first line of spanprof's end-of-session summary:
+/// `spanprof: N samples, M lost, from P process(es) in S s at F Hz: TARGET`,
+/// and the pids of its `processes: PID (name), …` line when there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub samples: u64,
+    pub lost: u64,
+    pub processes: u64,
+    pub frequency: u64,
+    pub target: String,
+    /// The pids of the `processes:` line (empty without one).
+    pub pids: Vec<u32>,
+}
+
+/// Finds and parses the summary in spanprof's stderr; `Err` says what is
+/// missing or malformed.
+pub fn parse_summary(stderr: &str) -> Result<Summary, String> {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("spanprof: ") && l.contains(" samples, ") && l.contains(" lost, "))
+        .ok_or("no `spanprof: N samples, M lost, …` summary line")?;
+    let bad = |what: &str| format!("summary line {line:?}: {what}");
+    let rest = line.strip_prefix("spanprof: ").expect("checked");
+    let (samples, rest) = rest
+        .split_once(" samples, ")
+        .ok_or_else(|| bad("no sample count"))?;
+    let (lost, rest) = rest
+        .split_once(" lost, from ")
+        .ok_or_else(|| bad("no lost count"))?;
+    let (processes, rest) = rest
+        .split_once(" process")
+        .ok_or_else(|| bad("no process count"))?;
+    let (_, rest) = rest.split_once(" at ").ok_or_else(|| bad("no frequency"))?;
+    let (frequency, target) = rest.split_once(" Hz: ").ok_or_else(|| bad("no target"))?;
+    let number = |s: &str, what: &str| -> Result<u64, String> {
+        s.parse()
+            .map_err(|_| bad(&format!("{what} {s:?} is not a number")))
+    };
+    let mut pids = Vec::new();
+    if let Some(procs) = stderr.lines().find_map(|l| l.strip_prefix("processes: ")) {
+        for entry in procs.split(", ") {
+            let pid = entry.split(' ').next().unwrap_or_default();
+            pids.push(
+                pid.parse()
+                    .map_err(|_| format!("processes line {procs:?}: bad pid {pid:?}"))?,
+            );
+        }
+    }
+    Ok(Summary {
+        samples: number(samples, "sample count")?,
+        lost: number(lost, "lost count")?,
+        processes: number(processes, "process count")?,
+        frequency: number(frequency, "frequency")?,
+        target: target.to_owned(),
+        pids,
+    })
+}
+
+/// The texts of the flame graph's title and subtitle elements (ids `title`
+/// and `subtitle`), read with Python's XML parser.
+#[track_caller]
+pub fn svg_title_and_subtitle(path: &Path) -> (String, String) {
+    let mut cmd = Command::new(python());
+    cmd.args([
+        "-c",
+        "import sys, xml.etree.ElementTree as ET\n\
+         root = ET.parse(sys.argv[1]).getroot()\n\
+         by_id = {e.get('id'): ''.join(e.itertext()) for e in root.iter() if e.get('id')}\n\
+         print(by_id.get('title', '<no title element>'))\n\
+         print(by_id.get('subtitle', '<no subtitle element>'))",
+    ])
+    .arg(path);
+    let out = run_with_timeout(cmd, Duration::from_secs(60));
+    out.assert_success();
+    let mut lines = out.stdout.lines().map(str::to_owned);
+    let title = lines.next().unwrap_or_default();
+    let subtitle = lines.next().unwrap_or_default();
+    (title, subtitle)
 }
 
 /// One line of folded output: frames root first, and a count.
@@ -670,6 +903,34 @@ mod tests {
     fn finds_c_function_lines() {
         let src = "int x;\n\nvoid f(void);\n__attribute__((noinline)) void f(void)\n{\n\tx++;\n}\n";
         assert_eq!(c_function_lines(src, "f"), (4, 7));
+    }
+
+    #[test]
+    fn parses_the_summary() {
+        let stderr = "spanprof: profiling pid 7 (a), pid 9 (b) at 99 Hz for 2s; Ctrl-C to stop early\n\
+                      spanprof: 221 samples, 3 lost, from 2 processes in 2.0 s at 99 Hz: pid 7 (a), pid 9 (b)\n\
+                      processes: 7 (a), 9 (b x)\n\
+                      top functions (self):\n";
+        assert_eq!(
+            parse_summary(stderr).unwrap(),
+            Summary {
+                samples: 221,
+                lost: 3,
+                processes: 2,
+                frequency: 99,
+                target: "pid 7 (a), pid 9 (b)".into(),
+                pids: vec![7, 9],
+            }
+        );
+        let one = "spanprof: 0 samples, 0 lost, from 1 process in 0.1 s at 499 Hz: sh -c x\n";
+        let summary = parse_summary(one).unwrap();
+        assert_eq!((summary.samples, summary.processes), (0, 1));
+        assert!(summary.pids.is_empty());
+        assert!(
+            parse_summary("spanprof: 12 samples, lots lost, from 1 process in 1 s at 9 Hz: x")
+                .is_err()
+        );
+        assert!(parse_summary("error: nothing").is_err());
     }
 
     #[test]

@@ -1,28 +1,28 @@
-//! Bad input: each case is one `error: ` line on stderr, a non-zero exit
-//! code (2 for usage errors), no panic and no output file. And a target that
-//! exits mid-session: exit 0, say so, write what was gathered.
+//! Bad input: each case is one `error: ` line on stderr, exit code 2 for
+//! usage errors and 1 for the others, no panic and no output file. And a
+//! target that exits mid-session: exit 0, say so, write what was gathered.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
 use spanprof_tests::{
-    assert_private_output, folded_total, profiling_lock, read_folded, require_profiling,
+    args, assert_private_output, folded_total, profiling_lock, read_folded, require_profiling,
     run_spanprof, run_with_timeout, spanprof_bin, spanprof_command, unused_pid, RunOutput, TempDir,
     Workload, RUN_TIMEOUT,
 };
 
-/// Asserts the error contract: exit code (any non-zero one when `code` is
-/// None, not 101, Rust's panic code), exactly one non-empty stderr line,
-/// starting with `error: ` and containing every one of `needles`.
+/// Exit code of usage errors (bad arguments).
+const USAGE: i32 = 2;
+/// Exit code of the other errors.
+const FAILURE: i32 = 1;
+
+/// Asserts the error contract: exit code `code`, no panic, exactly one
+/// non-empty stderr line, starting with `error: ` and containing every one of
+/// `needles`.
 #[track_caller]
-fn assert_error(out: &RunOutput, code: Option<i32>, needles: &[&str]) {
-    let actual = out.code();
-    match code {
-        Some(code) => assert_eq!(actual, code, "exit code\n{out}"),
-        None => assert_ne!(actual, 0, "expected failure\n{out}"),
-    }
-    assert_ne!(actual, 101, "spanprof panicked\n{out}");
+fn assert_error(out: &RunOutput, code: i32, needles: &[&str]) {
+    assert_eq!(out.code(), code, "exit code\n{out}");
     assert!(!out.stderr.contains("panicked"), "spanprof panicked\n{out}");
     let lines: Vec<&str> = out
         .stderr
@@ -60,7 +60,7 @@ fn no_such_pid() {
     let tmp = TempDir::new("err-nopid");
     let pid = unused_pid().to_string();
     let out = run_spanprof(profile_args(&pid, "1s", &tmp.join("out.svg"), &[]));
-    assert_error(&out, None, &["no process with pid", &pid]);
+    assert_error(&out, FAILURE, &["no process with pid", &pid]);
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 
@@ -70,17 +70,19 @@ fn kernel_thread() {
     let tmp = TempDir::new("err-kthread");
     // pid 2 is kthreadd.
     let out = run_spanprof(profile_args("2", "1s", &tmp.join("out.svg"), &[]));
-    assert_error(&out, None, &["kernel thread"]);
+    assert_error(&out, FAILURE, &["kernel thread"]);
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 
-#[test]
-fn not_root_names_the_missing_capability() {
+/// Runs spanprof on a cpu_split workload as uid/gid 65534 under `setpriv`
+/// with `caps` (setpriv options), and returns what it left and whether an
+/// output file was created.
+fn run_unprivileged(label: &str, caps: &[&str]) -> (RunOutput, bool) {
     require_profiling();
     let workload = Workload::start("cpu_split", 20.0);
     // NB: a copy of the binary in a world-readable directory, because the
     // checkout may sit below a directory that uid 65534 cannot enter.
-    let tmp = TempDir::new("err-noroot");
+    let tmp = TempDir::new(label);
     std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let bin = tmp.join("spanprof");
     std::fs::copy(spanprof_bin(), &bin).expect("copy spanprof");
@@ -88,22 +90,70 @@ fn not_root_names_the_missing_capability() {
     let output = tmp.join("out.svg");
 
     let mut cmd = Command::new("setpriv");
-    cmd.args([
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--inh-caps=-all",
-    ])
-    .arg(&bin)
-    .args(profile_args(
-        &workload.pid().to_string(),
-        "1s",
-        &output,
-        &[],
-    ));
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(caps)
+        .arg(&bin)
+        .args(profile_args(
+            &workload.pid().to_string(),
+            "1s",
+            &output,
+            &[],
+        ));
     let out = run_with_timeout(cmd, RUN_TIMEOUT);
-    assert_error(&out, None, &["missing capability", "CAP_BPF"]);
-    assert!(!output.exists(), "an output file was created");
+    (out, output.exists())
+}
+
+/// The effective capability set (`CapEff` of /proc/self/status, a bit mask)
+/// of a process started by `setpriv` with `caps` as uid/gid 65534.
+fn effective_caps_under_setpriv(caps: &[&str]) -> u64 {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(caps)
+        .args(["cat", "/proc/self/status"]);
+    let out = run_with_timeout(cmd, RUN_TIMEOUT);
+    out.assert_success();
+    let hex = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap_or_else(|| panic!("no CapEff line\n{out}"))
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("CapEff {hex:?}: {e}\n{out}"))
+}
+
+/// CAP_BPF's number in linux/capability.h.
+const CAP_BPF: u32 = 39;
+
+#[test]
+fn not_root_names_the_missing_capability() {
+    require_profiling();
+    let caps = ["--inh-caps=-all"];
+    let effective = effective_caps_under_setpriv(&caps);
+    assert_eq!(effective, 0, "CapEff {effective:#x} under setpriv {caps:?}");
+    let (out, created) = run_unprivileged("err-noroot", &caps);
+    assert_error(&out, FAILURE, &["missing capability CAP_BPF"]);
+    assert!(!created, "an output file was created");
+}
+
+#[test]
+fn cap_bpf_without_cap_perfmon_names_cap_perfmon() {
+    require_profiling();
+    // Ambient capabilities survive the exec as a non-root user; they must be
+    // inheritable too.
+    let caps = ["--inh-caps=-all,+bpf", "--ambient-caps=-all,+bpf"];
+    let effective = effective_caps_under_setpriv(&caps);
+    assert_eq!(
+        effective,
+        1 << CAP_BPF,
+        "setpriv {caps:?} should leave exactly CAP_BPF effective, got CapEff {effective:#x}"
+    );
+    let (out, created) = run_unprivileged("err-noperfmon", &caps);
+    assert_error(&out, FAILURE, &["missing capability CAP_PERFMON"]);
+    assert!(
+        !out.stderr.contains("CAP_BPF"),
+        "spanprof has CAP_BPF but names it as missing\n{out}"
+    );
+    assert!(!created, "an output file was created");
 }
 
 #[test]
@@ -119,7 +169,7 @@ fn kernel_without_btf() {
     ));
     cmd.env("SPANPROF_BTF_PATH", "/nonexistent");
     let out = run_with_timeout(cmd, RUN_TIMEOUT);
-    assert_error(&out, None, &["BTF"]);
+    assert_error(&out, FAILURE, &["BTF"]);
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 
@@ -129,8 +179,56 @@ fn unwritable_output_path() {
     let workload = Workload::start("cpu_split", 20.0);
     let output = Path::new("/nonexistent-dir/x.svg");
     let out = run_spanprof(profile_args(&workload.pid().to_string(), "1s", output, &[]));
-    assert_error(&out, None, &["cannot write", "/nonexistent-dir/x.svg"]);
+    assert_error(&out, FAILURE, &["cannot write", "/nonexistent-dir/x.svg"]);
     assert!(!Path::new("/nonexistent-dir").exists());
+}
+
+#[test]
+fn output_in_a_directory_that_refuses_new_files() {
+    require_profiling();
+    let workload = Workload::start("cpu_split", 20.0);
+    // NB: root ignores permission bits; sysfs refuses to create files even
+    // for root, so /sys is a directory that exists but is not writable.
+    let output = Path::new("/sys/x.svg");
+    let out = run_spanprof(profile_args(&workload.pid().to_string(), "1s", output, &[]));
+    assert_error(&out, FAILURE, &["cannot write", "/sys/x.svg"]);
+    assert!(!output.exists());
+}
+
+#[test]
+fn unknown_format_flag() {
+    require_profiling();
+    let workload = Workload::start("cpu_split", 20.0);
+    let tmp = TempDir::new("err-format-flag");
+    let out = run_spanprof(profile_args(
+        &workload.pid().to_string(),
+        "1s",
+        &tmp.join("out.svg"),
+        &["--format", "nosuch"],
+    ));
+    assert_error(&out, USAGE, &["unknown output format", "nosuch"]);
+    assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
+}
+
+#[test]
+fn command_that_cannot_be_run() {
+    require_profiling();
+    let tmp = TempDir::new("err-nocmd");
+    let out = run_spanprof(args![
+        "profile",
+        "--duration",
+        "5s",
+        "-o",
+        tmp.join("out.folded"),
+        "--",
+        "/nonexistent/cmd",
+    ]);
+    assert_error(
+        &out,
+        FAILURE,
+        &["error: cannot run /nonexistent/cmd: No such file"],
+    );
+    assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 
 #[test]
@@ -144,7 +242,7 @@ fn unknown_output_format() {
         &tmp.join("out.xyz"),
         &[],
     ));
-    assert_error(&out, Some(2), &["unknown output format"]);
+    assert_error(&out, USAGE, &["unknown output format"]);
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 
@@ -159,7 +257,7 @@ fn invalid_duration() {
         &tmp.join("out.svg"),
         &[],
     ));
-    assert_error(&out, Some(2), &["invalid duration"]);
+    assert_error(&out, USAGE, &["invalid duration"]);
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde_json::Value;
 use spanprof_tests::{
     args, assert_private_output, c_function_lines, decode_pprof, folded_count, folded_total,
-    python, read_folded, require_profiling, run_spanprof, run_with_timeout, workspace_root,
-    FoldedStack, TempDir, Workload,
+    python, read_folded, require_profiling, run_spanprof, run_with_timeout, svg_title_and_subtitle,
+    workspace_root, FoldedStack, TempDir, Workload,
 };
 
 const FREQUENCY: u64 = 199;
@@ -304,6 +304,30 @@ fn svg_is_well_formed_xml() {
         lines.next(),
         Some("True"),
         "no element text mentions hot_alpha"
+    );
+}
+
+#[test]
+fn svg_title_names_the_target_and_subtitle_the_session() {
+    let s = session();
+    let (title, subtitle) = svg_title_and_subtitle(&s.path("profile.svg"));
+    assert_eq!(
+        title,
+        format!("spanprof: pid {} (cpu_split)", s.pid),
+        "SVG title"
+    );
+    // `3.0 s at 199 Hz, 1190 samples`: the same count as the folded output.
+    let total = folded_total(&s.folded());
+    let expected_tail = format!(" s at {FREQUENCY} Hz, {total} samples");
+    let seconds = subtitle
+        .strip_suffix(&expected_tail)
+        .unwrap_or_else(|| panic!("SVG subtitle {subtitle:?} does not end in {expected_tail:?}"));
+    let seconds: f64 = seconds
+        .parse()
+        .unwrap_or_else(|_| panic!("SVG subtitle {subtitle:?} does not start with seconds"));
+    assert!(
+        (2.9..=3.5).contains(&seconds),
+        "SVG subtitle {subtitle:?}: a 3 s session"
     );
 }
 

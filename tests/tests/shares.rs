@@ -3,7 +3,7 @@
 //! reports it.
 
 use spanprof_tests::{
-    args, folded_count, folded_summary, folded_total, profiling_lock, read_folded,
+    args, folded_count, folded_summary, folded_total, parse_summary, profiling_lock, read_folded,
     require_profiling, run_spanprof, TempDir, Workload,
 };
 
@@ -65,19 +65,32 @@ fn cpu_split_shares_match_the_3_to_1_truth() {
          expected 75 ± 5:\n{top}"
     );
 
-    // The summary at the end: samples, lost samples, top functions.
+    // The summary at the end: samples and lost samples as in the output,
+    // then the top functions.
     let stderr = &out.stderr;
-    assert!(
-        stderr.contains(&total.to_string()),
-        "the summary does not show the sample count {total}:\n{out}"
+    let summary = parse_summary(stderr).unwrap_or_else(|e| panic!("{e}\n{out}"));
+    assert_eq!(
+        summary.samples, total,
+        "the summary's sample count differs from the folded total\n{out}"
     );
-    assert!(
-        stderr.to_lowercase().contains("lost"),
-        "the summary does not mention lost samples:\n{out}"
+    assert_eq!(summary.lost, 0, "samples were lost\n{out}");
+    assert_eq!(
+        (summary.processes, summary.frequency),
+        (1, 499),
+        "the summary's process count and frequency\n{out}"
     );
-    assert!(
-        stderr.contains("hot_alpha") && stderr.contains("hot_beta"),
-        "the summary's top functions miss hot_alpha/hot_beta:\n{out}"
+    // `  75.1%     1123  hot_alpha`: the name is the last field.
+    let top_functions: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| *l != "top functions (self):")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(
+        top_functions.get(..2),
+        Some(&["hot_alpha", "hot_beta"][..]),
+        "the summary's top functions do not start with hot_alpha, hot_beta\n{out}"
     );
     drop(workload);
 }

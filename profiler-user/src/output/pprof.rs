@@ -226,8 +226,6 @@ impl Builder {
             self.mappings.push(Mapping {
                 id: self.mappings.len() as u64 + 1,
                 filename,
-                // Every location gets a function, named after the address if need be.
-                has_functions: true,
                 ..Mapping::default()
             });
             self.mappings.len() - 1
@@ -235,6 +233,9 @@ impl Builder {
         let mapping = &mut self.mappings[index];
         // Addresses are module-relative, so the mapping spans [0, highest address].
         mapping.memory_limit = mapping.memory_limit.max(frame.address.saturating_add(1));
+        // Only symbolized names count: a mapping whose frames are all unknown may still be
+        // symbolized later by pprof tools from a binary with symbols.
+        mapping.has_functions |= frame.function.is_some();
         mapping.has_filenames |= frame.file.is_some();
         mapping.has_line_numbers |= frame.line.is_some();
         mapping.id
@@ -327,7 +328,9 @@ mod tests {
                 (3, "/usr/lib/libfoo.so")
             ]
         );
-        assert!(p.mapping.iter().all(|m| m.has_functions));
+        // libfoo.so's only frame is unknown, so it has no symbolized function.
+        let has_functions: Vec<bool> = p.mapping.iter().map(|m| m.has_functions).collect();
+        assert_eq!(has_functions, [true, true, false]);
         assert!(p.mapping[0].has_line_numbers && !p.mapping[1].has_line_numbers);
 
         let compute = p
