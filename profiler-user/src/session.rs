@@ -7,7 +7,7 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -153,14 +153,70 @@ impl Outcome {
     }
 }
 
-fn wait_readable(fd: i32, timeout: Duration) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+/// A pidfd for `pid` (Linux 5.3+): it polls readable when the process exits, so the loop learns
+/// of exits without a system call per target per tick.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    // SAFETY: a non-negative return is a fresh fd that we own.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// What the loop waits on: the ring buffer first, then one pidfd per watched process.
+struct Waiter {
+    pfds: Vec<libc::pollfd>,
+    /// Watched pids, parallel to `pfds[1..]`; their fds are kept open here.
+    watched: Vec<(u32, Option<OwnedFd>)>,
+}
+
+impl Waiter {
+    fn new(ring_fd: i32, pids: &[u32]) -> Waiter {
+        let watched: Vec<(u32, Option<OwnedFd>)> =
+            pids.iter().map(|&p| (p, pidfd_open(p))).collect();
+        let mut pfds = vec![libc::pollfd {
+            fd: ring_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        pfds.extend(watched.iter().map(|(_, fd)| libc::pollfd {
+            // NB: poll ignores negative fds; without a pidfd the pid is checked in /proc.
+            fd: fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        Waiter { pfds, watched }
+    }
+
+    /// Waits up to `timeout` for samples past the wake-up mark or for a watched process to exit.
+    fn wait(&mut self, timeout: Duration) {
+        // SAFETY: `pfds` is a valid array of pollfds of the given length.
+        unsafe {
+            libc::poll(
+                self.pfds.as_mut_ptr(),
+                self.pfds.len() as libc::nfds_t,
+                timeout.as_millis() as i32,
+            )
+        };
+    }
+
+    /// Pids that exited since the last call; each is reported once.
+    fn exited(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, (pid, fd)) in self.watched.iter().enumerate() {
+            let pfd = &mut self.pfds[i + 1];
+            let gone = match fd {
+                Some(_) if pfd.fd >= 0 => pfd.revents & (libc::POLLIN | libc::POLLHUP) != 0,
+                Some(_) => false,
+                None => pfd.events != 0 && !preflight::is_running(*pid),
+            };
+            if gone {
+                pfd.fd = -1;
+                pfd.events = 0;
+                out.push(*pid);
+            }
+        }
+        out
+    }
 }
 
 /// Progress display: a bar on a terminal, a plain line every few seconds otherwise.
@@ -295,17 +351,25 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let mut symbolizer = Symbolizer::new();
     let mut progress = Progress::new(opts.progress, opts.duration);
     let mut exited: Vec<(u32, Duration)> = Vec::new();
-    let fd = programs.samples.as_raw_fd();
+    let mut waiter = Waiter::new(programs.samples.as_raw_fd(), &pids);
+    let mut lost = 0;
+    let mut ticks: u64 = 0;
 
     let ending = loop {
         let remaining = opts
             .duration
             .map(|d| d.saturating_sub(start.elapsed()))
             .unwrap_or(TICK);
-        wait_readable(fd, remaining.min(TICK));
+        waiter.wait(remaining.min(TICK));
         drain(&mut programs, &mut agg);
         agg.normalize_pending(&mut symbolizer);
-        progress.update(start.elapsed(), agg.samples(), programs.lost_samples());
+        // One bpf() call a second is enough for the live count; the final one is exact.
+        let once_a_second = ticks.is_multiple_of(20);
+        if once_a_second {
+            lost = programs.lost_samples();
+        }
+        ticks += 1;
+        progress.update(start.elapsed(), agg.samples(), lost);
 
         if STOP.load(Ordering::Relaxed) != 0 {
             break Ending::Interrupted;
@@ -313,16 +377,16 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         if opts.duration.is_some_and(|d| start.elapsed() >= d) {
             break Ending::Duration;
         }
+        let gone = waiter.exited();
         if let Some(c) = child.as_mut() {
-            if c.wait(false)?.is_some() {
+            // The pidfd says when; a check once a second covers a kernel without pidfds.
+            if (!gone.is_empty() || once_a_second) && c.wait(false)?.is_some() {
                 break Ending::CommandExited;
             }
         } else {
-            for &pid in &pids {
-                if !preflight::is_running(pid) && !exited.iter().any(|&(p, _)| p == pid) {
-                    exited.push((pid, start.elapsed()));
-                    programs.remove_target(pid);
-                }
+            for pid in gone {
+                exited.push((pid, start.elapsed()));
+                programs.remove_target(pid);
             }
             // With --children, the session goes on while children of the targets run (the
             // kernel removes each process from the map when it exits).
