@@ -22,6 +22,14 @@ pub enum PreflightError {
     /// No process has this pid.
     #[error("no process with pid {0}")]
     NoSuchPid(u32),
+    /// The id is a thread's, not a process's.
+    #[error("{tid} is a thread of process {pid}: give the process id, --pid {pid}")]
+    Thread {
+        /// The thread id given.
+        tid: u32,
+        /// Its process.
+        pid: u32,
+    },
     /// The pid is a kernel thread, which has no user space to profile.
     #[error("pid {pid} ({name}) is a kernel thread; spanprof profiles user-space processes")]
     KernelThread {
@@ -105,8 +113,11 @@ pub fn check_pid(pid: u32) -> Result<ProcStat, PreflightError> {
         .lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse::<u32>().ok());
-    if tgid.is_some_and(|t| t != pid) {
-        return Err(PreflightError::NoSuchPid(pid));
+    if let Some(tgid) = tgid.filter(|&t| t != pid) {
+        return Err(PreflightError::Thread {
+            tid: pid,
+            pid: tgid,
+        });
     }
     let stat = parse_stat(&stat).ok_or(PreflightError::NoSuchPid(pid))?;
     if stat.flags & PF_KTHREAD != 0 {
@@ -144,5 +155,21 @@ mod tests {
             check_pid(u32::MAX - 1),
             Err(PreflightError::NoSuchPid(_))
         ));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        });
+        let tid = rx.recv().unwrap();
+        let err = check_pid(tid).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{tid} is a thread of process {0}: give the process id, --pid {0}",
+                std::process::id()
+            )
+        );
+        t.join().unwrap();
     }
 }
