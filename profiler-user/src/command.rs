@@ -12,6 +12,28 @@ use std::process::ExitStatus;
 
 use anyhow::{bail, Context, Result};
 
+/// The command could not be executed (`execvp` failed).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot run {name}")]
+pub struct CannotRun {
+    /// The command as given.
+    pub name: String,
+    /// Why `exec` failed.
+    pub source: std::io::Error,
+}
+
+impl CannotRun {
+    /// The exit status a shell gives for this failure: 127 when the command was not found, 126
+    /// when it was found but could not be executed.
+    pub fn exit_code(&self) -> u8 {
+        if self.source.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        }
+    }
+}
+
 /// A command started by [`GatedCommand::spawn`].
 #[derive(Debug)]
 pub struct GatedCommand {
@@ -88,11 +110,10 @@ impl GatedCommand {
                     // spanprof gave up (or died): the command must not run unprofiled.
                     libc::_exit(127);
                 }
-                // Rust ignores SIGPIPE and spanprof handles SIGINT/SIGTERM; the command gets
-                // the defaults and an empty signal mask, as from a shell.
+                // Rust ignores SIGPIPE; the command gets the default, and an empty signal mask,
+                // as from a shell. (SIGINT/SIGTERM: exec resets spanprof's handlers to the
+                // default and keeps a disposition spanprof inherited as ignored.)
                 libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                libc::signal(libc::SIGINT, libc::SIG_DFL);
-                libc::signal(libc::SIGTERM, libc::SIG_DFL);
                 let mut empty: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut empty);
                 libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
@@ -134,9 +155,13 @@ impl GatedCommand {
         }
         let mut errno = [0u8; 4];
         if read_retrying(self.exec_errors.as_raw_fd(), &mut errno) == 4 {
-            let err = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+            let source = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
             let _ = self.wait(true);
-            bail!("cannot run {}: {err}", self.name);
+            return Err(CannotRun {
+                name: self.name.clone(),
+                source,
+            }
+            .into());
         }
         // EOF: exec succeeded and closed the CLOEXEC pipe.
         Ok(())
@@ -217,11 +242,13 @@ mod tests {
     #[test]
     fn exec_failure_is_reported() {
         let mut c = GatedCommand::spawn(&argv(&["/nonexistent/spanprof-cmd"])).unwrap();
-        let err = c.release().unwrap_err().to_string();
+        let err = c.release().unwrap_err();
+        let text = format!("{err:#}");
         assert!(
-            err.starts_with("cannot run /nonexistent/spanprof-cmd: No such file"),
-            "{err}"
+            text.starts_with("cannot run /nonexistent/spanprof-cmd: No such file"),
+            "{text}"
         );
+        assert_eq!(err.downcast_ref::<CannotRun>().unwrap().exit_code(), 127);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use spanprof::command::CannotRun;
 use spanprof::output::{self, Format};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
@@ -178,13 +179,18 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let mut outcome = session::run(&opts).map_err(fail)?;
     let profile = &outcome.profile;
     match &outcome.ending {
-        Ending::TargetsExited(_) | Ending::Duration | Ending::CommandExited => {}
+        Ending::Duration | Ending::CommandExited | Ending::TargetsExited(_) => {}
         Ending::Interrupted => eprintln!("spanprof: interrupted; writing what was gathered"),
     }
     for (pid, after) in &outcome.exited {
         eprintln!(
-            "spanprof: process {pid} exited after {:.1} s; writing the {} samples gathered",
-            after.as_secs_f64(),
+            "spanprof: process {pid} exited after {:.1} s",
+            after.as_secs_f64()
+        );
+    }
+    if let Ending::TargetsExited(_) = outcome.ending {
+        eprintln!(
+            "spanprof: every target exited; writing the {} samples gathered",
             profile.total_samples()
         );
     }
@@ -226,12 +232,26 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
 }
 
 fn fail(e: anyhow::Error) -> Failure {
+    // A command that cannot be executed exits as a shell would have it (127 / 126).
+    let code = e
+        .downcast_ref::<CannotRun>()
+        .map_or(EXIT_FAILURE, CannotRun::exit_code);
     // One line: the chain joined with ": ".
-    Failure(EXIT_FAILURE, format!("{e:#}"))
+    Failure(code, format!("{e:#}"))
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One line, like every other error; `--help` has the rest.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("error: invalid arguments");
+            eprintln!("{first} (see `spanprof --help`)");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     let result = match cli.command {
         Cmd::Profile(args) => profile(args),
     };

@@ -10,6 +10,9 @@ const CAP_BPF: u32 = 39;
 /// `PF_KTHREAD` from include/linux/sched.h: the task is a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
 
+/// Inode of the initial pid namespace (`PROC_PID_INIT_INO`, include/linux/proc_ns.h).
+const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+
 /// Errors of the checks; messages are one line.
 #[derive(Debug, thiserror::Error)]
 pub enum PreflightError {
@@ -19,6 +22,13 @@ pub enum PreflightError {
          `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_syslog+ep spanprof`"
     )]
     MissingCapabilities(String),
+    /// spanprof runs in a pid namespace other than the host's, where its pids are not the ones
+    /// the kernel programs see.
+    #[error(
+        "spanprof runs in a container's pid namespace, but its eBPF programs see host pids: run \
+         it in the host pid namespace (docker --pid=host, Kubernetes hostPID: true)"
+    )]
+    OtherPidNamespace,
     /// No process has this pid.
     #[error("no process with pid {0}")]
     NoSuchPid(u32),
@@ -67,6 +77,16 @@ pub fn check_capabilities() -> Result<(), PreflightError> {
         Ok(())
     } else {
         Err(PreflightError::MissingCapabilities(missing.join(", ")))
+    }
+}
+
+/// Checks that spanprof runs in the initial pid namespace, so the pids it is given and the pids
+/// the eBPF programs compare them with are the same numbers.
+pub fn check_pid_namespace() -> Result<(), PreflightError> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata("/proc/self/ns/pid") {
+        Ok(m) if m.ino() != PROC_PID_INIT_INO => Err(PreflightError::OtherPidNamespace),
+        _ => Ok(()),
     }
 }
 

@@ -14,7 +14,7 @@ use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use profiler_common::{ErrorCode, SampleRecord, ERROR_COUNT};
 use symbolizer::Symbolizer;
@@ -125,31 +125,63 @@ extern "C" fn on_signal(sig: libc::c_int) {
 /// Makes SIGINT and SIGTERM end the session (the outputs are still written). Installed once,
 /// before anything is created that must be cleaned up; a second Ctrl-C gets the default action,
 /// so a user can always get out.
+///
+/// A signal spanprof was started with ignored (`nohup`, `&` in a script) stays ignored, for
+/// spanprof and, through `exec`, for the command; caught ones are reset to the default by `exec`.
 pub fn install_signal_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe; `old` is a
+        // valid out-parameter.
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = on_signal as *const () as usize;
             act.sa_flags = libc::SA_RESETHAND;
             libc::sigemptyset(&mut act.sa_mask);
-            libc::sigaction(sig, &act, std::ptr::null_mut());
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, &act, &mut old);
+            if old.sa_sigaction == libc::SIG_IGN {
+                libc::sigaction(sig, &old, std::ptr::null_mut());
+            }
         }
     }
+}
+
+/// Whether this process is in the terminal's foreground process group, so a Ctrl-C from that
+/// terminal reached the command too.
+fn in_terminal_foreground() -> bool {
+    // SAFETY: both calls only read process state.
+    unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() }
 }
 
 impl Outcome {
     /// Waits for the command (command mode) and returns its status. Call it after the outputs
     /// are written: the command may outlive `--duration`, and spanprof waits for it, as `time`
-    /// does. A SIGTERM that stopped the session is passed on to the command first.
+    /// does. A SIGTERM to spanprof, before or during the wait, is passed on to the command, and
+    /// so is a SIGINT that did not come from the terminal the command shares.
     pub fn wait_command(&mut self) -> Result<Option<ExitStatus>> {
         let Some(cmd) = self.command.as_mut() else {
             return Ok(None);
         };
-        if self.ending == Ending::Interrupted && STOP.load(Ordering::Relaxed) == libc::SIGTERM {
-            cmd.signal(libc::SIGTERM);
+        if let Some(status) = cmd.wait(false)? {
+            return Ok(Some(status));
         }
-        cmd.wait(true)
+        eprintln!(
+            "spanprof: outputs written; waiting for the command (pid {}) to exit",
+            cmd.pid()
+        );
+        let mut passed_on = false;
+        loop {
+            if let Some(status) = cmd.wait(false)? {
+                return Ok(Some(status));
+            }
+            let sig = STOP.load(Ordering::Relaxed);
+            let pass = sig == libc::SIGTERM || (sig == libc::SIGINT && !in_terminal_foreground());
+            if pass && !passed_on {
+                cmd.signal(sig);
+                passed_on = true;
+            }
+            std::thread::sleep(TICK);
+        }
     }
 }
 
@@ -190,13 +222,17 @@ impl Waiter {
     /// Waits up to `timeout` for samples past the wake-up mark or for a watched process to exit.
     fn wait(&mut self, timeout: Duration) {
         // SAFETY: `pfds` is a valid array of pollfds of the given length.
-        unsafe {
+        let r = unsafe {
             libc::poll(
                 self.pfds.as_mut_ptr(),
                 self.pfds.len() as libc::nfds_t,
                 timeout.as_millis() as i32,
             )
         };
+        if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // NB: never spin: without poll (e.g. too many fds), the loop still ticks.
+            std::thread::sleep(timeout);
+        }
     }
 
     /// Pids that exited since the last call; each is reported once.
@@ -228,8 +264,10 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(enabled: bool, duration: Option<Duration>) -> Self {
-        let tty = std::io::stderr().is_terminal();
+    /// `shared_terminal`: a command writes to the same terminal, where a redrawn bar would mangle
+    /// its output; plain lines are used then.
+    fn new(enabled: bool, duration: Option<Duration>, shared_terminal: bool) -> Self {
+        let tty = std::io::stderr().is_terminal() && !shared_terminal;
         let bar = (enabled && tty).then(|| {
             let bar = match duration {
                 Some(d) => {
@@ -294,6 +332,7 @@ impl Progress {
 /// Runs one session to its end.
 pub fn run(opts: &Options) -> Result<Outcome> {
     preflight::check_capabilities()?;
+    preflight::check_pid_namespace()?;
     let mut target_desc = String::new();
     if let Target::Pids(pids) = &opts.target {
         for &pid in pids {
@@ -323,6 +362,10 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         Target::Command(argv) => {
             let mut c = GatedCommand::spawn(argv)?;
             programs.add_target(c.pid())?;
+            if STOP.load(Ordering::Relaxed) != 0 {
+                // Dropping the unreleased command makes it exit 127 without running.
+                bail!("interrupted before the command started");
+            }
             c.release()?;
             target_desc = argv
                 .iter()
@@ -349,11 +392,16 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let start_wall = SystemTime::now();
     let mut agg = Aggregator::new(opts.kernel);
     let mut symbolizer = Symbolizer::new();
-    let mut progress = Progress::new(opts.progress, opts.duration);
+    let mut progress = Progress::new(
+        opts.progress,
+        opts.duration,
+        matches!(opts.target, Target::Command(_)),
+    );
     let mut exited: Vec<(u32, Duration)> = Vec::new();
     let mut waiter = Waiter::new(programs.samples.as_raw_fd(), &pids);
     let mut lost = 0;
-    let mut ticks: u64 = 0;
+    let mut last_check = start;
+    let mut said_children = false;
 
     let ending = loop {
         let remaining = opts
@@ -364,11 +412,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         drain(&mut programs, &mut agg);
         agg.normalize_pending(&mut symbolizer);
         // One bpf() call a second is enough for the live count; the final one is exact.
-        let once_a_second = ticks.is_multiple_of(20);
+        let once_a_second = last_check.elapsed() >= Duration::from_secs(1);
         if once_a_second {
+            last_check = Instant::now();
             lost = programs.lost_samples();
         }
-        ticks += 1;
         progress.update(start.elapsed(), agg.samples(), lost);
 
         if STOP.load(Ordering::Relaxed) != 0 {
@@ -390,8 +438,17 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             }
             // With --children, the session goes on while children of the targets run (the
             // kernel removes each process from the map when it exits).
-            if exited.len() == pids.len() && !(opts.children && programs.has_targets()) {
-                break Ending::TargetsExited(exited.iter().map(|&(p, _)| p).collect());
+            if exited.len() == pids.len() {
+                if !(opts.children && programs.has_targets()) {
+                    break Ending::TargetsExited(exited.iter().map(|&(p, _)| p).collect());
+                }
+                if !said_children {
+                    said_children = true;
+                    eprintln!(
+                        "spanprof: the targets exited; profiling their child processes until \
+                         they exit"
+                    );
+                }
             }
         }
     };
@@ -410,6 +467,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         frequency: opts.frequency,
         lost_samples: errors[ErrorCode::RingbufFull as usize],
     };
+    if opts.progress {
+        eprintln!("spanprof: symbolizing {} samples", agg.samples());
+    }
     let profile = agg.into_profile(&mut symbolizer, meta);
     Ok(Outcome {
         profile,

@@ -45,6 +45,9 @@ impl PendingOutput {
             .mode(0o600)
             .open(&tmp)
             .map_err(|e| anyhow::anyhow!("cannot write output {}: {e}", dest.display()))?;
+        if let Some((uid, gid)) = sudo_user() {
+            chown(&file, uid, gid);
+        }
         Ok(PendingOutput {
             dest: dest.to_path_buf(),
             tmp,
@@ -67,6 +70,24 @@ impl PendingOutput {
         // NB: the caller names the output; this error is only the cause.
         res.map_err(anyhow::Error::from)
     }
+}
+
+/// Under `sudo` (root, with `SUDO_UID` and `SUDO_GID` set), the user who ran sudo: outputs are
+/// handed to them so `sudo spanprof … -o flame.svg` leaves a file they can open (still 0600).
+fn sudo_user() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let id = |var: &str| std::env::var(var).ok()?.parse::<u32>().ok();
+    Some((id("SUDO_UID")?, id("SUDO_GID")?))
+}
+
+/// Best effort: a failure leaves the file spanprof's.
+fn chown(file: &File, uid: u32, gid: u32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fchown on an fd we own.
+    unsafe { libc::fchown(file.as_raw_fd(), uid, gid) };
 }
 
 impl Drop for PendingOutput {
@@ -105,6 +126,18 @@ mod tests {
             2,
             "no temp file left"
         );
+
+        // chown as sudo would have it (root only: elsewhere fchown fails and nothing changes).
+        let owned = dir.join("owned.svg");
+        let out = PendingOutput::create(&owned).unwrap();
+        chown(out.file.as_ref().unwrap(), 65534, 65534);
+        out.commit(b"<svg/>").unwrap();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::metadata(&owned).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
 
         let err = PendingOutput::create(Path::new("/nonexistent-dir/x.svg")).unwrap_err();

@@ -111,3 +111,16 @@ fn kernel_without_bpf_syscall_is_named() {
     let out = run_filtered(libc::ENOSYS as u32, None);
     assert_one_error_line(&out, "bpf() system call is not available");
 }
+
+#[test]
+fn container_pid_namespace_is_refused_with_the_reason() {
+    require_profiling();
+    // unshare(1) runs spanprof as pid 1 of a new pid namespace, as in a container without
+    // hostPID: its pids are not the ones the eBPF programs see.
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--mount-proc"])
+        .arg(spanprof_bin())
+        .args(["profile", "--duration", "1s", "--", "true"]);
+    let out = run_with_timeout(cmd, RUN_TIMEOUT);
+    assert_one_error_line(&out, "pid namespace");
+}

@@ -267,6 +267,14 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
     std::fs::create_dir_all(&out_dir)?;
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
         .context("failed to enable kernel.bpf_stats_enabled (needs root)")?;
+    // Turned off again however the run ends: the setting is system-wide and costs every program.
+    struct StatsOff;
+    impl Drop for StatsOff {
+        fn drop(&mut self) {
+            let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
+        }
+    }
+    let stats_off = StatsOff;
     let mut results = Vec::new();
     for i in 0..rounds {
         step(&format!("bench round {}/{rounds}", i + 1));
@@ -295,7 +303,7 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
         }
         results.push(r);
     }
-    std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0").ok();
+    drop(stats_off);
 
     let secs = |d: Duration| d.as_secs_f64();
     let sp_ratio = median(
