@@ -102,3 +102,24 @@ fn progress_bar_on_a_terminal() {
     assert!(screen.contains("left)"), "{screen}");
     assert!(screen.contains("top functions"), "{screen}");
 }
+
+#[test]
+fn sigterm_while_waiting_for_a_command_that_outlives_the_session_is_passed_on() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let dir = TempDir::new("sigterm-wait");
+    let out = dir.join("done.folded");
+    let mut cmd = spanprof_command(["profile", "--duration", "1s", "-o"]);
+    cmd.arg(&out)
+        .arg("--")
+        .arg(spanprof_tests::workload_path("cpu_split"))
+        .arg("30");
+    let mut run = spanprof_tests::Background::spawn(cmd);
+    run.wait_for_stderr("waiting for the command", Duration::from_secs(20));
+    assert!(out.exists(), "outputs are written before the wait");
+    run.signal(libc::SIGTERM);
+    let result = run.finish(Duration::from_secs(25));
+    // The command died of the SIGTERM spanprof passed on; spanprof reports its status.
+    assert_eq!(result.code(), 128 + libc::SIGTERM, "{result}");
+    assert!(folded_total(&read_folded(&out)) > 0);
+}
