@@ -9,14 +9,14 @@
 //!
 //! # Design constraints
 //! Fixed-width integers only, explicit padding, no `bool`, every struct `Copy` and a multiple of
-//! 8 bytes, so a record can be read from any byte slice with [`SampleRecord::from_bytes`].
+//! 8 bytes, so a record can be read from any byte slice with [`Sample::from_bytes`].
 #![no_std]
 
 /// Maximum frames of one kernel or user stack (perf's default `kernel.perf_event_max_stack`).
 pub const MAX_STACK_DEPTH: usize = 127;
 /// Length of a task's `comm`, NUL-padded.
 pub const TASK_COMM_LEN: usize = 16;
-/// Record kind of [`SampleRecord`].
+/// Record kind of a [`Sample`].
 pub const RECORD_SAMPLE: u32 = 1;
 
 /// Process named by the user (`--pid` or the `--` command).
@@ -71,10 +71,13 @@ pub struct Target {
     pub parent_tgid: u32,
 }
 
-/// One on-CPU sample (`struct spanprof_sample`).
+/// Size of [`SampleHeader`], where the frames of a sample record begin.
+pub const SAMPLE_HEADER_SIZE: usize = 48;
+
+/// The fixed part of one on-CPU sample record (`struct spanprof_sample` up to `stack`).
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
-pub struct SampleRecord {
+pub struct SampleHeader {
     /// [`RECORD_SAMPLE`].
     pub kind: u32,
     /// CPU the sample was taken on.
@@ -85,20 +88,16 @@ pub struct SampleRecord {
     pub tid: u32,
     /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the sample.
     pub time_ns: u64,
-    /// Valid entries in `kstack`, or a negative errno.
+    /// Kernel frames captured, or a negative errno.
     pub kstack_len: i32,
-    /// Valid entries in `ustack`, or a negative errno.
+    /// User frames captured, or a negative errno.
     pub ustack_len: i32,
     /// Thread name, NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
-    /// Kernel return addresses, leaf first.
-    pub kstack: [u64; MAX_STACK_DEPTH],
-    /// User return addresses, leaf first.
-    pub ustack: [u64; MAX_STACK_DEPTH],
 }
 
 // SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).
-unsafe impl Pod for SampleRecord {}
+unsafe impl Pod for SampleHeader {}
 // SAFETY: as above.
 unsafe impl Pod for Target {}
 
@@ -108,35 +107,55 @@ unsafe impl Pod for Target {}
 /// Implementors are `#[repr(C)]`, have no padding and accept every bit pattern.
 pub unsafe trait Pod: Copy {}
 
-impl SampleRecord {
-    /// Reads a record from a ring buffer item, or `None` when it is too short or of another kind.
-    pub fn from_bytes(bytes: &[u8]) -> Option<&SampleRecord> {
-        if bytes.len() < core::mem::size_of::<SampleRecord>()
-            || bytes
-                .as_ptr()
-                .align_offset(core::mem::align_of::<SampleRecord>())
-                != 0
-        {
+/// A sample record read from the ring buffer: the header and the frames that follow it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    /// The fixed fields.
+    pub header: &'a SampleHeader,
+    kernel: &'a [u64],
+    user: &'a [u64],
+}
+
+impl<'a> Sample<'a> {
+    /// Reads a record, or `None` when it is not a sample, is misaligned, or is shorter than its
+    /// header says: the lengths are clamped to what the record holds, never trusted.
+    pub fn from_bytes(bytes: &'a [u8]) -> Option<Sample<'a>> {
+        if bytes.len() < SAMPLE_HEADER_SIZE || bytes.as_ptr().align_offset(8) != 0 {
             return None;
         }
-        // SAFETY: length and alignment checked above; SampleRecord is Pod.
-        let rec = unsafe { &*(bytes.as_ptr() as *const SampleRecord) };
-        (rec.kind == RECORD_SAMPLE).then_some(rec)
+        // SAFETY: length and alignment checked above; SampleHeader is Pod.
+        let header = unsafe { &*(bytes.as_ptr() as *const SampleHeader) };
+        if header.kind != RECORD_SAMPLE {
+            return None;
+        }
+        let frames_bytes = &bytes[SAMPLE_HEADER_SIZE..];
+        // SAFETY: the pointer is 8-aligned (the record is, and the header is 48 bytes) and the
+        // length covers whole u64s inside `bytes`; every bit pattern is a valid u64.
+        let frames = unsafe {
+            core::slice::from_raw_parts(frames_bytes.as_ptr() as *const u64, frames_bytes.len() / 8)
+        };
+        let k = clamp(header.kstack_len).min(frames.len());
+        let u = clamp(header.ustack_len).min(frames.len() - k);
+        Some(Sample {
+            header,
+            kernel: &frames[..k],
+            user: &frames[k..k + u],
+        })
     }
 
-    /// The kernel stack, leaf first (empty on error).
-    pub fn kernel_stack(&self) -> &[u64] {
-        clamp(&self.kstack, self.kstack_len)
+    /// The kernel stack, leaf first (empty on error or in user mode).
+    pub fn kernel_stack(&self) -> &'a [u64] {
+        self.kernel
     }
 
     /// The user stack, leaf first (empty on error).
-    pub fn user_stack(&self) -> &[u64] {
-        clamp(&self.ustack, self.ustack_len)
+    pub fn user_stack(&self) -> &'a [u64] {
+        self.user
     }
 
     /// The thread name up to its first NUL.
-    pub fn comm(&self) -> &[u8] {
-        comm_bytes(&self.comm)
+    pub fn comm(&self) -> &'a [u8] {
+        comm_bytes(&self.header.comm)
     }
 }
 
@@ -146,9 +165,8 @@ pub fn comm_bytes(comm: &[u8; TASK_COMM_LEN]) -> &[u8] {
     &comm[..end]
 }
 
-fn clamp(stack: &[u64; MAX_STACK_DEPTH], len: i32) -> &[u64] {
-    let n = usize::try_from(len).unwrap_or(0).min(MAX_STACK_DEPTH);
-    &stack[..n]
+fn clamp(len: i32) -> usize {
+    usize::try_from(len).unwrap_or(0).min(MAX_STACK_DEPTH)
 }
 
 // SAFETY: Target is repr(C), padding-free and valid for every bit pattern (layout test).

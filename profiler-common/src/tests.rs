@@ -6,6 +6,7 @@ use super::*;
 use core::mem::{align_of, offset_of, size_of};
 use std::format;
 use std::string::String;
+use std::vec;
 use std::vec::Vec;
 
 /// Field offsets and sizes, as Rust lays them out.
@@ -28,22 +29,29 @@ fn c_asserts() -> String {
     let mut structs = Vec::new();
     structs.push((
         "struct spanprof_sample",
-        size_of::<SampleRecord>(),
-        align_of::<SampleRecord>(),
-        fields!(
-            SampleRecord,
-            "struct spanprof_sample",
-            kind,
-            cpu,
-            pid,
-            tid,
-            time_ns,
-            kstack_len,
-            ustack_len,
-            comm,
-            kstack,
-            ustack
-        ),
+        // The header is the record up to `stack`; `stack` itself is checked below.
+        SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8,
+        align_of::<SampleHeader>(),
+        {
+            let mut f = fields!(
+                SampleHeader,
+                "struct spanprof_sample",
+                kind,
+                cpu,
+                pid,
+                tid,
+                time_ns,
+                kstack_len,
+                ustack_len,
+                comm
+            );
+            f.push((
+                "struct spanprof_sample, stack".into(),
+                SAMPLE_HEADER_SIZE,
+                2 * MAX_STACK_DEPTH * 8,
+            ));
+            f
+        },
     ));
     structs.push((
         "struct spanprof_target",
@@ -69,6 +77,7 @@ fn c_asserts() -> String {
         ("SPANPROF_MAX_STACK_DEPTH", MAX_STACK_DEPTH as u64),
         ("SPANPROF_TASK_COMM_LEN", TASK_COMM_LEN as u64),
         ("SPANPROF_RECORD_SAMPLE", RECORD_SAMPLE as u64),
+        ("SPANPROF_SAMPLE_HEADER_SIZE", SAMPLE_HEADER_SIZE as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
         ("SPANPROF_ERR_COUNT", ERROR_COUNT as u64),
@@ -112,26 +121,56 @@ fn error_codes_fit_the_map() {
 }
 
 #[test]
-fn from_bytes_rejects_short_and_foreign_records() {
-    #[repr(C, align(8))]
-    struct Buf([u8; size_of::<SampleRecord>()]);
-    let mut buf = Buf([0; size_of::<SampleRecord>()]);
-    assert!(
-        SampleRecord::from_bytes(&buf.0).is_none(),
-        "kind 0 is not a sample"
-    );
-    buf.0[..4].copy_from_slice(&RECORD_SAMPLE.to_ne_bytes());
-    // kstack_len = 3, ustack_len = -14 (EFAULT)
-    let k = offset_of!(SampleRecord, kstack_len);
-    buf.0[k..k + 4].copy_from_slice(&3i32.to_ne_bytes());
-    let u = offset_of!(SampleRecord, ustack_len);
-    buf.0[u..u + 4].copy_from_slice(&(-14i32).to_ne_bytes());
-    let rec = SampleRecord::from_bytes(&buf.0).unwrap();
-    assert_eq!(rec.kernel_stack().len(), 3);
-    assert!(rec.user_stack().is_empty());
-    assert!(SampleRecord::from_bytes(&buf.0[..100]).is_none());
-    // A length beyond the array is clamped, never read past the end.
-    buf.0[k..k + 4].copy_from_slice(&1000i32.to_ne_bytes());
-    let rec = SampleRecord::from_bytes(&buf.0).unwrap();
-    assert_eq!(rec.kernel_stack().len(), MAX_STACK_DEPTH);
+fn header_size_matches() {
+    assert_eq!(size_of::<SampleHeader>(), SAMPLE_HEADER_SIZE);
+}
+
+/// An 8-aligned record: the header, then `frames`.
+fn record(kstack_len: i32, ustack_len: i32, frames: &[u64]) -> Vec<u64> {
+    let mut words = vec![0u64; SAMPLE_HEADER_SIZE / 8 + frames.len()];
+    // SAFETY: the buffer holds the header; SampleHeader is Pod.
+    let header = unsafe { &mut *(words.as_mut_ptr() as *mut SampleHeader) };
+    header.kind = RECORD_SAMPLE;
+    header.kstack_len = kstack_len;
+    header.ustack_len = ustack_len;
+    header.comm[..3].copy_from_slice(b"abc");
+    words[SAMPLE_HEADER_SIZE / 8..].copy_from_slice(frames);
+    words
+}
+
+fn bytes(words: &[u64]) -> &[u8] {
+    // SAFETY: u64s viewed as bytes.
+    unsafe { core::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 8) }
+}
+
+#[test]
+fn from_bytes_splits_kernel_and_user_frames() {
+    let r = record(2, 3, &[1, 2, 10, 20, 30]);
+    let s = Sample::from_bytes(bytes(&r)).unwrap();
+    assert_eq!(s.kernel_stack(), [1, 2]);
+    assert_eq!(s.user_stack(), [10, 20, 30]);
+    assert_eq!(s.comm(), b"abc");
+    // -EFAULT kernel stack (user mode): all frames are user frames.
+    let r = record(-14, 2, &[10, 20]);
+    let s = Sample::from_bytes(bytes(&r)).unwrap();
+    assert!(s.kernel_stack().is_empty());
+    assert_eq!(s.user_stack(), [10, 20]);
+}
+
+#[test]
+fn from_bytes_never_trusts_the_lengths() {
+    // Lengths beyond the record are clamped to what it holds.
+    let r = record(1000, 1000, &[1, 2, 3]);
+    let s = Sample::from_bytes(bytes(&r)).unwrap();
+    assert_eq!(s.kernel_stack(), [1, 2, 3]);
+    assert!(s.user_stack().is_empty());
+    let r = record(1, 1000, &[1, 2, 3]);
+    let s = Sample::from_bytes(bytes(&r)).unwrap();
+    assert_eq!((s.kernel_stack(), s.user_stack()), (&[1][..], &[2, 3][..]));
+    // Short, foreign or misaligned records are refused.
+    assert!(Sample::from_bytes(&bytes(&r)[..40]).is_none());
+    let mut foreign = record(0, 0, &[]);
+    foreign[0] = 7;
+    assert!(Sample::from_bytes(bytes(&foreign)).is_none());
+    assert!(Sample::from_bytes(&bytes(&r)[1..]).is_none());
 }

@@ -48,19 +48,25 @@ struct spanprof_target {
 	__u32 parent_tgid; /* 0 for explicit targets */
 };
 
-/* One on-CPU sample, as sent through the `samples` ring buffer. */
+/*
+ * One on-CPU sample. The ring buffer record is variable-sized: the header, then only the frames
+ * captured, kernel frames first. Its size is SPANPROF_SAMPLE_HEADER_SIZE + 8 * (k + u), where k
+ * and u are kstack_len and ustack_len clamped to [0, SPANPROF_MAX_STACK_DEPTH].
+ */
 struct spanprof_sample {
 	__u32 kind; /* SPANPROF_RECORD_SAMPLE */
 	__u32 cpu;
 	__u32 pid; /* tgid */
 	__u32 tid;
 	__u64 time_ns; /* bpf_ktime_get_ns(), CLOCK_MONOTONIC */
-	/* Number of valid entries in kstack/ustack, or a negative errno from bpf_get_stack. */
+	/* Number of frames captured, or a negative errno from bpf_get_stack. */
 	__s32 kstack_len;
 	__s32 ustack_len;
 	char comm[SPANPROF_TASK_COMM_LEN];
-	__u64 kstack[SPANPROF_MAX_STACK_DEPTH]; /* leaf first */
-	__u64 ustack[SPANPROF_MAX_STACK_DEPTH]; /* leaf first */
+	/* Kernel frames, then user frames, each leaf first. */
+	__u64 stack[2 * SPANPROF_MAX_STACK_DEPTH];
 };
+
+#define SPANPROF_SAMPLE_HEADER_SIZE 48
 
 #endif /* SPANPROF_ABI_H */

@@ -48,6 +48,14 @@ struct {
 	__uint(max_entries, 4 * 1024 * 1024);
 } samples SEC(".maps");
 
+/* Where a sample is assembled before the used part is copied into the ring buffer. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct spanprof_sample);
+} scratch SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, SPANPROF_ERR_COUNT);
@@ -68,17 +76,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
+	__u32 zero = 0;
 	struct spanprof_sample *s;
+	__u64 k, u, size;
 	long n;
 
 	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
 		return 0;
-
-	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
-	if (!s) {
-		count_error(SPANPROF_ERR_RINGBUF_FULL);
+	s = bpf_map_lookup_elem(&scratch, &zero);
+	if (!s)
 		return 0;
-	}
 	s->kind = SPANPROF_RECORD_SAMPLE;
 	s->cpu = bpf_get_smp_processor_id();
 	s->pid = tgid;
@@ -87,19 +94,32 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 
 	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
-	n = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
+	n = bpf_get_stack(ctx, s->stack, SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), 0);
 	if (n < 0 && n != -EFAULT)
 		count_error(SPANPROF_ERR_KSTACK);
 	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+	k = n > 0 ? (__u64)n / sizeof(__u64) : 0;
+	if (k > SPANPROF_MAX_STACK_DEPTH)
+		k = SPANPROF_MAX_STACK_DEPTH;
 
-	n = bpf_get_stack(ctx, s->ustack, sizeof(s->ustack), BPF_F_USER_STACK);
+	n = bpf_get_stack(ctx, &s->stack[k], SPANPROF_MAX_STACK_DEPTH * sizeof(__u64),
+			  BPF_F_USER_STACK);
 	if (n < 0)
 		count_error(SPANPROF_ERR_USTACK);
 	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+	u = n > 0 ? (__u64)n / sizeof(__u64) : 0;
+	if (u > SPANPROF_MAX_STACK_DEPTH)
+		u = SPANPROF_MAX_STACK_DEPTH;
 
-	bpf_ringbuf_submit(s, bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes ?
-				      BPF_RB_FORCE_WAKEUP :
-				      BPF_RB_NO_WAKEUP);
+	/* Only the frames captured travel: a 10-frame stack is 128 bytes, not 2 KiB. */
+	size = SPANPROF_SAMPLE_HEADER_SIZE + (k + u) * sizeof(__u64);
+	if (size > sizeof(*s))
+		size = sizeof(*s);
+	if (bpf_ringbuf_output(&samples, s, size,
+			       bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes ?
+				       BPF_RB_FORCE_WAKEUP :
+				       BPF_RB_NO_WAKEUP))
+		count_error(SPANPROF_ERR_RINGBUF_FULL);
 	return 0;
 }
 

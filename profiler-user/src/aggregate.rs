@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use profiler_common::{SampleRecord, MAX_STACK_DEPTH, TASK_COMM_LEN};
+use profiler_common::{Sample as SampleRecord, MAX_STACK_DEPTH, TASK_COMM_LEN};
 use rustc_hash::FxHashMap;
 use symbolizer::{Symbol, Symbolizer};
 
@@ -92,18 +92,19 @@ impl Aggregator {
     }
 
     /// Counts one sample.
-    pub fn record(&mut self, rec: &SampleRecord) {
+    pub fn record(&mut self, sample: &SampleRecord<'_>) {
+        let rec = sample.header;
         self.samples += 1;
         let kid = if self.keep_kernel {
-            let n = to_lookup_addrs(rec.kernel_stack(), false, &mut self.scratch);
+            let n = to_lookup_addrs(sample.kernel_stack(), false, &mut self.scratch);
             self.kernel.intern(&self.scratch[..n]).0
         } else {
             EMPTY
         };
         // A sample taken in the kernel has a user "leaf" that is the return address of the
         // system call, so it is adjusted like every other return address.
-        let in_kernel = !rec.kernel_stack().is_empty();
-        let n = to_lookup_addrs(rec.user_stack(), in_kernel, &mut self.scratch);
+        let in_kernel = !sample.kernel_stack().is_empty();
+        let n = to_lookup_addrs(sample.user_stack(), in_kernel, &mut self.scratch);
         let table = self.user.entry(rec.pid).or_default();
         let (uid, new) = table.intern(&self.scratch[..n]);
         if new {
@@ -117,7 +118,7 @@ impl Aggregator {
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
         self.processes
             .entry(rec.pid)
-            .or_insert_with(|| process_name(rec.pid, rec.comm()));
+            .or_insert_with(|| process_name(rec.pid, sample.comm()));
     }
 
     /// Normalizes the user addresses of stacks seen since the last call, while their processes
@@ -291,34 +292,38 @@ impl FrameTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profiler_common::RECORD_SAMPLE;
+    use profiler_common::{SampleHeader, RECORD_SAMPLE, SAMPLE_HEADER_SIZE};
 
-    fn record(pid: u32, tid: u32, kstack: &[u64], ustack: &[u64]) -> SampleRecord {
-        let mut r = SampleRecord {
-            kind: RECORD_SAMPLE,
-            cpu: 0,
-            pid,
-            tid,
-            time_ns: 0,
-            kstack_len: kstack.len() as i32,
-            ustack_len: ustack.len() as i32,
-            comm: [0; TASK_COMM_LEN],
-            kstack: [0; MAX_STACK_DEPTH],
-            ustack: [0; MAX_STACK_DEPTH],
-        };
-        r.comm[..4].copy_from_slice(b"test");
-        r.kstack[..kstack.len()].copy_from_slice(kstack);
-        r.ustack[..ustack.len()].copy_from_slice(ustack);
-        r
+    /// An 8-aligned ring buffer record as the BPF program writes it.
+    fn record(pid: u32, tid: u32, kstack: &[u64], ustack: &[u64]) -> Vec<u64> {
+        let mut words = vec![0u64; SAMPLE_HEADER_SIZE / 8];
+        words.extend_from_slice(kstack);
+        words.extend_from_slice(ustack);
+        // SAFETY: the buffer holds the header; SampleHeader is plain old data.
+        let h = unsafe { &mut *(words.as_mut_ptr() as *mut SampleHeader) };
+        h.kind = RECORD_SAMPLE;
+        h.pid = pid;
+        h.tid = tid;
+        h.kstack_len = kstack.len() as i32;
+        h.ustack_len = ustack.len() as i32;
+        h.comm[..4].copy_from_slice(b"test");
+        words
+    }
+
+    fn sample(words: &[u64]) -> SampleRecord<'_> {
+        // SAFETY: u64s viewed as bytes.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 8) };
+        SampleRecord::from_bytes(bytes).unwrap()
     }
 
     #[test]
     fn counts_per_thread_and_stack_and_queues_new_addresses_once() {
         let mut agg = Aggregator::new(true);
         let r1 = record(10, 11, &[0xffff_0010], &[0x1000, 0x2000]);
-        agg.record(&r1);
-        agg.record(&r1);
-        agg.record(&record(10, 12, &[], &[0x1000, 0x2000]));
+        agg.record(&sample(&r1));
+        agg.record(&sample(&r1));
+        agg.record(&sample(&record(10, 12, &[], &[0x1000, 0x2000])));
         assert_eq!(agg.samples(), 3);
         assert_eq!(agg.counts.len(), 2, "two threads");
         // In the kernel, the user leaf is the return address of the system call.
@@ -333,8 +338,8 @@ mod tests {
     #[test]
     fn a_reused_tid_under_another_pid_is_another_thread() {
         let mut agg = Aggregator::new(true);
-        agg.record(&record(10, 11, &[], &[0x1000]));
-        agg.record(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000]));
+        agg.record(&sample(&record(10, 11, &[], &[0x1000])));
+        agg.record(&sample(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000])));
         assert_eq!(agg.threads.len(), 2);
         assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
         assert_eq!(agg.counts[&(20, 11, EMPTY, 1)], 1);
@@ -343,7 +348,7 @@ mod tests {
     #[test]
     fn no_kernel_drops_kernel_stacks() {
         let mut agg = Aggregator::new(false);
-        agg.record(&record(10, 11, &[0xffff_0010], &[0x1000]));
+        agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])));
         assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
     }

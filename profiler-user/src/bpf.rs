@@ -78,7 +78,7 @@ pub struct LoadOptions {
 pub struct Programs {
     // Dropping `Ebpf` detaches every program; it must outlive the maps taken from it.
     _ebpf: Ebpf,
-    /// Ring buffer of [`profiler_common::SampleRecord`]s.
+    /// Ring buffer of sample records ([`profiler_common::Sample`]).
     pub samples: RingBuf<MapData>,
     targets: HashMap<MapData, u32, Target>,
     errors: PerCpuArray<MapData, u64>,

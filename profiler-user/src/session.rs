@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use profiler_common::{ErrorCode, SampleRecord, ERROR_COUNT};
+use profiler_common::{ErrorCode, Sample, ERROR_COUNT};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::Aggregator;
@@ -488,8 +488,8 @@ pub fn run(opts: &Options) -> Result<Outcome> {
 
 fn drain(programs: &mut Programs, agg: &mut Aggregator) {
     while let Some(item) = programs.samples.next() {
-        if let Some(rec) = SampleRecord::from_bytes(&item) {
-            agg.record(rec);
+        if let Some(sample) = Sample::from_bytes(&item) {
+            agg.record(&sample);
         }
     }
 }

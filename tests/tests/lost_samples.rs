@@ -36,7 +36,8 @@ fn ring_buffer_overflow_is_counted_and_reported() {
     .spawn()
     .expect("spanprof starts");
     std::thread::sleep(Duration::from_millis(800));
-    // An 8 KiB ring holds 3 records; at 1000 Hz a one-second stop overflows it ~300 times over.
+    // An 8 KiB ring holds ~90 records of cpu_split's 5-frame stacks; at 1000 Hz a one-second
+    // stop overflows it ~10 times over.
     signal(child.id(), libc::SIGSTOP);
     std::thread::sleep(Duration::from_secs(1));
     signal(child.id(), libc::SIGCONT);
