@@ -19,6 +19,8 @@
 //! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
 //! the next one.
 
+pub mod python;
+
 use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 

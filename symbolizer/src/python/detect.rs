@@ -1,0 +1,462 @@
+//! Finding a process's CPython: the module that holds the interpreter, its exact version, and
+//! the run-time address of `_PyRuntime`.
+//!
+//! The interpreter lives either in `libpython3.X.so` (pyenv's `--enable-shared` builds) or in
+//! the executable itself (Debian's `/usr/bin/python3.11`, static builds). Either way
+//! `_PyRuntime` is a dynamic symbol (it is part of the C API's data), so stripped binaries work.
+//! The version comes from the `Py_Version` symbol (= `PY_VERSION_HEX`, 3.11+), else from the
+//! `PY_VERSION` string (`"3.9.18"`) in `.rodata`, else from the file name (minor only).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use blazesym::inspect::source::{Elf, Source};
+use blazesym::inspect::Inspector;
+
+use super::offsets::{self, PyOffsets};
+
+/// A CPython version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PyVersion {
+    /// 3.
+    pub major: u8,
+    /// 8 for 3.8.x.
+    pub minor: u8,
+    /// The micro version, when it could be found (not from a file name).
+    pub patch: Option<u8>,
+}
+
+impl std::fmt::Display for PyVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.patch {
+            Some(p) => write!(f, "{}.{}.{}", self.major, self.minor, p),
+            None => write!(f, "{}.{}", self.major, self.minor),
+        }
+    }
+}
+
+/// Where [`PyVersion`] was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VersionSource {
+    /// The `Py_Version` symbol (3.11+).
+    PyVersionSymbol,
+    /// A `"3.X.Y"` string in `.rodata`, agreeing with the file name when it names a version.
+    RodataString,
+    /// The module's file name, e.g. `libpython3.9.so.1.0`: no patch level.
+    FileName,
+}
+
+/// A CPython process, as found by [`detect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonProcess {
+    /// The process.
+    pub pid: u32,
+    /// Interpreter version.
+    pub version: PyVersion,
+    /// How the version was found.
+    pub version_source: VersionSource,
+    /// The module holding the interpreter, as named in `/proc/PID/maps`.
+    pub module: PathBuf,
+    /// Run-time address minus link-time address for `module`.
+    pub load_bias: u64,
+    /// Run-time address of `_PyRuntime`.
+    pub runtime_addr: u64,
+    /// Run-time address of `PyCode_Type`, to validate code objects, when exported.
+    pub code_type_addr: Option<u64>,
+    /// Run-time address of `PyUnicode_Type`, to validate strings, when exported.
+    pub unicode_type_addr: Option<u64>,
+}
+
+impl PythonProcess {
+    /// The offsets table for this version, if it is supported.
+    pub fn offsets(&self) -> Option<&'static PyOffsets> {
+        offsets::for_version(self.version.major, self.version.minor)
+    }
+}
+
+/// Why a process's CPython could not be found.
+#[derive(Debug, thiserror::Error)]
+pub enum DetectError {
+    /// `/proc/PID/maps` could not be read: the process is gone or not ours to read.
+    #[error("cannot read memory map of process {pid}")]
+    Maps {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    /// No mapped module exports `_PyRuntime`.
+    #[error("process {0} has no module exporting _PyRuntime")]
+    NotPython(u32),
+    /// The interpreter module is not a readable 64-bit little-endian ELF file.
+    #[error("cannot parse {path}: {reason}")]
+    Elf { path: PathBuf, reason: &'static str },
+    /// Reading the interpreter module failed.
+    #[error("cannot read {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The version could be found neither in symbols, strings nor the file name.
+    #[error("cannot tell the python version of {0}")]
+    UnknownVersion(PathBuf),
+}
+
+/// One file-backed line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mapping {
+    start: u64,
+    offset: u64,
+    path: PathBuf,
+}
+
+fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.splitn(6, ' ');
+            let range = it.next()?;
+            let _perms = it.next()?;
+            let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+            let _dev = it.next()?;
+            let _inode = it.next()?;
+            let path = it.next()?.trim_start();
+            if !path.starts_with('/') {
+                return None;
+            }
+            let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+            Some(Mapping {
+                start,
+                offset,
+                path: PathBuf::from(path),
+            })
+        })
+        .collect()
+}
+
+/// `(major, minor)` from a file name like `libpython3.11.so.1.0`, `python3.9` or
+/// `libpython3.13t.so`.
+fn version_from_file_name(path: &Path) -> Option<(u8, u8)> {
+    let name = path.file_name()?.to_str()?;
+    let rest = name
+        .strip_prefix("lib")
+        .unwrap_or(name)
+        .strip_prefix("python")?;
+    let (major, rest) = rest.split_once('.')?;
+    let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The few ELF facts needed: PT_LOAD segments and where `.rodata` is.
+struct ElfInfo {
+    /// (p_offset, p_vaddr, p_filesz) of each PT_LOAD.
+    loads: Vec<(u64, u64, u64)>,
+    /// (file offset, size) of `.rodata`.
+    rodata: Option<(u64, u64)>,
+}
+
+fn read_at(file: &File, path: &Path, off: u64, len: usize) -> Result<Vec<u8>, DetectError> {
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, off)
+        .map_err(|source| DetectError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+    Ok(buf)
+}
+
+fn le_u16(b: &[u8], at: usize) -> u64 {
+    u16::from_le_bytes([b[at], b[at + 1]]) as u64
+}
+fn le_u32(b: &[u8], at: usize) -> u64 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default()) as u64
+}
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
+}
+
+fn parse_elf(file: &File, path: &Path) -> Result<ElfInfo, DetectError> {
+    let bad = |reason| DetectError::Elf {
+        path: path.to_owned(),
+        reason,
+    };
+    let eh = read_at(file, path, 0, 64)?;
+    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return Err(bad("not a 64-bit little-endian elf file"));
+    }
+    let (phoff, phentsize, phnum) = (le_u64(&eh, 32), le_u16(&eh, 54), le_u16(&eh, 56));
+    let (shoff, shentsize, shnum, shstrndx) = (
+        le_u64(&eh, 40),
+        le_u16(&eh, 58),
+        le_u16(&eh, 60),
+        le_u16(&eh, 62),
+    );
+    if phentsize < 56 || phnum > 256 || (shnum > 0 && shentsize < 64) || shnum > 4096 {
+        return Err(bad("implausible elf header"));
+    }
+    let ph = read_at(file, path, phoff, (phentsize * phnum) as usize)?;
+    let loads = (0..phnum as usize)
+        .map(|i| &ph[i * phentsize as usize..])
+        .filter(|p| le_u32(p, 0) == 1) // PT_LOAD
+        .map(|p| (le_u64(p, 8), le_u64(p, 16), le_u64(p, 32)))
+        .collect();
+    let mut rodata = None;
+    if shnum > 0 && shstrndx < shnum {
+        let sh = read_at(file, path, shoff, (shentsize * shnum) as usize)?;
+        let shdr = |i: usize| &sh[i * shentsize as usize..];
+        let strtab = shdr(shstrndx as usize);
+        let (str_off, str_size) = (le_u64(strtab, 24), le_u64(strtab, 32).min(1 << 20));
+        let names = read_at(file, path, str_off, str_size as usize)?;
+        for i in 0..shnum as usize {
+            let s = shdr(i);
+            let name_at = le_u32(s, 0) as usize;
+            if names.get(name_at..name_at + 8) == Some(b".rodata\0") {
+                rodata = Some((le_u64(s, 24), le_u64(s, 32)));
+            }
+        }
+    }
+    Ok(ElfInfo { loads, rodata })
+}
+
+/// Finds `"M.m.p\0"` strings not preceded by a digit or dot, e.g. `PY_VERSION`, which the linker
+/// may have merged into the tail of a longer string such as an install prefix.
+fn versions_in(bytes: &[u8]) -> Vec<(u8, u8, u8)> {
+    let mut found = Vec::new();
+    for (i, w) in bytes.windows(2).enumerate() {
+        if w[0] != b'3' || w[1] != b'.' {
+            continue;
+        }
+        if i > 0 && (bytes[i - 1].is_ascii_digit() || bytes[i - 1] == b'.') {
+            continue;
+        }
+        let tail = &bytes[i..bytes.len().min(i + 9)];
+        let Some(end) = tail.iter().position(|&b| b == 0) else {
+            continue;
+        };
+        let Ok(s) = std::str::from_utf8(&tail[..end]) else {
+            continue;
+        };
+        let parts: Vec<_> = s.split('.').collect();
+        if let [ma, mi, pa] = parts[..] {
+            if let (Ok(ma), Ok(mi), Ok(pa)) = (ma.parse(), mi.parse(), pa.parse()) {
+                found.push((ma, mi, pa));
+            }
+        }
+    }
+    found
+}
+
+struct Symbols {
+    runtime: u64,
+    py_version: Option<u64>,
+    code_type: Option<u64>,
+    unicode_type: Option<u64>,
+}
+
+fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
+    let mut elf = Elf::new(path);
+    // NB: debug symbols exclude variables in blazesym's inspector; all wanted names are in
+    // `.dynsym` anyway.
+    elf.debug_syms = false;
+    let names = ["_PyRuntime", "Py_Version", "PyCode_Type", "PyUnicode_Type"];
+    let found = inspector.lookup(&Source::Elf(elf), &names).ok()?;
+    let first = |i: usize| found.get(i).and_then(|v| v.first()).map(|s| s.addr);
+    Some(Symbols {
+        runtime: first(0)?,
+        py_version: found
+            .get(1)
+            .and_then(|v| v.first())
+            .and_then(|s| s.file_offset),
+        code_type: first(2),
+        unicode_type: first(3),
+    })
+}
+
+/// Finds the CPython interpreter of process `pid`.
+pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
+    let maps_path = format!("/proc/{pid}/maps");
+    let maps =
+        std::fs::read_to_string(&maps_path).map_err(|source| DetectError::Maps { pid, source })?;
+    let maps = parse_maps(&maps);
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+
+    // Candidates in order: libpython, then the executable, then anything named python*.
+    let mut candidates: Vec<&Path> = Vec::new();
+    let named = |m: &&Mapping, lib: bool| {
+        let name = m.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if lib {
+            name.starts_with("libpython")
+        } else {
+            name.starts_with("python")
+        }
+    };
+    let libs = maps
+        .iter()
+        .filter(|m| named(m, true))
+        .map(|m| m.path.as_path());
+    let exes = maps
+        .iter()
+        .filter(|m| Some(&m.path) == exe.as_ref())
+        .map(|m| m.path.as_path());
+    let others = maps
+        .iter()
+        .filter(|m| named(m, false))
+        .map(|m| m.path.as_path());
+    for p in libs.chain(exes).chain(others) {
+        if !candidates.contains(&p) {
+            candidates.push(p);
+        }
+    }
+
+    let inspector = Inspector::new();
+    for module in candidates {
+        // Read the file through the process's root so a containerized target's paths resolve.
+        let on_disk = PathBuf::from(format!("/proc/{pid}/root"))
+            .join(module.strip_prefix("/").unwrap_or(module));
+        let Some(syms) = lookup_symbols(&inspector, &on_disk) else {
+            continue;
+        };
+        let file = File::open(&on_disk).map_err(|source| DetectError::Io {
+            path: on_disk.clone(),
+            source,
+        })?;
+        let elf = parse_elf(&file, &on_disk)?;
+        let load_bias = load_bias(&maps, module, &elf.loads).ok_or(DetectError::Elf {
+            path: on_disk.clone(),
+            reason: "no mapping matches a load segment",
+        })?;
+        let (version, version_source) = find_version(&file, &on_disk, module, &syms, &elf)?;
+        return Ok(PythonProcess {
+            pid,
+            version,
+            version_source,
+            module: module.to_owned(),
+            load_bias,
+            runtime_addr: syms.runtime.wrapping_add(load_bias),
+            code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
+            unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
+        });
+    }
+    Err(DetectError::NotPython(pid))
+}
+
+/// Run-time minus link-time address, from the module's lowest-offset mapping and the load
+/// segment that maps that file offset.
+fn load_bias(maps: &[Mapping], module: &Path, loads: &[(u64, u64, u64)]) -> Option<u64> {
+    let first = maps
+        .iter()
+        .filter(|m| m.path == module)
+        .min_by_key(|m| m.offset)?;
+    let page = |x: u64| x & !0xfff;
+    let &(p_offset, p_vaddr, _) = loads
+        .iter()
+        .find(|&&(off, _, size)| page(off) <= first.offset && first.offset < off + size.max(1))?;
+    let vaddr = page(p_vaddr) + (first.offset - page(p_offset));
+    Some(first.start.wrapping_sub(vaddr))
+}
+
+fn find_version(
+    file: &File,
+    path: &Path,
+    module: &Path,
+    syms: &Symbols,
+    elf: &ElfInfo,
+) -> Result<(PyVersion, VersionSource), DetectError> {
+    if let Some(off) = syms.py_version {
+        let b = read_at(file, path, off, 4)?;
+        let hex = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let version = PyVersion {
+            major: (hex >> 24) as u8,
+            minor: (hex >> 16) as u8,
+            patch: Some((hex >> 8) as u8),
+        };
+        return Ok((version, VersionSource::PyVersionSymbol));
+    }
+    let from_name = version_from_file_name(module);
+    if let Some((off, size)) = elf.rodata {
+        // `.rodata` of libpython is ~1 MiB; refuse absurd sizes from a corrupted header.
+        if size <= 64 << 20 {
+            let bytes = read_at(file, path, off, size as usize)?;
+            let found = versions_in(&bytes);
+            let pick = found.iter().find(|&&(ma, mi, _)| match from_name {
+                Some(n) => n == (ma, mi),
+                None => ma == 3 && (6..=30).contains(&mi),
+            });
+            if let Some(&(major, minor, patch)) = pick {
+                let version = PyVersion {
+                    major,
+                    minor,
+                    patch: Some(patch),
+                };
+                return Ok((version, VersionSource::RodataString));
+            }
+        }
+    }
+    match from_name {
+        Some((major, minor)) => Ok((
+            PyVersion {
+                major,
+                minor,
+                patch: None,
+            },
+            VersionSource::FileName,
+        )),
+        None => Err(DetectError::UnknownVersion(module.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_parse() {
+        let text = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 123 /usr/bin/python3.11
+7f00-8f00 rw-p 00000000 00:00 0 
+7ffd-7ffe rw-p 00000000 00:00 0                          [stack]
+7f0000001000-7f0000002000 r-xp 00001000 fe:01 456       /opt/my dir/libpython3.9.so.1.0
+";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 2);
+        assert_eq!(maps[1].path, Path::new("/opt/my dir/libpython3.9.so.1.0"));
+        assert_eq!(maps[1].offset, 0x1000);
+    }
+
+    #[test]
+    fn file_names_give_minor_versions() {
+        assert_eq!(
+            version_from_file_name(Path::new("/x/libpython3.10.so.1.0")),
+            Some((3, 10))
+        );
+        assert_eq!(
+            version_from_file_name(Path::new("/usr/bin/python3.11")),
+            Some((3, 11))
+        );
+        assert_eq!(
+            version_from_file_name(Path::new("libpython3.13t.so")),
+            Some((3, 13))
+        );
+        assert_eq!(version_from_file_name(Path::new("/usr/bin/python3")), None);
+    }
+
+    #[test]
+    fn rodata_versions_include_tail_merged_strings() {
+        let data = b"x\0/root/.pyenv/versions/3.8.18\0lib\x003.9.1x\0v13.8.2\0";
+        assert_eq!(versions_in(data), vec![(3, 8, 18)]);
+    }
+
+    #[test]
+    fn bias_of_pie_and_non_pie() {
+        let maps = parse_maps("7f0000000000-7f0000001000 r--p 00000000 fe:01 1 /l.so\n");
+        assert_eq!(
+            load_bias(&maps, Path::new("/l.so"), &[(0, 0, 0x1000)]),
+            Some(0x7f00_0000_0000)
+        );
+        let maps = parse_maps("400000-401000 r--p 00000000 fe:01 1 /exe\n");
+        assert_eq!(
+            load_bias(&maps, Path::new("/exe"), &[(0, 0x400000, 0x1000)]),
+            Some(0)
+        );
+    }
+}

@@ -1,0 +1,485 @@
+//! Per-version CPython struct offsets (x86_64, default non-debug, GIL builds), only those a
+//! frame walk and a code-object reader need.
+//!
+//! The values were taken from each version's installed headers (pyenv builds on the dev
+//! machines, `include/python3.X/{cpython,internal}/*.h`) with `offsetof` under
+//! `Py_BUILD_CORE`; each table names the headers. 3.13+ also publishes them at run time in
+//! `_Py_DebugOffsets` ([`DebugOffsets`]), which a test compares with the 3.13 table.
+
+/// How a thread state points at its innermost frame, and what a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameLayout {
+    /// 3.8–3.10: `PyThreadState.frame` is a `PyFrameObject*`; `f_lasti` is an `int`.
+    FrameObject {
+        /// `f_lasti` counts code units (2 bytes) instead of bytes: 3.10.
+        lasti_in_code_units: bool,
+    },
+    /// 3.11–3.12: `PyThreadState.cframe` → `_PyCFrame.current_frame` → `_PyInterpreterFrame`.
+    CFrame {
+        /// `offsetof(_PyCFrame, current_frame)`.
+        current_frame: u64,
+    },
+    /// 3.13+: `PyThreadState.current_frame` is the `_PyInterpreterFrame*` itself.
+    Direct,
+}
+
+/// How a thread state is matched with a kernel thread id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadIdMatch {
+    /// 3.11+: `PyThreadState.native_thread_id` holds the kernel tid.
+    NativeThreadId(u64),
+    /// 3.8–3.10: only `PyThreadState.thread_id` (`pthread_self()`) exists. With glibc on
+    /// x86_64 that is the address of the thread's `struct pthread`, whose `tid` field sits at
+    /// [`GLIBC_PTHREAD_TID_OFFSET`]. (In BPF, `pthread_self()` equals the task's
+    /// `thread.fsbase`, which needs no libc knowledge.)
+    PthreadId,
+}
+
+/// `offsetof(struct pthread, tid)` in glibc on x86_64 (nptl/descr.h; 720 since glibc 2.x and
+/// measured on Debian 12's glibc 2.36). Not valid for musl.
+pub const GLIBC_PTHREAD_TID_OFFSET: u64 = 720;
+
+/// `FRAME_OWNED_BY_CSTACK` (Include/internal/pycore_frame.h, 3.12 and 3.13): a shim frame pushed
+/// when C code calls into the interpreter; it is not a Python function.
+pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+/// The offsets one CPython minor version needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PyOffsets {
+    /// (major, minor) this table is for.
+    pub version: (u8, u8),
+    /// `offsetof(_PyRuntimeState, interpreters.head)`.
+    pub runtime_interpreters_head: u64,
+    /// `offsetof(PyInterpreterState, tstate_head)` (≤3.10) or `threads.head` (3.11+).
+    pub interp_threads_head: u64,
+    /// `offsetof(PyThreadState, next)`.
+    pub tstate_next: u64,
+    /// `offsetof(PyThreadState, thread_id)` (`pthread_self()` of the thread).
+    pub tstate_thread_id: u64,
+    /// How to match a thread state with a kernel tid.
+    pub thread_match: ThreadIdMatch,
+    /// `offsetof(PyThreadState, frame | cframe | current_frame)`.
+    pub tstate_frame: u64,
+    /// What that field points to.
+    pub frame_layout: FrameLayout,
+    /// `f_back` / `previous`.
+    pub frame_previous: u64,
+    /// `f_code` / `f_executable`.
+    pub frame_code: u64,
+    /// `f_lasti` (`int`) / `prev_instr` / `instr_ptr` (pointers).
+    pub frame_instr: u64,
+    /// `offsetof(_PyInterpreterFrame, owner)` (a `char`), where shim frames exist (3.12+).
+    pub frame_owner: Option<u64>,
+    /// `offsetof(PyCodeObject, co_name)`.
+    pub code_name: u64,
+    /// `offsetof(PyCodeObject, co_qualname)`, 3.11+.
+    pub code_qualname: Option<u64>,
+    /// `offsetof(PyCodeObject, co_filename)`.
+    pub code_filename: u64,
+    /// `offsetof(PyCodeObject, co_firstlineno)` (`int`).
+    pub code_firstlineno: u64,
+    /// `co_lnotab` (3.8–3.9) or `co_linetable` (3.10+), a `bytes` object.
+    pub code_linetable: u64,
+    /// `offsetof(PyCodeObject, co_code_adaptive)`: where the bytecode starts, 3.11+.
+    pub code_adaptive: Option<u64>,
+    /// `offsetof(PyASCIIObject, length)`.
+    pub unicode_length: u64,
+    /// `offsetof(PyASCIIObject, state)` (bit field: kind bits 2–4, compact bit 5, ascii bit 6
+    /// in all of 3.8–3.13).
+    pub unicode_state: u64,
+    /// `sizeof(PyASCIIObject)`: data of a compact ASCII string follows it.
+    pub unicode_ascii_size: u64,
+    /// `sizeof(PyCompactUnicodeObject)`: data of other compact strings follows it.
+    pub unicode_compact_size: u64,
+}
+
+// Include/internal/pycore_pystate.h (_PyRuntimeState, PyInterpreterState),
+// Include/cpython/pystate.h (PyThreadState), Include/frameobject.h, Include/code.h,
+// Include/cpython/unicodeobject.h; v3.8.18.
+const PY38: PyOffsets = PyOffsets {
+    version: (3, 8),
+    runtime_interpreters_head: 32,
+    interp_threads_head: 8,
+    tstate_next: 8,
+    tstate_thread_id: 176,
+    thread_match: ThreadIdMatch::PthreadId,
+    tstate_frame: 24,
+    frame_layout: FrameLayout::FrameObject {
+        lasti_in_code_units: false,
+    },
+    frame_previous: 24,
+    frame_code: 32,
+    frame_instr: 104,
+    frame_owner: None,
+    code_name: 112,
+    code_qualname: None,
+    code_filename: 104,
+    code_firstlineno: 40,
+    code_linetable: 120,
+    code_adaptive: None,
+    unicode_length: 16,
+    unicode_state: 32,
+    unicode_ascii_size: 48,
+    unicode_compact_size: 72,
+};
+
+// Include/internal/pycore_runtime.h (_PyRuntimeState), Include/internal/pycore_interp.h
+// (PyInterpreterState), Include/cpython/pystate.h, Include/cpython/frameobject.h,
+// Include/cpython/code.h, Include/cpython/unicodeobject.h; v3.9.18.
+const PY39: PyOffsets = PyOffsets {
+    version: (3, 9),
+    ..PY38
+};
+
+// Include/internal/pycore_runtime.h, Include/internal/pycore_interp.h,
+// Include/cpython/pystate.h, Include/cpython/frameobject.h (f_lasti now counts code units),
+// Include/cpython/code.h (co_linetable replaces co_lnotab), Include/cpython/unicodeobject.h;
+// v3.10.13.
+const PY310: PyOffsets = PyOffsets {
+    version: (3, 10),
+    frame_layout: FrameLayout::FrameObject {
+        lasti_in_code_units: true,
+    },
+    frame_instr: 96,
+    ..PY38
+};
+
+// Include/internal/pycore_runtime.h, Include/internal/pycore_interp.h (threads.head),
+// Include/cpython/pystate.h (cframe, native_thread_id), Include/internal/pycore_frame.h
+// (_PyInterpreterFrame: f_code, previous, prev_instr), Include/cpython/code.h,
+// Include/cpython/unicodeobject.h; v3.11.7.
+const PY311: PyOffsets = PyOffsets {
+    version: (3, 11),
+    runtime_interpreters_head: 40,
+    interp_threads_head: 16,
+    tstate_next: 8,
+    tstate_thread_id: 152,
+    thread_match: ThreadIdMatch::NativeThreadId(160),
+    tstate_frame: 56,
+    frame_layout: FrameLayout::CFrame { current_frame: 8 },
+    frame_previous: 48,
+    frame_code: 32,
+    frame_instr: 56,
+    // NB: 3.11 has `owner` at 69 but no C-stack shim frames (entry frames are flagged with
+    // `is_entry` and are real Python frames), so nothing is skipped.
+    frame_owner: None,
+    code_name: 120,
+    code_qualname: Some(128),
+    code_filename: 112,
+    code_firstlineno: 72,
+    code_linetable: 136,
+    code_adaptive: Some(184),
+    unicode_length: 16,
+    unicode_state: 32,
+    unicode_ascii_size: 48,
+    unicode_compact_size: 72,
+};
+
+// Include/internal/pycore_runtime.h, Include/internal/pycore_interp.h,
+// Include/cpython/pystate.h (cframe), Include/internal/pycore_frame.h (f_code, previous,
+// prev_instr, owner), Include/cpython/code.h, Include/cpython/unicodeobject.h (wstr gone:
+// smaller string headers); v3.12.1.
+const PY312: PyOffsets = PyOffsets {
+    version: (3, 12),
+    runtime_interpreters_head: 40,
+    interp_threads_head: 72,
+    tstate_next: 8,
+    tstate_thread_id: 136,
+    thread_match: ThreadIdMatch::NativeThreadId(144),
+    tstate_frame: 56,
+    frame_layout: FrameLayout::CFrame { current_frame: 0 },
+    frame_previous: 8,
+    frame_code: 0,
+    frame_instr: 56,
+    frame_owner: Some(70),
+    code_name: 120,
+    code_qualname: Some(128),
+    code_filename: 112,
+    code_firstlineno: 68,
+    code_linetable: 136,
+    code_adaptive: Some(192),
+    unicode_length: 16,
+    unicode_state: 32,
+    unicode_ascii_size: 40,
+    unicode_compact_size: 56,
+};
+
+// Include/internal/pycore_runtime.h (_PyRuntimeState, _Py_DebugOffsets),
+// Include/internal/pycore_interp.h, Include/cpython/pystate.h (current_frame),
+// Include/internal/pycore_frame.h (f_executable, previous, instr_ptr, owner),
+// Include/cpython/code.h, Include/cpython/unicodeobject.h; v3.13.0.
+const PY313: PyOffsets = PyOffsets {
+    version: (3, 13),
+    runtime_interpreters_head: 632,
+    interp_threads_head: 7344,
+    tstate_next: 8,
+    tstate_thread_id: 152,
+    thread_match: ThreadIdMatch::NativeThreadId(160),
+    tstate_frame: 72,
+    frame_layout: FrameLayout::Direct,
+    frame_previous: 8,
+    frame_code: 0,
+    frame_instr: 56,
+    frame_owner: Some(70),
+    code_name: 120,
+    code_qualname: Some(128),
+    code_filename: 112,
+    code_firstlineno: 68,
+    code_linetable: 136,
+    code_adaptive: Some(200),
+    unicode_length: 16,
+    unicode_state: 32,
+    unicode_ascii_size: 40,
+    unicode_compact_size: 56,
+};
+
+/// Every supported table.
+pub const ALL: [&PyOffsets; 6] = [&PY38, &PY39, &PY310, &PY311, &PY312, &PY313];
+
+/// The table for CPython `major.minor`, if supported.
+pub fn for_version(major: u8, minor: u8) -> Option<&'static PyOffsets> {
+    ALL.iter().copied().find(|o| o.version == (major, minor))
+}
+
+/// `_Py_Debug_Cookie` (Include/internal/pycore_runtime.h, 3.13).
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+
+/// Size read from the start of `_PyRuntime` to parse [`DebugOffsets`]: the 3.13.0 struct is
+/// 73 `uint64_t` words after the 8-byte cookie is counted as one.
+pub const DEBUG_OFFSETS_LEN: usize = 73 * 8;
+
+/// The fields of 3.13's `_Py_DebugOffsets` that [`PyOffsets`] also carries.
+///
+/// Layout: Include/internal/pycore_runtime.h, v3.13.0 — `char cookie[8]; uint64_t version;
+/// uint64_t free_threaded;` then nested structs of `uint64_t`, each starting with `size`.
+/// The indices below are word indices into that struct. 3.14 changed the layout, so only
+/// a 3.13 `version` is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebugOffsets {
+    /// `PY_VERSION_HEX` of the runtime.
+    pub version_hex: u64,
+    /// Non-zero on free-threaded builds.
+    pub free_threaded: u64,
+    /// `runtime_state.interpreters_head`.
+    pub runtime_interpreters_head: u64,
+    /// `interpreter_state.threads_head`.
+    pub interp_threads_head: u64,
+    /// `thread_state.next`.
+    pub tstate_next: u64,
+    /// `thread_state.current_frame`.
+    pub tstate_current_frame: u64,
+    /// `thread_state.thread_id`.
+    pub tstate_thread_id: u64,
+    /// `thread_state.native_thread_id`.
+    pub tstate_native_thread_id: u64,
+    /// `interpreter_frame.previous`.
+    pub frame_previous: u64,
+    /// `interpreter_frame.executable`.
+    pub frame_executable: u64,
+    /// `interpreter_frame.instr_ptr`.
+    pub frame_instr_ptr: u64,
+    /// `interpreter_frame.owner`.
+    pub frame_owner: u64,
+    /// `code_object.filename`.
+    pub code_filename: u64,
+    /// `code_object.name`.
+    pub code_name: u64,
+    /// `code_object.qualname`.
+    pub code_qualname: u64,
+    /// `code_object.linetable`.
+    pub code_linetable: u64,
+    /// `code_object.firstlineno`.
+    pub code_firstlineno: u64,
+    /// `code_object.co_code_adaptive`.
+    pub code_adaptive: u64,
+    /// `unicode_object.state`.
+    pub unicode_state: u64,
+    /// `unicode_object.length`.
+    pub unicode_length: u64,
+    /// `unicode_object.asciiobject_size`.
+    pub unicode_ascii_size: u64,
+}
+
+/// Why `_Py_DebugOffsets` could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DebugOffsetsError {
+    /// Fewer bytes than the struct.
+    #[error("debug offsets need {DEBUG_OFFSETS_LEN} bytes, got {0}")]
+    Short(usize),
+    /// No `xdebugpy` cookie: not 3.13+, or not `_PyRuntime`.
+    #[error("no _Py_DebugOffsets cookie")]
+    NoCookie,
+    /// A version whose layout is not known here.
+    #[error("unsupported _Py_DebugOffsets layout for version {0:#x}")]
+    UnsupportedVersion(u64),
+    /// A field disagrees with the compiled-in table.
+    #[error("{field}: runtime says {runtime}, table says {table}")]
+    Mismatch {
+        field: &'static str,
+        runtime: u64,
+        table: u64,
+    },
+}
+
+impl DebugOffsets {
+    /// Parses the start of `_PyRuntime` of a 3.13 process.
+    pub fn parse(bytes: &[u8]) -> Result<Self, DebugOffsetsError> {
+        if bytes.len() < DEBUG_OFFSETS_LEN {
+            return Err(DebugOffsetsError::Short(bytes.len()));
+        }
+        if &bytes[..8] != DEBUG_COOKIE {
+            return Err(DebugOffsetsError::NoCookie);
+        }
+        let w = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        let version_hex = w(1);
+        if version_hex >> 16 != 0x030d {
+            return Err(DebugOffsetsError::UnsupportedVersion(version_hex));
+        }
+        // Word indices: cookie 0, version 1, free_threaded 2, runtime_state 3..=5,
+        // interpreter_state 6..=18, thread_state 19..=27, interpreter_frame 28..=33,
+        // code_object 34..=43, pyobject 44..=45, type_object 46..=49, tuple 50..=52,
+        // list 53..=55, dict 56..=58, float 59..=60, long 61..=63, bytes 64..=66,
+        // unicode 67..=70, gc 71..=72.
+        Ok(Self {
+            version_hex,
+            free_threaded: w(2),
+            runtime_interpreters_head: w(5),
+            interp_threads_head: w(9),
+            tstate_next: w(21),
+            tstate_current_frame: w(23),
+            tstate_thread_id: w(24),
+            tstate_native_thread_id: w(25),
+            frame_previous: w(29),
+            frame_executable: w(30),
+            frame_instr_ptr: w(31),
+            frame_owner: w(33),
+            code_filename: w(35),
+            code_name: w(36),
+            code_qualname: w(37),
+            code_linetable: w(38),
+            code_firstlineno: w(39),
+            code_adaptive: w(43),
+            unicode_state: w(68),
+            unicode_length: w(69),
+            unicode_ascii_size: w(70),
+        })
+    }
+
+    /// Checks every shared field against a compiled-in table.
+    pub fn check(&self, table: &PyOffsets) -> Result<(), DebugOffsetsError> {
+        let native = match table.thread_match {
+            ThreadIdMatch::NativeThreadId(o) => o,
+            ThreadIdMatch::PthreadId => u64::MAX,
+        };
+        let pairs: [(&'static str, u64, u64); 20] = [
+            // Free-threaded builds lay objects out differently; no table covers them yet.
+            ("free_threaded", self.free_threaded, 0),
+            (
+                "runtime.interpreters_head",
+                self.runtime_interpreters_head,
+                table.runtime_interpreters_head,
+            ),
+            (
+                "interp.threads_head",
+                self.interp_threads_head,
+                table.interp_threads_head,
+            ),
+            ("tstate.next", self.tstate_next, table.tstate_next),
+            (
+                "tstate.current_frame",
+                self.tstate_current_frame,
+                table.tstate_frame,
+            ),
+            (
+                "tstate.thread_id",
+                self.tstate_thread_id,
+                table.tstate_thread_id,
+            ),
+            (
+                "tstate.native_thread_id",
+                self.tstate_native_thread_id,
+                native,
+            ),
+            ("frame.previous", self.frame_previous, table.frame_previous),
+            ("frame.executable", self.frame_executable, table.frame_code),
+            ("frame.instr_ptr", self.frame_instr_ptr, table.frame_instr),
+            (
+                "frame.owner",
+                self.frame_owner,
+                table.frame_owner.unwrap_or(u64::MAX),
+            ),
+            ("code.filename", self.code_filename, table.code_filename),
+            ("code.name", self.code_name, table.code_name),
+            (
+                "code.qualname",
+                self.code_qualname,
+                table.code_qualname.unwrap_or(u64::MAX),
+            ),
+            ("code.linetable", self.code_linetable, table.code_linetable),
+            (
+                "code.firstlineno",
+                self.code_firstlineno,
+                table.code_firstlineno,
+            ),
+            (
+                "code.co_code_adaptive",
+                self.code_adaptive,
+                table.code_adaptive.unwrap_or(u64::MAX),
+            ),
+            ("unicode.state", self.unicode_state, table.unicode_state),
+            ("unicode.length", self.unicode_length, table.unicode_length),
+            (
+                "unicode.asciiobject_size",
+                self.unicode_ascii_size,
+                table.unicode_ascii_size,
+            ),
+        ];
+        for (field, runtime, table) in pairs {
+            if runtime != table {
+                return Err(DebugOffsetsError::Mismatch {
+                    field,
+                    runtime,
+                    table,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_version_has_one_table() {
+        for minor in 8..=13 {
+            assert_eq!(for_version(3, minor).map(|o| o.version), Some((3, minor)));
+        }
+        assert!(for_version(3, 7).is_none());
+        assert!(for_version(3, 14).is_none());
+    }
+
+    #[test]
+    fn debug_offsets_reject_garbage() {
+        assert_eq!(
+            DebugOffsets::parse(&[0; 8]),
+            Err(DebugOffsetsError::Short(8))
+        );
+        assert_eq!(
+            DebugOffsets::parse(&[0; DEBUG_OFFSETS_LEN]),
+            Err(DebugOffsetsError::NoCookie)
+        );
+        let mut b = vec![0u8; DEBUG_OFFSETS_LEN];
+        b[..8].copy_from_slice(DEBUG_COOKIE);
+        b[8..16].copy_from_slice(&0x030e_00f0u64.to_le_bytes());
+        assert_eq!(
+            DebugOffsets::parse(&b),
+            Err(DebugOffsetsError::UnsupportedVersion(0x030e_00f0))
+        );
+    }
+}

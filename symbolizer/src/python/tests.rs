@@ -1,0 +1,245 @@
+//! Tests of the whole chain against real interpreters, and of the walker against garbage.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::detect::{detect, PythonProcess};
+use super::memory::{FixtureMemory, LiveMemory, ProcessMemory};
+use super::offsets::{self, DebugOffsets, DEBUG_OFFSETS_LEN};
+use super::walk::{code_info, walk_thread, walk_thread_state, CodeInfo, TypeAddrs, MAX_FRAMES};
+
+fn workload() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_known_stack.py")
+}
+
+/// Kills the child when a test fails halfway.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(python: &Path) -> Guard {
+    let mut child = Command::new(python)
+        .arg(workload())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let guard = Guard(child);
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read workload output");
+    assert_eq!(
+        line.trim(),
+        "ready",
+        "{} did not get ready",
+        python.display()
+    );
+    guard
+}
+
+/// Line of `needle` (1-based) in the workload.
+fn line_of(needle: &str) -> u32 {
+    let text = std::fs::read_to_string(workload()).expect("read workload");
+    let idx = text
+        .lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in workload");
+    idx as u32 + 1
+}
+
+/// Detects, walks the main thread, and checks the known stack.
+fn check_known_stack(python: &Path) -> PythonProcess {
+    let child = start(python);
+    let pid = child.0.id();
+    let proc = detect(pid).unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    let off = proc
+        .offsets()
+        .unwrap_or_else(|| panic!("{}: no offsets for {}", python.display(), proc.version));
+    let mem = LiveMemory::new(pid);
+    if proc.version.minor >= 13 {
+        let mut raw = vec![0u8; DEBUG_OFFSETS_LEN];
+        mem.read(proc.runtime_addr, &mut raw)
+            .expect("read _PyRuntime");
+        let dbg = DebugOffsets::parse(&raw).expect("parse _Py_DebugOffsets");
+        dbg.check(off)
+            .expect("3.13 table agrees with _Py_DebugOffsets");
+    }
+    let stack = walk_thread(&mem, off, proc.runtime_addr, pid)
+        .unwrap_or_else(|e| panic!("{}: walk: {e}", python.display()));
+    let types = TypeAddrs {
+        code: proc.code_type_addr,
+        unicode: proc.unicode_type_addr,
+    };
+    let infos: Vec<CodeInfo> = stack
+        .frames
+        .iter()
+        .map(|f| code_info(&mem, off, types, f.code).expect("code info"))
+        .collect();
+    let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
+    let middle = if proc.version.minor >= 11 {
+        "K.middle_b"
+    } else {
+        "middle_b"
+    };
+    assert_eq!(
+        names,
+        ["inner_c", middle, "outer_a", "<module>"],
+        "{} ({})",
+        python.display(),
+        proc.version
+    );
+    assert!(!stack.truncated);
+    for info in &infos {
+        assert!(info.filename.ends_with("py_known_stack.py"), "{info:?}");
+    }
+    let lines: Vec<u32> = infos.iter().map(|i| i.first_line).collect();
+    assert_eq!(
+        lines[..3],
+        [
+            line_of("def inner_c"),
+            line_of("def middle_b"),
+            line_of("def outer_a"),
+        ]
+    );
+    // A module's first line is 1 from 3.10 on (its first statement's line before that).
+    let module_line = if proc.version.minor >= 10 {
+        1
+    } else {
+        line_of("import time")
+    };
+    assert_eq!(lines[3], module_line, "{}", proc.version);
+    // The innermost frame is inside its function's bytecode, past the print call.
+    assert!(stack.frames[0].instr_offset > 0, "{:?}", stack.frames[0]);
+    proc
+}
+
+/// pyenv's interpreters for 3.8–3.13, `(minor, path)`.
+fn pyenv_pythons() -> Vec<(u8, PathBuf)> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir(root.join("versions")) else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.split('.');
+        let (Some("3"), Some(minor)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(minor) = minor.parse::<u8>() else {
+            continue;
+        };
+        let bin = entry.path().join(format!("bin/python3.{minor}"));
+        if (8..=13).contains(&minor) && bin.exists() && parts.all(|p| p.parse::<u8>().is_ok()) {
+            found.push((minor, bin));
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn known_stack_on_every_pyenv_version() {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let pythons = pyenv_pythons();
+    for minor in 8..=13u8 {
+        let Some((_, bin)) = pythons.iter().find(|(m, _)| *m == minor) else {
+            assert!(!ci, "python 3.{minor} is missing under pyenv");
+            eprintln!("note: python 3.{minor} not found under pyenv, not tested");
+            continue;
+        };
+        let proc = check_known_stack(bin);
+        eprintln!(
+            "3.{minor}: {} from {:?} in {}",
+            proc.version,
+            proc.version_source,
+            proc.module.display()
+        );
+        assert_eq!(proc.version.minor, minor);
+        assert!(proc.version.patch.is_some(), "{proc:?}");
+    }
+}
+
+#[test]
+fn known_stack_on_debian_python() {
+    let bin = Path::new("/usr/bin/python3.11");
+    if !bin.exists() {
+        eprintln!("note: {} not present, not tested", bin.display());
+        return;
+    }
+    let proc = check_known_stack(bin);
+    eprintln!(
+        "debian: {} from {:?}, load bias {:#x}",
+        proc.version, proc.version_source, proc.load_bias
+    );
+    assert_eq!(proc.module, bin);
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so a failure reproduces.
+fn garbage(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn walker_survives_garbage_and_loops() {
+    const BASE: u64 = 0x10_0000;
+    for off in offsets::ALL {
+        // Random bytes, with some words pointing back into the region so walks go somewhere.
+        for seed in 1..50u64 {
+            let mut bytes = garbage(seed, 0x4000);
+            for (i, w) in bytes.chunks_exact_mut(8).enumerate() {
+                if i % 3 == 0 {
+                    let p = BASE + (u64::from_le_bytes(w.try_into().unwrap()) % 0x4000);
+                    w.copy_from_slice(&p.to_le_bytes());
+                }
+            }
+            let mut mem = FixtureMemory::new();
+            mem.insert(BASE, bytes);
+            let _ = walk_thread(&mem, off, BASE + 0x100, 1234);
+            if let Ok(stack) = walk_thread_state(&mem, off, BASE + 0x200) {
+                assert!(stack.frames.len() <= MAX_FRAMES);
+                for f in &stack.frames {
+                    let _ = code_info(&mem, off, TypeAddrs::default(), f.code);
+                }
+            }
+        }
+        // A frame whose `previous` points at itself: one frame, marked truncated.
+        let mut mem = FixtureMemory::new();
+        mem.insert(BASE, vec![0; 0x4000]);
+        let (tstate, frame, code) = (BASE, BASE + 0x1000, BASE + 0x2000);
+        let cframe = BASE + 0x3000;
+        match off.frame_layout {
+            offsets::FrameLayout::CFrame { current_frame } => {
+                mem.write_u64(tstate + off.tstate_frame, cframe);
+                mem.write_u64(cframe + current_frame, frame);
+            }
+            _ => {
+                mem.write_u64(tstate + off.tstate_frame, frame);
+            }
+        }
+        mem.write_u64(frame + off.frame_previous, frame);
+        mem.write_u64(frame + off.frame_code, code);
+        let stack = walk_thread_state(&mem, off, tstate).expect("walk a looping stack");
+        assert_eq!(stack.frames.len(), 1, "{:?}", off.version);
+        assert!(stack.truncated);
+        // The code object's strings are null pointers: an error, not a panic.
+        assert!(code_info(&mem, off, TypeAddrs::default(), code).is_err());
+    }
+}

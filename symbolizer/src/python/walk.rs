@@ -1,0 +1,304 @@
+//! A user-space walk of one thread's Python stack, over any [`ProcessMemory`].
+//!
+//! This is the reference the in-kernel walker is compared with, and what validates the offset
+//! tables against real interpreters. It yields, innermost first, (code object address,
+//! instruction offset) per frame, exactly what the BPF program will record; [`code_info`] then
+//! names a code object.
+//!
+//! Every loop is bounded and every pointer read is checked, so garbage memory ends a walk with
+//! an error or a truncated stack, never a panic or a hang.
+
+use rustc_hash::FxHashSet;
+
+use super::memory::{MemError, ProcessMemory};
+use super::offsets::GLIBC_PTHREAD_TID_OFFSET;
+use super::offsets::{FrameLayout, PyOffsets, ThreadIdMatch, FRAME_OWNED_BY_CSTACK};
+
+/// At most this many frames are walked; a deeper stack is marked truncated.
+pub const MAX_FRAMES: usize = 1024;
+/// At most this many thread states are visited.
+pub const MAX_THREADS: usize = 4096;
+/// Longest string read from a code object (characters).
+pub const MAX_STRING_CHARS: u64 = 4096;
+
+/// Why a walk or a code-object read failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WalkError {
+    /// A read failed.
+    #[error("memory read failed")]
+    Memory(#[source] MemError),
+    /// No thread state of any interpreter has this kernel thread id.
+    #[error("no python thread state for thread {0}")]
+    NoThreadState(u32),
+    /// `_PyRuntime` has no interpreter (not initialized yet, or finalized).
+    #[error("no interpreter in _PyRuntime")]
+    NoInterpreter,
+    /// A value read is not what it should be (wrong type pointer, absurd length, ...).
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+}
+
+impl From<MemError> for WalkError {
+    fn from(e: MemError) -> Self {
+        Self::Memory(e)
+    }
+}
+
+/// One Python frame, as the BPF walker will record it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Address of the `PyCodeObject`.
+    pub code: u64,
+    /// Offset of the current instruction in the bytecode, in bytes (code units × 2). On 3.11+
+    /// a frame that has not run its first instruction yet reads as 0.
+    pub instr_offset: u32,
+}
+
+/// A thread's Python stack, innermost frame first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stack {
+    /// The frames read.
+    pub frames: Vec<Frame>,
+    /// The walk stopped before the outermost frame: [`MAX_FRAMES`] reached, a frame seen twice,
+    /// or a read failed midway.
+    pub truncated: bool,
+}
+
+/// What a code object says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CodeInfo {
+    /// `co_qualname` (3.11+) or `co_name`.
+    pub name: String,
+    /// `co_filename`.
+    pub filename: String,
+    /// `co_firstlineno`.
+    pub first_line: u32,
+}
+
+/// Addresses of type objects used to validate what is read, when known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TypeAddrs {
+    /// `&PyCode_Type`.
+    pub code: Option<u64>,
+    /// `&PyUnicode_Type`.
+    pub unicode: Option<u64>,
+}
+
+/// `offsetof(PyObject, ob_type)`, the same in every supported version (non-debug builds).
+const OB_TYPE: u64 = 8;
+
+/// Finds the thread state of kernel thread `tid` by walking every interpreter's thread list.
+pub fn find_thread_state<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    runtime_addr: u64,
+    tid: u32,
+) -> Result<u64, WalkError> {
+    // NB: only the main interpreter (`interpreters.head`) is walked; sub-interpreters are rare
+    // and their threads would need `PyInterpreterState.next`, which is not in the tables yet.
+    let interp = mem.read_ptr(runtime_addr + off.runtime_interpreters_head)?;
+    if interp == 0 {
+        return Err(WalkError::NoInterpreter);
+    }
+    let mut tstate = mem.read_ptr(interp + off.interp_threads_head)?;
+    let mut visited = 0usize;
+    while tstate != 0 && visited < MAX_THREADS {
+        visited += 1;
+        if thread_matches(mem, off, tstate, tid)? {
+            return Ok(tstate);
+        }
+        tstate = mem.read_ptr(tstate + off.tstate_next)?;
+    }
+    Err(WalkError::NoThreadState(tid))
+}
+
+fn thread_matches<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    tstate: u64,
+    tid: u32,
+) -> Result<bool, WalkError> {
+    match off.thread_match {
+        ThreadIdMatch::NativeThreadId(at) => Ok(mem.read_u64(tstate + at)? == u64::from(tid)),
+        ThreadIdMatch::PthreadId => {
+            let pthread = mem.read_u64(tstate + off.tstate_thread_id)?;
+            // A thread state whose thread exited may point at freed memory: not a match.
+            Ok(mem
+                .read_i32(pthread.wrapping_add(GLIBC_PTHREAD_TID_OFFSET))
+                .is_ok_and(|t| t as u32 == tid))
+        }
+    }
+}
+
+/// The innermost frame pointer of a thread state (0 when the thread runs no Python code).
+pub fn current_frame<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    tstate: u64,
+) -> Result<u64, WalkError> {
+    let ptr = mem.read_ptr(tstate + off.tstate_frame)?;
+    match off.frame_layout {
+        FrameLayout::CFrame { current_frame } if ptr != 0 => Ok(mem.read_ptr(ptr + current_frame)?),
+        _ => Ok(ptr),
+    }
+}
+
+/// Walks the frames of thread state `tstate`, innermost first.
+pub fn walk_thread_state<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    tstate: u64,
+) -> Result<Stack, WalkError> {
+    let mut frame = current_frame(mem, off, tstate)?;
+    let mut stack = Stack::default();
+    let mut seen = FxHashSet::default();
+    let mut steps = 0usize;
+    while frame != 0 {
+        if steps == MAX_FRAMES || !seen.insert(frame) {
+            stack.truncated = true;
+            break;
+        }
+        steps += 1;
+        match read_frame(mem, off, frame) {
+            Ok((Some(f), previous)) => {
+                stack.frames.push(f);
+                frame = previous;
+            }
+            Ok((None, previous)) => frame = previous,
+            Err(e) if stack.frames.is_empty() => return Err(e),
+            Err(_) => {
+                stack.truncated = true;
+                break;
+            }
+        }
+    }
+    Ok(stack)
+}
+
+/// Reads one frame: the [`Frame`] (None for a C-stack shim frame) and the previous frame.
+fn read_frame<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    frame: u64,
+) -> Result<(Option<Frame>, u64), WalkError> {
+    let previous = mem.read_ptr(frame + off.frame_previous)?;
+    if let Some(owner) = off.frame_owner {
+        if mem.read_u8(frame + owner)? == FRAME_OWNED_BY_CSTACK {
+            return Ok((None, previous));
+        }
+    }
+    let code = mem.read_ptr(frame + off.frame_code)?;
+    if code == 0 {
+        return Err(WalkError::Invalid("null code object"));
+    }
+    let instr_offset = match (off.frame_layout, off.code_adaptive) {
+        (
+            FrameLayout::FrameObject {
+                lasti_in_code_units,
+            },
+            _,
+        ) => {
+            let lasti = mem.read_i32(frame + off.frame_instr)?.max(0) as u32;
+            if lasti_in_code_units {
+                lasti.saturating_mul(2)
+            } else {
+                lasti
+            }
+        }
+        (_, Some(adaptive)) => {
+            let ip = mem.read_ptr(frame + off.frame_instr)?;
+            let start = code + adaptive;
+            // Before the first instruction 3.11/3.12 point one code unit before the start.
+            u32::try_from(ip.saturating_sub(start)).unwrap_or(u32::MAX)
+        }
+        (_, None) => return Err(WalkError::Invalid("offset table without co_code_adaptive")),
+    };
+    Ok((Some(Frame { code, instr_offset }), previous))
+}
+
+/// Walks the Python stack of kernel thread `tid`.
+pub fn walk_thread<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    runtime_addr: u64,
+    tid: u32,
+) -> Result<Stack, WalkError> {
+    let tstate = find_thread_state(mem, off, runtime_addr, tid)?;
+    walk_thread_state(mem, off, tstate)
+}
+
+/// Names a code object.
+pub fn code_info<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    types: TypeAddrs,
+    code: u64,
+) -> Result<CodeInfo, WalkError> {
+    if let Some(code_type) = types.code {
+        if mem.read_ptr(code + OB_TYPE)? != code_type {
+            return Err(WalkError::Invalid("code object type"));
+        }
+    }
+    let name_field = off.code_qualname.unwrap_or(off.code_name);
+    let name = read_str(mem, off, types, mem.read_ptr(code + name_field)?)?;
+    let filename = read_str(mem, off, types, mem.read_ptr(code + off.code_filename)?)?;
+    let first_line = mem.read_i32(code + off.code_firstlineno)?;
+    let first_line = u32::try_from(first_line).map_err(|_| WalkError::Invalid("co_firstlineno"))?;
+    Ok(CodeInfo {
+        name,
+        filename,
+        first_line,
+    })
+}
+
+/// Reads a compact `str` object (every `str` in a code object is compact).
+pub fn read_str<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    types: TypeAddrs,
+    obj: u64,
+) -> Result<String, WalkError> {
+    if let Some(unicode_type) = types.unicode {
+        if mem.read_ptr(obj + OB_TYPE)? != unicode_type {
+            return Err(WalkError::Invalid("str type"));
+        }
+    }
+    let len = mem.read_u64(obj + off.unicode_length)?;
+    if len > MAX_STRING_CHARS {
+        return Err(WalkError::Invalid("str length"));
+    }
+    let state = mem.read_u32(obj + off.unicode_state)?;
+    // Include/cpython/unicodeobject.h: interned:2, kind:3, compact:1, ascii:1.
+    let kind = (state >> 2) & 7;
+    let compact = state & (1 << 5) != 0;
+    let ascii = state & (1 << 6) != 0;
+    if !compact || !matches!(kind, 1 | 2 | 4) || (ascii && kind != 1) {
+        return Err(WalkError::Invalid("str state"));
+    }
+    let data = obj
+        + if ascii {
+            off.unicode_ascii_size
+        } else {
+            off.unicode_compact_size
+        };
+    let mut buf = vec![0u8; (len * u64::from(kind)) as usize];
+    mem.read(data, &mut buf)?;
+    let s = match kind {
+        1 if ascii => String::from_utf8(buf).map_err(|_| WalkError::Invalid("ascii str"))?,
+        1 => buf.iter().map(|&b| char::from(b)).collect(),
+        2 => char::decode_utf16(
+            buf.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]])),
+        )
+        .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+        .collect(),
+        _ => buf
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .unwrap_or(char::REPLACEMENT_CHARACTER)
+            })
+            .collect(),
+    };
+    Ok(s)
+}
