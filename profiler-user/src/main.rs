@@ -202,6 +202,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         );
     }
 
+    eprint!("{}", summary::render(profile, &outcome.errors));
     let mut status = 0;
     for (out, format) in pending.into_iter().zip(formats) {
         let dest = out.dest().display().to_string();
@@ -218,7 +219,6 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     }
     let overhead = &outcome.overhead;
     let after = session::process_cpu_time().saturating_sub(overhead.cpu_at_end_of_sampling);
-    eprint!("{}", summary::render(profile, &outcome.errors));
     eprintln!("{}", summary::overhead_line(profile, overhead, after));
     // The outputs are on disk before spanprof waits for a command that outlives the session.
     if let Some(cmd_status) = outcome.wait_command().map_err(fail)? {
