@@ -348,10 +348,10 @@ fn load_bias(maps: &[Mapping], module: &Path, loads: &[(u64, u64, u64)]) -> Opti
         .filter(|m| m.path == module)
         .min_by_key(|m| m.offset)?;
     let page = |x: u64| x & !0xfff;
-    let &(p_offset, p_vaddr, _) = loads
-        .iter()
-        .find(|&&(off, _, size)| page(off) <= first.offset && first.offset < off + size.max(1))?;
-    let vaddr = page(p_vaddr) + (first.offset - page(p_offset));
+    let &(p_offset, p_vaddr, _) = loads.iter().find(|&&(off, _, size)| {
+        page(off) <= first.offset && first.offset < off.saturating_add(size.max(1))
+    })?;
+    let vaddr = page(p_vaddr).wrapping_add(first.offset - page(p_offset));
     Some(first.start.wrapping_sub(vaddr))
 }
 

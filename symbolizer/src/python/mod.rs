@@ -8,7 +8,10 @@
 //!   on 3.13 they are cross-checked with the runtime's own `_Py_DebugOffsets`.
 //! - [`walk::walk_thread`] walks the Python frames of one kernel thread through any
 //!   [`memory::ProcessMemory`] and yields (code object, instruction offset) pairs, the
-//!   record the BPF walker will produce; [`walk::code_info`] names a code object.
+//!   record the BPF walker will produce; [`walk::code_info`] names a code object and reads
+//!   its line table.
+//! - [`lines`] turns an instruction offset into a line number for each version's line table
+//!   format ([`walk::CodeInfo::line`]).
 //!
 //! # Design constraints
 //! Reading a running process from user space races with it: objects may be freed while read.
@@ -16,6 +19,7 @@
 //! stopped. x86_64 only; default (non-debug, GIL) builds only.
 
 pub mod detect;
+pub mod lines;
 pub mod memory;
 pub mod offsets;
 pub mod walk;

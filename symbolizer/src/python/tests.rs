@@ -54,6 +54,16 @@ fn line_of(needle: &str) -> u32 {
     idx as u32 + 1
 }
 
+/// Line (1-based) of the workload line that is exactly `stmt` once indented away.
+fn line_of_stmt(stmt: &str) -> u32 {
+    let text = std::fs::read_to_string(workload()).expect("read workload");
+    let idx = text
+        .lines()
+        .position(|l| l.trim() == stmt)
+        .expect("statement in workload");
+    idx as u32 + 1
+}
+
 /// Detects, walks the main thread, and checks the known stack.
 fn check_known_stack(python: &Path) -> PythonProcess {
     let child = start(python);
@@ -71,17 +81,31 @@ fn check_known_stack(python: &Path) -> PythonProcess {
         dbg.check(off)
             .expect("3.13 table agrees with _Py_DebugOffsets");
     }
-    let stack = walk_thread(&mem, off, proc.runtime_addr, pid)
-        .unwrap_or_else(|e| panic!("{}: walk: {e}", python.display()));
     let types = TypeAddrs {
         code: proc.code_type_addr,
         unicode: proc.unicode_type_addr,
     };
-    let infos: Vec<CodeInfo> = stack
-        .frames
-        .iter()
-        .map(|f| code_info(&mem, off, types, f.code).expect("code info"))
-        .collect();
+    let sleep_line = line_of_stmt("time.sleep(30)");
+    // "ready" is printed just before the sleep: until `print` has returned, the innermost
+    // frame is still on the line above. Walk again until it is in the sleep.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (stack, infos) = loop {
+        let stack = walk_thread(&mem, off, proc.runtime_addr, pid)
+            .unwrap_or_else(|e| panic!("{}: walk: {e}", python.display()));
+        let infos: Vec<CodeInfo> = stack
+            .frames
+            .iter()
+            .map(|f| code_info(&mem, off, types, f.code).expect("code info"))
+            .collect();
+        let in_sleep = match (stack.frames.first(), infos.first()) {
+            (Some(f), Some(i)) => i.line(f.instr_offset) == Some(sleep_line),
+            _ => false,
+        };
+        if in_sleep || std::time::Instant::now() > deadline {
+            break (stack, infos);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let names: Vec<&str> = infos.iter().map(|i| i.name.as_str()).collect();
     let middle = if proc.version.minor >= 11 {
         "K.middle_b"
@@ -117,6 +141,33 @@ fn check_known_stack(python: &Path) -> PythonProcess {
     assert_eq!(lines[3], module_line, "{}", proc.version);
     // The innermost frame is inside its function's bytecode, past the print call.
     assert!(stack.frames[0].instr_offset > 0, "{:?}", stack.frames[0]);
+    // Each frame is on the line of the call it is suspended in.
+    let call_lines: Vec<Option<u32>> = stack
+        .frames
+        .iter()
+        .zip(&infos)
+        .map(|(f, i)| i.line(f.instr_offset))
+        .collect();
+    let expected = [
+        sleep_line,
+        line_of_stmt("inner_c()"),
+        line_of_stmt("K().middle_b()"),
+        line_of_stmt("outer_a()"),
+    ];
+    assert_eq!(
+        call_lines,
+        expected.map(Some),
+        "{} ({}): frames {:?}",
+        python.display(),
+        proc.version,
+        stack.frames
+    );
+    for info in &infos {
+        assert!(
+            !info.line_table.is_empty() && !info.line_table_truncated,
+            "{info:?}"
+        );
+    }
     proc
 }
 
@@ -241,5 +292,39 @@ fn walker_survives_garbage_and_loops() {
         assert!(stack.truncated);
         // The code object's strings are null pointers: an error, not a panic.
         assert!(code_info(&mem, off, TypeAddrs::default(), code).is_err());
+    }
+}
+
+#[test]
+fn line_table_reads_are_bounded() {
+    use super::lines::MAX_LINE_TABLE;
+    use super::walk::read_bytes;
+    const BASE: u64 = 0x10_0000;
+    let mut mem = FixtureMemory::new();
+    mem.insert(BASE, vec![0xab; 0x2_0000]);
+    let obj = BASE;
+    // A small table is read whole.
+    mem.write_u64(obj + 16, 6);
+    assert_eq!(
+        read_bytes(&mem, obj, MAX_LINE_TABLE),
+        Ok((vec![0xab; 6], false))
+    );
+    // An empty one needs no data read.
+    mem.write_u64(obj + 16, 0);
+    assert_eq!(
+        read_bytes(&mem, obj, MAX_LINE_TABLE),
+        Ok((Vec::new(), false))
+    );
+    // A huge one is cut at the cap and marked.
+    mem.write_u64(obj + 16, 1 << 40);
+    let (bytes, truncated) = read_bytes(&mem, obj, MAX_LINE_TABLE).expect("capped read");
+    assert_eq!((bytes.len(), truncated), (MAX_LINE_TABLE, true));
+    // A negative size, a size past the mapping, and wild pointers are errors.
+    mem.write_u64(obj + 16, u64::MAX);
+    assert!(read_bytes(&mem, obj, MAX_LINE_TABLE).is_err());
+    mem.write_u64(obj + 16, 0x2_0000);
+    assert!(read_bytes(&mem, obj, 0x2_0000).is_err());
+    for wild in [0, 8, u64::MAX, u64::MAX - 15] {
+        assert!(read_bytes(&mem, wild, MAX_LINE_TABLE).is_err());
     }
 }

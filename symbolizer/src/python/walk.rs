@@ -10,6 +10,7 @@
 
 use rustc_hash::FxHashSet;
 
+use super::lines::{line_for_prefix, LineTableFormat, MAX_LINE_TABLE};
 use super::memory::{MemError, ProcessMemory};
 use super::offsets::GLIBC_PTHREAD_TID_OFFSET;
 use super::offsets::{FrameLayout, PyOffsets, ThreadIdMatch, FRAME_OWNED_BY_CSTACK};
@@ -73,6 +74,27 @@ pub struct CodeInfo {
     pub filename: String,
     /// `co_firstlineno`.
     pub first_line: u32,
+    /// Format of [`Self::line_table`], from the interpreter's version.
+    pub line_format: LineTableFormat,
+    /// The bytes of `co_lnotab` (3.8–3.9) or `co_linetable` (3.10+), at most
+    /// [`MAX_LINE_TABLE`] of them.
+    pub line_table: Vec<u8>,
+    /// The table was longer than [`MAX_LINE_TABLE`] and only its start was read.
+    pub line_table_truncated: bool,
+}
+
+impl CodeInfo {
+    /// The line of the instruction at `instr_offset` (bytes, as in [`Frame::instr_offset`]),
+    /// when the table gives one.
+    pub fn line(&self, instr_offset: u32) -> Option<u32> {
+        line_for_prefix(
+            self.line_format,
+            self.first_line,
+            &self.line_table,
+            !self.line_table_truncated,
+            instr_offset,
+        )
+    }
 }
 
 /// Addresses of type objects used to validate what is read, when known.
@@ -86,6 +108,11 @@ pub struct TypeAddrs {
 
 /// `offsetof(PyObject, ob_type)`, the same in every supported version (non-debug builds).
 const OB_TYPE: u64 = 8;
+/// `offsetof(PyVarObject, ob_size)` (non-debug builds, 3.8–3.13).
+const OB_SIZE: u64 = 16;
+/// `offsetof(PyBytesObject, ob_sval)`: `PyObject_VAR_HEAD` then `Py_hash_t ob_shash`
+/// (Include/bytesobject.h 3.8, Include/cpython/bytesobject.h 3.9–3.13).
+const BYTES_SVAL: u64 = 32;
 
 /// Finds the thread state of kernel thread `tid` by walking every interpreter's thread list.
 pub fn find_thread_state<M: ProcessMemory>(
@@ -96,18 +123,18 @@ pub fn find_thread_state<M: ProcessMemory>(
 ) -> Result<u64, WalkError> {
     // NB: only the main interpreter (`interpreters.head`) is walked; sub-interpreters are rare
     // and their threads would need `PyInterpreterState.next`, which is not in the tables yet.
-    let interp = mem.read_ptr(runtime_addr + off.runtime_interpreters_head)?;
+    let interp = mem.read_ptr(runtime_addr.wrapping_add(off.runtime_interpreters_head))?;
     if interp == 0 {
         return Err(WalkError::NoInterpreter);
     }
-    let mut tstate = mem.read_ptr(interp + off.interp_threads_head)?;
+    let mut tstate = mem.read_ptr(interp.wrapping_add(off.interp_threads_head))?;
     let mut visited = 0usize;
     while tstate != 0 && visited < MAX_THREADS {
         visited += 1;
         if thread_matches(mem, off, tstate, tid)? {
             return Ok(tstate);
         }
-        tstate = mem.read_ptr(tstate + off.tstate_next)?;
+        tstate = mem.read_ptr(tstate.wrapping_add(off.tstate_next))?;
     }
     Err(WalkError::NoThreadState(tid))
 }
@@ -121,7 +148,7 @@ fn thread_matches<M: ProcessMemory>(
     match off.thread_match {
         ThreadIdMatch::NativeThreadId(at) => Ok(mem.read_u64(tstate + at)? == u64::from(tid)),
         ThreadIdMatch::PthreadId => {
-            let pthread = mem.read_u64(tstate + off.tstate_thread_id)?;
+            let pthread = mem.read_u64(tstate.wrapping_add(off.tstate_thread_id))?;
             // A thread state whose thread exited may point at freed memory: not a match.
             Ok(mem
                 .read_i32(pthread.wrapping_add(GLIBC_PTHREAD_TID_OFFSET))
@@ -136,7 +163,7 @@ pub fn current_frame<M: ProcessMemory>(
     off: &PyOffsets,
     tstate: u64,
 ) -> Result<u64, WalkError> {
-    let ptr = mem.read_ptr(tstate + off.tstate_frame)?;
+    let ptr = mem.read_ptr(tstate.wrapping_add(off.tstate_frame))?;
     match off.frame_layout {
         FrameLayout::CFrame { current_frame } if ptr != 0 => Ok(mem.read_ptr(ptr + current_frame)?),
         _ => Ok(ptr),
@@ -181,13 +208,13 @@ fn read_frame<M: ProcessMemory>(
     off: &PyOffsets,
     frame: u64,
 ) -> Result<(Option<Frame>, u64), WalkError> {
-    let previous = mem.read_ptr(frame + off.frame_previous)?;
+    let previous = mem.read_ptr(frame.wrapping_add(off.frame_previous))?;
     if let Some(owner) = off.frame_owner {
         if mem.read_u8(frame + owner)? == FRAME_OWNED_BY_CSTACK {
             return Ok((None, previous));
         }
     }
-    let code = mem.read_ptr(frame + off.frame_code)?;
+    let code = mem.read_ptr(frame.wrapping_add(off.frame_code))?;
     if code == 0 {
         return Err(WalkError::Invalid("null code object"));
     }
@@ -198,7 +225,7 @@ fn read_frame<M: ProcessMemory>(
             },
             _,
         ) => {
-            let lasti = mem.read_i32(frame + off.frame_instr)?.max(0) as u32;
+            let lasti = mem.read_i32(frame.wrapping_add(off.frame_instr))?.max(0) as u32;
             if lasti_in_code_units {
                 lasti.saturating_mul(2)
             } else {
@@ -206,9 +233,14 @@ fn read_frame<M: ProcessMemory>(
             }
         }
         (_, Some(adaptive)) => {
-            let ip = mem.read_ptr(frame + off.frame_instr)?;
+            let ip = mem.read_ptr(frame.wrapping_add(off.frame_instr))?;
             let start = code + adaptive;
             // Before the first instruction 3.11/3.12 point one code unit before the start.
+            // A frame suspended in a call points into its CALL instruction: 3.11/3.12
+            // `prev_instr` at the CALL itself (C callee) or at its last inline cache entry
+            // (Python callee), 3.13 `instr_ptr` at the CALL opcode ("currently executing").
+            // Either way the offset is used as is for the line, as CPython's own
+            // `_PyInterpreterFrame_LASTI` does; caches share their instruction's location.
             u32::try_from(ip.saturating_sub(start)).unwrap_or(u32::MAX)
         }
         (_, None) => return Err(WalkError::Invalid("offset table without co_code_adaptive")),
@@ -235,20 +267,56 @@ pub fn code_info<M: ProcessMemory>(
     code: u64,
 ) -> Result<CodeInfo, WalkError> {
     if let Some(code_type) = types.code {
-        if mem.read_ptr(code + OB_TYPE)? != code_type {
+        if mem.read_ptr(code.wrapping_add(OB_TYPE))? != code_type {
             return Err(WalkError::Invalid("code object type"));
         }
     }
     let name_field = off.code_qualname.unwrap_or(off.code_name);
     let name = read_str(mem, off, types, mem.read_ptr(code + name_field)?)?;
-    let filename = read_str(mem, off, types, mem.read_ptr(code + off.code_filename)?)?;
-    let first_line = mem.read_i32(code + off.code_firstlineno)?;
+    let filename = read_str(
+        mem,
+        off,
+        types,
+        mem.read_ptr(code.wrapping_add(off.code_filename))?,
+    )?;
+    let first_line = mem.read_i32(code.wrapping_add(off.code_firstlineno))?;
     let first_line = u32::try_from(first_line).map_err(|_| WalkError::Invalid("co_firstlineno"))?;
+    let line_format = LineTableFormat::for_minor(off.version.1).ok_or(WalkError::Invalid(
+        "python version without a line table format",
+    ))?;
+    let (line_table, line_table_truncated) = read_bytes(
+        mem,
+        mem.read_ptr(code.wrapping_add(off.code_linetable))?,
+        MAX_LINE_TABLE,
+    )?;
     Ok(CodeInfo {
         name,
         filename,
         first_line,
+        line_format,
+        line_table,
+        line_table_truncated,
     })
+}
+
+/// Reads at most `cap` bytes of a `bytes` object; the flag tells whether it was longer.
+/// (Its type is not checked: `PyBytes_Type`'s address is not known here.)
+pub fn read_bytes<M: ProcessMemory>(
+    mem: &M,
+    obj: u64,
+    cap: usize,
+) -> Result<(Vec<u8>, bool), WalkError> {
+    let size = mem.read_u64(obj.wrapping_add(OB_SIZE))?;
+    // `ob_size` is a `Py_ssize_t`: a negative one is garbage.
+    if size > i64::MAX as u64 {
+        return Err(WalkError::Invalid("bytes size"));
+    }
+    let len = usize::try_from(size).unwrap_or(usize::MAX).min(cap);
+    let mut buf = vec![0u8; len];
+    if len > 0 {
+        mem.read(obj.wrapping_add(BYTES_SVAL), &mut buf)?;
+    }
+    Ok((buf, size > len as u64))
 }
 
 /// Reads a compact `str` object (every `str` in a code object is compact).
@@ -259,15 +327,15 @@ pub fn read_str<M: ProcessMemory>(
     obj: u64,
 ) -> Result<String, WalkError> {
     if let Some(unicode_type) = types.unicode {
-        if mem.read_ptr(obj + OB_TYPE)? != unicode_type {
+        if mem.read_ptr(obj.wrapping_add(OB_TYPE))? != unicode_type {
             return Err(WalkError::Invalid("str type"));
         }
     }
-    let len = mem.read_u64(obj + off.unicode_length)?;
+    let len = mem.read_u64(obj.wrapping_add(off.unicode_length))?;
     if len > MAX_STRING_CHARS {
         return Err(WalkError::Invalid("str length"));
     }
-    let state = mem.read_u32(obj + off.unicode_state)?;
+    let state = mem.read_u32(obj.wrapping_add(off.unicode_state))?;
     // Include/cpython/unicodeobject.h: interned:2, kind:3, compact:1, ascii:1.
     let kind = (state >> 2) & 7;
     let compact = state & (1 << 5) != 0;
