@@ -119,12 +119,20 @@ pub fn process_cpu_time() -> Duration {
 static STOP: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    STOP.store(sig, Ordering::Relaxed);
+    if STOP.swap(sig, Ordering::Relaxed) != 0 {
+        // The second one: leave now, without the outputs and without their temporary files.
+        crate::write::remove_temp_files();
+        // SAFETY: signal and raise are async-signal-safe; the default action ends the process.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
 }
 
 /// Makes SIGINT and SIGTERM end the session (the outputs are still written). Installed once,
-/// before anything is created that must be cleaned up; a second Ctrl-C gets the default action,
-/// so a user can always get out.
+/// before anything is created that must be cleaned up; a second Ctrl-C ends spanprof at once
+/// (removing its temporary files), so a user can always get out.
 ///
 /// A signal spanprof was started with ignored (`nohup`, `&` in a script) stays ignored, for
 /// spanprof and, through `exec`, for the command; caught ones are reset to the default by `exec`.
@@ -135,7 +143,6 @@ pub fn install_signal_handlers() {
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = on_signal as *const () as usize;
-            act.sa_flags = libc::SA_RESETHAND;
             libc::sigemptyset(&mut act.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             libc::sigaction(sig, &act, &mut old);

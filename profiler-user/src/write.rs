@@ -6,10 +6,14 @@
 //! garbage output is ever left at the destination, and a symlink at the destination is
 //! replaced rather than followed.
 
+use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use anyhow::{Context, Result};
 
@@ -19,6 +23,39 @@ pub struct PendingOutput {
     dest: PathBuf,
     tmp: PathBuf,
     file: Option<File>,
+    /// Slot of `tmp` in [`TEMP_PATHS`], if it got one.
+    slot: Option<usize>,
+}
+
+/// Temporary files that exist now, for [`remove_temp_files`] in a signal handler: fixed slots of
+/// leaked C strings, so the handler never reads freed memory and never allocates.
+static TEMP_PATHS: [AtomicPtr<libc::c_char>; 32] = [const { AtomicPtr::new(ptr::null_mut()) }; 32];
+
+fn register_temp(path: &Path) -> Option<usize> {
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // NB: leaked on purpose (a few bytes per output): a handler may read it at any time.
+    let raw = c.into_raw();
+    let slot = TEMP_PATHS.iter().position(|s| {
+        s.compare_exchange(ptr::null_mut(), raw, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    });
+    if slot.is_none() {
+        // SAFETY: `raw` came from CString::into_raw just above and was not shared.
+        drop(unsafe { CString::from_raw(raw) });
+    }
+    slot
+}
+
+/// Removes every temporary output file. Async-signal-safe (atomic loads and `unlink`), for the
+/// handler of a second Ctrl-C, which ends spanprof without writing the outputs.
+pub fn remove_temp_files() {
+    for slot in &TEMP_PATHS {
+        let p = slot.load(Ordering::SeqCst);
+        if !p.is_null() {
+            // SAFETY: a NUL-terminated string that is never freed.
+            unsafe { libc::unlink(p) };
+        }
+    }
 }
 
 impl PendingOutput {
@@ -48,10 +85,12 @@ impl PendingOutput {
         if let Some((uid, gid)) = sudo_user() {
             chown(&file, uid, gid);
         }
+        let slot = register_temp(&tmp);
         Ok(PendingOutput {
             dest: dest.to_path_buf(),
             tmp,
             file: Some(file),
+            slot,
         })
     }
 
@@ -63,6 +102,7 @@ impl PendingOutput {
     /// Writes `bytes` and moves the file into place. The error does not repeat the path.
     pub fn commit(mut self, bytes: &[u8]) -> Result<()> {
         let mut file = self.file.take().expect("not committed twice");
+        self.unregister();
         let res = file
             .write_all(bytes)
             .and_then(|()| file.sync_all())
@@ -90,8 +130,18 @@ fn chown(file: &File, uid: u32, gid: u32) {
     unsafe { libc::fchown(file.as_raw_fd(), uid, gid) };
 }
 
+impl PendingOutput {
+    fn unregister(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            // NB: the string stays allocated (see TEMP_PATHS); only the slot is freed.
+            TEMP_PATHS[slot].store(ptr::null_mut(), Ordering::SeqCst);
+        }
+    }
+}
+
 impl Drop for PendingOutput {
     fn drop(&mut self) {
+        self.unregister();
         // Committed files were renamed away; anything else is a leftover to remove.
         let _ = std::fs::remove_file(&self.tmp);
     }
@@ -138,6 +188,13 @@ mod tests {
             let meta = std::fs::metadata(&owned).unwrap();
             assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
         }
+
+        // What the handler of a second Ctrl-C does: every temporary file goes, none is left.
+        let pending = PendingOutput::create(&dir.join("interrupted.svg")).unwrap();
+        assert!(pending.tmp.exists());
+        remove_temp_files();
+        assert!(!pending.tmp.exists());
+        drop(pending);
         std::fs::remove_dir_all(&dir).unwrap();
 
         let err = PendingOutput::create(Path::new("/nonexistent-dir/x.svg")).unwrap_err();
