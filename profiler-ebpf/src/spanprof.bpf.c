@@ -128,7 +128,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
  * later is not profiled by mistake and fork-heavy commands do not fill the map. (A leader that
  * exits before its other threads ends profiling of those threads too: rare, and accepted.)
  */
-SEC("tp_btf/sched_process_exit")
+SEC("raw_tp/sched_process_exit")
 int BPF_PROG(on_process_exit, struct task_struct *task)
 {
 	__u32 tgid = BPF_CORE_READ(task, tgid);
@@ -142,7 +142,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
  * sched_process_fork fires for new threads too; only a new thread group (a process) is added.
  * Done in the kernel so no child can run unprofiled while user space catches up.
  */
-SEC("tp_btf/sched_process_fork")
+SEC("raw_tp/sched_process_fork")
 int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 ptgid, ctgid;

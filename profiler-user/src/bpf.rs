@@ -2,14 +2,14 @@
 //!
 //! The compiled object is embedded at build time (see `build.rs`). One `perf_event` program is
 //! attached to a software `cpu-clock` event on every online CPU; it samples only processes in the
-//! `target_pids` map. The `tp_btf/sched_process_fork` program adds children of profiled processes
+//! `target_pids` map. The `raw_tp/sched_process_fork` program adds children of profiled processes
 //! to that map from inside the kernel, so a child never runs unprofiled while user space catches up.
 
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{BtfTracePoint, PerfEvent, ProgramType};
+use aya::programs::{PerfEvent, ProgramType, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{ErrorCode, Target, ERROR_COUNT, TARGET_EXPLICIT};
 
@@ -95,9 +95,7 @@ pub fn probe_kernel(btf_path: &Path) -> Result<(), LoadError> {
     if !btf_path.exists() {
         return Err(LoadError::NoBtf(btf_path.to_path_buf()));
     }
-    // NB: aya's probe for the tracing type loads an fentry program on bpf_fentry_test1, which
-    // kernels refuse with EPERM for reasons unrelated to tp_btf support; a tp_btf load failure
-    // is reported when the fork follower loads instead.
+    // NB: the raw tracepoint programs are not probed: a load failure names them instead.
     for (ty, name) in [(ProgramType::PerfEvent, "perf_event")] {
         match aya::sys::is_program_supported(ty) {
             Ok(true) => {}
@@ -123,17 +121,28 @@ impl Programs {
     /// Loads the programs and attaches them on every online CPU.
     pub fn load(opts: &LoadOptions) -> Result<Programs, LoadError> {
         probe_kernel(&opts.btf_path)?;
-        let btf =
-            Btf::parse_file(&opts.btf_path, aya::Endianness::default()).map_err(|source| {
-                LoadError::BadBtf {
-                    path: opts.btf_path.clone(),
-                    source,
-                }
-            })?;
+        // NB: `EbpfLoader::new()` always parses the default BTF itself (~5 MB, ~15 ms); parse
+        // again only for another path. (That is also why the fork and exit programs are raw
+        // tracepoints, which need no `&Btf` of ours, rather than tp_btf.)
+        let custom_btf = if opts.btf_path == Path::new(DEFAULT_BTF_PATH) {
+            None
+        } else {
+            Some(
+                Btf::parse_file(&opts.btf_path, aya::Endianness::default()).map_err(|source| {
+                    LoadError::BadBtf {
+                        path: opts.btf_path.clone(),
+                        source,
+                    }
+                })?,
+            )
+        };
         let follow: u32 = opts.follow_children.into();
         let wakeup_bytes = u64::from(opts.ring_buffer_size / 2);
-        let mut ebpf = EbpfLoader::new()
-            .btf(Some(&btf))
+        let mut loader = EbpfLoader::new();
+        if let Some(btf) = &custom_btf {
+            loader.btf(Some(btf));
+        }
+        let mut ebpf = loader
             .override_global("follow_children", &follow, true)
             .override_global("wakeup_bytes", &wakeup_bytes, true)
             .map_max_entries("samples", opts.ring_buffer_size)
@@ -164,25 +173,24 @@ impl Programs {
                 .map_err(aya_err("attach the sampler to a CPU's cpu-clock event"))?;
         }
 
-        let fork: &mut BtfTracePoint = ebpf
+        let fork: &mut RawTracePoint = ebpf
             .program_mut("on_fork")
             .expect("on_fork is in the object")
             .try_into()
             .map_err(aya_err("find the fork program"))?;
-        fork.load("sched_process_fork", &btf)
+        fork.load()
             .map_err(aya_err("load the fork-following program"))?;
         if opts.follow_children {
-            fork.attach()
+            fork.attach("sched_process_fork")
                 .map_err(aya_err("attach to sched_process_fork"))?;
         }
-        let exit: &mut BtfTracePoint = ebpf
+        let exit: &mut RawTracePoint = ebpf
             .program_mut("on_process_exit")
             .expect("on_process_exit is in the object")
             .try_into()
             .map_err(aya_err("find the exit program"))?;
-        exit.load("sched_process_exit", &btf)
-            .map_err(aya_err("load the exit program"))?;
-        exit.attach()
+        exit.load().map_err(aya_err("load the exit program"))?;
+        exit.attach("sched_process_exit")
             .map_err(aya_err("attach to sched_process_exit"))?;
 
         let samples = RingBuf::try_from(ebpf.take_map("samples").expect("samples map"))

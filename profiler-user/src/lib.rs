@@ -19,7 +19,7 @@
 //!
 //! # Minimum kernel
 //! Linux 5.8 (BPF ring buffer, `CAP_BPF`/`CAP_PERFMON`) with BTF (`CONFIG_DEBUG_INFO_BTF=y`) for
-//! the `tp_btf` fork follower. Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
+//! CO-RE relocation of the fork and exit programs. Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
 //! (or root / `CAP_SYS_ADMIN`); reading other users' processes' memory maps needs
 //! `CAP_SYS_PTRACE`, and kernel symbols need `CAP_SYSLOG`.
 pub mod aggregate;
