@@ -25,4 +25,7 @@ pub mod offsets;
 pub mod walk;
 
 #[cfg(test)]
+mod header_check;
+
+#[cfg(test)]
 mod tests;

@@ -1,0 +1,385 @@
+//! Checks the hand-written tables in [`super::offsets`] against each version's installed
+//! CPython headers: a C file of `_Static_assert(offsetof(...) == <table value>)` lines is
+//! generated from the Rust table and compiled with `cc -fsyntax-only -DPy_BUILD_CORE` against
+//! pyenv's `include/python3.X` (and its `internal/`), once per installed 3.8–3.13 version.
+//!
+//! Not checked here, because no header expresses them:
+//! - [`offsets::GLIBC_PTHREAD_TID_OFFSET`] is glibc's `struct pthread`, not CPython's;
+//! - `FrameLayout::FrameObject::lasti_in_code_units` is a change in meaning (3.10), not in
+//!   layout;
+//! - a table's `None` for a field the headers do have (3.11's `owner`: no shim frames there) is
+//!   a choice, and the absence of a field (`native_thread_id` before 3.11) cannot be asserted.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::offsets::{self, FrameLayout, PyOffsets, ThreadIdMatch};
+
+/// One C integer constant expression and the value the table says it has.
+struct Check {
+    /// Table field, for the message.
+    field: &'static str,
+    /// C expression, e.g. `offsetof(PyThreadState, next)`.
+    expr: String,
+    value: u64,
+}
+
+fn check(field: &'static str, expr: impl Into<String>, value: u64) -> Check {
+    Check {
+        field,
+        expr: expr.into(),
+        value,
+    }
+}
+
+/// Headers that define every struct a table describes, relative to `include/python3.X`.
+fn headers(minor: u8) -> &'static [&'static str] {
+    match minor {
+        // 3.8: _PyRuntimeState and PyInterpreterState are both in pycore_pystate.h;
+        // frameobject.h is not pulled in by Python.h before 3.11.
+        8 => &["Python.h", "frameobject.h", "internal/pycore_pystate.h"],
+        9 | 10 => &[
+            "Python.h",
+            "frameobject.h",
+            "internal/pycore_runtime.h",
+            "internal/pycore_interp.h",
+        ],
+        _ => &[
+            "Python.h",
+            "internal/pycore_runtime.h",
+            "internal/pycore_interp.h",
+            "internal/pycore_frame.h",
+        ],
+    }
+}
+
+/// Every check a table implies, with the field names of its version.
+fn checks(o: &PyOffsets) -> Vec<Check> {
+    let (major, minor) = o.version;
+    assert_eq!(major, 3);
+    let mut c = vec![
+        check(
+            "runtime_interpreters_head",
+            "offsetof(_PyRuntimeState, interpreters.head)",
+            o.runtime_interpreters_head,
+        ),
+        check(
+            "interp_threads_head",
+            if minor <= 10 {
+                "offsetof(PyInterpreterState, tstate_head)"
+            } else {
+                "offsetof(PyInterpreterState, threads.head)"
+            },
+            o.interp_threads_head,
+        ),
+        check(
+            "tstate_next",
+            "offsetof(PyThreadState, next)",
+            o.tstate_next,
+        ),
+        check(
+            "tstate_thread_id",
+            "offsetof(PyThreadState, thread_id)",
+            o.tstate_thread_id,
+        ),
+    ];
+    match o.thread_match {
+        ThreadIdMatch::NativeThreadId(off) => c.push(check(
+            "thread_match",
+            "offsetof(PyThreadState, native_thread_id)",
+            off,
+        )),
+        // glibc's tid offset is not CPython's; nothing to check against these headers.
+        ThreadIdMatch::PthreadId => {}
+    }
+
+    // The thread state's frame field is named after the layout, so a wrong layout for a
+    // version fails to compile.
+    let (tstate_field, frame_struct) = match o.frame_layout {
+        FrameLayout::FrameObject { .. } => ("frame", "PyFrameObject"),
+        FrameLayout::CFrame { .. } => ("cframe", "_PyInterpreterFrame"),
+        FrameLayout::Direct => ("current_frame", "_PyInterpreterFrame"),
+    };
+    c.push(check(
+        "tstate_frame",
+        format!("offsetof(PyThreadState, {tstate_field})"),
+        o.tstate_frame,
+    ));
+    if let FrameLayout::CFrame { current_frame } = o.frame_layout {
+        c.push(check(
+            "frame_layout.current_frame",
+            "offsetof(_PyCFrame, current_frame)",
+            current_frame,
+        ));
+    }
+    let (previous, code, instr) = match (o.frame_layout, minor) {
+        (FrameLayout::FrameObject { .. }, _) => ("f_back", "f_code", "f_lasti"),
+        (_, ..=12) => ("previous", "f_code", "prev_instr"),
+        _ => ("previous", "f_executable", "instr_ptr"),
+    };
+    c.push(check(
+        "frame_previous",
+        format!("offsetof({frame_struct}, {previous})"),
+        o.frame_previous,
+    ));
+    c.push(check(
+        "frame_code",
+        format!("offsetof({frame_struct}, {code})"),
+        o.frame_code,
+    ));
+    c.push(check(
+        "frame_instr",
+        format!("offsetof({frame_struct}, {instr})"),
+        o.frame_instr,
+    ));
+    if let FrameLayout::FrameObject { .. } = o.frame_layout {
+        // The reader takes `f_lasti` as an `int`.
+        c.push(check(
+            "frame_instr (size)",
+            "sizeof(((PyFrameObject *)0)->f_lasti)",
+            4,
+        ));
+    } else {
+        // The reader takes `prev_instr` / `instr_ptr` as a pointer.
+        c.push(check(
+            "frame_instr (size)",
+            format!("sizeof((({frame_struct} *)0)->{instr})"),
+            8,
+        ));
+    }
+    if let Some(owner) = o.frame_owner {
+        c.push(check(
+            "frame_owner",
+            "offsetof(_PyInterpreterFrame, owner)",
+            owner,
+        ));
+        c.push(check(
+            "frame_owner (size)",
+            "sizeof(((_PyInterpreterFrame *)0)->owner)",
+            1,
+        ));
+        c.push(check(
+            "FRAME_OWNED_BY_CSTACK",
+            "FRAME_OWNED_BY_CSTACK",
+            offsets::FRAME_OWNED_BY_CSTACK.into(),
+        ));
+    }
+
+    c.push(check(
+        "code_name",
+        "offsetof(PyCodeObject, co_name)",
+        o.code_name,
+    ));
+    if let Some(q) = o.code_qualname {
+        c.push(check(
+            "code_qualname",
+            "offsetof(PyCodeObject, co_qualname)",
+            q,
+        ));
+    }
+    c.push(check(
+        "code_filename",
+        "offsetof(PyCodeObject, co_filename)",
+        o.code_filename,
+    ));
+    c.push(check(
+        "code_firstlineno",
+        "offsetof(PyCodeObject, co_firstlineno)",
+        o.code_firstlineno,
+    ));
+    c.push(check(
+        "code_firstlineno (size)",
+        "sizeof(((PyCodeObject *)0)->co_firstlineno)",
+        4,
+    ));
+    c.push(check(
+        "code_linetable",
+        if minor <= 9 {
+            "offsetof(PyCodeObject, co_lnotab)"
+        } else {
+            "offsetof(PyCodeObject, co_linetable)"
+        },
+        o.code_linetable,
+    ));
+    if let Some(a) = o.code_adaptive {
+        c.push(check(
+            "code_adaptive",
+            "offsetof(PyCodeObject, co_code_adaptive)",
+            a,
+        ));
+    }
+
+    c.push(check(
+        "unicode_length",
+        "offsetof(PyASCIIObject, length)",
+        o.unicode_length,
+    ));
+    c.push(check(
+        "unicode_state",
+        "offsetof(PyASCIIObject, state)",
+        o.unicode_state,
+    ));
+    c.push(check(
+        "unicode_ascii_size",
+        "sizeof(PyASCIIObject)",
+        o.unicode_ascii_size,
+    ));
+    c.push(check(
+        "unicode_compact_size",
+        "sizeof(PyCompactUnicodeObject)",
+        o.unicode_compact_size,
+    ));
+    c
+}
+
+/// The C file: the headers, then one line per check made by `line`. Returns the source and
+/// the 1-based line number of the first check.
+fn c_source(
+    minor: u8,
+    checks: &[Check],
+    line: impl Fn(usize, &Check) -> String,
+) -> (String, usize) {
+    let mut src = String::from("#include <stddef.h>\n");
+    for h in headers(minor) {
+        src.push_str(&format!("#include \"{h}\"\n"));
+    }
+    let first = src.lines().count() + 1;
+    for (i, ch) in checks.iter().enumerate() {
+        src.push_str(&line(i, ch));
+        src.push('\n');
+    }
+    (src, first)
+}
+
+/// `cc -fsyntax-only` of `src` against one install's headers: (success, stderr).
+fn compile(include: &Path, src: &str) -> (bool, String) {
+    let mut child = Command::new("cc")
+        .args(["-fsyntax-only", "-std=gnu11", "-DPy_BUILD_CORE", "-x", "c"])
+        .arg("-I")
+        .arg(include)
+        .arg("-I")
+        .arg(include.join("internal"))
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cc");
+    child
+        .stdin
+        .take()
+        .expect("cc stdin")
+        .write_all(src.as_bytes())
+        .expect("write to cc");
+    let out = child.wait_with_output().expect("wait for cc");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// After a failure: the headers' actual values, read from the compiler's warnings about
+/// `char (*)[N]` initialised from `int *` (gcc and clang both print the type). One per check,
+/// `None` where it could not be found.
+fn actual_values(minor: u8, include: &Path, checks: &[Check]) -> Vec<Option<u64>> {
+    let (src, first) = c_source(minor, checks, |i, ch| {
+        format!("char (*spanprof_probe_{i})[{}] = (int *)0;", ch.expr)
+    });
+    let (_, stderr) = compile(include, &src);
+    let mut found = vec![None; checks.len()];
+    for msg in stderr.lines() {
+        // "<stdin>:LINE:COL: warning: ... 'char (*)[N]' ..."
+        let Some(line) = msg
+            .strip_prefix("<stdin>:")
+            .and_then(|r| r.split(':').next())
+            .and_then(|l| l.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let Some(n) = msg
+            .split_once("char (*)[")
+            .and_then(|(_, r)| r.split(']').next())
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if let Some(slot) = line.checked_sub(first).and_then(|i| found.get_mut(i)) {
+            *slot = Some(n);
+        }
+    }
+    found
+}
+
+/// pyenv's header directories for 3.X, `(install name, include/python3.X)`.
+fn pyenv_includes(minor: u8) -> Vec<(String, PathBuf)> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root/.pyenv"));
+    let prefix = format!("3.{minor}.");
+    let mut found = Vec::new();
+    let Ok(dir) = std::fs::read_dir(root.join("versions")) else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(patch) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        let include = entry.path().join(format!("include/python3.{minor}"));
+        if patch.parse::<u32>().is_ok() && include.join("Python.h").exists() {
+            found.push((name, include));
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn offsets_match_installed_headers() {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let mut failures = Vec::new();
+    for table in offsets::ALL {
+        let minor = table.version.1;
+        let installs = pyenv_includes(minor);
+        if installs.is_empty() {
+            assert!(!ci, "CPython 3.{minor} headers are missing under pyenv");
+            eprintln!("note: no pyenv install of 3.{minor}, its offsets are not checked");
+            continue;
+        }
+        let checks = checks(table);
+        let (src, _) = c_source(minor, &checks, |_, ch| {
+            format!(
+                "_Static_assert(({}) == {}, \"3.{minor} {}: {} != {}\");",
+                ch.expr, ch.value, ch.field, ch.expr, ch.value
+            )
+        });
+        for (name, include) in installs {
+            let (ok, stderr) = compile(&include, &src);
+            if ok {
+                eprintln!("{name}: {} offsets match the headers", checks.len());
+                continue;
+            }
+            let mut report = format!("{name} ({}):\n", include.display());
+            for (ch, actual) in checks.iter().zip(actual_values(minor, &include, &checks)) {
+                if actual != Some(ch.value) {
+                    let actual = actual.map_or("?".to_owned(), |a| a.to_string());
+                    report.push_str(&format!(
+                        "  {}: table {}, headers {actual} ({})\n",
+                        ch.field, ch.value, ch.expr
+                    ));
+                }
+            }
+            report.push_str("  cc said:\n");
+            for l in stderr.lines() {
+                report.push_str(&format!("    {l}\n"));
+            }
+            failures.push(report);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "offsets disagree with the headers:\n{}",
+        failures.join("\n")
+    );
+}
