@@ -857,6 +857,31 @@ pub fn c_function_lines(source: &str, name: &str) -> (i64, i64) {
     (start as i64 + 1, end as i64 + 1)
 }
 
+/// Asserts spanprof's error contract: exit code `code`, no panic, exactly one non-empty stderr
+/// line, starting with `error: ` and containing every one of `needles`.
+#[track_caller]
+pub fn assert_error(out: &RunOutput, code: i32, needles: &[&str]) {
+    assert_eq!(out.code(), code, "exit code\n{out}");
+    assert!(!out.stderr.contains("panicked"), "spanprof panicked\n{out}");
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr\n{out}");
+    let line = lines[0];
+    assert!(
+        line.starts_with("error: "),
+        "the line does not start with `error: `\n{out}"
+    );
+    for needle in needles {
+        assert!(
+            line.contains(needle),
+            "the error does not mention {needle:?}\n{out}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,41 +7,15 @@ use std::path::Path;
 use std::process::Command;
 
 use spanprof_tests::{
-    args, assert_private_output, folded_total, profiling_lock, read_folded, require_profiling,
-    run_spanprof, run_with_timeout, spanprof_bin, spanprof_command, unused_pid, RunOutput, TempDir,
-    Workload, RUN_TIMEOUT,
+    args, assert_error, assert_private_output, folded_total, profiling_lock, read_folded,
+    require_profiling, run_spanprof, run_with_timeout, spanprof_bin, spanprof_command, unused_pid,
+    RunOutput, TempDir, Workload, RUN_TIMEOUT,
 };
 
 /// Exit code of usage errors (bad arguments).
 const USAGE: i32 = 2;
 /// Exit code of the other errors.
 const FAILURE: i32 = 1;
-
-/// Asserts the error contract: exit code `code`, no panic, exactly one
-/// non-empty stderr line, starting with `error: ` and containing every one of
-/// `needles`.
-#[track_caller]
-fn assert_error(out: &RunOutput, code: i32, needles: &[&str]) {
-    assert_eq!(out.code(), code, "exit code\n{out}");
-    assert!(!out.stderr.contains("panicked"), "spanprof panicked\n{out}");
-    let lines: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .collect();
-    assert_eq!(lines.len(), 1, "expected one line on stderr\n{out}");
-    let line = lines[0];
-    assert!(
-        line.starts_with("error: "),
-        "the line does not start with `error: `\n{out}"
-    );
-    for needle in needles {
-        assert!(
-            line.contains(needle),
-            "the error does not mention {needle:?}\n{out}"
-        );
-    }
-}
 
 /// `spanprof profile --pid PID --duration DURATION -o OUT` plus `extra`.
 fn profile_args(pid: &str, duration: &str, out: &Path, extra: &[&str]) -> Vec<String> {

@@ -4,7 +4,9 @@
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use spanprof_tests::{require_profiling, run_with_timeout, spanprof_bin, RunOutput, RUN_TIMEOUT};
+use spanprof_tests::{
+    assert_error, require_profiling, run_with_timeout, spanprof_bin, RunOutput, RUN_TIMEOUT,
+};
 
 const NR_BPF: u32 = 321; // x86_64 syscall table
 const BPF_PROG_LOAD: u32 = 5; // include/uapi/linux/bpf.h, enum bpf_cmd
@@ -83,25 +85,12 @@ fn run_filtered(errno: u32, only_cmd: Option<u32>) -> RunOutput {
     result
 }
 
-#[track_caller]
-fn assert_one_error_line(out: &RunOutput, needle: &str) {
-    assert_eq!(out.code(), 1, "exit code\n{out}");
-    let lines: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .collect();
-    assert_eq!(lines.len(), 1, "expected one line on stderr\n{out}");
-    assert!(lines[0].starts_with("error: "), "{out}");
-    assert!(lines[0].contains(needle), "expected `{needle}`\n{out}");
-}
-
 #[test]
 fn kernel_without_perf_event_programs_is_named() {
     require_profiling();
     // The kernel answers EINVAL to a program load of a type it does not know.
     let out = run_filtered(libc::EINVAL as u32, Some(BPF_PROG_LOAD));
-    assert_one_error_line(&out, "does not support BPF program type perf_event");
+    assert_error(&out, 1, &["does not support BPF program type perf_event"]);
 }
 
 #[test]
@@ -109,7 +98,7 @@ fn kernel_without_bpf_syscall_is_named() {
     require_profiling();
     // CONFIG_BPF_SYSCALL=n: the system call does not exist.
     let out = run_filtered(libc::ENOSYS as u32, None);
-    assert_one_error_line(&out, "bpf() system call is not available");
+    assert_error(&out, 1, &["bpf() system call is not available"]);
 }
 
 #[test]
@@ -122,5 +111,5 @@ fn container_pid_namespace_is_refused_with_the_reason() {
         .arg(spanprof_bin())
         .args(["profile", "--duration", "1s", "--", "true"]);
     let out = run_with_timeout(cmd, RUN_TIMEOUT);
-    assert_one_error_line(&out, "pid namespace");
+    assert_error(&out, 1, &["pid namespace"]);
 }

@@ -1,13 +1,12 @@
 //! Session control: Ctrl-C ends a session early and still writes the outputs; progress is shown
 //! as plain lines when stderr is not a terminal, and as a bar when it is.
 
-use std::io::Read;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use spanprof_tests::{
     folded_total, profiling_lock, read_folded, require_profiling, spanprof_bin, spanprof_command,
-    TempDir, Workload,
+    Background, TempDir, Workload,
 };
 
 #[test]
@@ -18,32 +17,20 @@ fn ctrl_c_ends_the_session_and_writes_the_outputs() {
     let workload = Workload::start("cpu_split", 30.0);
     let out = dir.join("early.folded");
     let svg = dir.join("early.svg");
-    let started = Instant::now();
-    let mut child = spanprof_command(["profile", "--duration", "60s", "--pid"])
-        .arg(workload.pid().to_string())
+    let mut cmd = spanprof_command(["profile", "--duration", "60s", "--pid"]);
+    cmd.arg(workload.pid().to_string())
         .arg("-o")
         .arg(&out)
         .arg("-o")
-        .arg(&svg)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spanprof starts");
+        .arg(&svg);
+    let mut run = Background::spawn(cmd);
+    run.wait_for_stderr("spanprof: profiling", Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(1500));
-    // SAFETY: kill(2) on our own unreaped child.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "{status}\n{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "Ctrl-C did not end the 60 s session early:\n{stderr}"
-    );
+    run.signal(libc::SIGINT);
+    // finish() fails the test if the 60 s session is not over within 30 s.
+    let result = run.finish(Duration::from_secs(30));
+    result.assert_success();
+    let stderr = &result.stderr;
     assert!(stderr.contains("interrupted"), "{stderr}");
     let total = folded_total(&read_folded(&out));
     // About 1.5 s of one busy thread at 99 Hz.

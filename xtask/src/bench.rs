@@ -306,32 +306,14 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
     drop(stats_off);
 
     let secs = |d: Duration| d.as_secs_f64();
-    let sp_ratio = median(
-        results
-            .iter()
-            .map(|r| secs(r.spanprof_target) / secs(r.alone))
-            .collect(),
-    );
-    let perf_ratio = median(
-        results
-            .iter()
-            .map(|r| secs(r.perf_target) / secs(r.alone))
-            .collect(),
-    );
+    // The median over rounds of one figure of each round.
+    let med = |f: &dyn Fn(&Round) -> f64| median(results.iter().map(f).collect());
     let per_sample = |own: Duration, n: u64| secs(own) * 1e6 / n.max(1) as f64;
-    let sp_us = median(
-        results
-            .iter()
-            .map(|r| per_sample(r.spanprof_own, r.spanprof_samples))
-            .collect(),
-    );
-    let sp_loop_us = median(results.iter().map(|r| r.spanprof_loop_us).collect());
-    let perf_us = median(
-        results
-            .iter()
-            .map(|r| per_sample(r.perf_own, r.perf_samples))
-            .collect(),
-    );
+    let sp_ratio = med(&|r| secs(r.spanprof_target) / secs(r.alone));
+    let perf_ratio = med(&|r| secs(r.perf_target) / secs(r.alone));
+    let sp_us = med(&|r| per_sample(r.spanprof_own, r.spanprof_samples));
+    let sp_loop_us = med(&|r| r.spanprof_loop_us);
+    let perf_us = med(&|r| per_sample(r.perf_own, r.perf_samples));
     let sp_rss = results
         .iter()
         .map(|r| r.spanprof_rss_kib)
@@ -345,8 +327,8 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
             .map(|r| r.bpf_ns as f64 / r.bpf_runs as f64)
             .collect(),
     );
-    let alone = median(results.iter().map(|r| secs(r.alone)).collect());
-    let samples = median(results.iter().map(|r| r.spanprof_samples as f64).collect());
+    let alone = med(&|r| secs(r.alone));
+    let samples = med(&|r| r.spanprof_samples as f64);
 
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let table = format!(
