@@ -16,8 +16,52 @@
 pub const MAX_STACK_DEPTH: usize = 127;
 /// Length of a task's `comm`, NUL-padded.
 pub const TASK_COMM_LEN: usize = 16;
+/// Python frames one sample can carry; a deeper stack has [`PY_TRUNCATED`] set.
+pub const MAX_PY_FRAMES: usize = 512;
 /// Record kind of a [`Sample`].
 pub const RECORD_SAMPLE: u32 = 1;
+/// Record kind of an [`ExecRecord`].
+pub const RECORD_EXEC: u32 = 2;
+
+/// [`SampleHeader::py_status`]: not a Python process (or not detected yet).
+pub const PY_NONE: u32 = 0;
+/// [`SampleHeader::py_status`]: the Python frames were read.
+pub const PY_OK: u32 = 1;
+/// [`SampleHeader::py_status`]: the thread has no `PyThreadState`.
+pub const PY_NO_THREAD: u32 = 2;
+/// [`SampleHeader::py_status`]: a read of interpreter memory faulted.
+pub const PY_READ_FAILED: u32 = 3;
+/// Mask of the status value in [`SampleHeader::py_status`].
+pub const PY_STATUS_MASK: u32 = 0xff;
+/// Flag in [`SampleHeader::py_status`]: the Python stack was cut.
+pub const PY_TRUNCATED: u32 = 0x100;
+/// [`PyFrame::flags`]: the outermost frame of one call of the interpreter loop.
+pub const PY_FRAME_ENTRY: u32 = 1;
+
+/// [`PyProc::tstate_match`]: `native_thread_id` holds the kernel tid (3.11+).
+pub const PY_MATCH_NATIVE_TID: u32 = 1;
+/// [`PyProc::tstate_match`]: `thread_id` holds `pthread_self()`, the task's FS base (3.8–3.10).
+pub const PY_MATCH_PTHREAD: u32 = 2;
+/// [`PyProc::instr_kind`]: `int f_lasti` in bytes (3.8–3.9).
+pub const PY_INSTR_LASTI_BYTES: u32 = 1;
+/// [`PyProc::instr_kind`]: `int f_lasti` in code units (3.10).
+pub const PY_INSTR_LASTI_UNITS: u32 = 2;
+/// [`PyProc::instr_kind`]: a pointer into `co_code_adaptive` (3.11+).
+pub const PY_INSTR_POINTER: u32 = 3;
+/// [`PyProc::entry_kind`]: every frame is its own interpreter call (3.8–3.10).
+pub const PY_ENTRY_EVERY_FRAME: u32 = 1;
+/// [`PyProc::entry_kind`]: a bool field `is_entry` (3.11).
+pub const PY_ENTRY_FIELD: u32 = 2;
+/// [`PyProc::entry_kind`]: C-stack shim frames, `owner == FRAME_OWNED_BY_CSTACK` (3.12+).
+pub const PY_ENTRY_SHIM: u32 = 3;
+/// "No such field" in [`PyProc`].
+pub const PY_NO_OFFSET: u32 = u32::MAX;
+/// Largest [`PyProc::frame_size`].
+pub const PY_FRAME_BLOCK: u32 = 128;
+/// Bytes read from `code + code_firstlineno`; `code_filename` must be inside them.
+pub const PY_CODE_BLOCK: u32 = 80;
+/// Size of one [`PyFrame`] in a record.
+pub const PY_FRAME_SIZE: usize = 24;
 
 /// Process named by the user (`--pid` or the `--` command).
 pub const TARGET_EXPLICIT: u32 = 1;
@@ -36,6 +80,8 @@ pub enum ErrorCode {
     UserStack = 2,
     /// A child process could not be added to `target_pids`.
     PidMapFull = 3,
+    /// A Python thread's frames could not be read.
+    PythonRead = 4,
 }
 
 /// Number of slots in the `errors` map.
@@ -43,11 +89,12 @@ pub const ERROR_COUNT: u32 = 8;
 
 impl ErrorCode {
     /// Every code, for reporting.
-    pub const ALL: [ErrorCode; 4] = [
+    pub const ALL: [ErrorCode; 5] = [
         ErrorCode::RingbufFull,
         ErrorCode::KernelStack,
         ErrorCode::UserStack,
         ErrorCode::PidMapFull,
+        ErrorCode::PythonRead,
     ];
 
     /// What the counter means, for summaries.
@@ -57,6 +104,7 @@ impl ErrorCode {
             ErrorCode::KernelStack => "kernel stacks not captured",
             ErrorCode::UserStack => "user stacks not captured",
             ErrorCode::PidMapFull => "child processes not followed: pid map full",
+            ErrorCode::PythonRead => "python stacks cut by a failed read of interpreter memory",
         }
     }
 }
@@ -72,7 +120,7 @@ pub struct Target {
 }
 
 /// Size of [`SampleHeader`], where the frames of a sample record begin.
-pub const SAMPLE_HEADER_SIZE: usize = 48;
+pub const SAMPLE_HEADER_SIZE: usize = 56;
 
 /// The fixed part of one on-CPU sample record (`struct spanprof_sample` up to `stack`).
 #[derive(Debug, Clone, Copy)]
@@ -94,12 +142,99 @@ pub struct SampleHeader {
     pub ustack_len: i32,
     /// Thread name, NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
+    /// Python frames after the native ones.
+    pub py_len: u32,
+    /// `PY_NONE`, `PY_OK`, ... in the low byte, plus [`PY_TRUNCATED`].
+    pub py_status: u32,
+}
+
+/// One Python frame of a sample (`struct spanprof_py_frame`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct PyFrame {
+    /// Address of the `PyCodeObject`.
+    pub code: u64,
+    /// `co_filename`'s address (low 48 bits) and `co_firstlineno` (low 16 bits, in the high
+    /// 16), to tell a reused address from the object that was sampled.
+    pub check: u64,
+    /// Offset of the current instruction in the bytecode, in bytes.
+    pub instr: u32,
+    /// [`PY_FRAME_ENTRY`].
+    pub flags: u32,
+}
+
+impl PyFrame {
+    /// The [`PyFrame::check`] value of a code object with these fields.
+    pub fn check_value(filename_addr: u64, first_line: i32) -> u64 {
+        (filename_addr & 0xffff_ffff_ffff) | (u64::from(first_line as u16) << 48)
+    }
+}
+
+/// An exec notice (`struct spanprof_exec`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct ExecRecord {
+    /// [`RECORD_EXEC`].
+    pub kind: u32,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// `bpf_ktime_get_ns()` at the exec.
+    pub time_ns: u64,
+}
+
+/// Value of the `py_procs` map (`struct spanprof_py_proc`): where a CPython process keeps its
+/// runtime and the offsets of its version. Offsets are bytes; [`PY_NO_OFFSET`] when absent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct PyProc {
+    /// Run-time address of `_PyRuntime`.
+    pub runtime_addr: u64,
+    /// `offsetof(_PyRuntimeState, interpreters.head)`.
+    pub runtime_interp_head: u32,
+    /// `offsetof(PyInterpreterState, threads.head)` (`tstate_head` before 3.11).
+    pub interp_threads_head: u32,
+    /// `offsetof(PyThreadState, next)`.
+    pub tstate_next: u32,
+    /// [`PY_MATCH_NATIVE_TID`] or [`PY_MATCH_PTHREAD`].
+    pub tstate_match: u32,
+    /// Offset of `native_thread_id` or `thread_id`.
+    pub tstate_thread: u32,
+    /// Offset of `frame`, `cframe` or `current_frame`.
+    pub tstate_frame: u32,
+    /// `offsetof(_PyCFrame, current_frame)` (3.11–3.12).
+    pub cframe_current: u32,
+    /// `f_back` / `previous`.
+    pub frame_previous: u32,
+    /// `f_code` / `f_executable`.
+    pub frame_code: u32,
+    /// `f_lasti` / `prev_instr` / `instr_ptr`.
+    pub frame_instr: u32,
+    /// `is_entry` (3.11) or `owner` (3.12+).
+    pub frame_entry: u32,
+    /// `PY_INSTR_*`.
+    pub instr_kind: u32,
+    /// `PY_ENTRY_*`.
+    pub entry_kind: u32,
+    /// `offsetof(PyCodeObject, co_code_adaptive)` (3.11+).
+    pub code_adaptive: u32,
+    /// `offsetof(PyCodeObject, co_firstlineno)`.
+    pub code_firstlineno: u32,
+    /// `offsetof(PyCodeObject, co_filename)`.
+    pub code_filename: u32,
+    /// Bytes read per frame (at most [`PY_FRAME_BLOCK`]).
+    pub frame_size: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
 // SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).
 unsafe impl Pod for SampleHeader {}
 // SAFETY: as above.
 unsafe impl Pod for Target {}
+// SAFETY: as above.
+unsafe impl Pod for PyFrame {}
+// SAFETY: as above.
+unsafe impl Pod for ExecRecord {}
 
 /// Types that may be reinterpreted from any bytes of the right length.
 ///
@@ -114,6 +249,35 @@ pub struct Sample<'a> {
     pub header: &'a SampleHeader,
     kernel: &'a [u64],
     user: &'a [u64],
+    python: &'a [PyFrame],
+}
+
+/// A ring buffer record.
+#[derive(Debug, Clone, Copy)]
+pub enum Record<'a> {
+    /// An on-CPU sample.
+    Sample(Sample<'a>),
+    /// A process called execve.
+    Exec(&'a ExecRecord),
+}
+
+impl<'a> Record<'a> {
+    /// Reads a record of any kind; `None` for unknown kinds, short or misaligned records.
+    pub fn from_bytes(bytes: &'a [u8]) -> Option<Record<'a>> {
+        if bytes.len() < 4 || bytes.as_ptr().align_offset(8) != 0 {
+            return None;
+        }
+        match u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) {
+            RECORD_SAMPLE => Sample::from_bytes(bytes).map(Record::Sample),
+            RECORD_EXEC if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
+                // SAFETY: length and alignment checked; ExecRecord is Pod.
+                Some(Record::Exec(unsafe {
+                    &*(bytes.as_ptr() as *const ExecRecord)
+                }))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl<'a> Sample<'a> {
@@ -136,10 +300,18 @@ impl<'a> Sample<'a> {
         };
         let k = clamp(header.kstack_len).min(frames.len());
         let u = clamp(header.ustack_len).min(frames.len() - k);
+        let py_bytes = &frames_bytes[(k + u) * 8..];
+        let p = (header.py_len as usize)
+            .min(MAX_PY_FRAMES)
+            .min(py_bytes.len() / PY_FRAME_SIZE);
+        // SAFETY: 8-aligned (header and native frames are whole u64s), `p` whole frames inside
+        // `bytes`, and PyFrame is Pod of size PY_FRAME_SIZE.
+        let python = unsafe { core::slice::from_raw_parts(py_bytes.as_ptr() as *const PyFrame, p) };
         Some(Sample {
             header,
             kernel: &frames[..k],
             user: &frames[k..k + u],
+            python,
         })
     }
 
@@ -151,6 +323,21 @@ impl<'a> Sample<'a> {
     /// The user stack, leaf first (empty on error).
     pub fn user_stack(&self) -> &'a [u64] {
         self.user
+    }
+
+    /// The Python frames, innermost first (empty when the process is not Python).
+    pub fn python_stack(&self) -> &'a [PyFrame] {
+        self.python
+    }
+
+    /// What the Python walk found: `PY_NONE`, `PY_OK`, `PY_NO_THREAD` or `PY_READ_FAILED`.
+    pub fn python_status(&self) -> u32 {
+        self.header.py_status & PY_STATUS_MASK
+    }
+
+    /// Whether the Python stack was cut (too deep, a cycle, or a failed read).
+    pub fn python_truncated(&self) -> bool {
+        self.header.py_status & PY_TRUNCATED != 0
     }
 
     /// The thread name up to its first NUL.
@@ -172,6 +359,9 @@ fn clamp(len: i32) -> usize {
 // SAFETY: Target is repr(C), padding-free and valid for every bit pattern (layout test).
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for Target {}
+// SAFETY: as above, for PyProc.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PyProc {}
 
 #[cfg(test)]
 mod tests;

@@ -29,8 +29,8 @@ fn c_asserts() -> String {
     let mut structs = Vec::new();
     structs.push((
         "struct spanprof_sample",
-        // The header is the record up to `stack`; `stack` itself is checked below.
-        SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8,
+        // The header is the record up to `stack`; `stack` and `py` are checked below.
+        SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8 + MAX_PY_FRAMES * PY_FRAME_SIZE,
         align_of::<SampleHeader>(),
         {
             let mut f = fields!(
@@ -43,12 +43,19 @@ fn c_asserts() -> String {
                 time_ns,
                 kstack_len,
                 ustack_len,
-                comm
+                comm,
+                py_len,
+                py_status
             );
             f.push((
                 "struct spanprof_sample, stack".into(),
                 SAMPLE_HEADER_SIZE,
                 2 * MAX_STACK_DEPTH * 8,
+            ));
+            f.push((
+                "struct spanprof_sample, py".into(),
+                SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8,
+                MAX_PY_FRAMES * PY_FRAME_SIZE,
             ));
             f
         },
@@ -58,6 +65,53 @@ fn c_asserts() -> String {
         size_of::<Target>(),
         align_of::<Target>(),
         fields!(Target, "struct spanprof_target", flags, parent_tgid),
+    ));
+    structs.push((
+        "struct spanprof_py_frame",
+        size_of::<PyFrame>(),
+        align_of::<PyFrame>(),
+        fields!(
+            PyFrame,
+            "struct spanprof_py_frame",
+            code,
+            check,
+            instr,
+            flags
+        ),
+    ));
+    structs.push((
+        "struct spanprof_exec",
+        size_of::<ExecRecord>(),
+        align_of::<ExecRecord>(),
+        fields!(ExecRecord, "struct spanprof_exec", kind, pid, time_ns),
+    ));
+    structs.push((
+        "struct spanprof_py_proc",
+        size_of::<PyProc>(),
+        align_of::<PyProc>(),
+        fields!(
+            PyProc,
+            "struct spanprof_py_proc",
+            runtime_addr,
+            runtime_interp_head,
+            interp_threads_head,
+            tstate_next,
+            tstate_match,
+            tstate_thread,
+            tstate_frame,
+            cframe_current,
+            frame_previous,
+            frame_code,
+            frame_instr,
+            frame_entry,
+            instr_kind,
+            entry_kind,
+            code_adaptive,
+            code_firstlineno,
+            code_filename,
+            frame_size,
+            _pad
+        ),
     ));
     for (name, size, align, fields) in &structs {
         c += &format!("_Static_assert(sizeof({name}) == {size}, \"size of {name}\");\n");
@@ -77,6 +131,27 @@ fn c_asserts() -> String {
         ("SPANPROF_MAX_STACK_DEPTH", MAX_STACK_DEPTH as u64),
         ("SPANPROF_TASK_COMM_LEN", TASK_COMM_LEN as u64),
         ("SPANPROF_RECORD_SAMPLE", RECORD_SAMPLE as u64),
+        ("SPANPROF_RECORD_EXEC", RECORD_EXEC as u64),
+        ("SPANPROF_MAX_PY_FRAMES", MAX_PY_FRAMES as u64),
+        ("SPANPROF_PY_FRAME_SIZE", PY_FRAME_SIZE as u64),
+        ("SPANPROF_PY_NONE", PY_NONE as u64),
+        ("SPANPROF_PY_OK", PY_OK as u64),
+        ("SPANPROF_PY_NO_THREAD", PY_NO_THREAD as u64),
+        ("SPANPROF_PY_READ_FAILED", PY_READ_FAILED as u64),
+        ("SPANPROF_PY_STATUS_MASK", PY_STATUS_MASK as u64),
+        ("SPANPROF_PY_TRUNCATED", PY_TRUNCATED as u64),
+        ("SPANPROF_PY_FRAME_ENTRY", PY_FRAME_ENTRY as u64),
+        ("SPANPROF_PY_MATCH_NATIVE_TID", PY_MATCH_NATIVE_TID as u64),
+        ("SPANPROF_PY_MATCH_PTHREAD", PY_MATCH_PTHREAD as u64),
+        ("SPANPROF_PY_INSTR_LASTI_BYTES", PY_INSTR_LASTI_BYTES as u64),
+        ("SPANPROF_PY_INSTR_LASTI_UNITS", PY_INSTR_LASTI_UNITS as u64),
+        ("SPANPROF_PY_INSTR_POINTER", PY_INSTR_POINTER as u64),
+        ("SPANPROF_PY_ENTRY_EVERY_FRAME", PY_ENTRY_EVERY_FRAME as u64),
+        ("SPANPROF_PY_ENTRY_FIELD", PY_ENTRY_FIELD as u64),
+        ("SPANPROF_PY_ENTRY_SHIM", PY_ENTRY_SHIM as u64),
+        ("SPANPROF_PY_NO_OFFSET", PY_NO_OFFSET as u64),
+        ("SPANPROF_PY_FRAME_BLOCK", PY_FRAME_BLOCK as u64),
+        ("SPANPROF_PY_CODE_BLOCK", PY_CODE_BLOCK as u64),
         ("SPANPROF_SAMPLE_HEADER_SIZE", SAMPLE_HEADER_SIZE as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
@@ -85,6 +160,7 @@ fn c_asserts() -> String {
         ("SPANPROF_ERR_KSTACK", ErrorCode::KernelStack as u64),
         ("SPANPROF_ERR_USTACK", ErrorCode::UserStack as u64),
         ("SPANPROF_ERR_PID_MAP_FULL", ErrorCode::PidMapFull as u64),
+        ("SPANPROF_ERR_PY_READ", ErrorCode::PythonRead as u64),
     ];
     for (name, value) in consts {
         c += &format!("_Static_assert({name} == {value}, \"value of {name}\");\n");
@@ -173,4 +249,60 @@ fn from_bytes_never_trusts_the_lengths() {
     foreign[0] = 7;
     assert!(Sample::from_bytes(bytes(&foreign)).is_none());
     assert!(Sample::from_bytes(&bytes(&r)[1..]).is_none());
+}
+
+#[test]
+fn from_bytes_reads_python_frames_after_the_native_ones_and_clamps_them() {
+    // 1 kernel frame, 1 user frame, then two Python frames of 3 words each.
+    let py = [0x1000, 0x2000, (1u64 << 32) | 40, 0x3000, 0x4000, 6];
+    let mut frames = vec![7, 8];
+    frames.extend_from_slice(&py);
+    let mut r = record(1, 1, &frames);
+    // SAFETY: the buffer holds the header.
+    let header = unsafe { &mut *(r.as_mut_ptr() as *mut SampleHeader) };
+    header.py_len = 2;
+    header.py_status = PY_OK | PY_TRUNCATED;
+    let s = Sample::from_bytes(bytes(&r)).unwrap();
+    assert_eq!((s.kernel_stack(), s.user_stack()), (&[7][..], &[8][..]));
+    assert_eq!(
+        s.python_stack(),
+        [
+            PyFrame {
+                code: 0x1000,
+                check: 0x2000,
+                instr: 40,
+                flags: 1
+            },
+            PyFrame {
+                code: 0x3000,
+                check: 0x4000,
+                instr: 6,
+                flags: 0
+            }
+        ]
+    );
+    assert_eq!(s.python_status(), PY_OK);
+    assert!(s.python_truncated());
+    // A py_len beyond the record is clamped to the whole frames it holds.
+    header.py_len = 1000;
+    let cut = &bytes(&r)[..bytes(&r).len() - 8];
+    assert_eq!(Sample::from_bytes(cut).unwrap().python_stack().len(), 1);
+}
+
+#[test]
+fn records_of_every_kind_are_told_apart() {
+    let exec = [u64::from(RECORD_EXEC) | (42u64 << 32), 5];
+    match Record::from_bytes(bytes(&exec)) {
+        Some(Record::Exec(e)) => assert_eq!((e.pid, e.time_ns), (42, 5)),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        Record::from_bytes(&bytes(&exec)[..8]).is_none(),
+        "short exec record"
+    );
+    assert!(matches!(
+        Record::from_bytes(bytes(&record(0, 0, &[]))),
+        Some(Record::Sample(_))
+    ));
+    assert!(Record::from_bytes(bytes(&[9u64])).is_none(), "unknown kind");
 }

@@ -14,6 +14,7 @@
 #else
 #include <stdint.h>
 typedef uint8_t __u8;
+typedef uint16_t __u16;
 typedef uint32_t __u32;
 typedef int32_t __s32;
 typedef uint64_t __u64;
@@ -23,8 +24,12 @@ typedef uint64_t __u64;
 #define SPANPROF_MAX_STACK_DEPTH 127
 #define SPANPROF_TASK_COMM_LEN 16
 
+/* Python frames one sample can carry; a deeper stack is flagged SPANPROF_PY_TRUNCATED. */
+#define SPANPROF_MAX_PY_FRAMES 512
+
 /* Record kinds, first field of every ring buffer record. */
 #define SPANPROF_RECORD_SAMPLE 1
+#define SPANPROF_RECORD_EXEC 2 /* struct spanprof_exec */
 
 /* Indexes of the per-CPU error counters (map `errors`). */
 enum spanprof_error {
@@ -36,6 +41,8 @@ enum spanprof_error {
 	SPANPROF_ERR_USTACK = 2,
 	/* A child process could not be added to `target_pids` (map full). */
 	SPANPROF_ERR_PID_MAP_FULL = 3,
+	/* A Python thread's stack could not be read (a read faulted, or no thread state). */
+	SPANPROF_ERR_PY_READ = 4,
 	SPANPROF_ERR_COUNT = 8,
 };
 
@@ -48,10 +55,39 @@ struct spanprof_target {
 	__u32 parent_tgid; /* 0 for explicit targets */
 };
 
+/* spanprof_sample.py_status: what the Python walk found (low byte), plus flags. */
+#define SPANPROF_PY_NONE 0	      /* not a Python process (no py_procs entry) */
+#define SPANPROF_PY_OK 1	      /* py_len frames were read */
+#define SPANPROF_PY_NO_THREAD 2	      /* no PyThreadState of this thread (not started, C thread) */
+#define SPANPROF_PY_READ_FAILED 3     /* a read of interpreter memory faulted */
+#define SPANPROF_PY_STATUS_MASK 0xff
+#define SPANPROF_PY_TRUNCATED 0x100   /* more frames than SPANPROF_MAX_PY_FRAMES, or a loop */
+
+/* spanprof_py_frame.flags */
+/*
+ * The outermost frame of one call of the interpreter loop: the frame rootward of it was left
+ * by a return into C code (3.8–3.10: every frame; 3.11: `is_entry`; 3.12+: the next frame is a
+ * C-stack shim). Set on all frames of 3.8–3.10, where every Python call is a C call.
+ */
+#define SPANPROF_PY_FRAME_ENTRY 1
+
+/* One Python frame of a sample, as read while the thread was stopped. */
+struct spanprof_py_frame {
+	__u64 code;  /* PyCodeObject address */
+	/*
+	 * Validates `code` when it is named later: co_filename's address (low 48 bits) and the low
+	 * 16 bits of co_firstlineno (high 16 bits). A freed and reused address rarely matches both.
+	 */
+	__u64 check;
+	__u32 instr; /* offset of the current instruction in the bytecode, in bytes */
+	__u32 flags; /* SPANPROF_PY_FRAME_* */
+};
+
 /*
  * One on-CPU sample. The ring buffer record is variable-sized: the header, then only the frames
- * captured, kernel frames first. Its size is SPANPROF_SAMPLE_HEADER_SIZE + 8 * (k + u), where k
- * and u are kstack_len and ustack_len clamped to [0, SPANPROF_MAX_STACK_DEPTH].
+ * captured: k kernel frames and u user frames (8 bytes each, leaf first), then py_len Python
+ * frames (struct spanprof_py_frame, innermost first). k and u are kstack_len and ustack_len
+ * clamped to [0, SPANPROF_MAX_STACK_DEPTH]; py_len is at most SPANPROF_MAX_PY_FRAMES.
  */
 struct spanprof_sample {
 	__u32 kind; /* SPANPROF_RECORD_SAMPLE */
@@ -63,10 +99,68 @@ struct spanprof_sample {
 	__s32 kstack_len;
 	__s32 ustack_len;
 	char comm[SPANPROF_TASK_COMM_LEN];
-	/* Kernel frames, then user frames, each leaf first. */
+	__u32 py_len;	 /* Python frames that follow the native ones */
+	__u32 py_status; /* SPANPROF_PY_* */
+	/* Kernel frames, then user frames, each leaf first, then the Python frames. */
 	__u64 stack[2 * SPANPROF_MAX_STACK_DEPTH];
+	struct spanprof_py_frame py[SPANPROF_MAX_PY_FRAMES];
 };
 
-#define SPANPROF_SAMPLE_HEADER_SIZE 48
+/* A process called execve: what user space knew of its address space is stale. */
+struct spanprof_exec {
+	__u32 kind; /* SPANPROF_RECORD_EXEC */
+	__u32 pid;  /* tgid */
+	__u64 time_ns;
+};
+
+/* How a PyThreadState is matched with the sampled thread (spanprof_py_proc.tstate_match). */
+#define SPANPROF_PY_MATCH_NATIVE_TID 1 /* 3.11+: native_thread_id == tid */
+#define SPANPROF_PY_MATCH_PTHREAD 2    /* 3.8–3.10: thread_id (pthread_self) == task fsbase */
+
+/* How a frame's current instruction is stored (spanprof_py_proc.instr_kind). */
+#define SPANPROF_PY_INSTR_LASTI_BYTES 1 /* int f_lasti, in bytes (3.8–3.9) */
+#define SPANPROF_PY_INSTR_LASTI_UNITS 2 /* int f_lasti, in 2-byte code units (3.10) */
+#define SPANPROF_PY_INSTR_POINTER 3	/* pointer into co_code_adaptive (3.11+) */
+
+/* How the end of one interpreter-loop call is marked (spanprof_py_proc.entry_kind). */
+#define SPANPROF_PY_ENTRY_EVERY_FRAME 1 /* 3.8–3.10 */
+#define SPANPROF_PY_ENTRY_FIELD 2	/* 3.11: a bool at frame_entry */
+#define SPANPROF_PY_ENTRY_SHIM 3	/* 3.12+: frames with owner (at frame_entry) == 3 */
+
+/* No such field in this version. */
+#define SPANPROF_PY_NO_OFFSET 0xffffffff
+
+/*
+ * Value of `py_procs` (key: tgid), written by user space for each CPython process it detects:
+ * where `_PyRuntime` is and the offsets of the version, so the BPF code is version-independent.
+ */
+struct spanprof_py_proc {
+	__u64 runtime_addr;	   /* run-time address of _PyRuntime */
+	__u32 runtime_interp_head; /* offsetof(_PyRuntimeState, interpreters.head) */
+	__u32 interp_threads_head; /* offsetof(PyInterpreterState, threads.head | tstate_head) */
+	__u32 tstate_next;
+	__u32 tstate_match;	   /* SPANPROF_PY_MATCH_* */
+	__u32 tstate_thread;	   /* offset of native_thread_id or thread_id */
+	__u32 tstate_frame;	   /* offset of frame | cframe | current_frame */
+	__u32 cframe_current;	   /* offsetof(_PyCFrame, current_frame), or NO_OFFSET */
+	__u32 frame_previous;
+	__u32 frame_code;
+	__u32 frame_instr;
+	__u32 frame_entry;	   /* is_entry (3.11) or owner (3.12+), or NO_OFFSET */
+	__u32 instr_kind;	   /* SPANPROF_PY_INSTR_* */
+	__u32 entry_kind;	   /* SPANPROF_PY_ENTRY_* */
+	__u32 code_adaptive;	   /* offsetof(PyCodeObject, co_code_adaptive), or NO_OFFSET */
+	__u32 code_firstlineno;	   /* read with code_filename in one block of at most */
+	__u32 code_filename;	   /* SPANPROF_PY_CODE_BLOCK bytes from code_firstlineno */
+	__u32 frame_size;	   /* bytes read per frame, covering every frame_* field */
+	__u32 _pad;
+};
+
+/* Limits of the two block reads of a frame walk step (frame, then code object). */
+#define SPANPROF_PY_FRAME_BLOCK 128
+#define SPANPROF_PY_CODE_BLOCK 80
+
+#define SPANPROF_SAMPLE_HEADER_SIZE 56
+#define SPANPROF_PY_FRAME_SIZE 24
 
 #endif /* SPANPROF_ABI_H */

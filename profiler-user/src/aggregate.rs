@@ -1,17 +1,52 @@
-//! Per-sample aggregation: interning stacks and counting (thread, kernel stack, user stack).
+//! Per-sample aggregation: interning stacks and counting (thread, kernel stack, user stack,
+//! Python stack).
 //!
 //! [`Aggregator::record`] runs once per ring buffer record and allocates only when it meets a
-//! stack or thread for the first time. Addresses of new user stacks are queued per process so
-//! the session can normalize them while the process is alive ([`Aggregator::normalize_pending`]);
-//! symbolization of everything happens once, in [`Aggregator::into_profile`].
+//! stack, thread or Python code object for the first time. Addresses of new user stacks are
+//! queued per process so the session can normalize them while the process is alive
+//! ([`Aggregator::normalize_pending`]); Python frames are named at once, through
+//! [`Python::token`]. Native symbolization happens once, in [`Aggregator::into_profile`], which
+//! also merges each Python stack into its native stack ([`merge`]).
 
 use std::collections::BTreeMap;
 
-use profiler_common::{Sample as SampleRecord, MAX_STACK_DEPTH, TASK_COMM_LEN};
+use profiler_common::{
+    Sample as SampleRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NO_THREAD, PY_OK, PY_READ_FAILED,
+    TASK_COMM_LEN,
+};
 use rustc_hash::FxHashMap;
 use symbolizer::{Symbol, Symbolizer};
 
-use crate::profile::{Frame, FrameKind, Meta, Process, Profile, Sample, Thread};
+use crate::profile::{Frame, FrameKind, Meta, Process, Profile, PythonStats, Sample, Thread};
+use crate::python::{split_token, MergeInfo, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
+
+/// Frame shown where C code called into Python but native unwinding could not show it.
+pub const NATIVE_CODE: &str = "[native code]";
+/// Frame at the root end of a Python stack that was cut.
+pub const TRUNCATED: &str = "[truncated]";
+/// The whole stack of a sample without Python frames, under `--python-only`.
+pub const NO_PYTHON_FRAMES: &str = "[no python frames]";
+
+/// What to keep of each sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Keep kernel frames (`--no-kernel` clears it).
+    pub kernel: bool,
+    /// Keep Python line numbers (`--no-lines` clears it: one frame per function).
+    pub lines: bool,
+    /// Keep only Python frames (`--python-only`).
+    pub python_only: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            kernel: true,
+            lines: true,
+            python_only: false,
+        }
+    }
+}
 
 /// Stack id of "no stack" (empty kernel stack for samples in user mode).
 const EMPTY: u32 = 0;
@@ -54,35 +89,43 @@ impl StackTable {
     }
 }
 
-/// Counts samples by (thread, kernel stack, user stack).
+/// Counts samples by (thread, kernel stack, user stack, Python stack).
 #[derive(Debug)]
 pub struct Aggregator {
-    keep_kernel: bool,
+    opts: Options,
     kernel: StackTable,
     user: FxHashMap<u32, StackTable>,
-    /// By (pid, tid, kernel stack, user stack): a tid can come back under another pid.
-    counts: FxHashMap<(u32, u32, u32, u32), u64>,
+    /// Python stacks as tokens ([`Python::token`]), innermost first; ids are global.
+    python: StackTable,
+    /// By (pid, tid, kernel stack, user stack, Python stack): a tid can come back under
+    /// another pid.
+    counts: FxHashMap<(u32, u32, u32, u32, u32), u64>,
     /// Latest `comm` of each (pid, tid).
     threads: FxHashMap<(u32, u32), [u8; TASK_COMM_LEN]>,
     processes: BTreeMap<u32, String>,
     pending: FxHashMap<u32, Vec<u64>>,
     samples: u64,
+    python_stats: PythonStats,
     scratch: [u64; MAX_STACK_DEPTH],
+    py_scratch: Box<[u64; MAX_PY_FRAMES + 1]>,
 }
 
 impl Aggregator {
-    /// An empty aggregate; `keep_kernel = false` drops kernel stacks at the door (`--no-kernel`).
-    pub fn new(keep_kernel: bool) -> Self {
+    /// An empty aggregate; what `opts` drops is dropped at the door.
+    pub fn new(opts: Options) -> Self {
         Aggregator {
-            keep_kernel,
+            opts,
             kernel: StackTable::default(),
             user: FxHashMap::default(),
+            python: StackTable::default(),
             counts: FxHashMap::default(),
             threads: FxHashMap::default(),
             processes: BTreeMap::new(),
             pending: FxHashMap::default(),
             samples: 0,
+            python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
+            py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
         }
     }
 
@@ -91,11 +134,32 @@ impl Aggregator {
         self.samples
     }
 
-    /// Counts one sample.
-    pub fn record(&mut self, sample: &SampleRecord<'_>) {
+    /// Counts one sample; its Python frames are named through `python`.
+    pub fn record(&mut self, sample: &SampleRecord<'_>, python: &mut Python) {
         let rec = sample.header;
         self.samples += 1;
-        let kid = if self.keep_kernel {
+        python.saw(rec.pid);
+        let frames = sample.python_stack();
+        let mut n = 0;
+        for (f, slot) in frames.iter().zip(self.py_scratch.iter_mut()) {
+            *slot = python.token(rec.pid, f, self.opts.lines);
+            n += 1;
+        }
+        let stats = &mut self.python_stats;
+        match sample.python_status() {
+            PY_OK if n > 0 => stats.with_frames += 1,
+            PY_NO_THREAD => stats.no_thread += 1,
+            PY_READ_FAILED => stats.read_failed += 1,
+            _ => {}
+        }
+        if sample.python_truncated() {
+            stats.truncated += 1;
+            // The marker closes the outermost run (it is where the walk stopped).
+            self.py_scratch[n] = u64::from(TRUNCATED_FUNCTION) | TOKEN_ENTRY;
+            n += 1;
+        }
+        let pyid = self.python.intern(&self.py_scratch[..n]).0;
+        let kid = if self.opts.kernel && !self.opts.python_only {
             let n = to_lookup_addrs(sample.kernel_stack(), false, &mut self.scratch);
             self.kernel.intern(&self.scratch[..n]).0
         } else {
@@ -113,7 +177,10 @@ impl Aggregator {
                 .or_default()
                 .extend_from_slice(&self.scratch[..n]);
         }
-        *self.counts.entry((rec.pid, rec.tid, kid, uid)).or_insert(0) += 1;
+        *self
+            .counts
+            .entry((rec.pid, rec.tid, kid, uid, pyid))
+            .or_insert(0) += 1;
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
         self.processes
@@ -130,7 +197,17 @@ impl Aggregator {
     }
 
     /// Symbolizes every stack and builds the profile.
-    pub fn into_profile(mut self, symbolizer: &mut Symbolizer, meta: Meta) -> Profile {
+    pub fn into_profile(
+        mut self,
+        symbolizer: &mut Symbolizer,
+        python: &Python,
+        mut meta: Meta,
+    ) -> Profile {
+        meta.python = PythonStats {
+            processes: python.found(),
+            notes: python.notes().to_vec(),
+            ..self.python_stats.clone()
+        };
         self.normalize_pending(symbolizer);
 
         // Every distinct address once, in a stable order.
@@ -181,21 +258,48 @@ impl Aggregator {
             .collect();
 
         let kernel_stacks = self.kernel.by_id();
+        let python_stacks = self.python.by_id();
         let user_stacks: FxHashMap<u32, Vec<&[u64]>> =
             self.user.iter().map(|(&pid, t)| (pid, t.by_id())).collect();
+        let mut python_frame: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut pieces = Vec::new();
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
-        for (&(pid, tid, kid, uid), &count) in &self.counts {
+        for (&(pid, tid, kid, uid, pyid), &count) in &self.counts {
             let ustack = user_stacks[&pid][uid as usize];
             let kstack = kernel_stacks[kid as usize];
+            let pystack = python_stacks[pyid as usize];
+            pieces.clear();
+            merge(ustack, pystack, python.merge_info(pid), &mut pieces);
             // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
-            let mut stack: Vec<u32> = ustack
-                .iter()
-                .rev()
-                .map(|a| user_frame[&(pid, *a)])
-                .collect();
-            stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
+            let mut stack: Vec<u32> = Vec::with_capacity(pieces.len() + kstack.len());
+            for piece in pieces.iter().rev() {
+                let id = match *piece {
+                    Piece::Native(a) if !self.opts.python_only => user_frame[&(pid, a)],
+                    Piece::NativeCode if !self.opts.python_only => frames.placeholder(NATIVE_CODE),
+                    Piece::Native(_) | Piece::NativeCode => continue,
+                    Piece::Python(token) => {
+                        let (func, _, _) = split_token(token);
+                        if func == TRUNCATED_FUNCTION {
+                            frames.placeholder(TRUNCATED)
+                        } else {
+                            let key = token & !TOKEN_ENTRY;
+                            *python_frame
+                                .entry(key)
+                                .or_insert_with(|| frames.insert(python_frame_of(python, key)))
+                        }
+                    }
+                };
+                stack.push(id);
+            }
+            if !self.opts.python_only {
+                stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
+            }
             if stack.is_empty() {
-                stack.push(frames.placeholder(crate::output::folded::NO_STACK));
+                stack.push(frames.placeholder(if self.opts.python_only {
+                    NO_PYTHON_FRAMES
+                } else {
+                    crate::output::folded::NO_STACK
+                }));
             }
             samples.push(Sample {
                 frames: stack,
@@ -216,6 +320,86 @@ impl Aggregator {
                 .collect(),
             samples,
         }
+    }
+}
+
+/// The profile frame of a Python token (without its entry flag).
+fn python_frame_of(python: &Python, token: u64) -> Frame {
+    let (func, line, _) = split_token(token);
+    let f = &python.functions()[func as usize];
+    Frame {
+        kind: FrameKind::Python,
+        function: Some(f.name.clone()),
+        module: None,
+        address: 0,
+        file: f.file.clone(),
+        line: (line != 0).then_some(line),
+        unknown_reason: None,
+    }
+}
+
+/// One frame of a merged stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    /// A native frame (lookup address).
+    Native(u64),
+    /// A Python frame (token).
+    Python(u64),
+    /// C code called into Python here, but the native stack does not show it.
+    NativeCode,
+}
+
+/// Merges a native user stack and a Python stack, both leaf first, into `out`, leaf first.
+///
+/// Python frames come in runs, one per call of the interpreter loop (a run ends with a frame
+/// carrying [`TOKEN_ENTRY`]). When the interpreter keeps frame pointers (`info.native_trusted`),
+/// each native frame inside the loop stands for the next run, leaf to root, and C frames between
+/// Python frames stay where they are. Runs left over (the native stack was cut) follow the
+/// native frames leafward of the outermost interpreter frame matched.
+///
+/// Without frame pointers, a frame-pointer walk of the native stack goes astray at the first
+/// interpreter frame, so only the interrupted instruction's own function is kept (when it is not
+/// the loop itself), then every run. Either way, with `info.markers` (3.11+, where a run
+/// boundary means C code called into Python) a [`Piece::NativeCode`] separates two runs that
+/// no native frame separates.
+pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &mut Vec<Piece>) {
+    if python.is_empty() {
+        out.extend(native.iter().map(|&a| Piece::Native(a)));
+        return;
+    }
+    // Frames of a process whose interpreter is unknown here (gone before it was looked at):
+    // nothing to match, so the Python frames go rootward of the native ones.
+    let info = info.unwrap_or(MergeInfo {
+        eval_ranges: &[],
+        markers: false,
+        native_trusted: true,
+    });
+    let is_eval = |a: u64| info.eval_ranges.iter().any(|&(s, e)| (s..e).contains(&a));
+    let mut runs = python.split_inclusive(|&t| t & TOKEN_ENTRY != 0).peekable();
+    if info.native_trusted {
+        let mut matched_to = None;
+        for &a in native {
+            if is_eval(a) {
+                if let Some(run) = runs.next() {
+                    out.extend(run.iter().map(|&t| Piece::Python(t)));
+                    matched_to = Some(out.len());
+                    continue;
+                }
+            }
+            out.push(Piece::Native(a));
+        }
+        if runs.peek().is_none() {
+            return;
+        }
+        out.truncate(matched_to.unwrap_or(out.len()));
+    } else if let Some(&leaf) = native.first().filter(|&&a| !is_eval(a)) {
+        out.push(Piece::Native(leaf));
+    }
+    for run in runs {
+        if info.markers && matches!(out.last(), Some(Piece::Python(_))) {
+            out.push(Piece::NativeCode);
+        }
+        out.extend(run.iter().map(|&t| Piece::Python(t)));
     }
 }
 
@@ -319,37 +503,102 @@ mod tests {
 
     #[test]
     fn counts_per_thread_and_stack_and_queues_new_addresses_once() {
-        let mut agg = Aggregator::new(true);
+        let mut agg = Aggregator::new(Options::default());
+        let mut py = Python::new(false);
         let r1 = record(10, 11, &[0xffff_0010], &[0x1000, 0x2000]);
-        agg.record(&sample(&r1));
-        agg.record(&sample(&r1));
-        agg.record(&sample(&record(10, 12, &[], &[0x1000, 0x2000])));
+        agg.record(&sample(&r1), &mut py);
+        agg.record(&sample(&r1), &mut py);
+        agg.record(&sample(&record(10, 12, &[], &[0x1000, 0x2000])), &mut py);
         assert_eq!(agg.samples(), 3);
         assert_eq!(agg.counts.len(), 2, "two threads");
         // In the kernel, the user leaf is the return address of the system call.
-        assert_eq!(agg.counts[&(10, 11, 1, 1)], 2);
+        assert_eq!(agg.counts[&(10, 11, 1, 1, EMPTY)], 2);
         assert_eq!(agg.user[&10].by_id()[1], [0xfff, 0x1fff]);
         // In user mode the leaf is the interrupted instruction itself.
-        assert_eq!(agg.counts[&(10, 12, EMPTY, 2)], 1);
+        assert_eq!(agg.counts[&(10, 12, EMPTY, 2, EMPTY)], 1);
         assert_eq!(agg.user[&10].by_id()[2], [0x1000, 0x1fff]);
         assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
     }
 
     #[test]
     fn a_reused_tid_under_another_pid_is_another_thread() {
-        let mut agg = Aggregator::new(true);
-        agg.record(&sample(&record(10, 11, &[], &[0x1000])));
-        agg.record(&sample(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000])));
+        let mut agg = Aggregator::new(Options::default());
+        let mut py = Python::new(false);
+        agg.record(&sample(&record(10, 11, &[], &[0x1000])), &mut py);
+        agg.record(
+            &sample(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000])),
+            &mut py,
+        );
         assert_eq!(agg.threads.len(), 2);
-        assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
-        assert_eq!(agg.counts[&(20, 11, EMPTY, 1)], 1);
+        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY)], 1);
+        assert_eq!(agg.counts[&(20, 11, EMPTY, 1, EMPTY)], 1);
+    }
+
+    const EVAL: &[(u64, u64)] = &[(0x5000, 0x6000)];
+
+    fn info(native_trusted: bool, markers: bool) -> Option<MergeInfo<'static>> {
+        Some(MergeInfo {
+            eval_ranges: EVAL,
+            markers,
+            native_trusted,
+        })
+    }
+
+    fn merged(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        merge(native, python, info, &mut out);
+        out
+    }
+
+    use Piece::{Native as N, NativeCode as C, Python as P};
+    const E: u64 = TOKEN_ENTRY;
+
+    #[test]
+    fn trusted_native_stacks_put_each_run_at_its_interpreter_frame() {
+        // leaf C function, eval (run 1), a C callback caller, eval (run 2), main.
+        let native = [0x100, 0x5010, 0x200, 0x5020, 0x300];
+        let python = [1, 2 | E, 3 | E];
+        assert_eq!(
+            merged(&native, &python, info(true, true)),
+            [N(0x100), P(1), P(2 | E), N(0x200), P(3 | E), N(0x300)]
+        );
+        // A cut stack: runs left over follow what is leafward of the last interpreter frame.
+        assert_eq!(
+            merged(&native[..3], &python, info(true, true)),
+            [N(0x100), P(1), P(2 | E), C, P(3 | E)]
+        );
+    }
+
+    #[test]
+    fn untrusted_native_stacks_keep_only_the_leaf_function() {
+        let python = [1, 2 | E, 3 | E];
+        // In a C function called by the loop: it stays, garbage beyond it goes.
+        assert_eq!(
+            merged(&[0x100, 0x5010, 0x999], &python, info(false, true)),
+            [N(0x100), P(1), P(2 | E), C, P(3 | E)]
+        );
+        // In the loop itself: only Python frames. 3.8–3.10: no markers.
+        assert_eq!(
+            merged(&[0x5010, 0x999], &python, info(false, false)),
+            [P(1), P(2 | E), P(3 | E)]
+        );
+    }
+
+    #[test]
+    fn stacks_without_python_frames_or_interpreter_keep_every_frame() {
+        assert_eq!(merged(&[1, 2], &[], info(false, true)), [N(1), N(2)]);
+        assert_eq!(merged(&[1, 2], &[7 | E], None), [N(1), N(2), P(7 | E)]);
     }
 
     #[test]
     fn no_kernel_drops_kernel_stacks() {
-        let mut agg = Aggregator::new(false);
-        agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])));
-        assert_eq!(agg.counts[&(10, 11, EMPTY, 1)], 1);
+        let mut agg = Aggregator::new(Options {
+            kernel: false,
+            ..Options::default()
+        });
+        let mut py = Python::new(false);
+        agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
+        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY)], 1);
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
     }
 }

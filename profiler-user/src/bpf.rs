@@ -11,7 +11,7 @@ use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{PerfEvent, ProgramType, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use profiler_common::{ErrorCode, Target, ERROR_COUNT, TARGET_EXPLICIT};
+use profiler_common::{ErrorCode, PyProc, Target, ERROR_COUNT, TARGET_EXPLICIT};
 
 /// The compiled eBPF object.
 static EBPF_OBJECT: &[u8] =
@@ -81,6 +81,7 @@ pub struct Programs {
     /// Ring buffer of sample records ([`profiler_common::Sample`]).
     pub samples: RingBuf<MapData>,
     targets: HashMap<MapData, u32, Target>,
+    py_procs: HashMap<MapData, u32, PyProc>,
     errors: PerCpuArray<MapData, u64>,
 }
 
@@ -192,17 +193,28 @@ impl Programs {
         exit.load().map_err(aya_err("load the exit program"))?;
         exit.attach("sched_process_exit")
             .map_err(aya_err("attach to sched_process_exit"))?;
+        let exec: &mut RawTracePoint = ebpf
+            .program_mut("on_exec")
+            .expect("on_exec is in the object")
+            .try_into()
+            .map_err(aya_err("find the exec program"))?;
+        exec.load().map_err(aya_err("load the exec program"))?;
+        exec.attach("sched_process_exec")
+            .map_err(aya_err("attach to sched_process_exec"))?;
 
         let samples = RingBuf::try_from(ebpf.take_map("samples").expect("samples map"))
             .map_err(aya_err("open the sample ring buffer"))?;
         let targets = HashMap::try_from(ebpf.take_map("target_pids").expect("target_pids map"))
             .map_err(aya_err("open the target map"))?;
+        let py_procs = HashMap::try_from(ebpf.take_map("py_procs").expect("py_procs map"))
+            .map_err(aya_err("open the python process map"))?;
         let errors = PerCpuArray::try_from(ebpf.take_map("errors").expect("errors map"))
             .map_err(aya_err("open the error counters"))?;
         Ok(Programs {
             _ebpf: ebpf,
             samples,
             targets,
+            py_procs,
             errors,
         })
     }
@@ -222,6 +234,13 @@ impl Programs {
     pub fn remove_target(&mut self, pid: u32) {
         // NB: ENOENT when the process was never there or was removed already.
         let _ = self.targets.remove(&pid);
+    }
+
+    /// Tells the BPF walker where a CPython process keeps its interpreter.
+    pub fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), LoadError> {
+        self.py_procs
+            .insert(pid, *value, 0)
+            .map_err(aya_err("add a process to the python map"))
     }
 
     /// Whether any process is still in the profiled set (targets and the children the kernel
@@ -249,5 +268,11 @@ impl Programs {
             out[code as usize] = self.error_count(code);
         }
         out
+    }
+}
+
+impl crate::python::PyProcMap for Programs {
+    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), String> {
+        Programs::set_python(self, pid, value).map_err(|e| e.to_string())
     }
 }

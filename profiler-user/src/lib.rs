@@ -28,6 +28,7 @@ pub mod command;
 pub mod output;
 pub mod preflight;
 pub mod profile;
+pub mod python;
 pub mod session;
 pub mod summary;
 pub mod write;

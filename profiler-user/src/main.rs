@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use spanprof::aggregate;
 use spanprof::command::CannotRun;
 use spanprof::output::{self, Format};
 use spanprof::session::{self, Ending, Options, Target};
@@ -62,6 +63,12 @@ struct ProfileArgs {
     /// Drop kernel frames.
     #[arg(long)]
     no_kernel: bool,
+    /// One frame per Python function instead of one per line: `f (app.py)`.
+    #[arg(long)]
+    no_lines: bool,
+    /// Keep only Python frames (native and kernel frames are dropped).
+    #[arg(long)]
+    python_only: bool,
     /// With --pid, also profile processes the targets start (always on for a command).
     #[arg(long)]
     children: bool,
@@ -168,7 +175,11 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         target,
         duration,
         frequency: args.frequency,
-        kernel: !args.no_kernel,
+        aggregate: aggregate::Options {
+            kernel: !args.no_kernel,
+            lines: !args.no_lines,
+            python_only: args.python_only,
+        },
         children: args.children,
         ring_buffer_size: args.ring_buffer_size,
         btf_path: std::env::var_os("SPANPROF_BTF_PATH")

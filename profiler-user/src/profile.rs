@@ -13,6 +13,8 @@ pub enum FrameKind {
     Native,
     /// A kernel frame.
     Kernel,
+    /// A Python frame: `function` is the qualified name, `file` and `line` where it runs.
+    Python,
 }
 
 /// One symbolized frame, shared by every stack that contains it.
@@ -40,11 +42,23 @@ impl Frame {
     ///
     /// Known functions show their demangled name; unknown ones `[unknown] (libfoo.so+0x1234)` with
     /// the module's base name and the normalized address. Kernel frames end in `_[k]`, the
-    /// convention of perf and inferno.
+    /// convention of perf and inferno. Python frames read `qualname (file.py:LINE)`, with the
+    /// file's base name, or `qualname (file.py)` without a line (`--no-lines`).
     pub fn display_name(&self) -> String {
         match self.kind {
             FrameKind::Kernel => format!("{}_[k]", self.base_name()),
             FrameKind::Native => self.base_name(),
+            FrameKind::Python => {
+                let name = self.base_name();
+                let Some(file) = self.file.as_deref() else {
+                    return name;
+                };
+                let file = file.rsplit('/').next().unwrap_or(file);
+                match self.line {
+                    Some(line) => format!("{name} ({file}:{line})"),
+                    None => format!("{name} ({file})"),
+                }
+            }
         }
     }
 
@@ -108,6 +122,25 @@ pub struct Meta {
     pub frequency: u64,
     /// Samples the kernel could not hand over (ring buffer full), never silently dropped.
     pub lost_samples: u64,
+    /// What the CPython walker found.
+    pub python: PythonStats,
+}
+
+/// What the CPython walker found over a session, for the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PythonStats {
+    /// CPython processes found.
+    pub processes: u32,
+    /// Samples of those processes with Python frames.
+    pub with_frames: u64,
+    /// Samples of threads without a Python thread state (C threads, not started yet).
+    pub no_thread: u64,
+    /// Samples whose walk stopped at a failed read.
+    pub read_failed: u64,
+    /// Samples whose Python stack was cut (too deep, a cycle, or a failed read).
+    pub truncated: u64,
+    /// Processes that looked like Python but could not be profiled as such, one line each.
+    pub notes: Vec<String>,
 }
 
 impl Meta {

@@ -16,14 +16,15 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use profiler_common::{ErrorCode, Sample, ERROR_COUNT};
+use profiler_common::{ErrorCode, Record, ERROR_COUNT};
 use symbolizer::Symbolizer;
 
-use crate::aggregate::Aggregator;
+use crate::aggregate::{self, Aggregator};
 use crate::bpf::{LoadOptions, Programs};
 use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::{Meta, Profile};
+use crate::python::Python;
 
 /// How often the loop wakes up when no sample arrives.
 const TICK: Duration = Duration::from_millis(50);
@@ -46,8 +47,8 @@ pub struct Options {
     pub duration: Option<Duration>,
     /// Samples per second per CPU. Default 99 (not 100, to avoid lockstep with timers).
     pub frequency: u64,
-    /// Keep kernel frames. Default true.
-    pub kernel: bool,
+    /// What to keep of each sample (kernel frames, Python lines, native frames).
+    pub aggregate: aggregate::Options,
     /// Profile children of `--pid` targets too (always on for a command).
     pub children: bool,
     /// Ring buffer size in bytes. Default 4 MiB.
@@ -359,10 +360,13 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     })?;
     let mut child = None;
     let mut pids = Vec::new();
+    let mut python = Python::new(true);
     match &opts.target {
         Target::Pids(p) => {
             for &pid in p {
                 programs.add_target(pid)?;
+                // Before sampling starts, so the first samples have their Python frames.
+                python.detect_now(pid, &mut programs);
             }
             pids.clone_from(p);
         }
@@ -397,7 +401,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let cpu_at_sampling = process_cpu_time();
     let start = Instant::now();
     let start_wall = SystemTime::now();
-    let mut agg = Aggregator::new(opts.kernel);
+    let mut agg = Aggregator::new(opts.aggregate);
     let mut symbolizer = Symbolizer::new();
     let mut progress = Progress::new(
         opts.progress,
@@ -416,7 +420,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             .map(|d| d.saturating_sub(start.elapsed()))
             .unwrap_or(TICK);
         waiter.wait(remaining.min(TICK));
-        drain(&mut programs, &mut agg);
+        drain(&mut programs, &mut agg, &mut python);
         agg.normalize_pending(&mut symbolizer);
         // One bpf() call a second is enough for the live count; the final one is exact.
         let once_a_second = last_check.elapsed() >= Duration::from_secs(1);
@@ -461,7 +465,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     };
     let duration = start.elapsed();
     let cpu_at_end = process_cpu_time();
-    drain(&mut programs, &mut agg);
+    drain(&mut programs, &mut agg, &mut python);
     progress.finish();
     let errors = programs.error_counts();
     // Stop sampling before the (slower) symbolization.
@@ -473,11 +477,12 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         duration,
         frequency: opts.frequency,
         lost_samples: errors[ErrorCode::RingbufFull as usize],
+        python: Default::default(),
     };
     if opts.progress {
         eprintln!("spanprof: symbolizing {} samples", agg.samples());
     }
-    let profile = agg.into_profile(&mut symbolizer, meta);
+    let profile = agg.into_profile(&mut symbolizer, &python, meta);
     Ok(Outcome {
         profile,
         ending,
@@ -493,12 +498,17 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     })
 }
 
-fn drain(programs: &mut Programs, agg: &mut Aggregator) {
+/// Drains the ring buffer into the aggregate, then looks for the interpreters of processes
+/// that just appeared or exec'd.
+fn drain(programs: &mut Programs, agg: &mut Aggregator, python: &mut Python) {
     while let Some(item) = programs.samples.next() {
-        if let Some(sample) = Sample::from_bytes(&item) {
-            agg.record(&sample);
+        match Record::from_bytes(&item) {
+            Some(Record::Sample(sample)) => agg.record(&sample, python),
+            Some(Record::Exec(e)) => python.exec(e.pid),
+            None => {}
         }
     }
+    python.detect_pending(programs);
 }
 
 /// Exit code a shell would report for a command's status (128+signal when killed).

@@ -65,6 +65,23 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
     if procs.len() > 1 || (procs.len() == 1 && !m.target.contains(&procs[0])) {
         let _ = writeln!(out, "processes: {}", procs.join(", "));
     }
+    let py = &m.python;
+    if py.processes > 0 {
+        let _ = writeln!(
+            out,
+            "python: {} process{}, {} samples with python frames ({} in threads without a \
+             python thread state, {} cut by a failed read, {} truncated)",
+            py.processes,
+            if py.processes == 1 { "" } else { "es" },
+            py.with_frames,
+            py.no_thread,
+            py.read_failed,
+            py.truncated,
+        );
+    }
+    for note in &py.notes {
+        let _ = writeln!(out, "warning: {note}");
+    }
     // Lost samples get their own warning below, with what to do about them.
     for code in ErrorCode::ALL
         .into_iter()

@@ -226,6 +226,7 @@ pub(crate) mod fixture {
                 duration: Duration::from_millis(2500),
                 frequency: 100,
                 lost_samples: 4,
+                python: Default::default(),
             },
             frames: vec![
                 native("main", 0x1000, 10),

@@ -219,7 +219,7 @@ impl Builder {
         let module = match (frame.kind, &frame.module) {
             (FrameKind::Kernel, _) => KERNEL_MAPPING,
             (FrameKind::Native, Some(module)) => module.as_str(),
-            (FrameKind::Native, None) => return 0,
+            (FrameKind::Native, None) | (FrameKind::Python, _) => return 0,
         };
         let filename = self.strings.intern(module);
         let index = *self.mapping_index.entry(filename).or_insert_with(|| {

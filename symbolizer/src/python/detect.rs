@@ -66,6 +66,14 @@ pub struct PythonProcess {
     pub code_type_addr: Option<u64>,
     /// Run-time address of `PyUnicode_Type`, to validate strings, when exported.
     pub unicode_type_addr: Option<u64>,
+    /// Run-time address ranges `[start, end)` of the interpreter loop
+    /// (`_PyEval_EvalFrameDefault` and its `.cold` part when the symbol table has it): a native
+    /// frame there is running Python frames.
+    pub eval_ranges: Vec<(u64, u64)>,
+    /// The interpreter loop keeps a frame pointer (`push %rbp; mov %rsp,%rbp` prologue), so a
+    /// frame-pointer walk of the native stack gets through it. pyenv's and Debian's builds
+    /// (`-O3`, 3.8–3.13) do not.
+    pub frame_pointers: bool,
 }
 
 impl PythonProcess {
@@ -251,16 +259,38 @@ struct Symbols {
     py_version: Option<u64>,
     code_type: Option<u64>,
     unicode_type: Option<u64>,
+    /// Link-time `[start, end)` of the interpreter loop's parts.
+    eval: Vec<(u64, u64)>,
+    /// File offset of `_PyEval_EvalFrameDefault`.
+    eval_file_offset: Option<u64>,
 }
+
+/// The interpreter loop, and the part GCC splits off it when compiled with `-freorder-blocks`.
+const EVAL_FUNCTIONS: [&str; 2] = ["_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold"];
 
 fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
     let mut elf = Elf::new(path);
     // NB: debug symbols exclude variables in blazesym's inspector; all wanted names are in
     // `.dynsym` anyway.
     elf.debug_syms = false;
-    let names = ["_PyRuntime", "Py_Version", "PyCode_Type", "PyUnicode_Type"];
+    let names = [
+        "_PyRuntime",
+        "Py_Version",
+        "PyCode_Type",
+        "PyUnicode_Type",
+        EVAL_FUNCTIONS[0],
+        EVAL_FUNCTIONS[1],
+    ];
     let found = inspector.lookup(&Source::Elf(elf), &names).ok()?;
     let first = |i: usize| found.get(i).and_then(|v| v.first()).map(|s| s.addr);
+    let eval = (4..6)
+        .filter_map(|i| found.get(i).and_then(|v| v.first()))
+        .filter_map(|s| Some((s.addr, s.addr.checked_add(s.size? as u64)?)))
+        .collect();
+    let eval_file_offset = found
+        .get(4)
+        .and_then(|v| v.first())
+        .and_then(|s| s.file_offset);
     Some(Symbols {
         runtime: first(0)?,
         py_version: found
@@ -269,6 +299,8 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
             .and_then(|s| s.file_offset),
         code_type: first(2),
         unicode_type: first(3),
+        eval,
+        eval_file_offset,
     })
 }
 
@@ -326,6 +358,10 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             reason: "no mapping matches a load segment",
         })?;
         let (version, version_source) = find_version(&file, &on_disk, module, &syms, &elf)?;
+        let frame_pointers = syms
+            .eval_file_offset
+            .and_then(|off| read_at(&file, &on_disk, off, 8).ok())
+            .is_some_and(|code| has_frame_pointer_prologue(&code));
         return Ok(PythonProcess {
             pid,
             version,
@@ -335,9 +371,21 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             runtime_addr: syms.runtime.wrapping_add(load_bias),
             code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
             unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
+            eval_ranges: syms
+                .eval
+                .iter()
+                .map(|&(s, e)| (s.wrapping_add(load_bias), e.wrapping_add(load_bias)))
+                .collect(),
+            frame_pointers,
         });
     }
     Err(DetectError::NotPython(pid))
+}
+
+/// Whether x86_64 code starts with `[endbr64] push %rbp; mov %rsp,%rbp`.
+fn has_frame_pointer_prologue(code: &[u8]) -> bool {
+    let code = code.strip_prefix(&[0xf3, 0x0f, 0x1e, 0xfa]).unwrap_or(code);
+    code.starts_with(&[0x55, 0x48, 0x89, 0xe5])
 }
 
 /// Run-time minus link-time address, from the module's lowest-offset mapping and the load
@@ -444,6 +492,17 @@ mod tests {
     fn rodata_versions_include_tail_merged_strings() {
         let data = b"x\0/root/.pyenv/versions/3.8.18\0lib\x003.9.1x\0v13.8.2\0";
         assert_eq!(versions_in(data), vec![(3, 8, 18)]);
+    }
+
+    #[test]
+    fn frame_pointer_prologues() {
+        assert!(has_frame_pointer_prologue(&[0x55, 0x48, 0x89, 0xe5, 0x41]));
+        assert!(has_frame_pointer_prologue(&[
+            0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5
+        ]));
+        // pyenv's -O3 build: push %r15; push %r14.
+        assert!(!has_frame_pointer_prologue(&[0x41, 0x57, 0x41, 0x56]));
+        assert!(!has_frame_pointer_prologue(&[0x55, 0x53]));
     }
 
     #[test]

@@ -148,6 +148,18 @@ fn checks(o: &PyOffsets) -> Vec<Check> {
             8,
         ));
     }
+    if let Some(entry) = o.frame_is_entry {
+        c.push(check(
+            "frame_is_entry",
+            "offsetof(_PyInterpreterFrame, is_entry)",
+            entry,
+        ));
+        c.push(check(
+            "frame_is_entry (size)",
+            "sizeof(((_PyInterpreterFrame *)0)->is_entry)",
+            1,
+        ));
+    }
     if let Some(owner) = o.frame_owner {
         c.push(check(
             "frame_owner",

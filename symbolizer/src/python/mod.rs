@@ -10,6 +10,8 @@
 //!   [`memory::ProcessMemory`] and yields (code object, instruction offset) pairs, the
 //!   record the BPF walker will produce; [`walk::code_info`] names a code object and reads
 //!   its line table.
+//! - [`names::CodeNames`] names the (code object, instruction offset) pairs the BPF walker
+//!   records, per process, cached and validated against reuse of freed code objects.
 //! - [`lines`] turns an instruction offset into a line number for each version's line table
 //!   format ([`walk::CodeInfo::line`]).
 //!
@@ -21,6 +23,7 @@
 pub mod detect;
 pub mod lines;
 pub mod memory;
+pub mod names;
 pub mod offsets;
 pub mod walk;
 

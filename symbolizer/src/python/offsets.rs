@@ -70,6 +70,9 @@ pub struct PyOffsets {
     pub frame_instr: u64,
     /// `offsetof(_PyInterpreterFrame, owner)` (a `char`), where shim frames exist (3.12+).
     pub frame_owner: Option<u64>,
+    /// `offsetof(_PyInterpreterFrame, is_entry)` (a `bool`, 3.11 only): the frame was entered
+    /// from C, so it is the outermost frame of its interpreter-loop call.
+    pub frame_is_entry: Option<u64>,
     /// `offsetof(PyCodeObject, co_name)`.
     pub code_name: u64,
     /// `offsetof(PyCodeObject, co_qualname)`, 3.11+.
@@ -111,6 +114,7 @@ const PY38: PyOffsets = PyOffsets {
     frame_code: 32,
     frame_instr: 104,
     frame_owner: None,
+    frame_is_entry: None,
     code_name: 112,
     code_qualname: None,
     code_filename: 104,
@@ -163,6 +167,7 @@ const PY311: PyOffsets = PyOffsets {
     // NB: 3.11 has `owner` at 69 but no C-stack shim frames (entry frames are flagged with
     // `is_entry` and are real Python frames), so nothing is skipped.
     frame_owner: None,
+    frame_is_entry: Some(68),
     code_name: 120,
     code_qualname: Some(128),
     code_filename: 112,
@@ -192,6 +197,7 @@ const PY312: PyOffsets = PyOffsets {
     frame_code: 0,
     frame_instr: 56,
     frame_owner: Some(70),
+    frame_is_entry: None,
     code_name: 120,
     code_qualname: Some(128),
     code_filename: 112,
@@ -221,6 +227,7 @@ const PY313: PyOffsets = PyOffsets {
     frame_code: 0,
     frame_instr: 56,
     frame_owner: Some(70),
+    frame_is_entry: None,
     code_name: 120,
     code_qualname: Some(128),
     code_filename: 112,

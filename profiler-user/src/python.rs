@@ -1,0 +1,442 @@
+//! CPython targets: finding the interpreter of each profiled process, telling the BPF walker
+//! where it is (the `py_procs` map), and naming the frames it records.
+//!
+//! # Overview
+//! A process is looked at the first time one of its samples arrives (or at the start, for
+//! `--pid` targets), and again after it calls `execve` (the kernel sends an exec record). An
+//! interpreter that is not mapped yet (a process still in the dynamic loader, a shell about to
+//! exec python) is looked for again a few times. Once found, its version's offsets go into
+//! `py_procs` as a [`PyProc`] and the BPF program walks its threads' frames from the next sample
+//! on. A child forked by a CPython process inherits its parent's entry in the kernel.
+//!
+//! Each recorded Python frame becomes a token of the interned stack: the function id (an index
+//! into [`Python::functions`]), the line, and the entry flag the merge with native frames uses
+//! ([`crate::aggregate`]).
+//!
+//! # Design constraints
+//! Names are read from the live process (`process_vm_readv`) at the drain that follows the
+//! sample; garbage or freed memory yields an `[unknown python code]` frame, never a crash.
+
+use std::time::{Duration, Instant};
+
+use profiler_common::{
+    PyFrame, PyProc, PY_CODE_BLOCK, PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM,
+    PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER,
+    PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET,
+};
+use rustc_hash::FxHashMap;
+use symbolizer::python::detect::{detect, DetectError, PythonProcess};
+use symbolizer::python::memory::{LiveMemory, ProcessMemory};
+use symbolizer::python::names::{CodeNames, CodeRead};
+use symbolizer::python::offsets::{
+    DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN,
+};
+use symbolizer::python::walk::TypeAddrs;
+
+/// Times a process that is not (yet) Python is looked at again after it appeared or exec'd.
+const DETECT_TRIES: u32 = 4;
+/// Between two looks.
+const DETECT_RETRY: Duration = Duration::from_millis(150);
+
+/// Token flag: the frame is the outermost of one call of the interpreter loop.
+pub const TOKEN_ENTRY: u64 = 1 << 63;
+/// Function id of the `[truncated]` marker token.
+pub const TRUNCATED_FUNCTION: u32 = u32::MAX;
+
+/// What [`crate::aggregate::merge`] needs to know of a Python process.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeInfo<'a> {
+    /// Run-time ranges of the interpreter loop.
+    pub eval_ranges: &'a [(u64, u64)],
+    /// A boundary between two interpreter calls means C code called into Python (3.11+).
+    pub markers: bool,
+    /// The interpreter keeps frame pointers, so the native stack gets through it.
+    pub native_trusted: bool,
+}
+
+/// A Python function as shown in profiles.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFunction {
+    /// `co_qualname` (3.11+) or `co_name`; `[unknown python code]` when it could not be read.
+    pub name: String,
+    /// `co_filename`, when read.
+    pub file: Option<String>,
+}
+
+/// Where a process stands.
+#[derive(Debug)]
+enum Proc {
+    /// To be looked at (again) from `next` on.
+    Pending { tries: u32, next: Instant },
+    /// A CPython process the BPF program walks.
+    Ready(Box<Ready>),
+    /// Not Python, or a version or build spanprof cannot read, or gone.
+    Skipped,
+}
+
+#[derive(Debug)]
+struct Ready {
+    process: PythonProcess,
+    names: CodeNames<LiveMemory>,
+    /// Whether entry flags delimit calls into the interpreter from C (3.11+); on 3.8–3.10
+    /// every frame is its own call and says nothing about C code in between.
+    entries_mean_c_calls: bool,
+}
+
+/// The CPython side of a session.
+#[derive(Debug)]
+pub struct Python {
+    enabled: bool,
+    procs: FxHashMap<u32, Proc>,
+    functions: Vec<PyFunction>,
+    function_ids: FxHashMap<PyFunction, u32>,
+    /// One line per process that looked like Python but could not be profiled as such.
+    notes: Vec<String>,
+    /// Python processes found.
+    found: u32,
+}
+
+/// What the session must do with the BPF map after [`Python::detect_pending`].
+pub trait PyProcMap {
+    /// Writes (or replaces) a process's entry.
+    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), String>;
+}
+
+impl Python {
+    /// `enabled = false` (`--no-python`) never looks at processes.
+    pub fn new(enabled: bool) -> Self {
+        Python {
+            enabled,
+            procs: FxHashMap::default(),
+            functions: Vec::new(),
+            function_ids: FxHashMap::default(),
+            notes: Vec::new(),
+            found: 0,
+        }
+    }
+
+    /// Interned functions, by id.
+    pub fn functions(&self) -> &[PyFunction] {
+        &self.functions
+    }
+
+    /// Lines about processes that could not be profiled as Python.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Python processes found so far.
+    pub fn found(&self) -> u32 {
+        self.found
+    }
+
+    /// Notes a process that sent a sample; it is looked at by the next
+    /// [`Python::detect_pending`]. Cheap when the process is known.
+    pub fn saw(&mut self, pid: u32) {
+        if self.enabled && !self.procs.contains_key(&pid) {
+            self.procs.insert(
+                pid,
+                Proc::Pending {
+                    tries: 0,
+                    next: Instant::now(),
+                },
+            );
+        }
+    }
+
+    /// A process called execve: whatever was known of its interpreter is gone.
+    pub fn exec(&mut self, pid: u32) {
+        if self.enabled {
+            self.procs.insert(
+                pid,
+                Proc::Pending {
+                    tries: 0,
+                    next: Instant::now(),
+                },
+            );
+        }
+    }
+
+    /// Looks at every pending process that is due, writing the BPF map for those found.
+    pub fn detect_pending(&mut self, map: &mut impl PyProcMap) {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| matches!(p, Proc::Pending { next, .. } if *next <= now))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            self.detect_now(pid, map);
+        }
+    }
+
+    /// Looks at one process now.
+    pub fn detect_now(&mut self, pid: u32, map: &mut impl PyProcMap) {
+        if !self.enabled {
+            return;
+        }
+        let tries = match self.procs.get(&pid) {
+            Some(Proc::Pending { tries, .. }) => *tries,
+            Some(_) => return,
+            None => 0,
+        };
+        let next = match detect(pid) {
+            Ok(process) => match self.ready(process, map) {
+                Ok(ready) => {
+                    self.found += 1;
+                    Proc::Ready(Box::new(ready))
+                }
+                Err(note) => {
+                    self.notes.push(note);
+                    Proc::Skipped
+                }
+            },
+            // Not mapped yet (dynamic loader, shell before exec): look again a few times.
+            Err(DetectError::NotPython(_)) if tries + 1 < DETECT_TRIES => Proc::Pending {
+                tries: tries + 1,
+                next: Instant::now() + DETECT_RETRY,
+            },
+            Err(DetectError::NotPython(_) | DetectError::Maps { .. }) => Proc::Skipped,
+            Err(e) => {
+                self.notes.push(format!("pid {pid}: {e}"));
+                Proc::Skipped
+            }
+        };
+        self.procs.insert(pid, next);
+    }
+
+    fn ready(&self, process: PythonProcess, map: &mut impl PyProcMap) -> Result<Ready, String> {
+        let pid = process.pid;
+        let version = process.version;
+        let offsets = process.offsets().ok_or_else(|| {
+            format!("pid {pid}: python {version} is not supported (3.8 to 3.13 are)")
+        })?;
+        let mem = LiveMemory::new(pid);
+        if version.minor >= 13 {
+            // The runtime publishes its own offsets: trust the table only if they agree.
+            let mut raw = vec![0u8; DEBUG_OFFSETS_LEN];
+            mem.read(process.runtime_addr, &mut raw)
+                .map_err(|e| format!("pid {pid}: cannot read _PyRuntime: {e}"))?;
+            DebugOffsets::parse(&raw)
+                .and_then(|d| d.check(offsets))
+                .map_err(|e| {
+                    format!("pid {pid}: python {version} does not match spanprof's tables: {e}")
+                })?;
+        }
+        let value =
+            py_proc(&process, offsets).map_err(|e| format!("pid {pid}: python {version}: {e}"))?;
+        map.set_python(pid, &value)
+            .map_err(|e| format!("pid {pid}: cannot hand python offsets to the kernel: {e}"))?;
+        let types = TypeAddrs {
+            code: process.code_type_addr,
+            unicode: process.unicode_type_addr,
+        };
+        Ok(Ready {
+            names: CodeNames::new(mem, offsets, types),
+            entries_mean_c_calls: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
+            process,
+        })
+    }
+
+    /// The interned-stack token of one recorded frame. `lines = false` drops the line
+    /// (`--no-lines`). Allocates only for a code object or offset seen for the first time.
+    pub fn token(&mut self, pid: u32, frame: &PyFrame, lines: bool) -> u64 {
+        let functions = &mut self.functions;
+        let function_ids = &mut self.function_ids;
+        let (func, line) = match self.procs.get_mut(&pid) {
+            Some(Proc::Ready(ready)) => ready.names.resolve(frame, |read| {
+                let f = match read {
+                    CodeRead::Code(info) => PyFunction {
+                        name: info.name.clone(),
+                        file: Some(info.filename.clone()),
+                    },
+                    CodeRead::Unreadable(_) | CodeRead::Replaced => unknown(),
+                };
+                intern(functions, function_ids, f)
+            }),
+            // Frames from a process whose interpreter is not known here (a fork child seen
+            // for the first time, a process gone before it was looked at).
+            _ => (intern(functions, function_ids, unknown()), None),
+        };
+        let line = if lines { line.unwrap_or(0) } else { 0 };
+        let entry = if frame.flags & PY_FRAME_ENTRY != 0 {
+            TOKEN_ENTRY
+        } else {
+            0
+        };
+        u64::from(func) | (u64::from(line.min(0x7fff_ffff)) << 32) | entry
+    }
+
+    /// Whether a process's interpreter was found.
+    pub fn is_python(&self, pid: u32) -> bool {
+        matches!(self.procs.get(&pid), Some(Proc::Ready(_)))
+    }
+
+    /// How to merge the native and Python stacks of a process.
+    pub fn merge_info(&self, pid: u32) -> Option<MergeInfo<'_>> {
+        match self.procs.get(&pid) {
+            Some(Proc::Ready(r)) => Some(MergeInfo {
+                eval_ranges: &r.process.eval_ranges,
+                markers: r.entries_mean_c_calls,
+                native_trusted: r.process.frame_pointers,
+            }),
+            _ => None,
+        }
+    }
+}
+
+fn unknown() -> PyFunction {
+    PyFunction {
+        name: "[unknown python code]".to_string(),
+        file: None,
+    }
+}
+
+fn intern(
+    functions: &mut Vec<PyFunction>,
+    ids: &mut FxHashMap<PyFunction, u32>,
+    f: PyFunction,
+) -> u32 {
+    if let Some(&id) = ids.get(&f) {
+        return id;
+    }
+    let id = functions.len() as u32;
+    ids.insert(f.clone(), id);
+    functions.push(f);
+    id
+}
+
+/// Splits a token into (function id, line or 0, entry flag).
+pub fn split_token(token: u64) -> (u32, u32, bool) {
+    (
+        token as u32,
+        ((token >> 32) & 0x7fff_ffff) as u32,
+        token & TOKEN_ENTRY != 0,
+    )
+}
+
+/// The `py_procs` value of a process: its runtime address and its version's offsets.
+pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String> {
+    let u = |v: u64, what: &str| -> Result<u32, String> {
+        u32::try_from(v).map_err(|_| format!("offset of {what} out of range"))
+    };
+    let (tstate_match, tstate_thread) = match o.thread_match {
+        ThreadIdMatch::NativeThreadId(at) => (PY_MATCH_NATIVE_TID, at),
+        ThreadIdMatch::PthreadId => (PY_MATCH_PTHREAD, o.tstate_thread_id),
+    };
+    let (instr_kind, cframe_current) = match o.frame_layout {
+        FrameLayout::FrameObject {
+            lasti_in_code_units: false,
+        } => (PY_INSTR_LASTI_BYTES, PY_NO_OFFSET),
+        FrameLayout::FrameObject {
+            lasti_in_code_units: true,
+        } => (PY_INSTR_LASTI_UNITS, PY_NO_OFFSET),
+        FrameLayout::CFrame { current_frame } => {
+            (PY_INSTR_POINTER, u(current_frame, "cframe.current_frame")?)
+        }
+        FrameLayout::Direct => (PY_INSTR_POINTER, PY_NO_OFFSET),
+    };
+    let (entry_kind, frame_entry) = match (o.frame_layout, o.frame_is_entry, o.frame_owner) {
+        (FrameLayout::FrameObject { .. }, _, _) => (PY_ENTRY_EVERY_FRAME, PY_NO_OFFSET),
+        (_, Some(at), _) => (PY_ENTRY_FIELD, u(at, "is_entry")?),
+        (_, None, Some(at)) => (PY_ENTRY_SHIM, u(at, "owner")?),
+        (_, None, None) => return Err("no way to find interpreter entry frames".into()),
+    };
+    let code_adaptive = match (instr_kind, o.code_adaptive) {
+        (PY_INSTR_POINTER, Some(at)) => u(at, "co_code_adaptive")?,
+        (PY_INSTR_POINTER, None) => return Err("no co_code_adaptive offset".into()),
+        _ => PY_NO_OFFSET,
+    };
+    if o.code_filename < o.code_firstlineno
+        || o.code_filename - o.code_firstlineno > u64::from(PY_CODE_BLOCK) - 8
+    {
+        return Err("co_filename is too far from co_firstlineno for one read".into());
+    }
+    let instr_size = if instr_kind == PY_INSTR_POINTER { 8 } else { 4 };
+    let mut frame_size = (o.frame_previous + 8)
+        .max(o.frame_code + 8)
+        .max(o.frame_instr + instr_size);
+    if frame_entry != PY_NO_OFFSET {
+        frame_size = frame_size.max(u64::from(frame_entry) + 1);
+    }
+    if frame_size > u64::from(PY_FRAME_BLOCK) {
+        return Err("frame fields span more than one read".into());
+    }
+    Ok(PyProc {
+        runtime_addr: process.runtime_addr,
+        runtime_interp_head: u(o.runtime_interpreters_head, "interpreters.head")?,
+        interp_threads_head: u(o.interp_threads_head, "threads.head")?,
+        tstate_next: u(o.tstate_next, "tstate.next")?,
+        tstate_match,
+        tstate_thread: u(tstate_thread, "tstate thread id")?,
+        tstate_frame: u(o.tstate_frame, "tstate frame")?,
+        cframe_current,
+        frame_previous: u(o.frame_previous, "frame.previous")?,
+        frame_code: u(o.frame_code, "frame.code")?,
+        frame_instr: u(o.frame_instr, "frame.instr")?,
+        frame_entry,
+        instr_kind,
+        entry_kind,
+        code_adaptive,
+        code_firstlineno: u(o.code_firstlineno, "co_firstlineno")?,
+        code_filename: u(o.code_filename, "co_filename")?,
+        frame_size: frame_size as u32,
+        _pad: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use symbolizer::python::detect::{PyVersion, VersionSource};
+    use symbolizer::python::offsets::ALL;
+
+    fn process(minor: u8) -> PythonProcess {
+        PythonProcess {
+            pid: 1,
+            version: PyVersion {
+                major: 3,
+                minor,
+                patch: Some(0),
+            },
+            version_source: VersionSource::PyVersionSymbol,
+            module: "/usr/lib/libpython3.so".into(),
+            load_bias: 0,
+            runtime_addr: 0x7000,
+            code_type_addr: None,
+            unicode_type_addr: None,
+            eval_ranges: vec![],
+            frame_pointers: false,
+        }
+    }
+
+    #[test]
+    fn every_table_fits_the_kernel_walker() {
+        for o in ALL {
+            let p = py_proc(&process(o.version.1), o)
+                .unwrap_or_else(|e| panic!("3.{}: {e}", o.version.1));
+            assert_eq!(p.runtime_addr, 0x7000);
+            assert!(p.frame_size <= PY_FRAME_BLOCK && p.frame_size > 0);
+            let expected_entry = match o.version.1 {
+                8..=10 => PY_ENTRY_EVERY_FRAME,
+                11 => PY_ENTRY_FIELD,
+                _ => PY_ENTRY_SHIM,
+            };
+            assert_eq!(p.entry_kind, expected_entry, "3.{}", o.version.1);
+            let expected_match = if o.version.1 >= 11 {
+                PY_MATCH_NATIVE_TID
+            } else {
+                PY_MATCH_PTHREAD
+            };
+            assert_eq!(p.tstate_match, expected_match);
+        }
+    }
+
+    #[test]
+    fn tokens_round_trip() {
+        let t = 7u64 | (1234u64 << 32) | TOKEN_ENTRY;
+        assert_eq!(split_token(t), (7, 1234, true));
+        assert_eq!(split_token(3), (3, 0, false));
+    }
+}

@@ -1,0 +1,143 @@
+//! Naming the Python frames the BPF walker records: (code object, check, instruction offset)
+//! → (function, line), per process, cached.
+//!
+//! The walker reads only addresses while the thread is stopped; names are read here, from user
+//! space, shortly after (at the next drain of the ring buffer). By then a code object may have
+//! been freed and its address reused, so each frame carries a check value (`co_filename`'s
+//! address and `co_firstlineno`, see [`PyFrame::check_value`]) taken in the kernel, and a name is
+//! trusted only when the object read now gives the same value. A cache entry is keyed by the
+//! code address and replaced when a frame arrives with another check value.
+//!
+//! The hot path (a code object and an instruction offset seen before) is two hash lookups and
+//! allocates nothing.
+
+use profiler_common::PyFrame;
+use rustc_hash::FxHashMap;
+
+use super::memory::ProcessMemory;
+use super::offsets::PyOffsets;
+use super::walk::{code_info, CodeInfo, TypeAddrs, WalkError};
+
+/// At most this many code objects are cached per process; beyond, the cache starts over (a
+/// process that generates code endlessly must not grow spanprof without bound).
+pub const MAX_CODES: usize = 1 << 16;
+
+/// What [`CodeNames::resolve`] hands to the caller's interner for a new code object.
+#[derive(Debug, Clone, Copy)]
+pub enum CodeRead<'a> {
+    /// The object was read and matches the sample.
+    Code(&'a CodeInfo),
+    /// The object could not be read (process gone, garbage, freed).
+    Unreadable(&'a WalkError),
+    /// The object read does not match what the kernel saw: it was freed and the address reused.
+    Replaced,
+}
+
+#[derive(Debug)]
+struct Slot {
+    check: u64,
+    /// The caller's id for the function (from its interner).
+    func: u32,
+    info: Option<CodeInfo>,
+    /// Line by instruction offset, computed once each.
+    lines: FxHashMap<u32, Option<u32>>,
+}
+
+/// Statistics, for the summary and for tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NameStats {
+    /// Code objects read from the process.
+    pub reads: u64,
+    /// Reads that failed.
+    pub failed: u64,
+    /// Code objects that no longer matched the sample (freed and reused).
+    pub replaced: u64,
+}
+
+/// The code-object names of one CPython process.
+#[derive(Debug)]
+pub struct CodeNames<M> {
+    mem: M,
+    offsets: &'static PyOffsets,
+    types: TypeAddrs,
+    codes: FxHashMap<u64, Slot>,
+    stats: NameStats,
+}
+
+impl<M: ProcessMemory> CodeNames<M> {
+    /// Names for a process read through `mem`, of the version `offsets` describes.
+    pub fn new(mem: M, offsets: &'static PyOffsets, types: TypeAddrs) -> Self {
+        CodeNames {
+            mem,
+            offsets,
+            types,
+            codes: FxHashMap::default(),
+            stats: NameStats::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> NameStats {
+        self.stats
+    }
+
+    /// The function id and line of a recorded frame. `intern` is called once per new code
+    /// object (or changed one) and returns the caller's id for it.
+    pub fn resolve(
+        &mut self,
+        frame: &PyFrame,
+        mut intern: impl FnMut(CodeRead<'_>) -> u32,
+    ) -> (u32, Option<u32>) {
+        let fresh = !matches!(self.codes.get(&frame.code), Some(s) if s.check == frame.check);
+        if fresh {
+            if self.codes.len() >= MAX_CODES {
+                self.codes.clear();
+            }
+            self.stats.reads += 1;
+            let slot = match code_info(&self.mem, self.offsets, self.types, frame.code) {
+                Ok(info)
+                    if PyFrame::check_value(info.filename_addr, info.first_line as i32)
+                        == frame.check =>
+                {
+                    Slot {
+                        check: frame.check,
+                        func: intern(CodeRead::Code(&info)),
+                        info: Some(info),
+                        lines: FxHashMap::default(),
+                    }
+                }
+                Ok(_) => {
+                    self.stats.replaced += 1;
+                    Slot {
+                        check: frame.check,
+                        func: intern(CodeRead::Replaced),
+                        info: None,
+                        lines: FxHashMap::default(),
+                    }
+                }
+                Err(e) => {
+                    self.stats.failed += 1;
+                    Slot {
+                        check: frame.check,
+                        func: intern(CodeRead::Unreadable(&e)),
+                        info: None,
+                        lines: FxHashMap::default(),
+                    }
+                }
+            };
+            self.codes.insert(frame.code, slot);
+        }
+        let slot = self
+            .codes
+            .get_mut(&frame.code)
+            .expect("inserted above when missing");
+        let line = match &slot.info {
+            None => None,
+            Some(info) => *slot
+                .lines
+                .entry(frame.instr)
+                .or_insert_with(|| info.line(frame.instr)),
+        };
+        (slot.func, line)
+    }
+}
