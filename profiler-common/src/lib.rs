@@ -154,8 +154,8 @@ pub struct SampleHeader {
 pub struct PyFrame {
     /// Address of the `PyCodeObject`.
     pub code: u64,
-    /// `co_filename`'s address (low 48 bits) and `co_firstlineno` (low 16 bits, in the high
-    /// 16), to tell a reused address from the object that was sampled.
+    /// Tells a reused address from the object that was sampled: the frame's function object
+    /// (3.11+), or [`PyFrame::check_value`] of the code object (3.8–3.10).
     pub check: u64,
     /// Offset of the current instruction in the bytecode, in bytes.
     pub instr: u32,
@@ -223,6 +223,12 @@ pub struct PyProc {
     pub code_filename: u32,
     /// Bytes read per frame (at most [`PY_FRAME_BLOCK`]).
     pub frame_size: u32,
+    /// Bytes read per code object from `code_firstlineno`, through `co_filename` (at most
+    /// [`PY_CODE_BLOCK`]).
+    pub code_size: u32,
+    /// Offset of `f_func` / `f_funcobj` (3.11+), whose address is the check value; else
+    /// [`PY_NO_OFFSET`] and the check value is read from the code object.
+    pub frame_func: u32,
     /// Padding.
     pub _pad: u32,
 }

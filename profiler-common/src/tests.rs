@@ -110,6 +110,8 @@ fn c_asserts() -> String {
             code_firstlineno,
             code_filename,
             frame_size,
+            code_size,
+            frame_func,
             _pad
         ),
     ));

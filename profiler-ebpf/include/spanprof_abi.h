@@ -75,8 +75,9 @@ struct spanprof_target {
 struct spanprof_py_frame {
 	__u64 code;  /* PyCodeObject address */
 	/*
-	 * Validates `code` when it is named later: co_filename's address (low 48 bits) and the low
-	 * 16 bits of co_firstlineno (high 16 bits). A freed and reused address rarely matches both.
+	 * Validates `code` when it is named later. 3.11+: the address of the frame's function, which
+	 * must still point at `code`. 3.8–3.10: co_filename's address (low 48 bits) and the low 16
+	 * bits of co_firstlineno (high 16 bits). A freed and reused address rarely matches.
 	 */
 	__u64 check;
 	__u32 instr; /* offset of the current instruction in the bytecode, in bytes */
@@ -153,6 +154,12 @@ struct spanprof_py_proc {
 	__u32 code_firstlineno;	   /* read with code_filename in one block of at most */
 	__u32 code_filename;	   /* SPANPROF_PY_CODE_BLOCK bytes from code_firstlineno */
 	__u32 frame_size;	   /* bytes read per frame, covering every frame_* field */
+	__u32 code_size;	   /* bytes read per code object, from code_firstlineno */
+	/*
+	 * 3.11+: offset of the frame's function (f_func / f_funcobj), whose address is the check
+	 * value: no read of the code object. NO_OFFSET: the check value is read from the code.
+	 */
+	__u32 frame_func;
 	__u32 _pad;
 };
 

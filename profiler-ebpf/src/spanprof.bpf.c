@@ -94,6 +94,8 @@ struct scratch {
 	struct spanprof_py_proc cfg;
 	__u64 frame;  /* next frame to read; tstate during the thread search */
 	__u64 want;   /* thread search: the value that identifies the sampled thread */
+	__u64 last_code;  /* the code object read last in this walk, and its check value */
+	__u64 last_check;
 	__u32 py_base; /* byte offset of the Python frames in s.stack */
 	__u32 n;       /* Python frames recorded */
 	__u32 status;  /* SPANPROF_PY_* */
@@ -239,19 +241,33 @@ static long py_frame_step(__u64 i, void *ctx)
 	     load_u8(w->buf, w->cfg.frame_entry, SPANPROF_PY_FRAME_BLOCK)))
 		flags = SPANPROF_PY_FRAME_ENTRY;
 
-	if (bpf_probe_read_user(w->code, sizeof(w->code),
-				(const void *)(code + w->cfg.code_firstlineno)))
-		goto fault;
-	first = (__s32)load_u32(w->code, 0, SPANPROF_PY_CODE_BLOCK);
-	d = w->cfg.code_filename - w->cfg.code_firstlineno;
-	filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
+	/*
+	 * The check value of the code object. A frame holds a reference to its code, so while the
+	 * thread is stopped the object cannot change: a code object met again in this walk
+	 * (recursion) keeps the value read the first time.
+	 */
+	if (w->cfg.frame_func != SPANPROF_PY_NO_OFFSET) {
+		/* 3.11+: the frame's function identifies its code; no read of the code object. */
+		w->last_check = load_u64(w->buf, w->cfg.frame_func, SPANPROF_PY_FRAME_BLOCK);
+	} else if (code != w->last_code) {
+		size = w->cfg.code_size;
+		if (size > SPANPROF_PY_CODE_BLOCK)
+			size = SPANPROF_PY_CODE_BLOCK;
+		if (bpf_probe_read_user(w->code, size, (const void *)(code + w->cfg.code_firstlineno)))
+			goto fault;
+		first = (__s32)load_u32(w->code, 0, SPANPROF_PY_CODE_BLOCK);
+		d = w->cfg.code_filename - w->cfg.code_firstlineno;
+		filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
+		w->last_code = code;
+		w->last_check = (filename & 0xffffffffffffULL) | ((__u64)(__u16)first << 48);
+	}
 
 	off = w->py_base + w->n * SPANPROF_PY_FRAME_SIZE;
 	if (off > sizeof(w->s.stack) + sizeof(w->s.py) - SPANPROF_PY_FRAME_SIZE)
 		return 1;
 	f = (struct spanprof_py_frame *)((__u8 *)w->s.stack + off);
 	f->code = code;
-	f->check = (filename & 0xffffffffffffULL) | ((__u64)(__u16)first << 48);
+	f->check = w->last_check;
 	f->instr = (__u32)lasti;
 	f->flags = flags;
 	w->n++;
@@ -312,6 +328,7 @@ static __always_inline void py_walk(struct scratch *w, const struct spanprof_py_
 
 	w->cfg = *cfg;
 	w->n = 0;
+	w->last_code = 0;
 	w->py_base = native * sizeof(__u64);
 	tstate = py_thread_state(w, tgid, tid);
 	if (!tstate) {

@@ -360,6 +360,9 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
     if frame_entry != PY_NO_OFFSET {
         frame_size = frame_size.max(u64::from(frame_entry) + 1);
     }
+    if let Some(at) = o.frame_func {
+        frame_size = frame_size.max(at + 8);
+    }
     if frame_size > u64::from(PY_FRAME_BLOCK) {
         return Err("frame fields span more than one read".into());
     }
@@ -382,6 +385,11 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         code_firstlineno: u(o.code_firstlineno, "co_firstlineno")?,
         code_filename: u(o.code_filename, "co_filename")?,
         frame_size: frame_size as u32,
+        code_size: (o.code_filename + 8 - o.code_firstlineno) as u32,
+        frame_func: match (o.frame_func, o.func_code) {
+            (Some(at), Some(_)) => u(at, "frame function")?,
+            _ => PY_NO_OFFSET,
+        },
         _pad: 0,
     })
 }
@@ -418,6 +426,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("3.{}: {e}", o.version.1));
             assert_eq!(p.runtime_addr, 0x7000);
             assert!(p.frame_size <= PY_FRAME_BLOCK && p.frame_size > 0);
+            assert!(p.code_size <= PY_CODE_BLOCK && p.code_size >= 12);
             let expected_entry = match o.version.1 {
                 8..=10 => PY_ENTRY_EVERY_FRAME,
                 11 => PY_ENTRY_FIELD,

@@ -3,10 +3,12 @@
 //!
 //! The walker reads only addresses while the thread is stopped; names are read here, from user
 //! space, shortly after (at the next drain of the ring buffer). By then a code object may have
-//! been freed and its address reused, so each frame carries a check value (`co_filename`'s
-//! address and `co_firstlineno`, see [`PyFrame::check_value`]) taken in the kernel, and a name is
-//! trusted only when the object read now gives the same value. A cache entry is keyed by the
-//! code address and replaced when a frame arrives with another check value.
+//! been freed and its address reused, so each frame carries a check value taken in the kernel:
+//! on 3.11+ the address of the frame's function object (which holds a reference to its code),
+//! before 3.11 `co_filename`'s address and `co_firstlineno` ([`PyFrame::check_value`]). A name
+//! is trusted only when the memory read now agrees (the function still points at the code, or
+//! the code's fields give the same value). A cache entry is keyed by the code address and
+//! replaced when a frame arrives with another check value.
 //!
 //! The hot path (a code object and an instruction offset seen before) is two hash lookups and
 //! allocates nothing.
@@ -81,6 +83,20 @@ impl<M: ProcessMemory> CodeNames<M> {
         self.stats
     }
 
+    /// Whether the code object read now is the one the kernel saw: on 3.11+ the frame's
+    /// function still runs this code; before, the check value of the code's own fields agrees.
+    fn matches(&self, info: &CodeInfo, frame: &PyFrame) -> bool {
+        match self.offsets.func_code {
+            // A frame without a function (none seen in practice): the type check must do.
+            Some(_) if frame.check == 0 => true,
+            Some(at) => self
+                .mem
+                .read_ptr(frame.check.wrapping_add(at))
+                .is_ok_and(|code| code == frame.code),
+            None => PyFrame::check_value(info.filename_addr, info.first_line as i32) == frame.check,
+        }
+    }
+
     /// The function id and line of a recorded frame. `intern` is called once per new code
     /// object (or changed one) and returns the caller's id for it.
     pub fn resolve(
@@ -95,17 +111,12 @@ impl<M: ProcessMemory> CodeNames<M> {
             }
             self.stats.reads += 1;
             let slot = match code_info(&self.mem, self.offsets, self.types, frame.code) {
-                Ok(info)
-                    if PyFrame::check_value(info.filename_addr, info.first_line as i32)
-                        == frame.check =>
-                {
-                    Slot {
-                        check: frame.check,
-                        func: intern(CodeRead::Code(&info)),
-                        info: Some(info),
-                        lines: FxHashMap::default(),
-                    }
-                }
+                Ok(info) if self.matches(&info, frame) => Slot {
+                    check: frame.check,
+                    func: intern(CodeRead::Code(&info)),
+                    info: Some(info),
+                    lines: FxHashMap::default(),
+                },
                 Ok(_) => {
                     self.stats.replaced += 1;
                     Slot {
