@@ -152,3 +152,122 @@ impl<M: ProcessMemory> CodeNames<M> {
         (slot.func, line)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::memory::FixtureMemory;
+    use crate::python::offsets::{for_version, PyOffsets};
+
+    const BASE: u64 = 0x10_0000;
+    const CODE: u64 = BASE;
+    const NAME: u64 = BASE + 0x400;
+    const FILE: u64 = BASE + 0x500;
+    const TABLE: u64 = BASE + 0x600;
+    const FUNC: u64 = BASE + 0x700;
+
+    fn ascii(mem: &mut FixtureMemory, o: &PyOffsets, at: u64, s: &str) {
+        mem.write_u64(at + o.unicode_length, s.len() as u64);
+        // kind 1 (bits 2-4), compact (bit 5), ascii (bit 6).
+        let state: u32 = (1 << 2) | (1 << 5) | (1 << 6);
+        mem.write(at + o.unicode_state, &state.to_le_bytes());
+        mem.write(at + o.unicode_ascii_size, s.as_bytes());
+    }
+
+    /// A 3.12 code object `Worker.run` in `app.py` at line 10, run by the function at FUNC.
+    fn fixture() -> (FixtureMemory, &'static PyOffsets) {
+        let o = for_version(3, 12).expect("3.12 table");
+        let mut mem = FixtureMemory::new();
+        mem.insert(BASE, vec![0; 0x1000]);
+        ascii(&mut mem, o, NAME, "Worker.run");
+        ascii(&mut mem, o, FILE, "/srv/app.py");
+        mem.write_u64(CODE + o.code_qualname.unwrap(), NAME);
+        mem.write_u64(CODE + o.code_filename, FILE);
+        mem.write(CODE + o.code_firstlineno, &10i32.to_le_bytes());
+        mem.write_u64(CODE + o.code_linetable, TABLE);
+        // One location entry without columns: 4 code units, line +1.
+        mem.write_u64(TABLE + 16, 2);
+        mem.write(TABLE + 32, &[0x80 | (13 << 3) | 3, 2]);
+        mem.write_u64(FUNC + o.func_code.unwrap(), CODE);
+        (mem, o)
+    }
+
+    fn frame(instr: u32) -> PyFrame {
+        PyFrame {
+            code: CODE,
+            check: FUNC,
+            instr,
+            flags: 0,
+        }
+    }
+
+    /// Resolves and returns (function id, line, what the interner was given).
+    fn resolve(names: &mut CodeNames<FixtureMemory>, f: &PyFrame) -> (u32, Option<u32>, String) {
+        let mut seen = String::new();
+        let (id, line) = names.resolve(f, |read| {
+            seen = match read {
+                CodeRead::Code(info) => format!("{} {}", info.name, info.filename),
+                CodeRead::Unreadable(_) => "unreadable".into(),
+                CodeRead::Replaced => "replaced".into(),
+            };
+            7
+        });
+        (id, line, seen)
+    }
+
+    #[test]
+    fn names_a_code_object_once_and_its_lines_from_the_table() {
+        let (mem, o) = fixture();
+        let mut names = CodeNames::new(mem, o, TypeAddrs::default());
+        assert_eq!(
+            resolve(&mut names, &frame(2)),
+            (7, Some(11), "Worker.run /srv/app.py".into())
+        );
+        // Cached: the interner is not called again, other offsets get their own line.
+        assert_eq!(resolve(&mut names, &frame(4)), (7, Some(11), String::new()));
+        assert_eq!(names.stats().reads, 1);
+    }
+
+    #[test]
+    fn a_code_object_freed_and_reused_is_not_misnamed() {
+        let (mut mem, o) = fixture();
+        // The function sampled no longer runs this code: the address was reused.
+        mem.write_u64(FUNC + o.func_code.unwrap(), CODE + 0x100);
+        // Another function runs the code now at that address.
+        mem.write_u64(FUNC + 0x80 + o.func_code.unwrap(), CODE);
+        let mut names = CodeNames::new(mem, o, TypeAddrs::default());
+        assert_eq!(resolve(&mut names, &frame(2)).2, "replaced");
+        assert_eq!(names.stats().replaced, 1);
+        // Its frames, at the same code address, are read afresh and named.
+        let other = PyFrame {
+            check: FUNC + 0x80,
+            ..frame(2)
+        };
+        assert_eq!(resolve(&mut names, &other).2, "Worker.run /srv/app.py");
+        assert_eq!(names.stats().reads, 2);
+    }
+
+    #[test]
+    fn corrupted_objects_are_unknown_not_a_crash() {
+        let (fixture_mem, o) = fixture();
+        // Every byte of the fixture region in turn set to junk values; wild code addresses too.
+        for at in (0..0x800u64).step_by(4) {
+            for junk in [0xffu8, 0x80, 0x00] {
+                let mut mem = fixture_mem.clone();
+                mem.write(BASE + at, &[junk; 4]);
+                let mut names = CodeNames::new(mem, o, TypeAddrs::default());
+                let _ = resolve(&mut names, &frame(at as u32));
+            }
+        }
+        for code in [0, 8, u64::MAX, u64::MAX - 7, BASE + 0xff9] {
+            let (mem, o) = fixture();
+            let mut names = CodeNames::new(mem, o, TypeAddrs::default());
+            let (_, line, seen) = resolve(&mut names, &PyFrame { code, ..frame(0) });
+            assert_eq!(
+                (line, seen.as_str()),
+                (None, "unreadable"),
+                "code {code:#x}"
+            );
+        }
+    }
+}
