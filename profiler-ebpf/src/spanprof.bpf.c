@@ -71,12 +71,18 @@ struct {
 	__type(value, struct spanprof_py_proc);
 } py_procs SEC(".maps");
 
-/* The PyThreadState found for a thread, checked before each use (it may have been freed). */
+/*
+ * The PyThreadState found for a thread, checked before each use (it may have been freed); 0 when
+ * the search found none (a C thread), which is trusted for PY_NO_THREAD_RETRY units.
+ */
 struct py_tstate {
 	__u64 tstate;
 	__u32 tgid;
-	__u32 _pad;
+	__u32 stamp; /* bpf_ktime_get_ns() >> 20 (units of ~1 ms) of a negative entry */
 };
+
+/* A thread without a thread state is searched for again after ~250 ms (it may start one). */
+#define PY_NO_THREAD_RETRY 256
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -291,6 +297,7 @@ fault:
 static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u32 tid)
 {
 	struct py_tstate *cached, fresh = {};
+	__u32 stamp = (__u32)(bpf_ktime_get_ns() >> 20);
 	__u64 v = 0, interp = 0;
 
 	if (w->cfg.tstate_match == SPANPROF_PY_MATCH_NATIVE_TID) {
@@ -301,9 +308,15 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 		w->want = BPF_CORE_READ(task, thread.fsbase);
 	}
 	cached = bpf_map_lookup_elem(&py_threads, &tid);
-	if (cached && cached->tgid == tgid &&
-	    !read_ptr(&v, cached->tstate + w->cfg.tstate_thread) && v == w->want)
-		return cached->tstate;
+	if (cached && cached->tgid == tgid) {
+		if (cached->tstate == 0 && stamp - cached->stamp < PY_NO_THREAD_RETRY) {
+			w->status = SPANPROF_PY_NO_THREAD;
+			return 0;
+		}
+		if (cached->tstate && !read_ptr(&v, cached->tstate + w->cfg.tstate_thread) &&
+		    v == w->want)
+			return cached->tstate;
+	}
 
 	if (read_ptr(&interp, w->cfg.runtime_addr + w->cfg.runtime_interp_head) || interp == 0 ||
 	    read_ptr(&w->frame, interp + w->cfg.interp_threads_head)) {
@@ -312,10 +325,16 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 	}
 	w->status = SPANPROF_PY_NO_THREAD;
 	bpf_loop(PY_THREAD_LOOPS, py_thread_step, NULL, 0);
-	if (w->status != SPANPROF_PY_OK)
-		return 0;
-	fresh.tstate = w->frame;
 	fresh.tgid = tgid;
+	if (w->status != SPANPROF_PY_OK) {
+		/* Searched to the end of the list: remember there is none, for a while. */
+		if (w->status == SPANPROF_PY_NO_THREAD) {
+			fresh.stamp = stamp;
+			bpf_map_update_elem(&py_threads, &tid, &fresh, BPF_ANY);
+		}
+		return 0;
+	}
+	fresh.tstate = w->frame;
 	bpf_map_update_elem(&py_threads, &tid, &fresh, BPF_ANY);
 	return fresh.tstate;
 }
