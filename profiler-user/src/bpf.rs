@@ -2,8 +2,10 @@
 //!
 //! The compiled object is embedded at build time (see `build.rs`). One `perf_event` program is
 //! attached to a software `cpu-clock` event on every online CPU; it samples only processes in the
-//! `target_pids` map. The `raw_tp/sched_process_fork` program adds children of profiled processes
-//! to that map from inside the kernel, so a child never runs unprofiled while user space catches up.
+//! `target_pids` map, and walks the Python frames of those in the `py_procs` map. The
+//! `raw_tp/sched_process_fork` program adds children of profiled processes to that map from
+//! inside the kernel, so a child never runs unprofiled while user space catches up; the
+//! `raw_tp/sched_process_exec` program tells user space when a target runs a new program.
 
 use std::path::{Path, PathBuf};
 

@@ -4,11 +4,14 @@
 //! One sample's life (ARCHITECTURE.md tells it in full):
 //! 1. [`bpf`] loads the C programs of `profiler-ebpf/` and attaches a `perf_event` program to a
 //!    software `cpu-clock` event on every CPU; for processes in the `target_pids` map it sends a
-//!    [`profiler_common::SampleRecord`] (kernel and user stacks, thread id and name) through a
-//!    ring buffer.
+//!    [`profiler_common::Sample`] (kernel and user stacks, thread id and name, and for CPython
+//!    processes the Python frames it walked) through a ring buffer.
 //! 2. [`session`] drains the ring buffer into the [`aggregate::Aggregator`], which interns stacks
-//!    and counts them per thread, and has new addresses normalized while processes are alive.
-//! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`].
+//!    and counts them per thread, and has new addresses normalized while processes are alive;
+//!    [`python`] finds CPython processes, writes their offsets for the BPF walker, and names
+//!    Python frames during the drain.
+//! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`],
+//!    Python frames merged into the native stacks ([`aggregate::merge`]).
 //! 4. [`output`] renders the profile as SVG, folded stacks, pprof or speedscope; [`write`] puts
 //!    the files in place atomically with mode 0600.
 //!

@@ -1,39 +1,81 @@
-//! `cargo xtask bench`: spanprof's overhead, side by side with `perf record -g`, in one run.
+//! `cargo xtask bench`: spanprof's overhead, side by side with `perf record -g` on a native
+//! target and with `py-spy record` on a Python target, in one run.
 //!
 //! Method (also in BENCHMARKS.md):
-//! - The target is `fixed_work`, a fixed number of rounds of frame-pointer code, started
-//!   gated: it prints its pid and waits for a byte on stdin, so the profiler attaches first.
-//! - Three configurations run interleaved, `--rounds` times each: the target alone, under
-//!   `spanprof profile --pid` and under `perf record -g --pid`, both at 99 Hz. The target's own
-//!   CPU time (user + system, from `wait4`) is measured in each; the slowdown is the median of
-//!   the per-round ratios (profiled / alone), because these VMs vary ±25% run to run.
+//! - Targets do a fixed amount of work and are started gated: they print their pid and wait for
+//!   a byte on stdin, so the profiler attaches first. The native target is `fixed_work`
+//!   (frame-pointer C); the Python target is `tests/workloads/bench_py_stack.py`, a pure-Python
+//!   loop run at a Python stack depth of exactly 50 frames (`<module>` → f0 → … → f48).
+//! - For each target the configurations run interleaved, `--rounds` times each, with the order
+//!   reversed every other round: the target alone, under `spanprof profile --pid`, and under the
+//!   reference profiler (`perf record -g --pid`, or `py-spy record --pid` in its default
+//!   blocking mode), all at 99 Hz. The target's own CPU time (user + system, from `wait4`) is
+//!   measured in each; the slowdown is the median of the per-round ratios (profiled / alone),
+//!   because these VMs vary ±25% run to run.
 //! - The profiler's own CPU time and peak RSS come from `wait4` on the profiler process; divided
-//!   by the samples it reports, that is the user-space cost per sample. spanprof's figure
-//!   includes symbolization and writing a pprof file; perf's includes only `perf record`.
-//! - In-kernel cost: with `kernel.bpf_stats_enabled=1`, `bpftool prog show` gives run_time_ns
-//!   and run_cnt of the sampling program, read while it is attached.
+//!   by the samples it reports, that is the user-space cost per sample. spanprof's samples come
+//!   from its summary, perf's from its closing line, py-spy's are the counts of its
+//!   `--format raw` (folded) output summed.
+//! - In-kernel cost: with `kernel.bpf_stats_enabled=1`, the run_time_ns and run_cnt counters of
+//!   spanprof's sampling program (what `bpftool prog show` prints, read from the fdinfo of the
+//!   spawned spanprof's own program fd, so a concurrent spanprof is never mixed in) are read
+//!   three times per run: once spanprof is attached, 1 s later just before the target is
+//!   released, and right after the target exits. The first interval has no target sample (the
+//!   target is blocked on stdin): it prices the runs for other processes. The second holds every
+//!   target sample spanprof reports; its time net of the other runs (priced by the first
+//!   interval) divided by the target samples is the in-kernel cost per target sample.
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 use crate::run::step;
 
+/// Which parts of the benchmark to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    All,
+    Native,
+    Python,
+}
+
+/// What to run and how much.
+#[derive(Debug)]
+pub struct Config {
+    pub rounds: usize,
+    pub part: Part,
+    /// Rounds of `fixed_work`.
+    pub work: u64,
+    /// Units (100 000 loop iterations each) of `bench_py_stack.py`.
+    pub py_work: u64,
+    pub python: PathBuf,
+    pub py_spy: PathBuf,
+}
+
+/// Sampling rate of every profiler in the side-by-side runs.
+const HZ: u32 = 99;
+/// The extra in-kernel measurement on the Python target: rate and number of runs.
+const HIGH_HZ: u32 = 999;
+const HIGH_RUNS: usize = 2;
+/// Python frames of every sample of the Python target's work (`<module>` and f0..f48).
+const PY_DEPTH: usize = 50;
+const PY_FILE: &str = "bench_py_stack.py";
+
 /// Resource usage of one finished process.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Usage {
     cpu: Duration,
     max_rss_kib: u64,
 }
 
-/// Waits for `child` and returns its own CPU time and peak RSS.
+/// Waits for `child` and returns its exit status, own CPU time and peak RSS.
 fn wait_usage(child: &mut Child) -> Result<(i32, Usage)> {
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid out-parameter.
@@ -53,33 +95,69 @@ fn wait_usage(child: &mut Child) -> Result<(i32, Usage)> {
     ))
 }
 
-/// Starts the gated target; returns it and its pid.
-fn start_target(workload: &Path, rounds: u64) -> Result<(Child, u32)> {
-    let mut child = Command::new(workload)
-        .arg(rounds.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("failed to start {}", workload.display()))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("piped"))
-        .read_line(&mut line)
-        .context("target did not print its pid")?;
-    let pid = line.trim().parse().context("target printed no pid")?;
-    Ok((child, pid))
+/// A gated target: a program and its leading arguments; the amount of work is appended.
+struct Target {
+    program: PathBuf,
+    args: Vec<OsString>,
 }
 
-fn release(target: &mut Child) -> Result<()> {
-    let mut stdin = target.stdin.take().expect("piped");
-    stdin
-        .write_all(b"g")
-        .context("failed to start the target")?;
-    Ok(())
+/// A started, gated target.
+struct Gated {
+    child: Child,
+    pid: u32,
 }
 
-/// Reads stderr of a profiler until a line contains `ready`, returning the reader.
-fn wait_ready(child: &mut Child, ready: &str) -> Result<BufReader<std::process::ChildStderr>> {
-    let mut reader = BufReader::new(child.stderr.take().expect("piped"));
+/// The target's CPU time and its wall time from release to exit.
+#[derive(Debug, Clone, Copy, Default)]
+struct TargetRun {
+    cpu: Duration,
+    wall: Duration,
+}
+
+impl Target {
+    fn start(&self, amount: u64) -> Result<Gated> {
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .arg(amount.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("failed to start {}", self.program.display()))?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("piped"))
+            .read_line(&mut line)
+            .context("target did not print its pid")?;
+        let pid = line.trim().parse().context("target printed no pid")?;
+        Ok(Gated { child, pid })
+    }
+}
+
+impl Gated {
+    /// Lets the target start its work; returns when it did.
+    fn release(&mut self) -> Result<Instant> {
+        let mut stdin = self.child.stdin.take().expect("piped");
+        stdin
+            .write_all(b"g")
+            .context("failed to start the target")?;
+        Ok(Instant::now())
+    }
+
+    fn wait(&mut self, released: Instant) -> Result<TargetRun> {
+        let (status, usage) = wait_usage(&mut self.child)?;
+        let wall = released.elapsed();
+        if status != 0 {
+            bail!("the target failed (wait status {status})");
+        }
+        Ok(TargetRun {
+            cpu: usage.cpu,
+            wall,
+        })
+    }
+}
+
+/// Reads `stream` until a line contains `ready`, returning the reader.
+fn wait_ready<R: Read>(stream: R, ready: &str) -> Result<BufReader<R>> {
+    let mut reader = BufReader::new(stream);
     let mut line = String::new();
     loop {
         line.clear();
@@ -92,108 +170,160 @@ fn wait_ready(child: &mut Child, ready: &str) -> Result<BufReader<std::process::
     }
 }
 
-/// In-kernel statistics of the sampling program: (run_time_ns, run_cnt).
-fn bpf_prog_stats() -> Option<(u64, u64)> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show", "name", "on_cpu_sample"])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |name: &str| -> Option<u64> {
-        let i = text.find(&format!("\"{name}\":"))? + name.len() + 3;
-        let digits: String = text[i..]
-            .chars()
-            .take_while(|c| c.is_ascii_digit())
-            .collect();
-        digits.parse().ok()
-    };
-    Some((field("run_time_ns")?, field("run_cnt")?))
+/// spanprof's sampling program (`on_cpu_sample`, its one perf_event program), held open by an
+/// fd of our own: the counters stay readable after spanprof detaches, which it does as soon as
+/// its target exits.
+struct SamplingProg(OwnedFd);
+
+impl SamplingProg {
+    /// Finds the perf_event program among the fds of process `pid` and opens it by id.
+    fn of(pid: u32) -> Option<Self> {
+        const BPF_PROG_TYPE_PERF_EVENT: &str = "7";
+        const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+        let id: u32 = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+            .ok()?
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+            .find(|text| fdinfo_field(text, "prog_type") == Some(BPF_PROG_TYPE_PERF_EVENT))
+            .and_then(|text| fdinfo_field(&text, "prog_id")?.parse().ok())?;
+        // union bpf_attr for BPF_PROG_GET_FD_BY_ID: prog_id, next_id, open_flags.
+        let attr: [u32; 3] = [id, 0, 0];
+        // SAFETY: bpf(2) reads `size` bytes of `attr`, which lives for the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_GET_FD_BY_ID,
+                attr.as_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        // SAFETY: a non-negative return is a new fd that nothing else owns.
+        (fd >= 0).then(|| Self(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// (run_time_ns, run_cnt): the counters `bpftool prog show` prints, from our fd's fdinfo.
+    fn stats(&self) -> Option<(u64, u64)> {
+        let text =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.0.as_raw_fd())).ok()?;
+        Some((
+            fdinfo_field(&text, "run_time_ns")?.parse().ok()?,
+            fdinfo_field(&text, "run_cnt")?.parse().ok()?,
+        ))
+    }
 }
 
+/// The value of `name:` in an fdinfo text.
+fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// In-kernel counters of one spanprof run, as deltas over two intervals.
+#[derive(Debug, Clone, Copy, Default)]
+struct BpfWindow {
+    /// 1 s with spanprof attached and the target blocked: every run is for another process.
+    idle_ns: u64,
+    idle_runs: u64,
+    /// From the target's release to its exit.
+    ns: u64,
+    runs: u64,
+    /// Target samples in that window: the samples spanprof reports plus the lost ones (the
+    /// target runs only inside the window).
+    target_samples: u64,
+}
+
+/// In-kernel figures pooled over several runs (sums of the counters, then one division).
+struct BpfFigures {
+    /// Per run of the program, every run in the windows (any process, any CPU).
+    per_run_ns: f64,
+    /// Per run for other processes (the idle intervals).
+    other_run_ns: f64,
+    /// Window time / target samples: every run charged to the target.
+    gross_ns: f64,
+    /// Window time less the other runs (priced at `other_run_ns`) / target samples.
+    net_ns: f64,
+    target_samples: u64,
+    runs: u64,
+}
+
+fn bpf_figures(windows: &[BpfWindow]) -> Option<BpfFigures> {
+    let sum = |f: fn(&BpfWindow) -> u64| windows.iter().map(f).sum::<u64>() as f64;
+    let (ns, runs, n) = (sum(|w| w.ns), sum(|w| w.runs), sum(|w| w.target_samples));
+    let (idle_ns, idle_runs) = (sum(|w| w.idle_ns), sum(|w| w.idle_runs));
+    if n == 0.0 || runs == 0.0 || idle_runs == 0.0 {
+        return None;
+    }
+    let other_run_ns = idle_ns / idle_runs;
+    Some(BpfFigures {
+        per_run_ns: ns / runs,
+        other_run_ns,
+        gross_ns: ns / n,
+        net_ns: (ns - (runs - n).max(0.0) * other_run_ns) / n,
+        target_samples: n as u64,
+        runs: runs as u64,
+    })
+}
+
+/// One run of the target under spanprof.
 #[derive(Debug, Default)]
-struct Round {
-    alone: Duration,
-    spanprof_target: Duration,
-    spanprof_own: Duration,
-    spanprof_rss_kib: u64,
-    spanprof_samples: u64,
+struct SpanprofRun {
+    target: TargetRun,
+    own: Usage,
+    samples: u64,
     /// spanprof's own figure: CPU per sample in its sampling loop (no setup, no symbolization).
-    spanprof_loop_us: f64,
-    perf_target: Duration,
-    perf_own: Duration,
-    perf_rss_kib: u64,
-    perf_samples: u64,
-    bpf_ns: u64,
-    bpf_runs: u64,
-}
-
-fn run_alone(workload: &Path, rounds: u64) -> Result<Duration> {
-    let (mut t, _) = start_target(workload, rounds)?;
-    release(&mut t)?;
-    Ok(wait_usage(&mut t)?.1.cpu)
+    loop_us: f64,
+    bpf: Option<BpfWindow>,
 }
 
 fn run_spanprof(
     spanprof: &Path,
-    workload: &Path,
-    rounds: u64,
+    target: &Target,
+    amount: u64,
+    hz: u32,
     out: &Path,
-    r: &mut Round,
-) -> Result<()> {
-    let (mut t, pid) = start_target(workload, rounds)?;
+) -> Result<SpanprofRun> {
+    let mut t = target.start(amount)?;
     let mut prof = Command::new(spanprof)
         .args([
             "profile",
             "--frequency",
-            "99",
+            &hz.to_string(),
             "--pid",
-            &pid.to_string(),
+            &t.pid.to_string(),
             "-o",
         ])
         .arg(out)
         .stderr(Stdio::piped())
         .spawn()
         .context("failed to start spanprof")?;
-    let mut err = wait_ready(&mut prof, "spanprof: profiling")?;
-    release(&mut t)?;
-    // Read the in-kernel statistics while the program is attached, until the target is done.
-    let done = Arc::new(AtomicBool::new(false));
-    let poll = {
-        let done = Arc::clone(&done);
-        std::thread::spawn(move || {
-            let mut last = None;
-            while !done.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(250));
-                if let Some(s) = bpf_prog_stats() {
-                    last = Some(s);
-                }
-            }
-            last
-        })
-    };
-    let target = wait_usage(&mut t);
-    done.store(true, Ordering::Relaxed);
-    r.spanprof_target = target?.1.cpu;
+    let mut err = wait_ready(prof.stderr.take().expect("piped"), "spanprof: profiling")?;
+    // The in-kernel counters: an interval without target samples, then the target's run.
+    let prog = SamplingProg::of(prof.id());
+    let stats = || prog.as_ref().and_then(SamplingProg::stats);
+    let idle_start = stats();
+    std::thread::sleep(Duration::from_secs(1));
+    let window_start = stats();
+    let released = t.release()?;
+    let target = t.wait(released);
+    let window_end = stats();
     let mut rest = String::new();
     err.read_to_string(&mut rest)?;
     let (status, own) = wait_usage(&mut prof)?;
+    let target = target?;
     if status != 0 {
         bail!("spanprof failed (status {status}):\n{rest}");
     }
-    r.spanprof_own = own.cpu;
-    r.spanprof_rss_kib = own.max_rss_kib;
-    r.spanprof_samples = rest
+    // "spanprof: 520 samples, 0 lost, from 1 process in 5.3 s at 99 Hz: pid …"
+    let (samples, lost) = rest
         .lines()
         .find_map(|l| {
-            l.strip_prefix("spanprof: ")?
-                .split(" samples")
-                .next()?
-                .parse()
-                .ok()
+            let (n, tail) = l.strip_prefix("spanprof: ")?.split_once(" samples, ")?;
+            let lost = tail.split_once(" lost")?.0;
+            Some((n.parse::<u64>().ok()?, lost.parse::<u64>().ok()?))
         })
-        .context("spanprof printed no sample count")?;
+        .with_context(|| format!("spanprof printed no sample count:\n{rest}"))?;
     // "spanprof own CPU: 48.5 ms setup, 16.6 µs per sample while sampling (8.1 ms), …"
-    r.spanprof_loop_us = rest
+    let loop_us = rest
         .lines()
         .find_map(|l| {
             l.strip_prefix("spanprof own CPU: ")?
@@ -204,26 +334,46 @@ fn run_spanprof(
                 .parse()
                 .ok()
         })
-        .context("spanprof printed no own-CPU line")?;
-    if let Some((ns, runs)) = poll.join().ok().flatten() {
-        r.bpf_ns = ns;
-        r.bpf_runs = runs;
-    }
-    Ok(())
+        .with_context(|| format!("spanprof printed no own-CPU line:\n{rest}"))?;
+    let bpf = match (idle_start, window_start, window_end) {
+        (Some(a), Some(b), Some(c)) => Some(BpfWindow {
+            idle_ns: b.0 - a.0,
+            idle_runs: b.1 - a.1,
+            ns: c.0 - b.0,
+            runs: c.1 - b.1,
+            target_samples: samples + lost,
+        }),
+        _ => None,
+    };
+    Ok(SpanprofRun {
+        target,
+        own,
+        samples,
+        loop_us,
+        bpf,
+    })
 }
 
-fn run_perf(workload: &Path, rounds: u64, out: &Path, r: &mut Round) -> Result<()> {
-    let (mut t, pid) = start_target(workload, rounds)?;
+/// One run of the target under perf record or py-spy record.
+#[derive(Debug, Default)]
+struct OtherRun {
+    target: TargetRun,
+    own: Usage,
+    samples: u64,
+}
+
+fn run_perf(target: &Target, amount: u64, out: &Path) -> Result<OtherRun> {
+    let mut t = target.start(amount)?;
     let mut perf = Command::new("perf")
         .args([
             "record",
             "-g",
             "-F",
-            "99",
+            &HZ.to_string(),
             "-e",
             "cpu-clock",
             "-p",
-            &pid.to_string(),
+            &t.pid.to_string(),
             "-o",
         ])
         .arg(out)
@@ -232,25 +382,116 @@ fn run_perf(workload: &Path, rounds: u64, out: &Path, r: &mut Round) -> Result<(
         .context("failed to start perf (Debian package linux-perf)")?;
     // perf prints nothing when it is attached; give it time, as a user would.
     std::thread::sleep(Duration::from_millis(500));
-    release(&mut t)?;
-    r.perf_target = wait_usage(&mut t)?.1.cpu;
+    let released = t.release()?;
+    let target = t.wait(released)?;
     let mut text = String::new();
     perf.stderr
         .take()
         .expect("piped")
         .read_to_string(&mut text)?;
     let (_, own) = wait_usage(&mut perf)?;
-    r.perf_own = own.cpu;
-    r.perf_rss_kib = own.max_rss_kib;
     // "[ perf record: Captured and wrote 0.052 MB perf.data (198 samples) ]"
-    r.perf_samples = text
+    let samples = text
         .rsplit_once(" samples)")
         .and_then(|(head, _)| head.rsplit_once('(')?.1.trim().parse().ok())
         .with_context(|| format!("perf printed no sample count:\n{text}"))?;
-    Ok(())
+    Ok(OtherRun {
+        target,
+        own,
+        samples,
+    })
+}
+
+/// py-spy in its default mode: it pauses the target for each sample, so the stack it reads is
+/// consistent (spanprof reads the stack while the thread is stopped in the kernel).
+fn run_pyspy(py_spy: &Path, target: &Target, amount: u64, out: &Path) -> Result<OtherRun> {
+    let mut t = target.start(amount)?;
+    let mut prof = Command::new(py_spy)
+        .args([
+            "record",
+            "--pid",
+            &t.pid.to_string(),
+            "--rate",
+            &HZ.to_string(),
+            "--format",
+            "raw",
+            "-o",
+        ])
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("failed to start {}", py_spy.display()))?;
+    // "py-spy> Sampling process 99 times a second. Press Control-C to exit."
+    let ready = wait_ready(prof.stdout.take().expect("piped"), "py-spy> Sampling");
+    let mut stdout = match ready {
+        Ok(r) => r,
+        Err(e) => {
+            let mut text = String::new();
+            let _ = prof.stderr.take().expect("piped").read_to_string(&mut text);
+            let _ = wait_usage(&mut prof);
+            let _ = t.child.kill();
+            let _ = t.child.wait();
+            return Err(e).context(format!("py-spy did not attach:\n{text}"));
+        }
+    };
+    let released = t.release()?;
+    let target = t.wait(released);
+    let mut text = String::new();
+    stdout.read_to_string(&mut text)?;
+    prof.stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut text)?;
+    let (status, own) = wait_usage(&mut prof)?;
+    let target = target?;
+    if status != 0 {
+        bail!("py-spy failed (status {status}):\n{text}");
+    }
+    let folded = std::fs::read_to_string(out)
+        .with_context(|| format!("py-spy wrote no {}:\n{text}", out.display()))?;
+    let samples = folded_stacks(&folded).map(|(_, n)| n).sum();
+    Ok(OtherRun {
+        target,
+        own,
+        samples,
+    })
+}
+
+/// The (stack, count) lines of a folded file.
+fn folded_stacks(text: &str) -> impl Iterator<Item = (&str, u64)> {
+    text.lines().filter_map(|l| {
+        let (stack, n) = l.rsplit_once(' ')?;
+        Some((stack, n.parse().ok()?))
+    })
+}
+
+/// Samples of a folded profile, and those whose stack holds exactly the target's 50 Python
+/// frames (the work; the rest are the moment of the release and interpreter exit).
+fn python_depth(path: &Path) -> Result<(u64, u64)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("failed to read {}", path.display()))?;
+    let marker = format!("({PY_FILE}:");
+    let (mut all, mut whole) = (0, 0);
+    for (stack, n) in folded_stacks(&text) {
+        all += n;
+        if stack.split(';').filter(|f| f.contains(&marker)).count() == PY_DEPTH {
+            whole += n;
+        }
+    }
+    Ok((all, whole))
+}
+
+fn run_alone(target: &Target, amount: u64) -> Result<TargetRun> {
+    let mut t = target.start(amount)?;
+    let released = t.release()?;
+    t.wait(released)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n % 2 == 1 {
@@ -260,9 +501,262 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn per_sample_us(own: Duration, n: u64) -> f64 {
+    secs(own) * 1e6 / n.max(1) as f64
+}
+
+fn mb(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// "Linux …, N CPUs" for the headings.
+fn machine() -> String {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{} CPUs, Linux {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        kernel.trim()
+    )
+}
+
+/// Runs `f(i)` for each round with the round's progress line.
+fn rounds<T>(name: &str, n: usize, mut f: impl FnMut(usize) -> Result<T>) -> Result<Vec<T>> {
+    (0..n)
+        .map(|i| {
+            step(&format!("bench {name}: round {}/{n}", i + 1));
+            f(i)
+        })
+        .collect()
+}
+
+#[derive(Debug, Default)]
+struct NativeRound {
+    alone: TargetRun,
+    spanprof: SpanprofRun,
+    perf: OtherRun,
+}
+
+/// fixed_work alone, under spanprof and under perf record; the markdown of its figures.
+fn native(spanprof: &Path, workloads: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
+    let target = Target {
+        program: workloads.join("fixed_work"),
+        args: Vec::new(),
+    };
+    let (work, n) = (cfg.work, cfg.rounds);
+    let sp_out = out_dir.join("bench.pb.gz");
+    let perf_out = out_dir.join("perf.data");
+    let results = rounds("native", n, |i| {
+        let mut r = NativeRound::default();
+        // Alternate the order so drift in the machine's speed does not favour one configuration.
+        if i % 2 == 0 {
+            r.alone = run_alone(&target, work)?;
+            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &sp_out)?;
+            r.perf = run_perf(&target, work, &perf_out)?;
+        } else {
+            r.perf = run_perf(&target, work, &perf_out)?;
+            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &sp_out)?;
+            r.alone = run_alone(&target, work)?;
+        }
+        Ok(r)
+    })?;
+    std::fs::write(out_dir.join("native_rounds.txt"), format!("{results:#?}\n"))?;
+
+    // The median over rounds of one figure of each round.
+    let med = |f: &dyn Fn(&NativeRound) -> f64| median(results.iter().map(f).collect());
+    let sp_ratio = med(&|r| secs(r.spanprof.target.cpu) / secs(r.alone.cpu));
+    let perf_ratio = med(&|r| secs(r.perf.target.cpu) / secs(r.alone.cpu));
+    let sp_us = med(&|r| per_sample_us(r.spanprof.own.cpu, r.spanprof.samples));
+    let sp_loop_us = med(&|r| r.spanprof.loop_us);
+    let perf_us = med(&|r| per_sample_us(r.perf.own.cpu, r.perf.samples));
+    let sp_rss = results.iter().map(|r| r.spanprof.own.max_rss_kib).max();
+    let perf_rss = results.iter().map(|r| r.perf.own.max_rss_kib).max();
+    let alone = med(&|r| secs(r.alone.cpu));
+    let samples = med(&|r| r.spanprof.samples as f64);
+    let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.spanprof.bpf).collect();
+    let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+
+    Ok(format!(
+        "Run of `cargo xtask bench --rounds {n} --work {work}` on {}: \
+         target `fixed_work` alone {alone:.2} s CPU (median), {samples:.0} samples per spanprof run.\n\n\
+         | figure | spanprof | perf record -g | goal |\n\
+         |---|---|---|---|\n\
+         | target CPU time, profiled / alone (median of {n} interleaved rounds) | {sp_ratio:.4} | {perf_ratio:.4} | ≤ 1.005 |\n\
+         | profiler's own CPU per sample, whole process (median) | {sp_us:.1} µs | {perf_us:.1} µs | ≤ 20 µs |\n\
+         | spanprof's own CPU per sample in its sampling loop, as it reports it (median) | {sp_loop_us:.1} µs | n/a | |\n\
+         | profiler's peak RSS (max) | {:.1} MB | {:.1} MB | ≤ 64 MB |\n\
+         | in-kernel time per sampling-program run, all runs while the target ran ({} runs) | {:.2} µs | n/a | |\n\
+         | in-kernel time per target sample, net of the runs for other processes ({} samples) | {:.2} µs | n/a | |\n",
+        machine(),
+        mb(sp_rss.unwrap_or(0)),
+        mb(perf_rss.unwrap_or(0)),
+        bpf.runs,
+        bpf.per_run_ns / 1000.0,
+        bpf.target_samples,
+        bpf.net_ns / 1000.0,
+    ))
+}
+
+#[derive(Debug, Default)]
+struct PyRound {
+    alone: TargetRun,
+    spanprof: SpanprofRun,
+    /// (all samples, samples with the whole 50-frame Python stack) of spanprof's folded output.
+    spanprof_depth: (u64, u64),
+    pyspy: OtherRun,
+    pyspy_depth: (u64, u64),
+}
+
+/// The interpreter's version, e.g. "3.12.1".
+fn python_version(python: &Path) -> Result<String> {
+    let out = Command::new(python)
+        .args(["-c", "import platform; print(platform.python_version())"])
+        .output()
+        .with_context(|| format!("failed to run {}", python.display()))?;
+    if !out.status.success() {
+        bail!("{} -c … failed", python.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// bench_py_stack.py alone, under spanprof and under py-spy record; then spanprof alone at a
+/// higher rate for the in-kernel cost; the markdown of its figures.
+fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
+    let script = root.join("tests/workloads").join(PY_FILE);
+    let version = python_version(&cfg.python)?;
+    let target = Target {
+        program: cfg.python.clone(),
+        args: vec![script.into()],
+    };
+    let (work, n) = (cfg.py_work, cfg.rounds);
+    let sp_out = out_dir.join("bench_py.folded");
+    let pyspy_out = out_dir.join("bench_py.pyspy.txt");
+    let spanprof_run = |r: &mut PyRound| -> Result<()> {
+        r.spanprof = run_spanprof(spanprof, &target, work, HZ, &sp_out)?;
+        r.spanprof_depth = python_depth(&sp_out)?;
+        Ok(())
+    };
+    let pyspy_run = |r: &mut PyRound| -> Result<()> {
+        r.pyspy = run_pyspy(&cfg.py_spy, &target, work, &pyspy_out)?;
+        r.pyspy_depth = python_depth(&pyspy_out)?;
+        Ok(())
+    };
+    let results = rounds("python", n, |i| {
+        let mut r = PyRound::default();
+        if i % 2 == 0 {
+            r.alone = run_alone(&target, work)?;
+            spanprof_run(&mut r)?;
+            pyspy_run(&mut r)?;
+        } else {
+            pyspy_run(&mut r)?;
+            spanprof_run(&mut r)?;
+            r.alone = run_alone(&target, work)?;
+        }
+        Ok(r)
+    })?;
+    let high = rounds(&format!("python at {HIGH_HZ} Hz"), HIGH_RUNS, |_| {
+        let out = out_dir.join("bench_py_high.folded");
+        let run = run_spanprof(spanprof, &target, work, HIGH_HZ, &out)?;
+        Ok((run, python_depth(&out)?))
+    })?;
+    std::fs::write(
+        out_dir.join("python_rounds.txt"),
+        format!("{results:#?}\n{high:#?}\n"),
+    )?;
+
+    let med = |f: &dyn Fn(&PyRound) -> f64| median(results.iter().map(f).collect());
+    let sp_ratio = med(&|r| secs(r.spanprof.target.cpu) / secs(r.alone.cpu));
+    let ps_ratio = med(&|r| secs(r.pyspy.target.cpu) / secs(r.alone.cpu));
+    let sp_wall = med(&|r| secs(r.spanprof.target.wall) / secs(r.alone.wall));
+    let ps_wall = med(&|r| secs(r.pyspy.target.wall) / secs(r.alone.wall));
+    let sp_us = med(&|r| per_sample_us(r.spanprof.own.cpu, r.spanprof.samples));
+    let ps_us = med(&|r| per_sample_us(r.pyspy.own.cpu, r.pyspy.samples));
+    let sp_loop_us = med(&|r| r.spanprof.loop_us);
+    let sp_rss = results.iter().map(|r| r.spanprof.own.max_rss_kib).max();
+    let ps_rss = results.iter().map(|r| r.pyspy.own.max_rss_kib).max();
+    let alone = med(&|r| secs(r.alone.cpu));
+    let sp_samples = med(&|r| r.spanprof.samples as f64);
+    let ps_samples = med(&|r| r.pyspy.samples as f64);
+    let share = |d: &dyn Fn(&PyRound) -> (u64, u64)| {
+        let (all, whole) = results
+            .iter()
+            .map(d)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        100.0 * whole as f64 / all.max(1) as f64
+    };
+    let sp_whole = share(&|r| r.spanprof_depth);
+    let ps_whole = share(&|r| r.pyspy_depth);
+    let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.spanprof.bpf).collect();
+    let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+    let high_windows: Vec<BpfWindow> = high.iter().filter_map(|(r, _)| r.bpf).collect();
+    let high_bpf = bpf_figures(&high_windows).context("no in-kernel statistics were read")?;
+    let (high_all, high_whole) = high.iter().fold((0, 0), |a, (_, d)| (a.0 + d.0, a.1 + d.1));
+    let high_whole = 100.0 * high_whole as f64 / high_all.max(1) as f64;
+
+    Ok(format!(
+        "Run of `cargo xtask bench --rounds {n} --py-work {work}` on {}: target `{PY_FILE}` \
+         (CPython {version}, {PY_DEPTH} Python frames) alone {alone:.2} s CPU (median); \
+         {sp_samples:.0} samples per spanprof run, {ps_samples:.0} per py-spy run \
+         (both at {HZ} Hz; spanprof samples the target's CPU time, py-spy wall-clock time). \
+         py-spy 0.4 in its default mode, which pauses the target for each sample.\n\n\
+         | figure | spanprof | py-spy record | goal |\n\
+         |---|---|---|---|\n\
+         | target CPU time, profiled / alone (median of {n} interleaved rounds) | {sp_ratio:.4} | {ps_ratio:.4} | ≤ 1.005 |\n\
+         | target wall time from release to exit, profiled / alone (median) | {sp_wall:.4} | {ps_wall:.4} | |\n\
+         | samples holding all {PY_DEPTH} Python frames | {sp_whole:.1}% | {ps_whole:.1}% | |\n\
+         | profiler's own CPU per sample, whole process (median) | {sp_us:.1} µs | {ps_us:.1} µs | ≤ 20 µs |\n\
+         | spanprof's own CPU per sample in its sampling loop, as it reports it (median) | {sp_loop_us:.1} µs | n/a | |\n\
+         | profiler's peak RSS (max) | {:.1} MB | {:.1} MB | ≤ 64 MB |\n\
+         | in-kernel time per sampling-program run, all runs while the target ran ({} runs) | {:.2} µs | n/a | |\n\
+         | in-kernel time per run for other processes (target blocked, 1 s per run) | {:.2} µs | n/a | |\n\
+         | in-kernel time per target sample, all runs charged to the target ({} samples) | {:.2} µs | n/a | |\n\
+         | **in-kernel time per target sample**, net of the runs for other processes | **{:.2} µs** | n/a | ≤ 10 µs |\n\
+         | the same at {HIGH_HZ} Hz ({HIGH_RUNS} runs, {} samples, {high_whole:.1}% with all {PY_DEPTH} frames) | {:.2} µs | n/a | ≤ 10 µs |\n",
+        machine(),
+        mb(sp_rss.unwrap_or(0)),
+        mb(ps_rss.unwrap_or(0)),
+        bpf.runs,
+        bpf.per_run_ns / 1000.0,
+        bpf.other_run_ns / 1000.0,
+        bpf.target_samples,
+        bpf.gross_ns / 1000.0,
+        bpf.net_ns / 1000.0,
+        high_bpf.target_samples,
+        high_bpf.net_ns / 1000.0,
+    ))
+}
+
+/// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in BENCHMARKS.md.
+fn write_block(root: &Path, name: &str, table: &str) -> Result<()> {
+    let md_path = root.join("BENCHMARKS.md");
+    let md = std::fs::read_to_string(&md_path).unwrap_or_default();
+    let (begin, end) = (
+        format!("<!-- {name}:begin -->"),
+        format!("<!-- {name}:end -->"),
+    );
+    match (md.find(&begin), md.find(&end)) {
+        (Some(b), Some(e)) if b < e => {
+            let new = format!("{}{begin}\n{table}{}", &md[..b], &md[e..]);
+            std::fs::write(&md_path, new)?;
+            step(&format!(
+                "updated the {name} figures in {}",
+                md_path.display()
+            ));
+        }
+        _ => step(&format!(
+            "BENCHMARKS.md has no {name} markers; figures printed only"
+        )),
+    }
+    Ok(())
+}
+
 /// Runs the benchmark and updates BENCHMARKS.md.
-pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: u64) -> Result<()> {
-    let workload = workloads.join("fixed_work");
+pub fn run(root: &Path, spanprof: &Path, workloads: &Path, cfg: &Config) -> Result<()> {
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
@@ -275,89 +769,46 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, rounds: usize, work: 
         }
     }
     let stats_off = StatsOff;
-    let mut results = Vec::new();
-    for i in 0..rounds {
-        step(&format!("bench round {}/{rounds}", i + 1));
-        let mut r = Round::default();
-        // Alternate the order so drift in the machine's speed does not favour one configuration.
-        if i % 2 == 0 {
-            r.alone = run_alone(&workload, work)?;
-            run_spanprof(
-                spanprof,
-                &workload,
-                work,
-                &out_dir.join("bench.pb.gz"),
-                &mut r,
-            )?;
-            run_perf(&workload, work, &out_dir.join("perf.data"), &mut r)?;
-        } else {
-            run_perf(&workload, work, &out_dir.join("perf.data"), &mut r)?;
-            run_spanprof(
-                spanprof,
-                &workload,
-                work,
-                &out_dir.join("bench.pb.gz"),
-                &mut r,
-            )?;
-            r.alone = run_alone(&workload, work)?;
-        }
-        results.push(r);
-    }
+    let native_table = match cfg.part {
+        Part::All | Part::Native => Some(native(spanprof, workloads, &out_dir, cfg)?),
+        Part::Python => None,
+    };
+    let python_table = match cfg.part {
+        Part::All | Part::Python => Some(python(root, spanprof, &out_dir, cfg)?),
+        Part::Native => None,
+    };
     drop(stats_off);
-
-    let secs = |d: Duration| d.as_secs_f64();
-    // The median over rounds of one figure of each round.
-    let med = |f: &dyn Fn(&Round) -> f64| median(results.iter().map(f).collect());
-    let per_sample = |own: Duration, n: u64| secs(own) * 1e6 / n.max(1) as f64;
-    let sp_ratio = med(&|r| secs(r.spanprof_target) / secs(r.alone));
-    let perf_ratio = med(&|r| secs(r.perf_target) / secs(r.alone));
-    let sp_us = med(&|r| per_sample(r.spanprof_own, r.spanprof_samples));
-    let sp_loop_us = med(&|r| r.spanprof_loop_us);
-    let perf_us = med(&|r| per_sample(r.perf_own, r.perf_samples));
-    let sp_rss = results
-        .iter()
-        .map(|r| r.spanprof_rss_kib)
-        .max()
-        .unwrap_or(0);
-    let perf_rss = results.iter().map(|r| r.perf_rss_kib).max().unwrap_or(0);
-    let bpf_run_ns = median(
-        results
-            .iter()
-            .filter(|r| r.bpf_runs > 0)
-            .map(|r| r.bpf_ns as f64 / r.bpf_runs as f64)
-            .collect(),
-    );
-    let alone = med(&|r| secs(r.alone));
-    let samples = med(&|r| r.spanprof_samples as f64);
-
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let table = format!(
-        "Run of `cargo xtask bench --rounds {rounds} --work {work}` on {} CPUs, Linux {}: \
-         target `fixed_work` alone {alone:.2} s CPU (median), {samples:.0} samples per spanprof run.\n\n\
-         | figure | spanprof | perf record -g | goal |\n\
-         |---|---|---|---|\n\
-         | target CPU time, profiled / alone (median of {rounds} interleaved rounds) | {sp_ratio:.4} | {perf_ratio:.4} | ≤ 1.005 |\n\
-         | profiler's own CPU per sample, whole process (median) | {sp_us:.1} µs | {perf_us:.1} µs | ≤ 20 µs |\n\
-         | spanprof's own CPU per sample in its sampling loop, as it reports it (median) | {sp_loop_us:.1} µs | n/a | |\n\
-         | profiler's peak RSS (max) | {:.1} MB | {:.1} MB | ≤ 64 MB |\n\
-         | in-kernel time per sampling-program run (BPF stats, median) | {:.2} µs | n/a | |\n",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        kernel.trim(),
-        sp_rss as f64 / 1024.0,
-        perf_rss as f64 / 1024.0,
-        bpf_run_ns / 1000.0,
-    );
-    println!("{table}");
-    let md_path = root.join("BENCHMARKS.md");
-    let md = std::fs::read_to_string(&md_path).unwrap_or_default();
-    let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
-    match (md.find(begin), md.find(end)) {
-        (Some(b), Some(e)) if b < e => {
-            let new = format!("{}{begin}\n{table}{}", &md[..b], &md[e..]);
-            std::fs::write(&md_path, new)?;
-            step(&format!("updated {}", md_path.display()));
-        }
-        _ => step("BENCHMARKS.md has no bench markers; figures printed only"),
+    if let Some(table) = native_table {
+        println!("{table}");
+        write_block(root, "bench", &table)?;
+    }
+    if let Some(table) = python_table {
+        println!("{table}");
+        write_block(root, "bench-python", &table)?;
     }
     Ok(())
+}
+
+/// The newest pyenv CPython 3.12 (`$PYENV_ROOT` or `~/.pyenv`), the Python target's default
+/// interpreter.
+pub fn default_python() -> Option<PathBuf> {
+    let pyenv = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| Some(PathBuf::from(std::env::var_os("HOME")?).join(".pyenv")))?;
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(pyenv.join("versions"))
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let patch = e
+                .file_name()
+                .to_str()?
+                .strip_prefix("3.12.")?
+                .parse()
+                .ok()?;
+            let bin = e.path().join("bin/python3.12");
+            bin.is_file().then_some((patch, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
 }

@@ -1,8 +1,9 @@
 //! `cargo xtask deps`: the machine-level prerequisites of building and testing.
 //!
 //! Debian packages come from apt-get (only when root, and only the missing
-//! ones); the Python packages of the independent pprof decoder go into a venv
-//! in `target/venv` so the system Python stays untouched.
+//! ones); the Python packages of the independent pprof decoder, and py-spy
+//! (the reference the Python-stack tests compare with), go into a venv in
+//! `target/venv` so the system Python stays untouched.
 
 use std::path::{Path, PathBuf};
 
@@ -24,22 +25,27 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("gcc", "builds the C test workloads"),
 ];
 
-/// PyPI packages of `tests/tools/decode_pprof.py`, and the modules that prove
-/// they are installed.
-const PYTHON_PACKAGES: &[&str] = &["protobuf", "grpcio-tools"];
+/// PyPI packages of `tests/tools/decode_pprof.py`, and py-spy (a binary in
+/// the venv's `bin/`), and the modules that prove the Python ones are installed.
+const PYTHON_PACKAGES: &[&str] = &["protobuf", "grpcio-tools", PY_SPY_PACKAGE];
 const PYTHON_PROBE: &str = "import google.protobuf, grpc_tools.protoc";
+/// The py-spy release the Python-stack tests are checked against (the same
+/// version as the py-spy crate of the workspace).
+const PY_SPY_PACKAGE: &str = "py-spy==0.4.3";
 
 /// What later steps need from the prepared machine.
 #[derive(Debug)]
 pub struct Env {
     /// The venv's interpreter, with protobuf and grpcio-tools.
     pub python: PathBuf,
+    /// The venv's py-spy.
+    pub py_spy: PathBuf,
 }
 
 pub fn ensure(root: &Path) -> Result<Env> {
     debian_packages()?;
-    let python = python_venv(root)?;
-    Ok(Env { python })
+    let (python, py_spy) = python_venv(root)?;
+    Ok(Env { python, py_spy })
 }
 
 fn is_installed(package: &str) -> Result<bool> {
@@ -108,16 +114,25 @@ fn debian_packages() -> Result<()> {
     Ok(())
 }
 
-fn python_venv(root: &Path) -> Result<PathBuf> {
+/// True when the venv's Python modules import and its py-spy runs.
+fn venv_ready(python: &Path, py_spy: &Path) -> bool {
+    python.is_file()
+        && Cmd::new(python).args(["-c", PYTHON_PROBE]).succeeds()
+        && py_spy.is_file()
+        && Cmd::new(py_spy).args(["--version"]).succeeds()
+}
+
+fn python_venv(root: &Path) -> Result<(PathBuf, PathBuf)> {
     let venv = root.join("target/venv");
     let python = venv.join("bin/python");
-    if python.is_file() && Cmd::new(&python).args(["-c", PYTHON_PROBE]).succeeds() {
+    let py_spy = venv.join("bin/py-spy");
+    if venv_ready(&python, &py_spy) {
         step(&format!(
             "Python venv ready: {} ({})",
             venv.display(),
             PYTHON_PACKAGES.join(", ")
         ));
-        return Ok(python);
+        return Ok((python, py_spy));
     }
     // NB: Debian's interpreter, not a pyenv shim that may be first in PATH:
     // the venv must outlive changes to the user's Python set-up.
@@ -126,8 +141,10 @@ fn python_venv(root: &Path) -> Result<PathBuf> {
     } else {
         PathBuf::from("python3")
     };
-    step(&format!("creating the Python venv {}", venv.display()));
-    Cmd::new(&base).args(["-m", "venv"]).arg(&venv).run()?;
+    if !python.is_file() {
+        step(&format!("creating the Python venv {}", venv.display()));
+        Cmd::new(&base).args(["-m", "venv"]).arg(&venv).run()?;
+    }
     step(&format!(
         "installing {} into the venv",
         PYTHON_PACKAGES.join(", ")
@@ -136,9 +153,12 @@ fn python_venv(root: &Path) -> Result<PathBuf> {
         .args(["-m", "pip", "install", "--quiet"])
         .args(PYTHON_PACKAGES)
         .run()?;
-    if !Cmd::new(&python).args(["-c", PYTHON_PROBE]).succeeds() {
-        bail!("the venv's Python still cannot `{PYTHON_PROBE}` after pip install");
+    if !venv_ready(&python, &py_spy) {
+        bail!(
+            "after pip install, the venv's Python still cannot `{PYTHON_PROBE}` or {} does not run",
+            py_spy.display()
+        );
     }
     step("Python venv ready");
-    Ok(python)
+    Ok((python, py_spy))
 }

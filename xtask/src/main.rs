@@ -28,20 +28,28 @@ usage: cargo xtask <task>
 
 tasks:
   deps       install missing build and test prerequisites (Debian packages with
-             apt-get when root; Python venv in target/venv with protobuf and
-             grpcio-tools)
+             apt-get when root; Python venv in target/venv with protobuf,
+             grpcio-tools and py-spy)
   workloads  build the C test workloads into target/workloads/
   test       deps, workloads, release build, cargo fmt --check, clippy -D warnings,
              then cargo test --workspace --release with the integration tests
              running the real binary (needs root)
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
-  bench [--rounds N] [--work ROUNDS]
-             deps, workloads, release build, then the overhead benchmark:
-             the fixed_work target alone, under spanprof and under perf record -g
-             at 99 Hz, N interleaved rounds (default 8) of ROUNDS units of work
-             each (default 60000, about 5 s); prints the figures and updates BENCHMARKS.md
-             (needs root)
+  bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
+        [--only native|python]
+             deps, workloads, release build, then the overhead benchmark, N
+             interleaved rounds (default 8) of each part:
+             native: the fixed_work target alone, under spanprof and under
+               perf record -g at 99 Hz, ROUNDS units of work (default 60000,
+               about 5 s);
+             python: tests/workloads/bench_py_stack.py (50 Python frames deep)
+               alone, under spanprof and under py-spy record at 99 Hz, UNITS
+               units of work (default 450, about 5 s), run by PATH (default:
+               the newest pyenv 3.12); then spanprof alone at 999 Hz for the
+               in-kernel cost per sample;
+             --only runs one part. Prints the figures and updates their blocks
+             in BENCHMARKS.md (needs root)
 ";
 
 fn main() -> ExitCode {
@@ -140,6 +148,7 @@ fn test(root: &Path) -> Result<()> {
         .env("SPANPROF_BIN", &bin)
         .env("SPANPROF_WORKLOADS", &workloads)
         .env("SPANPROF_PYTHON", &env.python)
+        .env("SPANPROF_PYSPY", &env.py_spy)
         .run()
     {
         eprintln!("xtask: {err:#}");
@@ -183,29 +192,36 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `bench [--rounds N] [--work ROUNDS]`.
+/// `bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH] [--only PART]`.
 fn bench(root: &Path, args: &[String]) -> Result<()> {
     let mut rounds: usize = 8;
     let mut work: u64 = 60_000;
+    let mut py_work: u64 = 450;
+    let mut python: Option<PathBuf> = None;
+    let mut part = bench::Part::All;
+    let positive = |flag: &str, value: &str| -> Result<u64> {
+        value
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .with_context(|| format!("invalid {flag} `{value}`"))
+    };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it
             .next()
             .with_context(|| format!("`{flag}` needs a value\n{USAGE}"))?;
         match flag.as_str() {
-            "--rounds" => {
-                rounds = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .with_context(|| format!("invalid --rounds `{value}`"))?;
-            }
-            "--work" => {
-                work = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .with_context(|| format!("invalid --work `{value}`"))?;
+            "--rounds" => rounds = positive(flag, value)? as usize,
+            "--work" => work = positive(flag, value)?,
+            "--py-work" => py_work = positive(flag, value)?,
+            "--python" => python = Some(PathBuf::from(value)),
+            "--only" => {
+                part = match value.as_str() {
+                    "native" => bench::Part::Native,
+                    "python" => bench::Part::Python,
+                    other => bail!("invalid --only `{other}` (native or python)"),
+                }
             }
             other => bail!("unknown bench option `{other}`\n{USAGE}"),
         }
@@ -213,8 +229,21 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
     if !is_root() {
         bail!("`cargo xtask bench` needs root (eBPF, perf, kernel.bpf_stats_enabled)");
     }
-    deps::ensure(root)?;
+    let python = match python {
+        Some(p) => p,
+        None => bench::default_python()
+            .context("no pyenv CPython 3.12 (~/.pyenv/versions/3.12.*); pass --python PATH")?,
+    };
+    let env = deps::ensure(root)?;
     let workloads = workloads::build(root)?;
     let bin = build_release(root)?;
-    bench::run(root, &bin, &workloads, rounds, work)
+    let cfg = bench::Config {
+        rounds,
+        part,
+        work,
+        py_work,
+        python,
+        py_spy: env.py_spy,
+    };
+    bench::run(root, &bin, &workloads, &cfg)
 }
