@@ -5,7 +5,7 @@
 //! stack, thread or Python code object for the first time. Addresses of new user stacks are
 //! queued per process so the session can normalize them while the process is alive
 //! ([`Aggregator::normalize_pending`]); Python frames are named at once, through
-//! [`Python::token`]. Native symbolization happens once, in [`Aggregator::into_profile`], which
+//! [`Python::tokens`]. Native symbolization happens once, in [`Aggregator::into_profile`], which
 //! also merges each Python stack into its native stack ([`merge`]).
 
 use std::collections::BTreeMap;
@@ -95,7 +95,7 @@ pub struct Aggregator {
     opts: Options,
     kernel: StackTable,
     user: FxHashMap<u32, StackTable>,
-    /// Python stacks as tokens ([`Python::token`]), innermost first; ids are global.
+    /// Python stacks as tokens ([`Python::tokens`]), innermost first; ids are global.
     python: StackTable,
     /// By (pid, tid, kernel stack, user stack, Python stack): a tid can come back under
     /// another pid.
@@ -138,13 +138,14 @@ impl Aggregator {
     pub fn record(&mut self, sample: &SampleRecord<'_>, python: &mut Python) {
         let rec = sample.header;
         self.samples += 1;
-        python.saw(rec.pid);
         let frames = sample.python_stack();
-        let mut n = 0;
-        for (f, slot) in frames.iter().zip(self.py_scratch.iter_mut()) {
-            *slot = python.token(rec.pid, f, self.opts.lines);
-            n += 1;
-        }
+        python.saw(rec.pid, !frames.is_empty());
+        let mut n = python.tokens(
+            rec.pid,
+            frames,
+            self.opts.lines,
+            &mut self.py_scratch[..MAX_PY_FRAMES],
+        );
         let stats = &mut self.python_stats;
         match sample.python_status() {
             PY_OK if n > 0 => stats.with_frames += 1,

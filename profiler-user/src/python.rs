@@ -94,6 +94,8 @@ pub struct Python {
     notes: Vec<String>,
     /// Python processes found.
     found: u32,
+    /// `py_procs` entries to write at the next [`Python::flush`].
+    writes: Vec<(u32, PyProc)>,
 }
 
 /// What the session must do with the BPF map after [`Python::detect_pending`].
@@ -112,6 +114,7 @@ impl Python {
             function_ids: FxHashMap::default(),
             notes: Vec::new(),
             found: 0,
+            writes: Vec::new(),
         }
     }
 
@@ -131,9 +134,16 @@ impl Python {
     }
 
     /// Notes a process that sent a sample; it is looked at by the next
-    /// [`Python::detect_pending`]. Cheap when the process is known.
-    pub fn saw(&mut self, pid: u32) {
-        if self.enabled && !self.procs.contains_key(&pid) {
+    /// [`Python::detect_pending`], or at once if the sample has Python frames already (a child
+    /// forked by a Python process inherits its parent's `py_procs` entry in the kernel), so
+    /// that they can be named. Cheap when the process is known.
+    pub fn saw(&mut self, pid: u32, has_python_frames: bool) {
+        if !self.enabled || self.procs.contains_key(&pid) {
+            return;
+        }
+        if has_python_frames {
+            self.detect_now(pid);
+        } else {
             self.procs.insert(
                 pid,
                 Proc::Pending {
@@ -157,7 +167,7 @@ impl Python {
         }
     }
 
-    /// Looks at every pending process that is due, writing the BPF map for those found.
+    /// Looks at every pending process that is due, and writes the BPF map for those found.
     pub fn detect_pending(&mut self, map: &mut impl PyProcMap) {
         let now = Instant::now();
         let due: Vec<u32> = self
@@ -167,12 +177,26 @@ impl Python {
             .map(|(&pid, _)| pid)
             .collect();
         for pid in due {
-            self.detect_now(pid, map);
+            self.detect_now(pid);
+        }
+        self.flush(map);
+    }
+
+    /// Writes the `py_procs` entries of the processes found since the last call.
+    pub fn flush(&mut self, map: &mut impl PyProcMap) {
+        for (pid, value) in std::mem::take(&mut self.writes) {
+            if let Err(e) = map.set_python(pid, &value) {
+                self.notes.push(format!(
+                    "pid {pid}: cannot hand python offsets to the kernel: {e}"
+                ));
+                self.procs.insert(pid, Proc::Skipped);
+                self.found = self.found.saturating_sub(1);
+            }
         }
     }
 
-    /// Looks at one process now.
-    pub fn detect_now(&mut self, pid: u32, map: &mut impl PyProcMap) {
+    /// Looks at one process now; a [`Python::flush`] hands what was found to the kernel.
+    pub fn detect_now(&mut self, pid: u32) {
         if !self.enabled {
             return;
         }
@@ -182,7 +206,7 @@ impl Python {
             None => 0,
         };
         let next = match detect(pid) {
-            Ok(process) => match self.ready(process, map) {
+            Ok(process) => match self.ready(process) {
                 Ok(ready) => {
                     self.found += 1;
                     Proc::Ready(Box::new(ready))
@@ -206,7 +230,7 @@ impl Python {
         self.procs.insert(pid, next);
     }
 
-    fn ready(&self, process: PythonProcess, map: &mut impl PyProcMap) -> Result<Ready, String> {
+    fn ready(&mut self, process: PythonProcess) -> Result<Ready, String> {
         let pid = process.pid;
         let version = process.version;
         let offsets = process.offsets().ok_or_else(|| {
@@ -226,8 +250,7 @@ impl Python {
         }
         let value =
             py_proc(&process, offsets).map_err(|e| format!("pid {pid}: python {version}: {e}"))?;
-        map.set_python(pid, &value)
-            .map_err(|e| format!("pid {pid}: cannot hand python offsets to the kernel: {e}"))?;
+        self.writes.push((pid, value));
         let types = TypeAddrs {
             code: process.code_type_addr,
             unicode: process.unicode_type_addr,
@@ -239,33 +262,43 @@ impl Python {
         })
     }
 
-    /// The interned-stack token of one recorded frame. `lines = false` drops the line
-    /// (`--no-lines`). Allocates only for a code object or offset seen for the first time.
-    pub fn token(&mut self, pid: u32, frame: &PyFrame, lines: bool) -> u64 {
+    /// The interned-stack tokens of a sample's recorded frames, into `out` (as many as fit).
+    /// `lines = false` drops the lines (`--no-lines`). Allocates only for a code object or
+    /// offset seen for the first time.
+    pub fn tokens(&mut self, pid: u32, frames: &[PyFrame], lines: bool, out: &mut [u64]) -> usize {
         let functions = &mut self.functions;
         let function_ids = &mut self.function_ids;
-        let (func, line) = match self.procs.get_mut(&pid) {
-            Some(Proc::Ready(ready)) => ready.names.resolve(frame, |read| {
-                let f = match read {
-                    CodeRead::Code(info) => PyFunction {
-                        name: info.name.clone(),
-                        file: Some(info.filename.clone()),
-                    },
-                    CodeRead::Unreadable(_) | CodeRead::Replaced => unknown(),
-                };
-                intern(functions, function_ids, f)
-            }),
-            // Frames from a process whose interpreter is not known here (a fork child seen
-            // for the first time, a process gone before it was looked at).
-            _ => (intern(functions, function_ids, unknown()), None),
+        let mut ready = match self.procs.get_mut(&pid) {
+            Some(Proc::Ready(ready)) => Some(ready),
+            _ => None,
         };
-        let line = if lines { line.unwrap_or(0) } else { 0 };
-        let entry = if frame.flags & PY_FRAME_ENTRY != 0 {
-            TOKEN_ENTRY
-        } else {
-            0
-        };
-        u64::from(func) | (u64::from(line.min(0x7fff_ffff)) << 32) | entry
+        let mut n = 0;
+        for (frame, slot) in frames.iter().zip(out.iter_mut()) {
+            let (func, line) = match ready.as_mut() {
+                Some(ready) => ready.names.resolve(frame, |read| {
+                    let f = match read {
+                        CodeRead::Code(info) => PyFunction {
+                            name: info.name.clone(),
+                            file: Some(info.filename.clone()),
+                        },
+                        CodeRead::Unreadable(_) | CodeRead::Replaced => unknown(),
+                    };
+                    intern(functions, function_ids, f)
+                }),
+                // Frames from a process whose interpreter is not known here (gone before it
+                // was looked at, or not a version spanprof reads).
+                None => (intern(functions, function_ids, unknown()), None),
+            };
+            let line = if lines { line.unwrap_or(0) } else { 0 };
+            let entry = if frame.flags & PY_FRAME_ENTRY != 0 {
+                TOKEN_ENTRY
+            } else {
+                0
+            };
+            *slot = u64::from(func) | (u64::from(line.min(0x7fff_ffff)) << 32) | entry;
+            n += 1;
+        }
+        n
     }
 
     /// Whether a process's interpreter was found.

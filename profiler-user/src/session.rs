@@ -366,7 +366,8 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             for &pid in p {
                 programs.add_target(pid)?;
                 // Before sampling starts, so the first samples have their Python frames.
-                python.detect_now(pid, &mut programs);
+                python.detect_now(pid);
+                python.flush(&mut programs);
             }
             pids.clone_from(p);
         }
