@@ -23,7 +23,12 @@
 //!   released, and right after the target exits. The first interval has no target sample (the
 //!   target is blocked on stdin): it prices the runs for other processes. The second holds every
 //!   target sample spanprof reports; its time net of the other runs (priced by the first
-//!   interval) divided by the target samples is the in-kernel cost per target sample.
+//!   interval) divided by the target samples is the in-kernel cost per target sample. The
+//!   counters are summed over the rounds before dividing. On the Python target spanprof then
+//!   runs alone at 999 Hz for the same figure over ten times as many samples.
+//!
+//! `--only native|python` runs one part. Each round's raw measurements go to
+//! `target/bench/{native,python}_rounds.txt`.
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
 
@@ -577,13 +582,14 @@ fn native(spanprof: &Path, workloads: &Path, out_dir: &Path, cfg: &Config) -> Re
     let sp_rss = results.iter().map(|r| r.spanprof.own.max_rss_kib).max();
     let perf_rss = results.iter().map(|r| r.perf.own.max_rss_kib).max();
     let alone = med(&|r| secs(r.alone.cpu));
+    let alone_wall = med(&|r| secs(r.alone.wall));
     let samples = med(&|r| r.spanprof.samples as f64);
     let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.spanprof.bpf).collect();
     let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
 
     Ok(format!(
         "Run of `cargo xtask bench --rounds {n} --work {work}` on {}: \
-         target `fixed_work` alone {alone:.2} s CPU (median), {samples:.0} samples per spanprof run.\n\n\
+         target `fixed_work` alone {alone:.2} s CPU in {alone_wall:.2} s (medians), {samples:.0} samples per spanprof run.\n\n\
          | figure | spanprof | perf record -g | goal |\n\
          |---|---|---|---|\n\
          | target CPU time, profiled / alone (median of {n} interleaved rounds) | {sp_ratio:.4} | {perf_ratio:.4} | ≤ 1.005 |\n\
@@ -612,23 +618,28 @@ struct PyRound {
     pyspy_depth: (u64, u64),
 }
 
-/// The interpreter's version, e.g. "3.12.1".
-fn python_version(python: &Path) -> Result<String> {
-    let out = Command::new(python)
-        .args(["-c", "import platform; print(platform.python_version())"])
+/// The first line `program args…` prints, e.g. "3.12.1" or "py-spy 0.4.3".
+fn version(program: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
         .output()
-        .with_context(|| format!("failed to run {}", python.display()))?;
+        .with_context(|| format!("failed to run {}", program.display()))?;
     if !out.status.success() {
-        bail!("{} -c … failed", python.display());
+        bail!("{} {} failed", program.display(), args.join(" "));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
 }
 
 /// bench_py_stack.py alone, under spanprof and under py-spy record; then spanprof alone at a
 /// higher rate for the in-kernel cost; the markdown of its figures.
 fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
     let script = root.join("tests/workloads").join(PY_FILE);
-    let version = python_version(&cfg.python)?;
+    let python_version = version(
+        &cfg.python,
+        &["-c", "import platform; print(platform.python_version())"],
+    )?;
+    let pyspy_version = version(&cfg.py_spy, &["--version"])?;
     let target = Target {
         program: cfg.python.clone(),
         args: vec![script.into()],
@@ -672,14 +683,13 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
     let med = |f: &dyn Fn(&PyRound) -> f64| median(results.iter().map(f).collect());
     let sp_ratio = med(&|r| secs(r.spanprof.target.cpu) / secs(r.alone.cpu));
     let ps_ratio = med(&|r| secs(r.pyspy.target.cpu) / secs(r.alone.cpu));
-    let sp_wall = med(&|r| secs(r.spanprof.target.wall) / secs(r.alone.wall));
-    let ps_wall = med(&|r| secs(r.pyspy.target.wall) / secs(r.alone.wall));
     let sp_us = med(&|r| per_sample_us(r.spanprof.own.cpu, r.spanprof.samples));
     let ps_us = med(&|r| per_sample_us(r.pyspy.own.cpu, r.pyspy.samples));
     let sp_loop_us = med(&|r| r.spanprof.loop_us);
     let sp_rss = results.iter().map(|r| r.spanprof.own.max_rss_kib).max();
     let ps_rss = results.iter().map(|r| r.pyspy.own.max_rss_kib).max();
     let alone = med(&|r| secs(r.alone.cpu));
+    let alone_wall = med(&|r| secs(r.alone.wall));
     let sp_samples = med(&|r| r.spanprof.samples as f64);
     let ps_samples = med(&|r| r.pyspy.samples as f64);
     let share = |d: &dyn Fn(&PyRound) -> (u64, u64)| {
@@ -700,14 +710,13 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
 
     Ok(format!(
         "Run of `cargo xtask bench --rounds {n} --py-work {work}` on {}: target `{PY_FILE}` \
-         (CPython {version}, {PY_DEPTH} Python frames) alone {alone:.2} s CPU (median); \
+         (CPython {python_version}, {PY_DEPTH} Python frames) alone {alone:.2} s CPU in {alone_wall:.2} s (medians); \
          {sp_samples:.0} samples per spanprof run, {ps_samples:.0} per py-spy run \
          (both at {HZ} Hz; spanprof samples the target's CPU time, py-spy wall-clock time). \
-         py-spy 0.4 in its default mode, which pauses the target for each sample.\n\n\
+         {pyspy_version} in its default mode, which pauses the target for each sample.\n\n\
          | figure | spanprof | py-spy record | goal |\n\
          |---|---|---|---|\n\
          | target CPU time, profiled / alone (median of {n} interleaved rounds) | {sp_ratio:.4} | {ps_ratio:.4} | ≤ 1.005 |\n\
-         | target wall time from release to exit, profiled / alone (median) | {sp_wall:.4} | {ps_wall:.4} | |\n\
          | samples holding all {PY_DEPTH} Python frames | {sp_whole:.1}% | {ps_whole:.1}% | |\n\
          | profiler's own CPU per sample, whole process (median) | {sp_us:.1} µs | {ps_us:.1} µs | ≤ 20 µs |\n\
          | spanprof's own CPU per sample in its sampling loop, as it reports it (median) | {sp_loop_us:.1} µs | n/a | |\n\
