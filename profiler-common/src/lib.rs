@@ -60,6 +60,8 @@ pub const PY_NO_OFFSET: u32 = u32::MAX;
 pub const PY_FRAME_BLOCK: u32 = 128;
 /// Bytes read from `code + code_firstlineno`; `code_filename` must be inside them.
 pub const PY_CODE_BLOCK: u32 = 80;
+/// Largest [`PyProc::frame_window`].
+pub const PY_WINDOW: u32 = 1024;
 /// Size of one [`PyFrame`] in a record.
 pub const PY_FRAME_SIZE: usize = 24;
 
@@ -229,8 +231,9 @@ pub struct PyProc {
     /// Offset of `f_func` / `f_funcobj` (3.11+), whose address is the check value; else
     /// [`PY_NO_OFFSET`] and the check value is read from the code object.
     pub frame_func: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// 3.11+: bytes read below a frame, within its page, so one read serves the frames next
+    /// to it on the data stack (at most [`PY_WINDOW`]); 0 reads each frame alone.
+    pub frame_window: u32,
 }
 
 // SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).

@@ -112,7 +112,7 @@ fn c_asserts() -> String {
             frame_size,
             code_size,
             frame_func,
-            _pad
+            frame_window
         ),
     ));
     for (name, size, align, fields) in &structs {
@@ -154,6 +154,7 @@ fn c_asserts() -> String {
         ("SPANPROF_PY_NO_OFFSET", PY_NO_OFFSET as u64),
         ("SPANPROF_PY_FRAME_BLOCK", PY_FRAME_BLOCK as u64),
         ("SPANPROF_PY_CODE_BLOCK", PY_CODE_BLOCK as u64),
+        ("SPANPROF_PY_WINDOW", PY_WINDOW as u64),
         ("SPANPROF_SAMPLE_HEADER_SIZE", SAMPLE_HEADER_SIZE as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),

@@ -160,12 +160,18 @@ struct spanprof_py_proc {
 	 * value: no read of the code object. NO_OFFSET: the check value is read from the code.
 	 */
 	__u32 frame_func;
-	__u32 _pad;
+	/*
+	 * 3.11+: frames sit next to each other on the thread's data stack, so a frame is read with
+	 * the bytes below it, up to this many, within its page: one read serves several frames.
+	 * 0: each frame is read alone (3.8–3.10 frame objects live anywhere on the heap).
+	 */
+	__u32 frame_window;
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */
 #define SPANPROF_PY_FRAME_BLOCK 128
 #define SPANPROF_PY_CODE_BLOCK 80
+#define SPANPROF_PY_WINDOW 1024
 
 #define SPANPROF_SAMPLE_HEADER_SIZE 56
 #define SPANPROF_PY_FRAME_SIZE 24

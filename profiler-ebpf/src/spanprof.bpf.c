@@ -106,7 +106,10 @@ struct scratch {
 	__u32 n;       /* Python frames recorded */
 	__u32 status;  /* SPANPROF_PY_* */
 	__u32 _pad;
-	__u8 buf[SPANPROF_PY_FRAME_BLOCK];
+	__u64 win_base; /* target address of win[0] */
+	__u32 win_len;  /* bytes of win that hold target memory */
+	__u32 _pad2;
+	__u8 win[SPANPROF_PY_WINDOW];
 	__u8 code[SPANPROF_PY_CODE_BLOCK];
 };
 
@@ -194,7 +197,8 @@ static long py_thread_step(__u64 i, void *ctx)
 static long py_frame_step(__u64 i, void *ctx)
 {
 	struct scratch *w = get_scratch();
-	__u32 size, off, flags = 0, d;
+	__u32 size, off, flags = 0, d, len, rel;
+	__u64 page;
 	__u64 code, ip, start, filename;
 	struct spanprof_py_frame *f;
 	__s32 lasti, first;
@@ -204,10 +208,32 @@ static long py_frame_step(__u64 i, void *ctx)
 	size = w->cfg.frame_size;
 	if (size > SPANPROF_PY_FRAME_BLOCK)
 		size = SPANPROF_PY_FRAME_BLOCK;
-	if (bpf_probe_read_user(w->buf, size, (const void *)w->frame))
+	if (w->frame < w->win_base || w->frame + size > w->win_base + w->win_len) {
+		/*
+		 * Not in the window read last: read this frame, and with a window the bytes below it
+		 * in its page, where the frames it was called from usually are (a page is mapped if
+		 * the frame is, so the read does not fail for want of memory below).
+		 */
+		start = w->frame;
+		if (w->cfg.frame_window) {
+			page = w->frame & ~4095ULL;
+			start = w->frame + size > page + SPANPROF_PY_WINDOW ?
+					w->frame + size - SPANPROF_PY_WINDOW :
+					page;
+		}
+		len = w->frame + size - start;
+		if (len > SPANPROF_PY_WINDOW)
+			len = SPANPROF_PY_WINDOW;
+		if (bpf_probe_read_user(w->win, len, (const void *)start))
+			goto fault;
+		w->win_base = start;
+		w->win_len = len;
+	}
+	rel = w->frame - w->win_base;
+	if (rel > SPANPROF_PY_WINDOW)
 		goto fault;
 	if (w->cfg.entry_kind == SPANPROF_PY_ENTRY_SHIM &&
-	    load_u8(w->buf, w->cfg.frame_entry, SPANPROF_PY_FRAME_BLOCK) == PY_OWNED_BY_CSTACK) {
+	    load_u8(w->win, rel + w->cfg.frame_entry, SPANPROF_PY_WINDOW) == PY_OWNED_BY_CSTACK) {
 		/* The frame recorded last was the first one this interpreter call ran. */
 		if (w->n > 0) {
 			off = w->py_base + (w->n - 1) * SPANPROF_PY_FRAME_SIZE;
@@ -222,29 +248,29 @@ static long py_frame_step(__u64 i, void *ctx)
 		w->s.py_status |= SPANPROF_PY_TRUNCATED;
 		return 1;
 	}
-	code = load_u64(w->buf, w->cfg.frame_code, SPANPROF_PY_FRAME_BLOCK);
+	code = load_u64(w->win, rel + w->cfg.frame_code, SPANPROF_PY_WINDOW);
 	if (code == 0)
 		goto fault;
 	switch (w->cfg.instr_kind) {
 	case SPANPROF_PY_INSTR_POINTER:
-		ip = load_u64(w->buf, w->cfg.frame_instr, SPANPROF_PY_FRAME_BLOCK);
+		ip = load_u64(w->win, rel + w->cfg.frame_instr, SPANPROF_PY_WINDOW);
 		start = code + w->cfg.code_adaptive;
 		/* Before its first instruction a frame points one code unit before the start. */
 		ip = ip > start ? ip - start : 0;
 		lasti = ip > 0x7fffffff ? 0x7fffffff : (__s32)ip;
 		break;
 	case SPANPROF_PY_INSTR_LASTI_UNITS:
-		lasti = (__s32)load_u32(w->buf, w->cfg.frame_instr, SPANPROF_PY_FRAME_BLOCK);
+		lasti = (__s32)load_u32(w->win, rel + w->cfg.frame_instr, SPANPROF_PY_WINDOW);
 		lasti = lasti < 0 ? 0 : (lasti > 0x3fffffff ? 0x3fffffff : lasti) * 2;
 		break;
 	default:
-		lasti = (__s32)load_u32(w->buf, w->cfg.frame_instr, SPANPROF_PY_FRAME_BLOCK);
+		lasti = (__s32)load_u32(w->win, rel + w->cfg.frame_instr, SPANPROF_PY_WINDOW);
 		lasti = lasti < 0 ? 0 : lasti;
 		break;
 	}
 	if (w->cfg.entry_kind == SPANPROF_PY_ENTRY_EVERY_FRAME ||
 	    (w->cfg.entry_kind == SPANPROF_PY_ENTRY_FIELD &&
-	     load_u8(w->buf, w->cfg.frame_entry, SPANPROF_PY_FRAME_BLOCK)))
+	     load_u8(w->win, rel + w->cfg.frame_entry, SPANPROF_PY_WINDOW)))
 		flags = SPANPROF_PY_FRAME_ENTRY;
 
 	/*
@@ -254,7 +280,7 @@ static long py_frame_step(__u64 i, void *ctx)
 	 */
 	if (w->cfg.frame_func != SPANPROF_PY_NO_OFFSET) {
 		/* 3.11+: the frame's function identifies its code; no read of the code object. */
-		w->last_check = load_u64(w->buf, w->cfg.frame_func, SPANPROF_PY_FRAME_BLOCK);
+		w->last_check = load_u64(w->win, rel + w->cfg.frame_func, SPANPROF_PY_WINDOW);
 	} else if (code != w->last_code) {
 		size = w->cfg.code_size;
 		if (size > SPANPROF_PY_CODE_BLOCK)
@@ -278,7 +304,7 @@ static long py_frame_step(__u64 i, void *ctx)
 	f->flags = flags;
 	w->n++;
 next:
-	code = load_u64(w->buf, w->cfg.frame_previous, SPANPROF_PY_FRAME_BLOCK);
+	code = load_u64(w->win, rel + w->cfg.frame_previous, SPANPROF_PY_WINDOW);
 	if (code == w->frame) {
 		w->s.py_status |= SPANPROF_PY_TRUNCATED;
 		return 1;
@@ -348,6 +374,8 @@ static __always_inline void py_walk(struct scratch *w, const struct spanprof_py_
 	w->cfg = *cfg;
 	w->n = 0;
 	w->last_code = 0;
+	w->win_base = 0;
+	w->win_len = 0;
 	w->py_base = native * sizeof(__u64);
 	tstate = py_thread_state(w, tgid, tid);
 	if (!tstate) {

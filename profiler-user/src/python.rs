@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use profiler_common::{
     PyFrame, PyProc, PY_CODE_BLOCK, PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM,
     PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER,
-    PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET,
+    PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
@@ -423,7 +423,11 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
             (Some(at), Some(_)) => u(at, "frame function")?,
             _ => PY_NO_OFFSET,
         },
-        _pad: 0,
+        frame_window: if instr_kind == PY_INSTR_POINTER {
+            PY_WINDOW
+        } else {
+            0
+        },
     })
 }
 
