@@ -5,7 +5,9 @@
 //! workloads (`SPANPROF_WORKLOADS`) and a Python venv with `protobuf`
 //! (`SPANPROF_PYTHON`) for the independent pprof decoder
 //! `tests/tools/decode_pprof.py`, then runs `cargo test`. Without those
-//! variables the helpers fall back to the paths under `target/`.
+//! variables the helpers fall back to the paths under `target/`. The Python
+//! tests also use py-spy from that venv (`SPANPROF_PYSPY`) and the CPython
+//! builds of pyenv (`PYENV_ROOT`, default `/root/.pyenv`).
 //!
 //! Design constraints: a test whose prerequisites are missing (not root, no
 //! binary, no workloads) fails with a message saying what is missing and how
