@@ -89,7 +89,12 @@ impl Symbolizer {
         Self {
             // Build ids are not needed to symbolize on this host; skipping them saves a read of
             // every module.
-            normalizer: Normalizer::builder().enable_build_ids(false).build(),
+            normalizer: Normalizer::builder()
+                .enable_build_ids(false)
+                .enable_procmap_query(
+                    blazesym::helper::is_procmap_query_supported().unwrap_or(false),
+                )
+                .build(),
             modules: Vec::new(),
             module_ids: FxHashMap::default(),
             user: FxHashMap::default(),
