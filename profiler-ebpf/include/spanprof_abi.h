@@ -41,7 +41,7 @@ enum spanprof_error {
 	SPANPROF_ERR_USTACK = 2,
 	/* A child process could not be added to `target_pids` (map full). */
 	SPANPROF_ERR_PID_MAP_FULL = 3,
-	/* A Python thread's stack could not be read (a read faulted, or no thread state). */
+	/* A Python thread's stack could not be (wholly) read: a read of its memory faulted. */
 	SPANPROF_ERR_PY_READ = 4,
 	SPANPROF_ERR_COUNT = 8,
 };
@@ -58,7 +58,7 @@ struct spanprof_target {
 /* spanprof_sample.py_status: what the Python walk found (low byte), plus flags. */
 #define SPANPROF_PY_NONE 0	      /* not a Python process (no py_procs entry) */
 #define SPANPROF_PY_OK 1	      /* py_len frames were read */
-#define SPANPROF_PY_NO_THREAD 2	      /* no PyThreadState of this thread (not started, C thread) */
+#define SPANPROF_PY_NO_THREAD 2	      /* no PyThreadState of this thread (C thread, no interpreter) */
 #define SPANPROF_PY_READ_FAILED 3     /* a read of interpreter memory faulted */
 #define SPANPROF_PY_STATUS_MASK 0xff
 #define SPANPROF_PY_TRUNCATED 0x100   /* more frames than SPANPROF_MAX_PY_FRAMES, or a loop */

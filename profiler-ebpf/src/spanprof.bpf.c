@@ -198,7 +198,7 @@ static long py_frame_step(__u64 i, void *ctx)
 {
 	struct scratch *w = get_scratch();
 	__u32 size, off, flags = 0, d, len, rel;
-	__u64 page;
+	__u64 page, rel64;
 	__u64 code, ip, start, filename;
 	struct spanprof_py_frame *f;
 	__s32 lasti, first;
@@ -208,6 +208,9 @@ static long py_frame_step(__u64 i, void *ctx)
 	size = w->cfg.frame_size;
 	if (size > SPANPROF_PY_FRAME_BLOCK)
 		size = SPANPROF_PY_FRAME_BLOCK;
+	/* A frame whose end wraps the address space is garbage. */
+	if (w->frame + size < w->frame)
+		goto fault;
 	if (w->frame < w->win_base || w->frame + size > w->win_base + w->win_len) {
 		/*
 		 * Not in the window read last: read this frame, and with a window the bytes below it
@@ -229,9 +232,10 @@ static long py_frame_step(__u64 i, void *ctx)
 		w->win_base = start;
 		w->win_len = len;
 	}
-	rel = w->frame - w->win_base;
-	if (rel > SPANPROF_PY_WINDOW)
+	rel64 = w->frame - w->win_base;
+	if (rel64 + size > w->win_len || rel64 > SPANPROF_PY_WINDOW)
 		goto fault;
+	rel = (__u32)rel64;
 	if (w->cfg.entry_kind == SPANPROF_PY_ENTRY_SHIM &&
 	    load_u8(w->win, rel + w->cfg.frame_entry, SPANPROF_PY_WINDOW) == PY_OWNED_BY_CSTACK) {
 		/* The frame recorded last was the first one this interpreter call ran. */
@@ -275,8 +279,8 @@ static long py_frame_step(__u64 i, void *ctx)
 
 	/*
 	 * The check value of the code object. A frame holds a reference to its code, so while the
-	 * thread is stopped the object cannot change: a code object met again in this walk
-	 * (recursion) keeps the value read the first time.
+	 * thread is stopped the object cannot change: a frame of the same code as the frame just
+	 * read (direct recursion) keeps the value read for that one.
 	 */
 	if (w->cfg.frame_func != SPANPROF_PY_NO_OFFSET) {
 		/* 3.11+: the frame's function identifies its code; no read of the code object. */
@@ -344,17 +348,23 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 			return cached->tstate;
 	}
 
-	if (read_ptr(&interp, w->cfg.runtime_addr + w->cfg.runtime_interp_head) || interp == 0 ||
-	    read_ptr(&w->frame, interp + w->cfg.interp_threads_head)) {
+	if (read_ptr(&interp, w->cfg.runtime_addr + w->cfg.runtime_interp_head) ||
+	    (interp && read_ptr(&w->frame, interp + w->cfg.interp_threads_head))) {
 		w->status = SPANPROF_PY_READ_FAILED;
 		return 0;
 	}
+	/* No interpreter yet (start-up) or any more (finalization): no thread state either. */
 	w->status = SPANPROF_PY_NO_THREAD;
+	if (!interp)
+		return 0;
 	bpf_loop(PY_THREAD_LOOPS, py_thread_step, NULL, 0);
 	fresh.tgid = tgid;
 	if (w->status != SPANPROF_PY_OK) {
-		/* Searched to the end of the list: remember there is none, for a while. */
-		if (w->status == SPANPROF_PY_NO_THREAD) {
+		/*
+		 * Searched to the end of the list: remember there is none, for a while. (A list
+		 * longer than the search is not remembered: the next sample searches again.)
+		 */
+		if (w->status == SPANPROF_PY_NO_THREAD && w->frame == 0) {
 			fresh.stamp = stamp;
 			bpf_map_update_elem(&py_threads, &tid, &fresh, BPF_ANY);
 		}
@@ -528,9 +538,14 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		count_error(SPANPROF_ERR_PID_MAP_FULL);
 		return 0;
 	}
-	/* A forked child has its parent's address space: same interpreter, same addresses. */
+	/*
+	 * A forked child has its parent's address space: same interpreter, same addresses. A
+	 * non-Python parent's child must not inherit an entry a former owner of its pid left.
+	 */
 	py = bpf_map_lookup_elem(&py_procs, &ptgid);
 	if (py)
 		bpf_map_update_elem(&py_procs, &ctgid, py, BPF_ANY);
+	else
+		bpf_map_delete_elem(&py_procs, &ctgid);
 	return 0;
 }

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    Sample as SampleRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NO_THREAD, PY_OK, PY_READ_FAILED,
+    Sample as SampleRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NONE, PY_NO_THREAD, PY_READ_FAILED,
     TASK_COMM_LEN,
 };
 use rustc_hash::FxHashMap;
@@ -139,7 +139,12 @@ impl Aggregator {
         let rec = sample.header;
         self.samples += 1;
         let frames = sample.python_stack();
-        python.saw(rec.pid, !frames.is_empty());
+        python.saw(
+            rec.pid,
+            !frames.is_empty(),
+            sample.python_status() != PY_NONE,
+            rec.time_ns,
+        );
         let mut n = python.tokens(
             rec.pid,
             frames,
@@ -147,8 +152,10 @@ impl Aggregator {
             &mut self.py_scratch[..MAX_PY_FRAMES],
         );
         let stats = &mut self.python_stats;
+        if n > 0 {
+            stats.with_frames += 1;
+        }
         match sample.python_status() {
-            PY_OK if n > 0 => stats.with_frames += 1,
             PY_NO_THREAD => stats.no_thread += 1,
             PY_READ_FAILED => stats.read_failed += 1,
             _ => {}
@@ -206,7 +213,7 @@ impl Aggregator {
     ) -> Profile {
         meta.python = PythonStats {
             processes: python.found(),
-            notes: python.notes().to_vec(),
+            notes: python.notes(),
             ..self.python_stats.clone()
         };
         self.normalize_pending(symbolizer);
@@ -369,11 +376,11 @@ pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &
         return;
     }
     // Frames of a process whose interpreter is unknown here (gone before it was looked at):
-    // nothing to match, so the Python frames go rootward of the native ones.
+    // nothing to match the runs with, so they follow the leaf native function.
     let info = info.unwrap_or(MergeInfo {
         eval_ranges: &[],
         markers: false,
-        native_trusted: true,
+        native_trusted: false,
     });
     let is_eval = |a: u64| info.eval_ranges.iter().any(|&(s, e)| (s..e).contains(&a));
     let mut runs = python.split_inclusive(|&t| t & TOKEN_ENTRY != 0).peekable();
@@ -588,7 +595,7 @@ mod tests {
     #[test]
     fn stacks_without_python_frames_or_interpreter_keep_every_frame() {
         assert_eq!(merged(&[1, 2], &[], info(false, true)), [N(1), N(2)]);
-        assert_eq!(merged(&[1, 2], &[7 | E], None), [N(1), N(2), P(7 | E)]);
+        assert_eq!(merged(&[1, 2], &[7 | E], None), [N(1), P(7 | E)]);
     }
 
     #[test]

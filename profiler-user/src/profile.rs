@@ -131,11 +131,11 @@ pub struct Meta {
 pub struct PythonStats {
     /// CPython processes found.
     pub processes: u32,
-    /// Samples of those processes with Python frames.
+    /// Samples of those processes with Python frames (a walk that failed midway included).
     pub with_frames: u64,
-    /// Samples of threads without a Python thread state (C threads, not started yet).
+    /// Samples of threads without a Python thread state (C threads, no interpreter yet).
     pub no_thread: u64,
-    /// Samples whose walk stopped at a failed read.
+    /// Samples whose walk stopped at a failed read (with or without frames before it).
     pub read_failed: u64,
     /// Samples whose Python stack was cut (too deep, a cycle, or a failed read).
     pub truncated: u64,

@@ -17,6 +17,7 @@
 //! Names are read from the live process (`process_vm_readv`) at the drain that follows the
 //! sample; garbage or freed memory yields an `[unknown python code]` frame, never a crash.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use profiler_common::{
@@ -70,17 +71,44 @@ enum Proc {
     Pending { tries: u32, next: Instant },
     /// A CPython process the BPF program walks.
     Ready(Box<Ready>),
-    /// Not Python, or a version or build spanprof cannot read, or gone.
+    /// Not Python, or a version or build spanprof cannot read.
     Skipped,
+    /// A CPython process that exited: only what the merge needs is kept.
+    Exited(Box<Merge>),
+}
+
+/// What [`MergeInfo`] is made of.
+#[derive(Debug, Clone)]
+struct Merge {
+    eval_ranges: Vec<(u64, u64)>,
+    /// Whether entry flags delimit calls into the interpreter from C (3.11+); on 3.8–3.10
+    /// every frame is its own call and says nothing about C code in between.
+    markers: bool,
+    native_trusted: bool,
 }
 
 #[derive(Debug)]
 struct Ready {
-    process: PythonProcess,
     names: CodeNames<LiveMemory>,
-    /// Whether entry flags delimit calls into the interpreter from C (3.11+); on 3.8–3.10
-    /// every frame is its own call and says nothing about C code in between.
-    entries_mean_c_calls: bool,
+    merge: Merge,
+    /// `CLOCK_MONOTONIC` (the clock of `bpf_ktime_get_ns`) when `py_procs` was written: a later
+    /// sample without Python status means the kernel lost the entry (an exec record lost).
+    since_ns: u64,
+}
+
+/// How often processes are checked for exit, to free their caches.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Function id of [`unknown`], interned first.
+const UNKNOWN_FUNCTION: u32 = 0;
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The CPython side of a session.
@@ -90,8 +118,9 @@ pub struct Python {
     procs: FxHashMap<u32, Proc>,
     functions: Vec<PyFunction>,
     function_ids: FxHashMap<PyFunction, u32>,
-    /// One line per process that looked like Python but could not be profiled as such.
-    notes: Vec<String>,
+    /// Why processes that looked like Python could not be profiled as such, with their pids.
+    notes: BTreeMap<String, Vec<u32>>,
+    last_sweep: Instant,
     /// Python processes found.
     found: u32,
     /// `py_procs` entries to write at the next [`Python::flush`].
@@ -105,14 +134,15 @@ pub trait PyProcMap {
 }
 
 impl Python {
-    /// `enabled = false` (`--no-python`) never looks at processes.
+    /// `enabled = false` never looks at processes (nothing in the kernel walks them then).
     pub fn new(enabled: bool) -> Self {
         Python {
             enabled,
             procs: FxHashMap::default(),
-            functions: Vec::new(),
-            function_ids: FxHashMap::default(),
-            notes: Vec::new(),
+            functions: vec![unknown()],
+            function_ids: [(unknown(), UNKNOWN_FUNCTION)].into_iter().collect(),
+            notes: BTreeMap::new(),
+            last_sweep: Instant::now(),
             found: 0,
             writes: Vec::new(),
         }
@@ -123,9 +153,28 @@ impl Python {
         &self.functions
     }
 
-    /// Lines about processes that could not be profiled as Python.
-    pub fn notes(&self) -> &[String] {
-        &self.notes
+    /// Lines about processes that could not be profiled as Python: one per reason, with the
+    /// pids (the first few, and how many).
+    pub fn notes(&self) -> Vec<String> {
+        self.notes
+            .iter()
+            .map(|(reason, pids)| {
+                let shown: Vec<String> = pids.iter().take(5).map(u32::to_string).collect();
+                let more = match pids.len() {
+                    n if n > 5 => format!(" and {} more", n - 5),
+                    _ => String::new(),
+                };
+                let s = if pids.len() == 1 { "" } else { "es" };
+                format!("{reason} (process{s} {}{more})", shown.join(", "))
+            })
+            .collect()
+    }
+
+    fn note(&mut self, pid: u32, reason: String) {
+        let pids = self.notes.entry(reason).or_default();
+        if !pids.contains(&pid) {
+            pids.push(pid);
+        }
     }
 
     /// Python processes found so far.
@@ -136,9 +185,21 @@ impl Python {
     /// Notes a process that sent a sample; it is looked at by the next
     /// [`Python::detect_pending`], or at once if the sample has Python frames already (a child
     /// forked by a Python process inherits its parent's `py_procs` entry in the kernel), so
-    /// that they can be named. Cheap when the process is known.
-    pub fn saw(&mut self, pid: u32, has_python_frames: bool) {
-        if !self.enabled || self.procs.contains_key(&pid) {
+    /// that they can be named. `in_kernel` says whether the kernel had an entry for it when
+    /// the sample was taken (`time_ns`): a known Python process sampled without one, after
+    /// its entry was written, lost it (its exec record was lost): it is looked at again.
+    /// Cheap when the process is known.
+    pub fn saw(&mut self, pid: u32, has_python_frames: bool, in_kernel: bool, time_ns: u64) {
+        if !self.enabled {
+            return;
+        }
+        let redo = match self.procs.get(&pid) {
+            None | Some(Proc::Exited(_)) => true,
+            Some(Proc::Pending { next, .. }) => has_python_frames && *next <= Instant::now(),
+            Some(Proc::Ready(r)) => !in_kernel && time_ns > r.since_ns,
+            Some(Proc::Skipped) => false,
+        };
+        if !redo {
             return;
         }
         if has_python_frames {
@@ -180,17 +241,44 @@ impl Python {
             self.detect_now(pid);
         }
         self.flush(map);
+        if self.last_sweep.elapsed() >= SWEEP_EVERY {
+            self.last_sweep = Instant::now();
+            self.sweep();
+        }
+    }
+
+    /// Frees what processes that exited held: name caches (only the merge facts of Python
+    /// processes are kept), and the entries of the others, so a reused pid starts afresh.
+    fn sweep(&mut self) {
+        self.procs.retain(|&pid, p| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+            if let Proc::Ready(r) = p {
+                *p = Proc::Exited(Box::new(r.merge.clone()));
+                return true;
+            }
+            matches!(p, Proc::Exited(_))
+        });
     }
 
     /// Writes the `py_procs` entries of the processes found since the last call.
     pub fn flush(&mut self, map: &mut impl PyProcMap) {
         for (pid, value) in std::mem::take(&mut self.writes) {
-            if let Err(e) = map.set_python(pid, &value) {
-                self.notes.push(format!(
-                    "pid {pid}: cannot hand python offsets to the kernel: {e}"
-                ));
-                self.procs.insert(pid, Proc::Skipped);
-                self.found = self.found.saturating_sub(1);
+            match map.set_python(pid, &value) {
+                Ok(()) => {
+                    if let Some(Proc::Ready(r)) = self.procs.get_mut(&pid) {
+                        r.since_ns = monotonic_ns();
+                    }
+                }
+                Err(e) => {
+                    self.note(
+                        pid,
+                        format!("cannot hand python offsets to the kernel: {e}"),
+                    );
+                    self.procs.insert(pid, Proc::Skipped);
+                    self.found = self.found.saturating_sub(1);
+                }
             }
         }
     }
@@ -202,8 +290,8 @@ impl Python {
         }
         let tries = match self.procs.get(&pid) {
             Some(Proc::Pending { tries, .. }) => *tries,
-            Some(_) => return,
-            None => 0,
+            Some(Proc::Skipped) => return,
+            Some(Proc::Ready(_) | Proc::Exited(_)) | None => 0,
         };
         let next = match detect(pid) {
             Ok(process) => match self.ready(process) {
@@ -211,8 +299,8 @@ impl Python {
                     self.found += 1;
                     Proc::Ready(Box::new(ready))
                 }
-                Err(note) => {
-                    self.notes.push(note);
+                Err(reason) => {
+                    self.note(pid, reason);
                     Proc::Skipped
                 }
             },
@@ -223,7 +311,7 @@ impl Python {
             },
             Err(DetectError::NotPython(_) | DetectError::Maps { .. }) => Proc::Skipped,
             Err(e) => {
-                self.notes.push(format!("pid {pid}: {e}"));
+                self.note(pid, e.to_string());
                 Proc::Skipped
             }
         };
@@ -233,23 +321,21 @@ impl Python {
     fn ready(&mut self, process: PythonProcess) -> Result<Ready, String> {
         let pid = process.pid;
         let version = process.version;
-        let offsets = process.offsets().ok_or_else(|| {
-            format!("pid {pid}: python {version} is not supported (3.8 to 3.13 are)")
-        })?;
+        let minor = format!("{}.{}", version.major, version.minor);
+        let offsets = process
+            .offsets()
+            .ok_or_else(|| format!("python {minor} is not supported (3.8 to 3.13 are)"))?;
         let mem = LiveMemory::new(pid);
         if version.minor >= 13 {
             // The runtime publishes its own offsets: trust the table only if they agree.
             let mut raw = vec![0u8; DEBUG_OFFSETS_LEN];
             mem.read(process.runtime_addr, &mut raw)
-                .map_err(|e| format!("pid {pid}: cannot read _PyRuntime: {e}"))?;
+                .map_err(|e| format!("python {minor}: cannot read _PyRuntime: {e}"))?;
             DebugOffsets::parse(&raw)
                 .and_then(|d| d.check(offsets))
-                .map_err(|e| {
-                    format!("pid {pid}: python {version} does not match spanprof's tables: {e}")
-                })?;
+                .map_err(|e| format!("python {version} does not match spanprof's tables: {e}"))?;
         }
-        let value =
-            py_proc(&process, offsets).map_err(|e| format!("pid {pid}: python {version}: {e}"))?;
+        let value = py_proc(&process, offsets).map_err(|e| format!("python {version}: {e}"))?;
         self.writes.push((pid, value));
         let types = TypeAddrs {
             code: process.code_type_addr,
@@ -257,8 +343,13 @@ impl Python {
         };
         Ok(Ready {
             names: CodeNames::new(mem, offsets, types),
-            entries_mean_c_calls: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
-            process,
+            merge: Merge {
+                markers: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
+                native_trusted: process.frame_pointers,
+                eval_ranges: process.eval_ranges,
+            },
+            // Set when the entry is written (flush); until then no sample is judged by it.
+            since_ns: u64::MAX,
         })
     }
 
@@ -275,19 +366,20 @@ impl Python {
         let mut n = 0;
         for (frame, slot) in frames.iter().zip(out.iter_mut()) {
             let (func, line) = match ready.as_mut() {
-                Some(ready) => ready.names.resolve(frame, |read| {
-                    let f = match read {
-                        CodeRead::Code(info) => PyFunction {
+                Some(ready) => ready.names.resolve(frame, |read| match read {
+                    CodeRead::Code(info) => intern(
+                        functions,
+                        function_ids,
+                        PyFunction {
                             name: info.name.clone(),
                             file: Some(info.filename.clone()),
                         },
-                        CodeRead::Unreadable(_) | CodeRead::Replaced => unknown(),
-                    };
-                    intern(functions, function_ids, f)
+                    ),
+                    CodeRead::Unreadable(_) | CodeRead::Replaced => UNKNOWN_FUNCTION,
                 }),
                 // Frames from a process whose interpreter is not known here (gone before it
-                // was looked at, or not a version spanprof reads).
-                None => (intern(functions, function_ids, unknown()), None),
+                // was looked at, or its detection failed).
+                None => (UNKNOWN_FUNCTION, None),
             };
             let line = if lines { line.unwrap_or(0) } else { 0 };
             let entry = if frame.flags & PY_FRAME_ENTRY != 0 {
@@ -301,21 +393,18 @@ impl Python {
         n
     }
 
-    /// Whether a process's interpreter was found.
-    pub fn is_python(&self, pid: u32) -> bool {
-        matches!(self.procs.get(&pid), Some(Proc::Ready(_)))
-    }
-
     /// How to merge the native and Python stacks of a process.
     pub fn merge_info(&self, pid: u32) -> Option<MergeInfo<'_>> {
-        match self.procs.get(&pid) {
-            Some(Proc::Ready(r)) => Some(MergeInfo {
-                eval_ranges: &r.process.eval_ranges,
-                markers: r.entries_mean_c_calls,
-                native_trusted: r.process.frame_pointers,
-            }),
-            _ => None,
-        }
+        let m = match self.procs.get(&pid) {
+            Some(Proc::Ready(r)) => &r.merge,
+            Some(Proc::Exited(m)) => m,
+            _ => return None,
+        };
+        Some(MergeInfo {
+            eval_ranges: &m.eval_ranges,
+            markers: m.markers,
+            native_trusted: m.native_trusted,
+        })
     }
 }
 

@@ -69,8 +69,8 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
     if py.processes > 0 {
         let _ = writeln!(
             out,
-            "python: {} process{}, {} samples with python frames ({} in threads without a \
-             python thread state, {} cut by a failed read, {} truncated)",
+            "python: {} process{}; samples with python frames: {}, of threads without a python \
+             thread state: {}, whose walk failed at a read: {}; stacks truncated: {}",
             py.processes,
             if py.processes == 1 { "" } else { "es" },
             py.with_frames,

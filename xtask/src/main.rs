@@ -155,6 +155,26 @@ fn test(root: &Path) -> Result<()> {
         failures.push("cargo test");
     }
 
+    // The readers of untrusted memory once more with overflow checks (a debug build): an
+    // arithmetic overflow on garbage input must be a handled error, not a wrap that release
+    // builds would hide.
+    step("testing: cargo test -p symbolizer -p profiler-common --lib (debug, overflow checks)");
+    if let Err(err) = cargo(root)
+        .args([
+            "test",
+            "-p",
+            "symbolizer",
+            "-p",
+            "profiler-common",
+            "--lib",
+            "--no-fail-fast",
+        ])
+        .run()
+    {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo test (debug)");
+    }
+
     if failures.is_empty() {
         step("all checks passed");
         Ok(())

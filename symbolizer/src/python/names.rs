@@ -16,7 +16,7 @@
 use profiler_common::PyFrame;
 use rustc_hash::FxHashMap;
 
-use super::memory::ProcessMemory;
+use super::memory::{MemError, ProcessMemory};
 use super::offsets::PyOffsets;
 use super::walk::{code_info, CodeInfo, TypeAddrs, WalkError};
 
@@ -40,6 +40,8 @@ struct Slot {
     check: u64,
     /// The caller's id for the function (from its interner).
     func: u32,
+    /// What identifies the object named: its name, `co_filename` and first line.
+    fingerprint: Option<Fingerprint>,
     info: Option<CodeInfo>,
     /// Line by instruction offset, computed once each.
     lines: FxHashMap<u32, Option<u32>>,
@@ -54,6 +56,43 @@ pub struct NameStats {
     pub failed: u64,
     /// Code objects that no longer matched the sample (freed and reused).
     pub replaced: u64,
+    /// Known code objects met with another check value and compared by fingerprint.
+    pub fingerprints: u64,
+}
+
+/// The addresses of a code object's name and `co_filename`, and its `co_firstlineno`: two
+/// code objects alike in all three are the same function.
+type Fingerprint = (u64, u64, u32);
+
+/// Reads a code object's [`Fingerprint`] in one read of the span of the three fields.
+fn fingerprint<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    code: u64,
+) -> Result<Fingerprint, MemError> {
+    let name = off.code_qualname.unwrap_or(off.code_name);
+    let lo = name.min(off.code_filename).min(off.code_firstlineno);
+    let hi = (name.max(off.code_filename) + 8).max(off.code_firstlineno + 4);
+    let mut buf = [0u8; 256];
+    let span = usize::try_from(hi - lo).unwrap_or(usize::MAX);
+    let buf = buf.get_mut(..span).ok_or(MemError::OutOfBounds {
+        addr: code,
+        len: span,
+    })?;
+    mem.read(code.wrapping_add(lo), buf)?;
+    let at = |o: u64| (o - lo) as usize;
+    let u64_at = |o: u64| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&buf[at(o)..at(o) + 8]);
+        u64::from_le_bytes(b)
+    };
+    let mut first = [0u8; 4];
+    first.copy_from_slice(&buf[at(off.code_firstlineno)..at(off.code_firstlineno) + 4]);
+    Ok((
+        u64_at(name),
+        u64_at(off.code_filename),
+        u32::from_le_bytes(first),
+    ))
 }
 
 /// The code-object names of one CPython process.
@@ -104,7 +143,23 @@ impl<M: ProcessMemory> CodeNames<M> {
         frame: &PyFrame,
         mut intern: impl FnMut(CodeRead<'_>) -> u32,
     ) -> (u32, Option<u32>) {
-        let fresh = !matches!(self.codes.get(&frame.code), Some(s) if s.check == frame.check);
+        let fresh = match self.codes.get_mut(&frame.code) {
+            Some(slot) if slot.check == frame.check => false,
+            // Another check value for a code object named before: on 3.11+ most often the
+            // same code run by another function object (closures, lambdas, generator
+            // expressions make one per call). Keep the name if the object at this address is
+            // still the one named; one read, no allocation.
+            Some(slot) if slot.info.is_some() => {
+                self.stats.fingerprints += 1;
+                let same = fingerprint(&self.mem, self.offsets, frame.code)
+                    .is_ok_and(|f| Some(f) == slot.fingerprint);
+                if same {
+                    slot.check = frame.check;
+                }
+                !same
+            }
+            _ => true,
+        };
         if fresh {
             if self.codes.len() >= MAX_CODES {
                 self.codes.clear();
@@ -114,6 +169,7 @@ impl<M: ProcessMemory> CodeNames<M> {
                 Ok(info) if self.matches(&info, frame) => Slot {
                     check: frame.check,
                     func: intern(CodeRead::Code(&info)),
+                    fingerprint: fingerprint(&self.mem, self.offsets, frame.code).ok(),
                     info: Some(info),
                     lines: FxHashMap::default(),
                 },
@@ -122,6 +178,7 @@ impl<M: ProcessMemory> CodeNames<M> {
                     Slot {
                         check: frame.check,
                         func: intern(CodeRead::Replaced),
+                        fingerprint: None,
                         info: None,
                         lines: FxHashMap::default(),
                     }
@@ -131,6 +188,7 @@ impl<M: ProcessMemory> CodeNames<M> {
                     Slot {
                         check: frame.check,
                         func: intern(CodeRead::Unreadable(&e)),
+                        fingerprint: None,
                         info: None,
                         lines: FxHashMap::default(),
                     }
@@ -244,6 +302,37 @@ mod tests {
             ..frame(2)
         };
         assert_eq!(resolve(&mut names, &other).2, "Worker.run /srv/app.py");
+        assert_eq!(names.stats().reads, 2);
+    }
+
+    #[test]
+    fn closures_sharing_one_code_object_keep_its_name_without_a_new_read() {
+        let (mem, o) = fixture();
+        let mut names = CodeNames::new(mem, o, TypeAddrs::default());
+        assert_eq!(resolve(&mut names, &frame(2)).0, 7);
+        // Another function object (gone by now: its memory holds nothing) runs the same code.
+        let closure = PyFrame {
+            check: FUNC + 0x40,
+            ..frame(2)
+        };
+        assert_eq!(resolve(&mut names, &closure), (7, Some(11), String::new()));
+        assert_eq!((names.stats().reads, names.stats().fingerprints), (1, 1));
+        // A new code object at that address (another first line), run by a live function:
+        // read afresh, with its own line.
+        names
+            .mem
+            .write(CODE + o.code_firstlineno, &20i32.to_le_bytes());
+        names
+            .mem
+            .write_u64(FUNC + 0x80 + o.func_code.unwrap(), CODE);
+        let other = PyFrame {
+            check: FUNC + 0x80,
+            ..frame(2)
+        };
+        assert_eq!(
+            resolve(&mut names, &other),
+            (7, Some(21), "Worker.run /srv/app.py".into())
+        );
         assert_eq!(names.stats().reads, 2);
     }
 

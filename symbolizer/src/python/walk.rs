@@ -148,7 +148,9 @@ fn thread_matches<M: ProcessMemory>(
     tid: u32,
 ) -> Result<bool, WalkError> {
     match off.thread_match {
-        ThreadIdMatch::NativeThreadId(at) => Ok(mem.read_u64(tstate + at)? == u64::from(tid)),
+        ThreadIdMatch::NativeThreadId(at) => {
+            Ok(mem.read_u64(tstate.wrapping_add(at))? == u64::from(tid))
+        }
         ThreadIdMatch::PthreadId => {
             let pthread = mem.read_u64(tstate.wrapping_add(off.tstate_thread_id))?;
             // A thread state whose thread exited may point at freed memory: not a match.
@@ -167,7 +169,9 @@ pub fn current_frame<M: ProcessMemory>(
 ) -> Result<u64, WalkError> {
     let ptr = mem.read_ptr(tstate.wrapping_add(off.tstate_frame))?;
     match off.frame_layout {
-        FrameLayout::CFrame { current_frame } if ptr != 0 => Ok(mem.read_ptr(ptr + current_frame)?),
+        FrameLayout::CFrame { current_frame } if ptr != 0 => {
+            Ok(mem.read_ptr(ptr.wrapping_add(current_frame))?)
+        }
         _ => Ok(ptr),
     }
 }
@@ -212,7 +216,7 @@ fn read_frame<M: ProcessMemory>(
 ) -> Result<(Option<Frame>, u64), WalkError> {
     let previous = mem.read_ptr(frame.wrapping_add(off.frame_previous))?;
     if let Some(owner) = off.frame_owner {
-        if mem.read_u8(frame + owner)? == FRAME_OWNED_BY_CSTACK {
+        if mem.read_u8(frame.wrapping_add(owner))? == FRAME_OWNED_BY_CSTACK {
             return Ok((None, previous));
         }
     }
@@ -236,7 +240,7 @@ fn read_frame<M: ProcessMemory>(
         }
         (_, Some(adaptive)) => {
             let ip = mem.read_ptr(frame.wrapping_add(off.frame_instr))?;
-            let start = code + adaptive;
+            let start = code.wrapping_add(adaptive);
             // Before the first instruction 3.11/3.12 point one code unit before the start.
             // A frame suspended in a call points into its CALL instruction: 3.11/3.12
             // `prev_instr` at the CALL itself (C callee) or at its last inline cache entry
@@ -274,7 +278,12 @@ pub fn code_info<M: ProcessMemory>(
         }
     }
     let name_field = off.code_qualname.unwrap_or(off.code_name);
-    let name = read_str(mem, off, types, mem.read_ptr(code + name_field)?)?;
+    let name = read_str(
+        mem,
+        off,
+        types,
+        mem.read_ptr(code.wrapping_add(name_field))?,
+    )?;
     let filename_addr = mem.read_ptr(code.wrapping_add(off.code_filename))?;
     let filename = read_str(mem, off, types, filename_addr)?;
     let first_line = mem.read_i32(code.wrapping_add(off.code_firstlineno))?;
@@ -342,12 +351,11 @@ pub fn read_str<M: ProcessMemory>(
     if !compact || !matches!(kind, 1 | 2 | 4) || (ascii && kind != 1) {
         return Err(WalkError::Invalid("str state"));
     }
-    let data = obj
-        + if ascii {
-            off.unicode_ascii_size
-        } else {
-            off.unicode_compact_size
-        };
+    let data = obj.wrapping_add(if ascii {
+        off.unicode_ascii_size
+    } else {
+        off.unicode_compact_size
+    });
     let mut buf = vec![0u8; (len * u64::from(kind)) as usize];
     mem.read(data, &mut buf)?;
     let s = match kind {
