@@ -22,8 +22,26 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("linux-perf", "the reference profiler in benchmarks"),
     ("chromium", "renders the flamegraph SVG in tests"),
     ("python3-venv", "the venv of the pprof decoder"),
-    ("gcc", "builds the C test workloads"),
+    (
+        "gcc",
+        "builds the C test workloads and the frame-pointer CPython",
+    ),
+    ("make", "builds the frame-pointer CPython"),
+    (
+        "curl",
+        "downloads the CPython source the frame-pointer build uses",
+    ),
 ];
+
+/// CPython 3.11 built with frame pointers, as Fedora, Ubuntu 24.04 and others ship it: the
+/// tests of mixed native/Python stacks through the interpreter need one, and neither pyenv's
+/// nor Debian's builds keep frame pointers. The source is Debian's upstream tarball (Debian
+/// is reachable where python.org may not be), checked by its MD5 from Debian's `Sources`.
+const FP_PYTHON_URL: &str =
+    "http://deb.debian.org/debian/pool/main/p/python3.11/python3.11_3.11.2.orig.tar.gz";
+const FP_PYTHON_MD5: &str = "f6b5226ccba5ae1ca9376aaba0b0f673";
+const FP_PYTHON_DIR: &str = "Python-3.11.2";
+const FP_PYTHON_CFLAGS: &str = "-O2 -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer";
 
 /// PyPI packages of `tests/tools/decode_pprof.py`, and py-spy (a binary in
 /// the venv's `bin/`), and the modules that prove the Python ones are installed.
@@ -40,12 +58,104 @@ pub struct Env {
     pub python: PathBuf,
     /// The venv's py-spy.
     pub py_spy: PathBuf,
+    /// CPython 3.11 built with frame pointers.
+    pub fp_python: PathBuf,
 }
 
 pub fn ensure(root: &Path) -> Result<Env> {
     debian_packages()?;
     let (python, py_spy) = python_venv(root)?;
-    Ok(Env { python, py_spy })
+    let fp_python = frame_pointer_python(root)?;
+    Ok(Env {
+        python,
+        py_spy,
+        fp_python,
+    })
+}
+
+/// Builds (once, into `target/fp-python`) CPython 3.11 with frame pointers; ~3 minutes on 2
+/// CPUs. Only the interpreter and its pure-Python library: no optional extension modules
+/// whose development packages would be needed.
+fn frame_pointer_python(root: &Path) -> Result<PathBuf> {
+    let prefix = root.join("target/fp-python");
+    let python = prefix.join("bin/python3.11");
+    if Cmd::new(&python)
+        .args(["-c", "import sys"])
+        .quiet()
+        .succeeds()
+    {
+        step(&format!(
+            "frame-pointer CPython ready: {}",
+            python.display()
+        ));
+        return Ok(python);
+    }
+    let build = root.join("target/fp-python-build");
+    if build.exists() {
+        std::fs::remove_dir_all(&build).with_context(|| format!("removing {}", build.display()))?;
+    }
+    std::fs::create_dir_all(&build)?;
+    let tarball = build.join("python.tar.gz");
+    step(&format!("downloading {FP_PYTHON_URL}"));
+    Cmd::new("curl")
+        .args(["-fsSL", "--retry", "3", "-o"])
+        .arg(&tarball)
+        .arg(FP_PYTHON_URL)
+        .run()?;
+    let sum = Cmd::new("md5sum").arg(&tarball).quiet().output()?;
+    let sum = String::from_utf8_lossy(&sum.stdout);
+    if sum.split_whitespace().next() != Some(FP_PYTHON_MD5) {
+        bail!("{FP_PYTHON_URL}: MD5 {sum} is not the expected {FP_PYTHON_MD5}");
+    }
+    Cmd::new("tar")
+        .args(["xzf", "python.tar.gz"])
+        .current_dir(&build)
+        .run()?;
+    let src = build.join(FP_PYTHON_DIR);
+    step(&format!(
+        "building CPython 3.11 with {FP_PYTHON_CFLAGS} into {} (a few minutes)",
+        prefix.display()
+    ));
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let configure = Cmd::new("./configure")
+        .arg(format!("--prefix={}", prefix.display()))
+        .arg(format!("CFLAGS={FP_PYTHON_CFLAGS}"))
+        .args(["--without-ensurepip", "--disable-test-modules"]);
+    let make = Cmd::new("make").arg(format!("-j{jobs}"));
+    let install = Cmd::new("make").arg("install");
+    for (what, cmd) in [
+        ("configuring", configure),
+        ("building", make),
+        ("installing", install),
+    ] {
+        // Compiler output would drown the CI log: it is shown only when a step fails.
+        let out = cmd.current_dir(&src).output()?;
+        if !out.status.success() {
+            let tail = |b: &[u8]| {
+                let text = String::from_utf8_lossy(b).into_owned();
+                let lines: Vec<&str> = text.lines().collect();
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            };
+            bail!(
+                "{what} CPython failed ({}):\n{}\n{}",
+                out.status,
+                tail(&out.stdout),
+                tail(&out.stderr)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&build).ok();
+    if !Cmd::new(&python)
+        .args(["-c", "import sys"])
+        .quiet()
+        .succeeds()
+    {
+        bail!(
+            "the frame-pointer CPython at {} does not run",
+            python.display()
+        );
+    }
+    Ok(python)
 }
 
 fn is_installed(package: &str) -> Result<bool> {

@@ -149,6 +149,7 @@ fn test(root: &Path) -> Result<()> {
         .env("SPANPROF_WORKLOADS", &workloads)
         .env("SPANPROF_PYTHON", &env.python)
         .env("SPANPROF_PYSPY", &env.py_spy)
+        .env("SPANPROF_FP_PYTHON", &env.fp_python)
         .run()
     {
         eprintln!("xtask: {err:#}");
