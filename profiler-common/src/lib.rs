@@ -156,8 +156,8 @@ pub struct SampleHeader {
 pub struct PyFrame {
     /// Address of the `PyCodeObject`.
     pub code: u64,
-    /// Tells a reused address from the object that was sampled: the frame's function object
-    /// (3.11+), or [`PyFrame::check_value`] of the code object (3.8–3.10).
+    /// [`PyFrame::check_value`] of the code object as it was when sampled, to tell it from
+    /// another object at the same address later.
     pub check: u64,
     /// Offset of the current instruction in the bytecode, in bytes.
     pub instr: u32,
@@ -166,9 +166,13 @@ pub struct PyFrame {
 }
 
 impl PyFrame {
-    /// The [`PyFrame::check`] value of a code object with these fields.
-    pub fn check_value(filename_addr: u64, first_line: i32) -> u64 {
-        (filename_addr & 0xffff_ffff_ffff) | (u64::from(first_line as u16) << 48)
+    /// The [`PyFrame::check`] value of a code object: the address of its `co_qualname`
+    /// (3.11+) or `co_name` (before 3.12: that string's hash), the address of its
+    /// `co_filename`, and its `co_firstlineno` (`SPANPROF_PY_CHECK` in the C header).
+    pub fn check_value(name: u64, filename_addr: u64, first_line: i32) -> u64 {
+        filename_addr.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ name.rotate_left(29)
+            ^ u64::from(first_line as u32)
     }
 }
 
@@ -228,12 +232,17 @@ pub struct PyProc {
     /// Bytes read per code object from `code_firstlineno`, through `co_filename` (at most
     /// [`PY_CODE_BLOCK`]).
     pub code_size: u32,
-    /// Offset of `f_func` / `f_funcobj` (3.11+), whose address is the check value; else
-    /// [`PY_NO_OFFSET`] and the check value is read from the code object.
-    pub frame_func: u32,
+    /// `offsetof(PyCodeObject, co_qualname)` (3.11+) or `co_name`.
+    pub code_name: u32,
     /// 3.11+: bytes read below a frame, within its page, so one read serves the frames next
     /// to it on the data stack (at most [`PY_WINDOW`]); 0 reads each frame alone.
     pub frame_window: u32,
+    /// Before 3.12: offset of the hash in a `str`, which the check value takes instead of the
+    /// name's address (mortal names are freed and their addresses reused); else
+    /// [`PY_NO_OFFSET`].
+    pub name_hash: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
 // SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).

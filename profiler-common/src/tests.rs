@@ -111,8 +111,10 @@ fn c_asserts() -> String {
             code_filename,
             frame_size,
             code_size,
-            frame_func,
-            frame_window
+            code_name,
+            frame_window,
+            name_hash,
+            _pad
         ),
     ));
     for (name, size, align, fields) in &structs {
@@ -290,6 +292,47 @@ fn from_bytes_reads_python_frames_after_the_native_ones_and_clamps_them() {
     header.py_len = 1000;
     let cut = &bytes(&r)[..bytes(&r).len() - 8];
     assert_eq!(Sample::from_bytes(cut).unwrap().python_stack().len(), 1);
+}
+
+#[test]
+fn check_value_matches_the_c_macro() {
+    let dir = std::env::temp_dir().join(format!("spanprof-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (0x7f00_1234_5678u64, 0x5555_0000_1000u64, 10i32),
+        (0, 0, 0),
+        (u64::MAX, 1, -1),
+    ];
+    let mut c = String::from("#include <stdio.h>\n#include \"spanprof_abi.h\"\nint main(void) {\n");
+    for (name, file, first) in cases {
+        c += &format!(
+            "printf(\"%llu\\n\", (unsigned long long)SPANPROF_PY_CHECK({name}ULL, {file}ULL, {first}));\n"
+        );
+    }
+    c += "return 0;\n}\n";
+    let src = dir.join("check.c");
+    let exe = dir.join("check");
+    std::fs::write(&src, c).unwrap();
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf/include");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = std::process::Command::new(&cc)
+        .args(["-std=c11", "-I", include, "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("failed to run {cc}: {e}"));
+    assert!(built.success());
+    let out = std::process::Command::new(&exe).output().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    let got: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let want: Vec<u64> = cases
+        .iter()
+        .map(|&(n, f, l)| PyFrame::check_value(n, f, l))
+        .collect();
+    assert_eq!(got, want);
 }
 
 #[test]

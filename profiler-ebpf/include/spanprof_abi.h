@@ -71,13 +71,22 @@ struct spanprof_target {
  */
 #define SPANPROF_PY_FRAME_ENTRY 1
 
+/*
+ * The check value of a code object, from the address of co_qualname (3.11+) or co_name (its
+ * hash before 3.12), the address of co_filename and co_firstlineno.
+ * Rust: profiler_common::PyFrame::check_value.
+ */
+#define SPANPROF_PY_CHECK(name, filename, first)                                       \
+	(((__u64)(filename) * 0x9E3779B97F4A7C15ULL) ^                                   \
+	 (((__u64)(name) << 29) | ((__u64)(name) >> 35)) ^ (__u64)(__u32)(first))
+
 /* One Python frame of a sample, as read while the thread was stopped. */
 struct spanprof_py_frame {
 	__u64 code;  /* PyCodeObject address */
 	/*
-	 * Validates `code` when it is named later. 3.11+: the address of the frame's function, which
-	 * must still point at `code`. 3.8–3.10: co_filename's address (low 48 bits) and the low 16
-	 * bits of co_firstlineno (high 16 bits). A freed and reused address rarely matches.
+	 * Validates `code` when it is named later: a mix of the addresses of its name and file name
+	 * and its first line, read while the thread was stopped (SPANPROF_PY_CHECK below). The
+	 * object found at `code` later is named only if it gives the same value.
 	 */
 	__u64 check;
 	__u32 instr; /* offset of the current instruction in the bytecode, in bytes */
@@ -151,21 +160,24 @@ struct spanprof_py_proc {
 	__u32 instr_kind;	   /* SPANPROF_PY_INSTR_* */
 	__u32 entry_kind;	   /* SPANPROF_PY_ENTRY_* */
 	__u32 code_adaptive;	   /* offsetof(PyCodeObject, co_code_adaptive), or NO_OFFSET */
-	__u32 code_firstlineno;	   /* read with code_filename in one block of at most */
-	__u32 code_filename;	   /* SPANPROF_PY_CODE_BLOCK bytes from code_firstlineno */
+	__u32 code_firstlineno;	   /* read with code_filename and code_name in one block */
+	__u32 code_filename;	   /* of code_size <= SPANPROF_PY_CODE_BLOCK bytes from here */
 	__u32 frame_size;	   /* bytes read per frame, covering every frame_* field */
 	__u32 code_size;	   /* bytes read per code object, from code_firstlineno */
-	/*
-	 * 3.11+: offset of the frame's function (f_func / f_funcobj), whose address is the check
-	 * value: no read of the code object. NO_OFFSET: the check value is read from the code.
-	 */
-	__u32 frame_func;
+	__u32 code_name;	   /* offset of co_qualname (3.11+) or co_name, in the same block */
 	/*
 	 * 3.11+: frames sit next to each other on the thread's data stack, so a frame is read with
 	 * the bytes below it, up to this many, within its page: one read serves several frames.
 	 * 0: each frame is read alone (3.8–3.10 frame objects live anywhere on the heap).
 	 */
 	__u32 frame_window;
+	/*
+	 * Before 3.12, names are mortal strings whose addresses are reused: the check value takes
+	 * the name's hash (at this offset in the str object, read in a second read) instead of its
+	 * address. NO_OFFSET on 3.12+, where interned names are immortal.
+	 */
+	__u32 name_hash;
+	__u32 _pad;
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */

@@ -199,7 +199,7 @@ static long py_frame_step(__u64 i, void *ctx)
 	struct scratch *w = get_scratch();
 	__u32 size, off, flags = 0, d, len, rel;
 	__u64 page, rel64;
-	__u64 code, ip, start, filename;
+	__u64 code, ip, start, filename, name;
 	struct spanprof_py_frame *f;
 	__s32 lasti, first;
 
@@ -282,10 +282,7 @@ static long py_frame_step(__u64 i, void *ctx)
 	 * thread is stopped the object cannot change: a frame of the same code as the frame just
 	 * read (direct recursion) keeps the value read for that one.
 	 */
-	if (w->cfg.frame_func != SPANPROF_PY_NO_OFFSET) {
-		/* 3.11+: the frame's function identifies its code; no read of the code object. */
-		w->last_check = load_u64(w->win, rel + w->cfg.frame_func, SPANPROF_PY_WINDOW);
-	} else if (code != w->last_code) {
+	if (code != w->last_code) {
 		size = w->cfg.code_size;
 		if (size > SPANPROF_PY_CODE_BLOCK)
 			size = SPANPROF_PY_CODE_BLOCK;
@@ -294,8 +291,13 @@ static long py_frame_step(__u64 i, void *ctx)
 		first = (__s32)load_u32(w->code, 0, SPANPROF_PY_CODE_BLOCK);
 		d = w->cfg.code_filename - w->cfg.code_firstlineno;
 		filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
+		d = w->cfg.code_name - w->cfg.code_firstlineno;
+		name = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
+		if (w->cfg.name_hash != SPANPROF_PY_NO_OFFSET &&
+		    read_ptr(&name, name + w->cfg.name_hash))
+			goto fault;
 		w->last_code = code;
-		w->last_check = (filename & 0xffffffffffffULL) | ((__u64)(__u16)first << 48);
+		w->last_check = SPANPROF_PY_CHECK(name, filename, first);
 	}
 
 	off = w->py_base + w->n * SPANPROF_PY_FRAME_SIZE;
@@ -484,12 +486,20 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 SEC("raw_tp/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *task)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
 	struct spanprof_exec e = {};
 
 	if (!bpf_map_lookup_elem(&target_pids, &tgid))
 		return 0;
 	bpf_map_delete_elem(&py_procs, &tgid);
+	/*
+	 * What was found of this thread's Python thread state belongs to the old program (a fork
+	 * child of a Python process, sampled before its exec, found none): forget it. After exec
+	 * the thread is the only one, and its id is the tgid.
+	 */
+	bpf_map_delete_elem(&py_threads, &tid);
+	bpf_map_delete_elem(&py_threads, &tgid);
 	e.kind = SPANPROF_RECORD_EXEC;
 	e.pid = tgid;
 	e.time_ns = bpf_ktime_get_ns();

@@ -28,11 +28,11 @@ use profiler_common::{
 use rustc_hash::FxHashMap;
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
-use symbolizer::python::names::{CodeNames, CodeRead};
+use symbolizer::python::names::CodeNames;
 use symbolizer::python::offsets::{
     DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN,
 };
-use symbolizer::python::walk::TypeAddrs;
+use symbolizer::python::walk::{TypeAddrs, STR_HASH};
 
 /// Times a process that is not (yet) Python is looked at again after it appeared or exec'd.
 const DETECT_TRIES: u32 = 4;
@@ -366,17 +366,19 @@ impl Python {
         let mut n = 0;
         for (frame, slot) in frames.iter().zip(out.iter_mut()) {
             let (func, line) = match ready.as_mut() {
-                Some(ready) => ready.names.resolve(frame, |read| match read {
-                    CodeRead::Code(info) => intern(
-                        functions,
-                        function_ids,
-                        PyFunction {
-                            name: info.name.clone(),
-                            file: Some(info.filename.clone()),
-                        },
-                    ),
-                    CodeRead::Unreadable(_) | CodeRead::Replaced => UNKNOWN_FUNCTION,
-                }),
+                Some(ready) => ready
+                    .names
+                    .resolve(frame, |info| {
+                        intern(
+                            functions,
+                            function_ids,
+                            PyFunction {
+                                name: info.name.clone(),
+                                file: Some(info.filename.clone()),
+                            },
+                        )
+                    })
+                    .unwrap_or((UNKNOWN_FUNCTION, None)),
                 // Frames from a process whose interpreter is not known here (gone before it
                 // was looked at, or its detection failed).
                 None => (UNKNOWN_FUNCTION, None),
@@ -470,10 +472,13 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         (PY_INSTR_POINTER, None) => return Err("no co_code_adaptive offset".into()),
         _ => PY_NO_OFFSET,
     };
+    let name = o.code_qualname.unwrap_or(o.code_name);
+    let block_end = o.code_filename.max(name) + 8;
     if o.code_filename < o.code_firstlineno
-        || o.code_filename - o.code_firstlineno > u64::from(PY_CODE_BLOCK) - 8
+        || name < o.code_firstlineno
+        || block_end - o.code_firstlineno > u64::from(PY_CODE_BLOCK)
     {
-        return Err("co_filename is too far from co_firstlineno for one read".into());
+        return Err("co_filename and co_name are too far from co_firstlineno for one read".into());
     }
     let instr_size = if instr_kind == PY_INSTR_POINTER { 8 } else { 4 };
     let mut frame_size = (o.frame_previous + 8)
@@ -481,9 +486,6 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         .max(o.frame_instr + instr_size);
     if frame_entry != PY_NO_OFFSET {
         frame_size = frame_size.max(u64::from(frame_entry) + 1);
-    }
-    if let Some(at) = o.frame_func {
-        frame_size = frame_size.max(at + 8);
     }
     if frame_size > u64::from(PY_FRAME_BLOCK) {
         return Err("frame fields span more than one read".into());
@@ -507,16 +509,19 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         code_firstlineno: u(o.code_firstlineno, "co_firstlineno")?,
         code_filename: u(o.code_filename, "co_filename")?,
         frame_size: frame_size as u32,
-        code_size: (o.code_filename + 8 - o.code_firstlineno) as u32,
-        frame_func: match (o.frame_func, o.func_code) {
-            (Some(at), Some(_)) => u(at, "frame function")?,
-            _ => PY_NO_OFFSET,
-        },
+        code_size: (block_end - o.code_firstlineno) as u32,
+        code_name: u(name, "co_qualname")?,
         frame_window: if instr_kind == PY_INSTR_POINTER {
             PY_WINDOW
         } else {
             0
         },
+        name_hash: if o.version < (3, 12) {
+            u(STR_HASH, "str hash")?
+        } else {
+            PY_NO_OFFSET
+        },
+        _pad: 0,
     })
 }
 

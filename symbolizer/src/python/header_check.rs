@@ -148,25 +148,6 @@ fn checks(o: &PyOffsets) -> Vec<Check> {
             8,
         ));
     }
-    if let Some(func) = o.frame_func {
-        let field = if o.version.1 == 11 {
-            "f_func"
-        } else {
-            "f_funcobj"
-        };
-        c.push(check(
-            "frame_func",
-            format!("offsetof(_PyInterpreterFrame, {field})"),
-            func,
-        ));
-    }
-    if let Some(code) = o.func_code {
-        c.push(check(
-            "func_code",
-            "offsetof(PyFunctionObject, func_code)",
-            code,
-        ));
-    }
     if let Some(entry) = o.frame_is_entry {
         c.push(check(
             "frame_is_entry",

@@ -3,12 +3,18 @@
 //!
 //! The walker reads only addresses while the thread is stopped; names are read here, from user
 //! space, shortly after (at the next drain of the ring buffer). By then a code object may have
-//! been freed and its address reused, so each frame carries a check value taken in the kernel:
-//! on 3.11+ the address of the frame's function object (which holds a reference to its code),
-//! before 3.11 `co_filename`'s address and `co_firstlineno` ([`PyFrame::check_value`]). A name
-//! is trusted only when the memory read now agrees (the function still points at the code, or
-//! the code's fields give the same value). A cache entry is keyed by the code address and
+//! been freed and its address reused, so each frame carries a check value taken in the kernel
+//! from the code object itself ([`PyFrame::check_value`]: the address of its name (before 3.12,
+//! whose names are mortal strings, the name's hash), the address of its file name, and its
+//! first line). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
+//! value; a frame whose object no longer does is `[unknown]` to the caller, and is read again
+//! the next time (nothing negative is cached). A cache entry is keyed by the code address and
 //! replaced when a frame arrives with another check value.
+//!
+//! Limit: a code object freed and replaced, before the drain, by one at the same address with
+//! the same name, the same first line and a file name string at the same address passes the
+//! check: it is named after the new object, which has the sampled one's name and first line
+//! but may have another file or line table.
 //!
 //! The hot path (a code object and an instruction offset seen before) is two hash lookups and
 //! allocates nothing.
@@ -16,33 +22,20 @@
 use profiler_common::PyFrame;
 use rustc_hash::FxHashMap;
 
-use super::memory::{MemError, ProcessMemory};
+use super::memory::ProcessMemory;
 use super::offsets::PyOffsets;
-use super::walk::{code_info, CodeInfo, TypeAddrs, WalkError};
+use super::walk::{code_info, CodeInfo, TypeAddrs, STR_HASH};
 
 /// At most this many code objects are cached per process; beyond, the cache starts over (a
 /// process that generates code endlessly must not grow spanprof without bound).
 pub const MAX_CODES: usize = 1 << 16;
-
-/// What [`CodeNames::resolve`] hands to the caller's interner for a new code object.
-#[derive(Debug, Clone, Copy)]
-pub enum CodeRead<'a> {
-    /// The object was read and matches the sample.
-    Code(&'a CodeInfo),
-    /// The object could not be read (process gone, garbage, freed).
-    Unreadable(&'a WalkError),
-    /// The object read does not match what the kernel saw: it was freed and the address reused.
-    Replaced,
-}
 
 #[derive(Debug)]
 struct Slot {
     check: u64,
     /// The caller's id for the function (from its interner).
     func: u32,
-    /// What identifies the object named: its name, `co_filename` and first line.
-    fingerprint: Option<Fingerprint>,
-    info: Option<CodeInfo>,
+    info: CodeInfo,
     /// Line by instruction offset, computed once each.
     lines: FxHashMap<u32, Option<u32>>,
 }
@@ -56,43 +49,6 @@ pub struct NameStats {
     pub failed: u64,
     /// Code objects that no longer matched the sample (freed and reused).
     pub replaced: u64,
-    /// Known code objects met with another check value and compared by fingerprint.
-    pub fingerprints: u64,
-}
-
-/// The addresses of a code object's name and `co_filename`, and its `co_firstlineno`: two
-/// code objects alike in all three are the same function.
-type Fingerprint = (u64, u64, u32);
-
-/// Reads a code object's [`Fingerprint`] in one read of the span of the three fields.
-fn fingerprint<M: ProcessMemory>(
-    mem: &M,
-    off: &PyOffsets,
-    code: u64,
-) -> Result<Fingerprint, MemError> {
-    let name = off.code_qualname.unwrap_or(off.code_name);
-    let lo = name.min(off.code_filename).min(off.code_firstlineno);
-    let hi = (name.max(off.code_filename) + 8).max(off.code_firstlineno + 4);
-    let mut buf = [0u8; 256];
-    let span = usize::try_from(hi - lo).unwrap_or(usize::MAX);
-    let buf = buf.get_mut(..span).ok_or(MemError::OutOfBounds {
-        addr: code,
-        len: span,
-    })?;
-    mem.read(code.wrapping_add(lo), buf)?;
-    let at = |o: u64| (o - lo) as usize;
-    let u64_at = |o: u64| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&buf[at(o)..at(o) + 8]);
-        u64::from_le_bytes(b)
-    };
-    let mut first = [0u8; 4];
-    first.copy_from_slice(&buf[at(off.code_firstlineno)..at(off.code_firstlineno) + 4]);
-    Ok((
-        u64_at(name),
-        u64_at(off.code_filename),
-        u32::from_le_bytes(first),
-    ))
 }
 
 /// The code-object names of one CPython process.
@@ -122,92 +78,74 @@ impl<M: ProcessMemory> CodeNames<M> {
         self.stats
     }
 
-    /// Whether the code object read now is the one the kernel saw: on 3.11+ the frame's
-    /// function still runs this code; before, the check value of the code's own fields agrees.
-    fn matches(&self, info: &CodeInfo, frame: &PyFrame) -> bool {
-        match self.offsets.func_code {
-            // A frame without a function (none seen in practice): the type check must do.
-            Some(_) if frame.check == 0 => true,
-            Some(at) => self
-                .mem
-                .read_ptr(frame.check.wrapping_add(at))
-                .is_ok_and(|code| code == frame.code),
-            None => PyFrame::check_value(info.filename_addr, info.first_line as i32) == frame.check,
+    /// The check value of the code object at `code` now, as the kernel computes it; `None`
+    /// if the object looks freed. A freed object keeps its old fields, so its reference count
+    /// tells: pymalloc writes its free-list pointer there, and glibc's allocator a pointer too
+    /// (and its key over `ob_type`); a live object's count is below 2^32 (immortal ones included).
+    fn check_now(&self, code: u64) -> Option<u64> {
+        let refcnt = self.mem.read_u64(code).ok()?;
+        if refcnt == 0 || refcnt >= 1 << 32 {
+            return None;
         }
+        let o = self.offsets;
+        let name_field = o.code_qualname.unwrap_or(o.code_name);
+        let mut name = self.mem.read_ptr(code.wrapping_add(name_field)).ok()?;
+        if o.version < (3, 12) {
+            name = self.mem.read_u64(name.wrapping_add(STR_HASH)).ok()?;
+        }
+        let filename = self.mem.read_ptr(code.wrapping_add(o.code_filename)).ok()?;
+        let first = self
+            .mem
+            .read_i32(code.wrapping_add(o.code_firstlineno))
+            .ok()?;
+        Some(PyFrame::check_value(name, filename, first))
     }
 
-    /// The function id and line of a recorded frame. `intern` is called once per new code
-    /// object (or changed one) and returns the caller's id for it.
+    /// The function id and line of a recorded frame, or `None` when the code object cannot
+    /// be read or is not the one sampled any more. `intern` is called once per code object
+    /// named and returns the caller's id for it.
     pub fn resolve(
         &mut self,
         frame: &PyFrame,
-        mut intern: impl FnMut(CodeRead<'_>) -> u32,
-    ) -> (u32, Option<u32>) {
-        let fresh = match self.codes.get_mut(&frame.code) {
-            Some(slot) if slot.check == frame.check => false,
-            // Another check value for a code object named before: on 3.11+ most often the
-            // same code run by another function object (closures, lambdas, generator
-            // expressions make one per call). Keep the name if the object at this address is
-            // still the one named; one read, no allocation.
-            Some(slot) if slot.info.is_some() => {
-                self.stats.fingerprints += 1;
-                let same = fingerprint(&self.mem, self.offsets, frame.code)
-                    .is_ok_and(|f| Some(f) == slot.fingerprint);
-                if same {
-                    slot.check = frame.check;
+        intern: impl FnOnce(&CodeInfo) -> u32,
+    ) -> Option<(u32, Option<u32>)> {
+        let known = matches!(self.codes.get(&frame.code), Some(s) if s.check == frame.check);
+        if !known {
+            self.stats.reads += 1;
+            let info = match code_info(&self.mem, self.offsets, self.types, frame.code) {
+                Ok(info) => info,
+                Err(_) => {
+                    self.stats.failed += 1;
+                    return None;
                 }
-                !same
+            };
+            // Compared once the strings were read: the code object holds them, so if it is still
+            // the one sampled afterwards, they were its own while they were read.
+            if self.check_now(frame.code) != Some(frame.check) {
+                self.stats.replaced += 1;
+                return None;
             }
-            _ => true,
-        };
-        if fresh {
             if self.codes.len() >= MAX_CODES {
                 self.codes.clear();
             }
-            self.stats.reads += 1;
-            let slot = match code_info(&self.mem, self.offsets, self.types, frame.code) {
-                Ok(info) if self.matches(&info, frame) => Slot {
+            let func = intern(&info);
+            self.codes.insert(
+                frame.code,
+                Slot {
                     check: frame.check,
-                    func: intern(CodeRead::Code(&info)),
-                    fingerprint: fingerprint(&self.mem, self.offsets, frame.code).ok(),
-                    info: Some(info),
+                    func,
+                    info,
                     lines: FxHashMap::default(),
                 },
-                Ok(_) => {
-                    self.stats.replaced += 1;
-                    Slot {
-                        check: frame.check,
-                        func: intern(CodeRead::Replaced),
-                        fingerprint: None,
-                        info: None,
-                        lines: FxHashMap::default(),
-                    }
-                }
-                Err(e) => {
-                    self.stats.failed += 1;
-                    Slot {
-                        check: frame.check,
-                        func: intern(CodeRead::Unreadable(&e)),
-                        fingerprint: None,
-                        info: None,
-                        lines: FxHashMap::default(),
-                    }
-                }
-            };
-            self.codes.insert(frame.code, slot);
+            );
         }
-        let slot = self
-            .codes
-            .get_mut(&frame.code)
-            .expect("inserted above when missing");
-        let line = match &slot.info {
-            None => None,
-            Some(info) => *slot
-                .lines
-                .entry(frame.instr)
-                .or_insert_with(|| info.line(frame.instr)),
-        };
-        (slot.func, line)
+        let slot = self.codes.get_mut(&frame.code)?;
+        let info = &slot.info;
+        let line = *slot
+            .lines
+            .entry(frame.instr)
+            .or_insert_with(|| info.line(frame.instr));
+        Some((slot.func, line))
     }
 }
 
@@ -222,7 +160,7 @@ mod tests {
     const NAME: u64 = BASE + 0x400;
     const FILE: u64 = BASE + 0x500;
     const TABLE: u64 = BASE + 0x600;
-    const FUNC: u64 = BASE + 0x700;
+    const OTHER_NAME: u64 = BASE + 0x700;
 
     fn ascii(mem: &mut FixtureMemory, o: &PyOffsets, at: u64, s: &str) {
         mem.write_u64(at + o.unicode_length, s.len() as u64);
@@ -232,12 +170,14 @@ mod tests {
         mem.write(at + o.unicode_ascii_size, s.as_bytes());
     }
 
-    /// A 3.12 code object `Worker.run` in `app.py` at line 10, run by the function at FUNC.
+    /// A 3.12 code object `Worker.run` in `app.py` at line 10.
     fn fixture() -> (FixtureMemory, &'static PyOffsets) {
         let o = for_version(3, 12).expect("3.12 table");
         let mut mem = FixtureMemory::new();
         mem.insert(BASE, vec![0; 0x1000]);
+        mem.write_u64(CODE, 3); // ob_refcnt
         ascii(&mut mem, o, NAME, "Worker.run");
+        ascii(&mut mem, o, OTHER_NAME, "Other.run");
         ascii(&mut mem, o, FILE, "/srv/app.py");
         mem.write_u64(CODE + o.code_qualname.unwrap(), NAME);
         mem.write_u64(CODE + o.code_filename, FILE);
@@ -246,30 +186,28 @@ mod tests {
         // One location entry without columns: 4 code units, line +1.
         mem.write_u64(TABLE + 16, 2);
         mem.write(TABLE + 32, &[0x80 | (13 << 3) | 3, 2]);
-        mem.write_u64(FUNC + o.func_code.unwrap(), CODE);
         (mem, o)
     }
 
+    /// A frame of the fixture's code as the kernel saw it.
     fn frame(instr: u32) -> PyFrame {
         PyFrame {
             code: CODE,
-            check: FUNC,
+            check: PyFrame::check_value(NAME, FILE, 10),
             instr,
             flags: 0,
         }
     }
 
-    /// Resolves and returns (function id, line, what the interner was given).
+    /// Resolves and returns (function id, line, what the interner was given); id 0 and no
+    /// line when the frame cannot be named.
     fn resolve(names: &mut CodeNames<FixtureMemory>, f: &PyFrame) -> (u32, Option<u32>, String) {
         let mut seen = String::new();
-        let (id, line) = names.resolve(f, |read| {
-            seen = match read {
-                CodeRead::Code(info) => format!("{} {}", info.name, info.filename),
-                CodeRead::Unreadable(_) => "unreadable".into(),
-                CodeRead::Replaced => "replaced".into(),
-            };
+        let named = names.resolve(f, |info| {
+            seen = format!("{} {}", info.name, info.filename);
             7
         });
+        let (id, line) = named.unwrap_or((0, None));
         (id, line, seen)
     }
 
@@ -288,52 +226,44 @@ mod tests {
 
     #[test]
     fn a_code_object_freed_and_reused_is_not_misnamed() {
-        let (mut mem, o) = fixture();
-        // The function sampled no longer runs this code: the address was reused.
-        mem.write_u64(FUNC + o.func_code.unwrap(), CODE + 0x100);
-        // Another function runs the code now at that address.
-        mem.write_u64(FUNC + 0x80 + o.func_code.unwrap(), CODE);
-        let mut names = CodeNames::new(mem, o, TypeAddrs::default());
-        assert_eq!(resolve(&mut names, &frame(2)).2, "replaced");
-        assert_eq!(names.stats().replaced, 1);
-        // Its frames, at the same code address, are read afresh and named.
-        let other = PyFrame {
-            check: FUNC + 0x80,
-            ..frame(2)
-        };
-        assert_eq!(resolve(&mut names, &other).2, "Worker.run /srv/app.py");
-        assert_eq!(names.stats().reads, 2);
-    }
-
-    #[test]
-    fn closures_sharing_one_code_object_keep_its_name_without_a_new_read() {
         let (mem, o) = fixture();
         let mut names = CodeNames::new(mem, o, TypeAddrs::default());
         assert_eq!(resolve(&mut names, &frame(2)).0, 7);
-        // Another function object (gone by now: its memory holds nothing) runs the same code.
-        let closure = PyFrame {
-            check: FUNC + 0x40,
+        // Another code object now at the same address: another name, or another first line.
+        names
+            .mem
+            .write_u64(CODE + o.code_qualname.unwrap(), OTHER_NAME);
+        let sampled_before = frame(2);
+        let sampled_after = PyFrame {
+            check: PyFrame::check_value(OTHER_NAME, FILE, 10),
             ..frame(2)
         };
-        assert_eq!(resolve(&mut names, &closure), (7, Some(11), String::new()));
-        assert_eq!((names.stats().reads, names.stats().fingerprints), (1, 1));
-        // A new code object at that address (another first line), run by a live function:
-        // read afresh, with its own line.
-        names
+        // A frame sampled before the change still hits the entry named then...
+        assert_eq!(resolve(&mut names, &sampled_before).0, 7);
+        // ...and one sampled after is read afresh and named after what it runs.
+        assert_eq!(
+            resolve(&mut names, &sampled_after),
+            (7, Some(11), "Other.run /srv/app.py".into())
+        );
+        // A frame sampled when the first object was there, read once the second one is: the
+        // check values differ, so it is not named at all (and nothing negative is cached).
+        let mut fresh = CodeNames::new(names.mem.clone(), o, TypeAddrs::default());
+        assert_eq!(
+            resolve(&mut fresh, &sampled_before),
+            (0, None, String::new())
+        );
+        assert_eq!(fresh.stats().replaced, 1);
+        assert_eq!(resolve(&mut fresh, &sampled_before).0, 0);
+        assert_eq!(fresh.stats().reads, 2);
+        // A freed object keeps its fields, but not its reference count.
+        let mut freed = CodeNames::new(names.mem.clone(), o, TypeAddrs::default());
+        freed.mem.write_u64(CODE, 0x5555_0000_1230);
+        assert_eq!(resolve(&mut freed, &sampled_after).0, 0);
+        // Another first line changes the check too.
+        fresh
             .mem
             .write(CODE + o.code_firstlineno, &20i32.to_le_bytes());
-        names
-            .mem
-            .write_u64(FUNC + 0x80 + o.func_code.unwrap(), CODE);
-        let other = PyFrame {
-            check: FUNC + 0x80,
-            ..frame(2)
-        };
-        assert_eq!(
-            resolve(&mut names, &other),
-            (7, Some(21), "Worker.run /srv/app.py".into())
-        );
-        assert_eq!(names.stats().reads, 2);
+        assert_eq!(resolve(&mut fresh, &sampled_after).0, 0);
     }
 
     #[test]
@@ -352,11 +282,8 @@ mod tests {
             let (mem, o) = fixture();
             let mut names = CodeNames::new(mem, o, TypeAddrs::default());
             let (_, line, seen) = resolve(&mut names, &PyFrame { code, ..frame(0) });
-            assert_eq!(
-                (line, seen.as_str()),
-                (None, "unreadable"),
-                "code {code:#x}"
-            );
+            assert_eq!((line, seen.as_str()), (None, ""), "code {code:#x}");
+            assert_eq!(names.stats().failed, 1, "code {code:#x}");
         }
     }
 }

@@ -73,11 +73,6 @@ pub struct PyOffsets {
     /// `offsetof(_PyInterpreterFrame, is_entry)` (a `bool`, 3.11 only): the frame was entered
     /// from C, so it is the outermost frame of its interpreter-loop call.
     pub frame_is_entry: Option<u64>,
-    /// `offsetof(_PyInterpreterFrame, f_func | f_funcobj)` (3.11+): the function whose code the
-    /// frame runs; it holds a reference to the code object, so it identifies it.
-    pub frame_func: Option<u64>,
-    /// `offsetof(PyFunctionObject, func_code)` (3.11+).
-    pub func_code: Option<u64>,
     /// `offsetof(PyCodeObject, co_name)`.
     pub code_name: u64,
     /// `offsetof(PyCodeObject, co_qualname)`, 3.11+.
@@ -120,8 +115,6 @@ const PY38: PyOffsets = PyOffsets {
     frame_instr: 104,
     frame_owner: None,
     frame_is_entry: None,
-    frame_func: None,
-    func_code: None,
     code_name: 112,
     code_qualname: None,
     code_filename: 104,
@@ -175,8 +168,6 @@ const PY311: PyOffsets = PyOffsets {
     // `is_entry` and are real Python frames), so nothing is skipped.
     frame_owner: None,
     frame_is_entry: Some(68),
-    frame_func: Some(0),
-    func_code: Some(48),
     code_name: 120,
     code_qualname: Some(128),
     code_filename: 112,
@@ -207,8 +198,6 @@ const PY312: PyOffsets = PyOffsets {
     frame_instr: 56,
     frame_owner: Some(70),
     frame_is_entry: None,
-    frame_func: Some(16),
-    func_code: Some(48),
     code_name: 120,
     code_qualname: Some(128),
     code_filename: 112,
@@ -239,8 +228,6 @@ const PY313: PyOffsets = PyOffsets {
     frame_instr: 56,
     frame_owner: Some(70),
     frame_is_entry: None,
-    frame_func: Some(16),
-    func_code: Some(48),
     code_name: 120,
     code_qualname: Some(128),
     code_filename: 112,

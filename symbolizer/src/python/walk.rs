@@ -76,6 +76,8 @@ pub struct CodeInfo {
     pub first_line: u32,
     /// Address of the `co_filename` object, which the BPF walker's check value includes.
     pub filename_addr: u64,
+    /// Address of the `co_qualname` (3.11+) or `co_name` object, also in the check value.
+    pub name_addr: u64,
     /// Format of [`Self::line_table`], from the interpreter's version.
     pub line_format: LineTableFormat,
     /// The bytes of `co_lnotab` (3.8–3.9) or `co_linetable` (3.10+), at most
@@ -110,6 +112,8 @@ pub struct TypeAddrs {
 
 /// `offsetof(PyObject, ob_type)`, the same in every supported version (non-debug builds).
 const OB_TYPE: u64 = 8;
+/// `offsetof(PyASCIIObject, hash)` (3.8–3.13): `PyObject_HEAD`, then `length`, then `hash`.
+pub const STR_HASH: u64 = 24;
 /// `offsetof(PyVarObject, ob_size)` (non-debug builds, 3.8–3.13).
 const OB_SIZE: u64 = 16;
 /// `offsetof(PyBytesObject, ob_sval)`: `PyObject_VAR_HEAD` then `Py_hash_t ob_shash`
@@ -278,12 +282,8 @@ pub fn code_info<M: ProcessMemory>(
         }
     }
     let name_field = off.code_qualname.unwrap_or(off.code_name);
-    let name = read_str(
-        mem,
-        off,
-        types,
-        mem.read_ptr(code.wrapping_add(name_field))?,
-    )?;
+    let name_addr = mem.read_ptr(code.wrapping_add(name_field))?;
+    let name = read_str(mem, off, types, name_addr)?;
     let filename_addr = mem.read_ptr(code.wrapping_add(off.code_filename))?;
     let filename = read_str(mem, off, types, filename_addr)?;
     let first_line = mem.read_i32(code.wrapping_add(off.code_firstlineno))?;
@@ -301,6 +301,7 @@ pub fn code_info<M: ProcessMemory>(
         filename,
         first_line,
         filename_addr,
+        name_addr,
         line_format,
         line_table,
         line_table_truncated,
