@@ -59,7 +59,7 @@ pub const PY_NO_OFFSET: u32 = u32::MAX;
 /// Largest [`PyProc::frame_size`].
 pub const PY_FRAME_BLOCK: u32 = 128;
 /// Bytes read from `code + code_firstlineno`; `code_filename` must be inside them.
-pub const PY_CODE_BLOCK: u32 = 80;
+pub const PY_CODE_BLOCK: u32 = 96;
 /// Largest [`PyProc::frame_window`].
 pub const PY_WINDOW: u32 = 1024;
 /// Size of one [`PyFrame`] in a record.
@@ -167,12 +167,14 @@ pub struct PyFrame {
 
 impl PyFrame {
     /// The [`PyFrame::check`] value of a code object: the address of its `co_qualname`
-    /// (3.11+) or `co_name` (before 3.12: that string's hash), the address of its
-    /// `co_filename`, and its `co_firstlineno` (`SPANPROF_PY_CHECK` in the C header).
-    pub fn check_value(name: u64, filename_addr: u64, first_line: i32) -> u64 {
+    /// (3.11+) or `co_name` (before 3.12: that string's hash), the addresses of its
+    /// `co_filename` and of its line table, and its `co_firstlineno` (`SPANPROF_PY_CHECK` in
+    /// the C header).
+    pub fn check_value(name: u64, filename_addr: u64, first_line: i32, table_addr: u64) -> u64 {
         filename_addr.wrapping_mul(0x9E37_79B9_7F4A_7C15)
             ^ name.rotate_left(29)
             ^ u64::from(first_line as u32)
+            ^ table_addr.rotate_left(47)
     }
 }
 
@@ -241,8 +243,8 @@ pub struct PyProc {
     /// name's address (mortal names are freed and their addresses reused); else
     /// [`PY_NO_OFFSET`].
     pub name_hash: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// Offset of `co_linetable` (`co_lnotab` before 3.10), also in the check value.
+    pub code_linetable: u32,
 }
 
 // SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).

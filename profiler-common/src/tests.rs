@@ -114,7 +114,7 @@ fn c_asserts() -> String {
             code_name,
             frame_window,
             name_hash,
-            _pad
+            code_linetable
         ),
     ));
     for (name, size, align, fields) in &structs {
@@ -299,14 +299,20 @@ fn check_value_matches_the_c_macro() {
     let dir = std::env::temp_dir().join(format!("spanprof-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cases = [
-        (0x7f00_1234_5678u64, 0x5555_0000_1000u64, 10i32),
-        (0, 0, 0),
-        (u64::MAX, 1, -1),
+        (
+            0x7f00_1234_5678u64,
+            0x5555_0000_1000u64,
+            10i32,
+            0x5555_0000_2000u64,
+        ),
+        (0, 0, 0, 0),
+        (u64::MAX, 1, -1, u64::MAX),
     ];
     let mut c = String::from("#include <stdio.h>\n#include \"spanprof_abi.h\"\nint main(void) {\n");
-    for (name, file, first) in cases {
+    for (name, file, first, table) in cases {
         c += &format!(
-            "printf(\"%llu\\n\", (unsigned long long)SPANPROF_PY_CHECK({name}ULL, {file}ULL, {first}));\n"
+            "printf(\"%llu\\n\", (unsigned long long)SPANPROF_PY_CHECK({name}ULL, {file}ULL, \
+             {first}, {table}ULL));\n"
         );
     }
     c += "return 0;\n}\n";
@@ -330,7 +336,7 @@ fn check_value_matches_the_c_macro() {
         .collect();
     let want: Vec<u64> = cases
         .iter()
-        .map(|&(n, f, l)| PyFrame::check_value(n, f, l))
+        .map(|&(n, f, l, t)| PyFrame::check_value(n, f, l, t))
         .collect();
     assert_eq!(got, want);
 }

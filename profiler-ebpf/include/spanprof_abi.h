@@ -73,12 +73,13 @@ struct spanprof_target {
 
 /*
  * The check value of a code object, from the address of co_qualname (3.11+) or co_name (its
- * hash before 3.12), the address of co_filename and co_firstlineno.
+ * hash before 3.12), the addresses of co_filename and of its line table, and co_firstlineno.
  * Rust: profiler_common::PyFrame::check_value.
  */
-#define SPANPROF_PY_CHECK(name, filename, first)                                       \
+#define SPANPROF_PY_CHECK(name, filename, first, table)                                \
 	(((__u64)(filename) * 0x9E3779B97F4A7C15ULL) ^                                   \
-	 (((__u64)(name) << 29) | ((__u64)(name) >> 35)) ^ (__u64)(__u32)(first))
+	 (((__u64)(name) << 29) | ((__u64)(name) >> 35)) ^ (__u64)(__u32)(first) ^        \
+	 (((__u64)(table) << 47) | ((__u64)(table) >> 17)))
 
 /* One Python frame of a sample, as read while the thread was stopped. */
 struct spanprof_py_frame {
@@ -177,12 +178,12 @@ struct spanprof_py_proc {
 	 * address. NO_OFFSET on 3.12+, where interned names are immortal.
 	 */
 	__u32 name_hash;
-	__u32 _pad;
+	__u32 code_linetable;	   /* offset of co_linetable / co_lnotab, in the same block */
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */
 #define SPANPROF_PY_FRAME_BLOCK 128
-#define SPANPROF_PY_CODE_BLOCK 80
+#define SPANPROF_PY_CODE_BLOCK 96
 #define SPANPROF_PY_WINDOW 1024
 
 #define SPANPROF_SAMPLE_HEADER_SIZE 56

@@ -199,7 +199,7 @@ static long py_frame_step(__u64 i, void *ctx)
 	struct scratch *w = get_scratch();
 	__u32 size, off, flags = 0, d, len, rel;
 	__u64 page, rel64;
-	__u64 code, ip, start, filename, name;
+	__u64 code, ip, start, filename, name, table;
 	struct spanprof_py_frame *f;
 	__s32 lasti, first;
 
@@ -297,7 +297,9 @@ static long py_frame_step(__u64 i, void *ctx)
 		    read_ptr(&name, name + w->cfg.name_hash))
 			goto fault;
 		w->last_code = code;
-		w->last_check = SPANPROF_PY_CHECK(name, filename, first);
+		d = w->cfg.code_linetable - w->cfg.code_firstlineno;
+		table = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
+		w->last_check = SPANPROF_PY_CHECK(name, filename, first, table);
 	}
 
 	off = w->py_base + w->n * SPANPROF_PY_FRAME_SIZE;

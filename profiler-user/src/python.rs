@@ -34,10 +34,12 @@ use symbolizer::python::offsets::{
 };
 use symbolizer::python::walk::{TypeAddrs, STR_HASH};
 
-/// Times a process that is not (yet) Python is looked at again after it appeared or exec'd.
-const DETECT_TRIES: u32 = 4;
-/// Between two looks.
-const DETECT_RETRY: Duration = Duration::from_millis(150);
+/// Times a process that is not (yet) Python is looked at after it appeared or exec'd: a
+/// process still in the dynamic loader has no libpython mapped yet.
+const DETECT_TRIES: u32 = 8;
+/// At least this long between two looks, and only if the process sent a sample meanwhile (a
+/// short-lived child must be found while it runs; an idle one costs nothing).
+const DETECT_RETRY: Duration = Duration::from_millis(25);
 
 /// Token flag: the frame is the outermost of one call of the interpreter loop.
 pub const TOKEN_ENTRY: u64 = 1 << 63;
@@ -68,7 +70,12 @@ pub struct PyFunction {
 #[derive(Debug)]
 enum Proc {
     /// To be looked at (again) from `next` on.
-    Pending { tries: u32, next: Instant },
+    Pending {
+        tries: u32,
+        next: Instant,
+        /// A sample arrived since the last look.
+        seen: bool,
+    },
     /// A CPython process the BPF program walks.
     Ready(Box<Ready>),
     /// Not Python, or a version or build spanprof cannot read.
@@ -193,9 +200,12 @@ impl Python {
         if !self.enabled {
             return;
         }
-        let redo = match self.procs.get(&pid) {
+        let redo = match self.procs.get_mut(&pid) {
             None | Some(Proc::Exited(_)) => true,
-            Some(Proc::Pending { next, .. }) => has_python_frames && *next <= Instant::now(),
+            Some(Proc::Pending { next, seen, .. }) => {
+                *seen = true;
+                has_python_frames && *next <= Instant::now()
+            }
             Some(Proc::Ready(r)) => !in_kernel && time_ns > r.since_ns,
             Some(Proc::Skipped) => false,
         };
@@ -210,6 +220,7 @@ impl Python {
                 Proc::Pending {
                     tries: 0,
                     next: Instant::now(),
+                    seen: true,
                 },
             );
         }
@@ -223,6 +234,7 @@ impl Python {
                 Proc::Pending {
                     tries: 0,
                     next: Instant::now(),
+                    seen: true,
                 },
             );
         }
@@ -234,7 +246,7 @@ impl Python {
         let due: Vec<u32> = self
             .procs
             .iter()
-            .filter(|(_, p)| matches!(p, Proc::Pending { next, .. } if *next <= now))
+            .filter(|(_, p)| matches!(p, Proc::Pending { next, seen: true, .. } if *next <= now))
             .map(|(&pid, _)| pid)
             .collect();
         for pid in due {
@@ -308,6 +320,7 @@ impl Python {
             Err(DetectError::NotPython(_)) if tries + 1 < DETECT_TRIES => Proc::Pending {
                 tries: tries + 1,
                 next: Instant::now() + DETECT_RETRY,
+                seen: false,
             },
             Err(DetectError::NotPython(_) | DetectError::Maps { .. }) => Proc::Skipped,
             Err(e) => {
@@ -473,12 +486,14 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         _ => PY_NO_OFFSET,
     };
     let name = o.code_qualname.unwrap_or(o.code_name);
-    let block_end = o.code_filename.max(name) + 8;
-    if o.code_filename < o.code_firstlineno
-        || name < o.code_firstlineno
+    let block_end = o.code_filename.max(name).max(o.code_linetable) + 8;
+    if o.code_filename.min(name).min(o.code_linetable) < o.code_firstlineno
         || block_end - o.code_firstlineno > u64::from(PY_CODE_BLOCK)
     {
-        return Err("co_filename and co_name are too far from co_firstlineno for one read".into());
+        return Err(
+            "co_filename, co_name and co_linetable are too far from co_firstlineno for one read"
+                .into(),
+        );
     }
     let instr_size = if instr_kind == PY_INSTR_POINTER { 8 } else { 4 };
     let mut frame_size = (o.frame_previous + 8)
@@ -521,7 +536,7 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         } else {
             PY_NO_OFFSET
         },
-        _pad: 0,
+        code_linetable: u(o.code_linetable, "co_linetable")?,
     })
 }
 

@@ -5,16 +5,15 @@
 //! space, shortly after (at the next drain of the ring buffer). By then a code object may have
 //! been freed and its address reused, so each frame carries a check value taken in the kernel
 //! from the code object itself ([`PyFrame::check_value`]: the address of its name (before 3.12,
-//! whose names are mortal strings, the name's hash), the address of its file name, and its
-//! first line). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
+//! whose names are mortal strings, the name's hash), the addresses of its file name and line
+//! table, and its first line). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
 //! value; a frame whose object no longer does is `[unknown]` to the caller, and is read again
 //! the next time (nothing negative is cached). A cache entry is keyed by the code address and
 //! replaced when a frame arrives with another check value.
 //!
 //! Limit: a code object freed and replaced, before the drain, by one at the same address with
-//! the same name, the same first line and a file name string at the same address passes the
-//! check: it is named after the new object, which has the sampled one's name and first line
-//! but may have another file or line table.
+//! the same name and first line, and file name and line table objects at the same addresses,
+//! passes the check.
 //!
 //! The hot path (a code object and an instruction offset seen before) is two hash lookups and
 //! allocates nothing.
@@ -98,7 +97,11 @@ impl<M: ProcessMemory> CodeNames<M> {
             .mem
             .read_i32(code.wrapping_add(o.code_firstlineno))
             .ok()?;
-        Some(PyFrame::check_value(name, filename, first))
+        let table = self
+            .mem
+            .read_ptr(code.wrapping_add(o.code_linetable))
+            .ok()?;
+        Some(PyFrame::check_value(name, filename, first, table))
     }
 
     /// The function id and line of a recorded frame, or `None` when the code object cannot
@@ -193,7 +196,7 @@ mod tests {
     fn frame(instr: u32) -> PyFrame {
         PyFrame {
             code: CODE,
-            check: PyFrame::check_value(NAME, FILE, 10),
+            check: PyFrame::check_value(NAME, FILE, 10, TABLE),
             instr,
             flags: 0,
         }
@@ -235,7 +238,7 @@ mod tests {
             .write_u64(CODE + o.code_qualname.unwrap(), OTHER_NAME);
         let sampled_before = frame(2);
         let sampled_after = PyFrame {
-            check: PyFrame::check_value(OTHER_NAME, FILE, 10),
+            check: PyFrame::check_value(OTHER_NAME, FILE, 10, TABLE),
             ..frame(2)
         };
         // A frame sampled before the change still hits the entry named then...
