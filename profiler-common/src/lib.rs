@@ -58,6 +58,8 @@ pub const PY_ENTRY_SHIM: u32 = 3;
 pub const PY_NO_OFFSET: u32 = u32::MAX;
 /// Largest [`PyProc::frame_size`].
 pub const PY_FRAME_BLOCK: u32 = 128;
+/// Bytes read from a name str's hash on, before 3.12 (`SPANPROF_PY_NAME_READ`).
+pub const PY_NAME_READ: u32 = 40;
 /// Bytes read from `code + code_firstlineno`; `code_filename` must be inside them.
 pub const PY_CODE_BLOCK: u32 = 96;
 /// Largest [`PyProc::frame_window`].
@@ -166,16 +168,35 @@ pub struct PyFrame {
 }
 
 impl PyFrame {
-    /// The [`PyFrame::check`] value of a code object: the address of its `co_qualname`
-    /// (3.11+) or `co_name` (before 3.12: that string's hash), the addresses of its
-    /// `co_filename` and of its line table, and its `co_firstlineno` (`SPANPROF_PY_CHECK` in
-    /// the C header).
-    pub fn check_value(name: u64, filename_addr: u64, first_line: i32, table_addr: u64) -> u64 {
-        filename_addr.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ name.rotate_left(29)
-            ^ u64::from(first_line as u32)
-            ^ table_addr.rotate_left(47)
+    /// The [`PyFrame::check`] value of a code object (`SPANPROF_PY_CHECK` in the C header):
+    /// its name part (3.12+: the address of `co_qualname`; before: [`PyFrame::name_part`] of
+    /// `co_qualname` or `co_name`), the addresses of `co_filename` and of its line table,
+    /// `co_firstlineno`, and `co_version` (3.12+, else 0).
+    pub fn check_value(
+        name: u64,
+        filename_addr: u64,
+        first_line: i32,
+        table_addr: u64,
+        version: u32,
+    ) -> u64 {
+        let mut h = mix(0, name);
+        h = mix(h, filename_addr);
+        h = mix(h, u64::from(first_line as u32));
+        h = mix(h, table_addr);
+        mix(h, u64::from(version))
     }
+
+    /// The name part of [`PyFrame::check_value`] before 3.12 (`SPANPROF_PY_NAME`): the str's
+    /// cached hash and its first 16 bytes of data, as two little-endian words.
+    pub fn name_part(hash: u64, data0: u64, data1: u64) -> u64 {
+        mix(mix(mix(0, hash), data0), data1)
+    }
+}
+
+/// `spanprof_py_mix` of the C header.
+fn mix(h: u64, x: u64) -> u64 {
+    let h = (h ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^ (h >> 32)
 }
 
 /// An exec notice (`struct spanprof_exec`).
@@ -245,6 +266,10 @@ pub struct PyProc {
     pub name_hash: u32,
     /// Offset of `co_linetable` (`co_lnotab` before 3.10), also in the check value.
     pub code_linetable: u32,
+    /// Offset of a compact ASCII str's data, read with the hash before 3.12.
+    pub name_data: u32,
+    /// Offset of `co_version` (3.12+), or [`PY_NO_OFFSET`].
+    pub code_version: u32,
 }
 
 // SAFETY: plain old data, every bit pattern valid, no padding (checked by the layout test).

@@ -114,7 +114,9 @@ fn c_asserts() -> String {
             code_name,
             frame_window,
             name_hash,
-            code_linetable
+            code_linetable,
+            name_data,
+            code_version
         ),
     ));
     for (name, size, align, fields) in &structs {
@@ -157,6 +159,7 @@ fn c_asserts() -> String {
         ("SPANPROF_PY_FRAME_BLOCK", PY_FRAME_BLOCK as u64),
         ("SPANPROF_PY_CODE_BLOCK", PY_CODE_BLOCK as u64),
         ("SPANPROF_PY_WINDOW", PY_WINDOW as u64),
+        ("SPANPROF_PY_NAME_READ", PY_NAME_READ as u64),
         ("SPANPROF_SAMPLE_HEADER_SIZE", SAMPLE_HEADER_SIZE as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
@@ -304,15 +307,20 @@ fn check_value_matches_the_c_macro() {
             0x5555_0000_1000u64,
             10i32,
             0x5555_0000_2000u64,
+            7u32,
         ),
-        (0, 0, 0, 0),
-        (u64::MAX, 1, -1, u64::MAX),
+        (0, 0, 0, 0, 0),
+        (u64::MAX, 1, -1, u64::MAX, u32::MAX),
     ];
     let mut c = String::from("#include <stdio.h>\n#include \"spanprof_abi.h\"\nint main(void) {\n");
-    for (name, file, first, table) in cases {
+    for (name, file, first, table, version) in cases {
         c += &format!(
             "printf(\"%llu\\n\", (unsigned long long)SPANPROF_PY_CHECK({name}ULL, {file}ULL, \
-             {first}, {table}ULL));\n"
+             {first}, {table}ULL, {version}U));\n"
+        );
+        c += &format!(
+            "printf(\"%llu\\n\", (unsigned long long)SPANPROF_PY_NAME({name}ULL, {file}ULL, \
+             {table}ULL));\n"
         );
     }
     c += "return 0;\n}\n";
@@ -336,7 +344,12 @@ fn check_value_matches_the_c_macro() {
         .collect();
     let want: Vec<u64> = cases
         .iter()
-        .map(|&(n, f, l, t)| PyFrame::check_value(n, f, l, t))
+        .flat_map(|&(n, f, l, t, v)| {
+            [
+                PyFrame::check_value(n, f, l, t, v),
+                PyFrame::name_part(n, f, t),
+            ]
+        })
         .collect();
     assert_eq!(got, want);
 }

@@ -71,23 +71,44 @@ struct spanprof_target {
  */
 #define SPANPROF_PY_FRAME_ENTRY 1
 
+/* One step of the check value's hash: mixes `x` into `h`. */
+static inline __u64 spanprof_py_mix(__u64 h, __u64 x)
+{
+	h = (h ^ x) * 0x9E3779B97F4A7C15ULL;
+	return h ^ (h >> 32);
+}
+
 /*
- * The check value of a code object, from the address of co_qualname (3.11+) or co_name (its
- * hash before 3.12), the addresses of co_filename and of its line table, and co_firstlineno.
+ * The check value of a code object, from: its name part (3.12+: the address of co_qualname, an
+ * interned name being immortal; before 3.12: SPANPROF_PY_NAME of the name string), the
+ * addresses of co_filename and of its line table, co_firstlineno, and co_version (3.12+: a
+ * counter CPython bumps for every code object it creates; 0 before).
  * Rust: profiler_common::PyFrame::check_value.
  */
-#define SPANPROF_PY_CHECK(name, filename, first, table)                                \
-	(((__u64)(filename) * 0x9E3779B97F4A7C15ULL) ^                                   \
-	 (((__u64)(name) << 29) | ((__u64)(name) >> 35)) ^ (__u64)(__u32)(first) ^        \
-	 (((__u64)(table) << 47) | ((__u64)(table) >> 17)))
+#define SPANPROF_PY_CHECK(name, filename, first, table, version)                         \
+	spanprof_py_mix(                                                                  \
+		spanprof_py_mix(spanprof_py_mix(spanprof_py_mix(spanprof_py_mix(0, (name)),  \
+								(filename)),                 \
+						(__u64)(__u32)(first)),                      \
+				(table)),                                                    \
+		(__u64)(__u32)(version))
+
+/*
+ * Before 3.12 the name part: the str's cached hash (-1 until computed) and its first 16 bytes
+ * of data, read in one read of SPANPROF_PY_NAME_READ bytes from the hash.
+ * Rust: profiler_common::PyFrame::name_part.
+ */
+#define SPANPROF_PY_NAME_READ 40
+#define SPANPROF_PY_NAME(hash, data0, data1) \
+	spanprof_py_mix(spanprof_py_mix(spanprof_py_mix(0, (hash)), (data0)), (data1))
 
 /* One Python frame of a sample, as read while the thread was stopped. */
 struct spanprof_py_frame {
 	__u64 code;  /* PyCodeObject address */
 	/*
-	 * Validates `code` when it is named later: a mix of the addresses of its name and file name
-	 * and its first line, read while the thread was stopped (SPANPROF_PY_CHECK below). The
-	 * object found at `code` later is named only if it gives the same value.
+	 * Validates `code` when it is named later: SPANPROF_PY_CHECK of the code object's fields,
+	 * read while the thread was stopped. The object found at `code` later is named only if it
+	 * gives the same value.
 	 */
 	__u64 check;
 	__u32 instr; /* offset of the current instruction in the bytecode, in bytes */
@@ -173,12 +194,14 @@ struct spanprof_py_proc {
 	 */
 	__u32 frame_window;
 	/*
-	 * Before 3.12, names are mortal strings whose addresses are reused: the check value takes
-	 * the name's hash (at this offset in the str object, read in a second read) instead of its
-	 * address. NO_OFFSET on 3.12+, where interned names are immortal.
+	 * Before 3.12, names are mortal strings whose addresses are reused: the name part of the
+	 * check is SPANPROF_PY_NAME, read from this offset (the str's hash) in a second read, with
+	 * the data at name_data. NO_OFFSET on 3.12+.
 	 */
 	__u32 name_hash;
 	__u32 code_linetable;	   /* offset of co_linetable / co_lnotab, in the same block */
+	__u32 name_data;	   /* offset of a compact ASCII str's data (before 3.12) */
+	__u32 code_version;	   /* offset of co_version (3.12+, in the block), or NO_OFFSET */
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */

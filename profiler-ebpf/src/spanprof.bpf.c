@@ -111,6 +111,7 @@ struct scratch {
 	__u32 _pad2;
 	__u8 win[SPANPROF_PY_WINDOW];
 	__u8 code[SPANPROF_PY_CODE_BLOCK];
+	__u8 name[SPANPROF_PY_NAME_READ];
 };
 
 struct {
@@ -197,7 +198,7 @@ static long py_thread_step(__u64 i, void *ctx)
 static long py_frame_step(__u64 i, void *ctx)
 {
 	struct scratch *w = get_scratch();
-	__u32 size, off, flags = 0, d, len, rel;
+	__u32 size, off, flags = 0, d, len, rel, version;
 	__u64 page, rel64;
 	__u64 code, ip, start, filename, name, table;
 	struct spanprof_py_frame *f;
@@ -293,13 +294,22 @@ static long py_frame_step(__u64 i, void *ctx)
 		filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
 		d = w->cfg.code_name - w->cfg.code_firstlineno;
 		name = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
-		if (w->cfg.name_hash != SPANPROF_PY_NO_OFFSET &&
-		    read_ptr(&name, name + w->cfg.name_hash))
-			goto fault;
-		w->last_code = code;
+		if (w->cfg.name_hash != SPANPROF_PY_NO_OFFSET) {
+			if (bpf_probe_read_user(w->name, sizeof(w->name),
+						(const void *)(name + w->cfg.name_hash)))
+				goto fault;
+			d = w->cfg.name_data - w->cfg.name_hash;
+			name = SPANPROF_PY_NAME(load_u64(w->name, 0, SPANPROF_PY_NAME_READ),
+						load_u64(w->name, d, SPANPROF_PY_NAME_READ),
+						load_u64(w->name, d + 8, SPANPROF_PY_NAME_READ));
+		}
 		d = w->cfg.code_linetable - w->cfg.code_firstlineno;
 		table = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
-		w->last_check = SPANPROF_PY_CHECK(name, filename, first, table);
+		version = 0;
+		if (w->cfg.code_version != SPANPROF_PY_NO_OFFSET)
+			version = load_u32(w->code, w->cfg.code_version - w->cfg.code_firstlineno,
+					   SPANPROF_PY_CODE_BLOCK);
+		w->last_check = SPANPROF_PY_CHECK(name, filename, first, table, version);
 	}
 
 	off = w->py_base + w->n * SPANPROF_PY_FRAME_SIZE;

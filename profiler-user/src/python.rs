@@ -486,8 +486,10 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         _ => PY_NO_OFFSET,
     };
     let name = o.code_qualname.unwrap_or(o.code_name);
-    let block_end = o.code_filename.max(name).max(o.code_linetable) + 8;
+    let block_end = (o.code_filename.max(name).max(o.code_linetable) + 8)
+        .max(o.code_version.map_or(0, |v| v + 4));
     if o.code_filename.min(name).min(o.code_linetable) < o.code_firstlineno
+        || o.code_version.is_some_and(|v| v < o.code_firstlineno)
         || block_end - o.code_firstlineno > u64::from(PY_CODE_BLOCK)
     {
         return Err(
@@ -531,12 +533,17 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         } else {
             0
         },
-        name_hash: if o.version < (3, 12) {
+        name_hash: if o.code_version.is_none() {
             u(STR_HASH, "str hash")?
         } else {
             PY_NO_OFFSET
         },
         code_linetable: u(o.code_linetable, "co_linetable")?,
+        name_data: u(o.unicode_ascii_size, "str data")?,
+        code_version: match o.code_version {
+            Some(v) => u(v, "co_version")?,
+            None => PY_NO_OFFSET,
+        },
     })
 }
 

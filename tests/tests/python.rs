@@ -1180,10 +1180,11 @@ per_version!(closures_lambdas_genexprs_are_named:
     closures_lambdas_genexprs_are_named_3_13 => 13,
 );
 
-/// The iteration `i` of a frame named `gen_fn_{i}` (`py_churn.py`'s generated
-/// functions).
+/// The iteration `i` of a frame named `gen_fn_{i}` or `gen_fn_{i}.<locals>.inner`
+/// (`py_churn.py`'s generated functions).
 fn gen_iteration(qualname: &str) -> Option<u64> {
-    let digits = qualname.strip_prefix("gen_fn_")?;
+    let rest = qualname.strip_prefix("gen_fn_")?;
+    let digits = rest.strip_suffix(".<locals>.inner").unwrap_or(rest);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -1214,6 +1215,18 @@ struct ChurnCounts {
 /// (other pids in the pprof output) have their Python frames,
 /// `<module> (<string>:9) -> child_spin`.
 fn freed_code_and_exiting_processes_never_mislead(interp: &Interp) {
+    churn_never_misleads(interp, false);
+}
+
+/// The same with nested functions (`py_churn.py … nested`): each iteration's `inner` has the
+/// same `co_name`, and a qualname `gen_fn_{i}.<locals>.inner` that is neither interned nor
+/// immortal, so only what is read of the code object at sample time tells them apart (3.11+:
+/// before, the qualname does not exist and the frames all read `inner`).
+fn freed_nested_code_never_misleads(interp: &Interp) {
+    churn_never_misleads(interp, true);
+}
+
+fn churn_never_misleads(interp: &Interp, nested: bool) {
     require_python_profiling();
     let _lock = profiling_lock();
     let tmp = TempDir::new("py-churn");
@@ -1231,6 +1244,7 @@ fn freed_code_and_exiting_processes_never_mislead(interp: &Interp) {
         interp.path,
         py_workload_source("py_churn.py"),
         "3",
+        if nested { "nested" } else { "flat" },
     ]);
     out.assert_success();
     let stacks = read_folded(&folded);
@@ -1239,6 +1253,7 @@ fn freed_code_and_exiting_processes_never_mislead(interp: &Interp) {
 
     // Generated functions: never another iteration's name.
     let mut counts = ChurnCounts::default();
+    let mut inner = ChurnCounts::default();
     let mut misnamed_examples = Vec::new();
     let mut wrong_file = 0;
     for stack in &stacks {
@@ -1262,6 +1277,29 @@ fn freed_code_and_exiting_processes_never_mislead(interp: &Interp) {
             continue;
         }
         let depth = py.iter().filter(|f| f.qualname == "nest").count() as u64;
+        // Nested functions: the frame called by the generated function.
+        if nested {
+            for frame in py
+                .iter()
+                .filter(|f| f.qualname.ends_with(".<locals>.inner"))
+            {
+                match gen_iteration(frame.qualname) {
+                    Some(i) if i % 5 + 1 == depth => inner.named += stack.count,
+                    Some(_) => {
+                        inner.misnamed += stack.count;
+                        if misnamed_examples.len() < 6 {
+                            misnamed_examples.push(format!(
+                                "    {depth} nest frames but {}: …{} {}",
+                                frame.qualname,
+                                stack.frames[stack.frames.len().saturating_sub(4)..].join(";"),
+                                stack.count
+                            ));
+                        }
+                    }
+                    None => inner.other += stack.count,
+                }
+            }
+        }
         let called = stack
             .frames
             .iter()
@@ -1298,6 +1336,23 @@ fn freed_code_and_exiting_processes_never_mislead(interp: &Interp) {
             counts.misnamed,
             misnamed_examples.join("\n")
         ));
+    }
+    if inner.misnamed > 0 {
+        problems.push(format!(
+            "{} samples show a gen_fn_N.<locals>.inner frame below a nest depth that is not \
+             N % 5 + 1: named after another iteration's code; for example:\n{}",
+            inner.misnamed,
+            misnamed_examples.join("\n")
+        ));
+    }
+    if nested && inner.named < 5 {
+        problems.push(format!(
+            "only {} samples name a nested function gen_fn_N.<locals>.inner, expected at least 5",
+            inner.named
+        ));
+    }
+    if nested {
+        println!("{}: nested functions: {inner:?}", interp.label);
     }
     if counts.named + counts.misnamed < 5 {
         problems.push(format!(
@@ -1433,4 +1488,11 @@ per_version!(freed_code_and_exiting_processes_never_mislead:
     freed_code_and_exiting_processes_never_mislead_3_9 => 9,
     freed_code_and_exiting_processes_never_mislead_3_11 => 11,
     freed_code_and_exiting_processes_never_mislead_3_12 => 12,
+    freed_code_and_exiting_processes_never_mislead_3_13 => 13,
+);
+
+per_version!(freed_nested_code_never_misleads:
+    freed_nested_code_never_misleads_3_11 => 11,
+    freed_nested_code_never_misleads_3_12 => 12,
+    freed_nested_code_never_misleads_3_13 => 13,
 );

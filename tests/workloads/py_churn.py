@@ -2,7 +2,11 @@
 # children exit while it runs: the worst case for naming code objects after
 # the fact (their addresses are reused by the next ones).
 #
-# Usage: python3 py_churn.py SECONDS
+# Usage: python3 py_churn.py SECONDS [nested]
+#
+# With `nested`, the generated `gen_fn_{i}` defines and calls a nested function
+# `inner` (qualname `gen_fn_{i}.<locals>.inner`) that does the work: every
+# iteration's `inner` has the same name, a mortal qualname and the same shape.
 #
 # Each iteration i compiles fresh source with the file name `gen_{i}.py`
 # defining `gen_fn_{i}(n)`, a loop that burns 3-10 ms of CPU, execs it, calls
@@ -35,6 +39,16 @@ def gen_fn_{i}(n):
     return x
 """
 
+NESTED_SOURCE = """\
+def gen_fn_{i}(n):
+    def inner(n):
+        x = {i}
+        for _ in range(n):
+            x = (x * 1103515245 + 12345) % 2147483648 ^ (x >> 3) ^ (x << 1) & 0xFFFF  # hot: nested
+        return x
+    return inner(n)
+"""
+
 CHILD = """\
 import time
 def child_spin():
@@ -54,7 +68,7 @@ def nest(depth, fn, n):
     return fn(n)
 
 
-def churn(seconds):
+def churn(seconds, source):
     rng = random.Random(1)
     children = []
     pids = []
@@ -67,7 +81,7 @@ def churn(seconds):
             children.append(child)
             pids.append(child.pid)
             next_child += 0.3
-        code = compile(SOURCE.format(i=i), f"gen_{i}.py", "exec")
+        code = compile(source.format(i=i), f"gen_{i}.py", "exec")
         namespace = {}
         exec(code, namespace)
         fn = namespace[f"gen_fn_{i}"]
@@ -86,8 +100,9 @@ def churn(seconds):
 
 def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
+    source = NESTED_SOURCE if sys.argv[2:3] == ["nested"] else SOURCE
     print("ready", os.getpid(), file=sys.stderr, flush=True)
-    result = churn(seconds)
+    result = churn(seconds, source)
     print(json.dumps(result), flush=True)
 
 

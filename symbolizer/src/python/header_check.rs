@@ -214,6 +214,18 @@ fn checks(o: &PyOffsets) -> Vec<Check> {
         },
         o.code_linetable,
     ));
+    if let Some(v) = o.code_version {
+        c.push(check(
+            "code_version",
+            "offsetof(PyCodeObject, co_version)",
+            v,
+        ));
+        c.push(check(
+            "code_version (size)",
+            "sizeof(((PyCodeObject *)0)->co_version)",
+            4,
+        ));
+    }
     if let Some(a) = o.code_adaptive {
         c.push(check(
             "code_adaptive",

@@ -5,20 +5,23 @@
 //! space, shortly after (at the next drain of the ring buffer). By then a code object may have
 //! been freed and its address reused, so each frame carries a check value taken in the kernel
 //! from the code object itself ([`PyFrame::check_value`]: the address of its name (before 3.12,
-//! whose names are mortal strings, the name's hash), the addresses of its file name and line
-//! table, and its first line). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
+//! whose names are mortal strings, the name's hash and first 16 bytes), the addresses of its
+//! file name and line table, its first line, and on 3.12+ its `co_version`, a counter CPython
+//! bumps for every code object it creates). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
 //! value; a frame whose object no longer does is `[unknown]` to the caller, and is read again
 //! the next time (nothing negative is cached). A cache entry is keyed by the code address and
 //! replaced when a frame arrives with another check value.
 //!
-//! Limit: a code object freed and replaced, before the drain, by one at the same address with
-//! the same name and first line, and file name and line table objects at the same addresses,
-//! passes the check.
+//! Limit, before 3.12 only: a code object freed and replaced, before the drain, by one at the
+//! same address whose name has the same first 16 bytes and hash (not computed for a nested
+//! function's qualname on 3.11), with the same first line and its file name and line table at
+//! the same addresses, passes the check. (3.8–3.10 have no qualname: nested functions of code
+//! `exec`'d again and again all share a name such as `inner`.)
 //!
 //! The hot path (a code object and an instruction offset seen before) is two hash lookups and
 //! allocates nothing.
 
-use profiler_common::PyFrame;
+use profiler_common::{PyFrame, PY_NAME_READ};
 use rustc_hash::FxHashMap;
 
 use super::memory::ProcessMemory;
@@ -89,8 +92,17 @@ impl<M: ProcessMemory> CodeNames<M> {
         let o = self.offsets;
         let name_field = o.code_qualname.unwrap_or(o.code_name);
         let mut name = self.mem.read_ptr(code.wrapping_add(name_field)).ok()?;
-        if o.version < (3, 12) {
-            name = self.mem.read_u64(name.wrapping_add(STR_HASH)).ok()?;
+        if o.code_version.is_none() {
+            // Before 3.12: the hash and the first 16 bytes of data of the name string.
+            let mut b = [0u8; PY_NAME_READ as usize];
+            self.mem.read(name.wrapping_add(STR_HASH), &mut b).ok()?;
+            let word = |at: usize| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&b[at..at + 8]);
+                u64::from_le_bytes(w)
+            };
+            let data = usize::try_from(o.unicode_ascii_size - STR_HASH).ok()?;
+            name = PyFrame::name_part(word(0), word(data), word(data + 8));
         }
         let filename = self.mem.read_ptr(code.wrapping_add(o.code_filename)).ok()?;
         let first = self
@@ -101,7 +113,11 @@ impl<M: ProcessMemory> CodeNames<M> {
             .mem
             .read_ptr(code.wrapping_add(o.code_linetable))
             .ok()?;
-        Some(PyFrame::check_value(name, filename, first, table))
+        let version = match o.code_version {
+            Some(at) => self.mem.read_u32(code.wrapping_add(at)).ok()?,
+            None => 0,
+        };
+        Some(PyFrame::check_value(name, filename, first, table, version))
     }
 
     /// The function id and line of a recorded frame, or `None` when the code object cannot
@@ -179,6 +195,7 @@ mod tests {
         let mut mem = FixtureMemory::new();
         mem.insert(BASE, vec![0; 0x1000]);
         mem.write_u64(CODE, 3); // ob_refcnt
+        mem.write(CODE + o.code_version.unwrap(), &5u32.to_le_bytes());
         ascii(&mut mem, o, NAME, "Worker.run");
         ascii(&mut mem, o, OTHER_NAME, "Other.run");
         ascii(&mut mem, o, FILE, "/srv/app.py");
@@ -196,7 +213,7 @@ mod tests {
     fn frame(instr: u32) -> PyFrame {
         PyFrame {
             code: CODE,
-            check: PyFrame::check_value(NAME, FILE, 10, TABLE),
+            check: PyFrame::check_value(NAME, FILE, 10, TABLE, 5),
             instr,
             flags: 0,
         }
@@ -238,7 +255,7 @@ mod tests {
             .write_u64(CODE + o.code_qualname.unwrap(), OTHER_NAME);
         let sampled_before = frame(2);
         let sampled_after = PyFrame {
-            check: PyFrame::check_value(OTHER_NAME, FILE, 10, TABLE),
+            check: PyFrame::check_value(OTHER_NAME, FILE, 10, TABLE, 5),
             ..frame(2)
         };
         // A frame sampled before the change still hits the entry named then...

@@ -83,6 +83,9 @@ pub struct PyOffsets {
     pub code_firstlineno: u64,
     /// `co_lnotab` (3.8–3.9) or `co_linetable` (3.10+), a `bytes` object.
     pub code_linetable: u64,
+    /// `offsetof(PyCodeObject, co_version)` (a `uint32_t`, 3.12+): a counter CPython bumps for
+    /// every code object it creates, so a new object at a reused address differs.
+    pub code_version: Option<u64>,
     /// `offsetof(PyCodeObject, co_code_adaptive)`: where the bytecode starts, 3.11+.
     pub code_adaptive: Option<u64>,
     /// `offsetof(PyASCIIObject, length)`.
@@ -120,6 +123,7 @@ const PY38: PyOffsets = PyOffsets {
     code_filename: 104,
     code_firstlineno: 40,
     code_linetable: 120,
+    code_version: None,
     code_adaptive: None,
     unicode_length: 16,
     unicode_state: 32,
@@ -173,6 +177,7 @@ const PY311: PyOffsets = PyOffsets {
     code_filename: 112,
     code_firstlineno: 72,
     code_linetable: 136,
+    code_version: None,
     code_adaptive: Some(184),
     unicode_length: 16,
     unicode_state: 32,
@@ -203,6 +208,7 @@ const PY312: PyOffsets = PyOffsets {
     code_filename: 112,
     code_firstlineno: 68,
     code_linetable: 136,
+    code_version: Some(92),
     code_adaptive: Some(192),
     unicode_length: 16,
     unicode_state: 32,
@@ -233,6 +239,7 @@ const PY313: PyOffsets = PyOffsets {
     code_filename: 112,
     code_firstlineno: 68,
     code_linetable: 136,
+    code_version: Some(92),
     code_adaptive: Some(200),
     unicode_length: 16,
     unicode_state: 32,
