@@ -496,21 +496,20 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
  * told by an exec record, looks again.
  */
 SEC("raw_tp/sched_process_exec")
-int BPF_PROG(on_exec, struct task_struct *task)
+int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, tid = (__u32)id;
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32, old = (__u32)old_pid;
 	struct spanprof_exec e = {};
 
 	if (!bpf_map_lookup_elem(&target_pids, &tgid))
 		return 0;
 	bpf_map_delete_elem(&py_procs, &tgid);
 	/*
-	 * What was found of this thread's Python thread state belongs to the old program (a fork
-	 * child of a Python process, sampled before its exec, found none): forget it. After exec
-	 * the thread is the only one, and its id is the tgid.
+	 * What was found of the thread's Python thread state belongs to the old program (a fork
+	 * child of a Python process, sampled before its exec, found none): forget it. The thread
+	 * that called exec had id old_pid; it now has the tgid.
 	 */
-	bpf_map_delete_elem(&py_threads, &tid);
+	bpf_map_delete_elem(&py_threads, &old);
 	bpf_map_delete_elem(&py_threads, &tgid);
 	e.kind = SPANPROF_RECORD_EXEC;
 	e.pid = tgid;

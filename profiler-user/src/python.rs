@@ -25,7 +25,7 @@ use profiler_common::{
     PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER,
     PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
 };
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
@@ -126,10 +126,10 @@ pub struct Python {
     functions: Vec<PyFunction>,
     function_ids: FxHashMap<PyFunction, u32>,
     /// Why processes that looked like Python could not be profiled as such, with their pids.
-    notes: BTreeMap<String, Vec<u32>>,
+    notes: BTreeMap<String, (Vec<u32>, u32)>,
     last_sweep: Instant,
-    /// Python processes found.
-    found: u32,
+    /// Python processes found (a process found again after an exec counts once).
+    found: FxHashSet<u32>,
     /// `py_procs` entries to write at the next [`Python::flush`].
     writes: Vec<(u32, PyProc)>,
 }
@@ -150,7 +150,7 @@ impl Python {
             function_ids: [(unknown(), UNKNOWN_FUNCTION)].into_iter().collect(),
             notes: BTreeMap::new(),
             last_sweep: Instant::now(),
-            found: 0,
+            found: FxHashSet::default(),
             writes: Vec::new(),
         }
     }
@@ -165,28 +165,33 @@ impl Python {
     pub fn notes(&self) -> Vec<String> {
         self.notes
             .iter()
-            .map(|(reason, pids)| {
-                let shown: Vec<String> = pids.iter().take(5).map(u32::to_string).collect();
-                let more = match pids.len() {
-                    n if n > 5 => format!(" and {} more", n - 5),
+            .map(|(reason, (pids, count))| {
+                let shown: Vec<String> = pids.iter().map(u32::to_string).collect();
+                let more = match *count as usize {
+                    n if n > pids.len() => format!(" and {} more", n - pids.len()),
                     _ => String::new(),
                 };
-                let s = if pids.len() == 1 { "" } else { "es" };
+                let s = if *count == 1 { "" } else { "es" };
                 format!("{reason} (process{s} {}{more})", shown.join(", "))
             })
             .collect()
     }
 
+    /// Notes why a process is not profiled as Python; the first 5 pids per reason are kept,
+    /// the others counted.
     fn note(&mut self, pid: u32, reason: String) {
-        let pids = self.notes.entry(reason).or_default();
+        let (pids, count) = self.notes.entry(reason).or_default();
         if !pids.contains(&pid) {
-            pids.push(pid);
+            *count += 1;
+            if pids.len() < 5 {
+                pids.push(pid);
+            }
         }
     }
 
     /// Python processes found so far.
     pub fn found(&self) -> u32 {
-        self.found
+        self.found.len() as u32
     }
 
     /// Notes a process that sent a sample; it is looked at by the next
@@ -201,7 +206,10 @@ impl Python {
             return;
         }
         let redo = match self.procs.get_mut(&pid) {
-            None | Some(Proc::Exited(_)) => true,
+            None => true,
+            // A late sample of a process that exited keeps its merge facts; a live pid is a
+            // new process that reused it.
+            Some(Proc::Exited(_)) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
             Some(Proc::Pending { next, seen, .. }) => {
                 *seen = true;
                 has_python_frames && *next <= Instant::now()
@@ -289,7 +297,7 @@ impl Python {
                         format!("cannot hand python offsets to the kernel: {e}"),
                     );
                     self.procs.insert(pid, Proc::Skipped);
-                    self.found = self.found.saturating_sub(1);
+                    self.found.remove(&pid);
                 }
             }
         }
@@ -308,7 +316,7 @@ impl Python {
         let next = match detect(pid) {
             Ok(process) => match self.ready(process) {
                 Ok(ready) => {
-                    self.found += 1;
+                    self.found.insert(pid);
                     Proc::Ready(Box::new(ready))
                 }
                 Err(reason) => {

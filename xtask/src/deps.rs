@@ -36,10 +36,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
 /// CPython 3.11 built with frame pointers, as Fedora, Ubuntu 24.04 and others ship it: the
 /// tests of mixed native/Python stacks through the interpreter need one, and neither pyenv's
 /// nor Debian's builds keep frame pointers. The source is Debian's upstream tarball (Debian
-/// is reachable where python.org may not be), checked by its MD5 from Debian's `Sources`.
+/// is reachable where python.org may not be), checked by its SHA-256 from Debian's `Sources`.
 const FP_PYTHON_URL: &str =
-    "http://deb.debian.org/debian/pool/main/p/python3.11/python3.11_3.11.2.orig.tar.gz";
-const FP_PYTHON_MD5: &str = "f6b5226ccba5ae1ca9376aaba0b0f673";
+    "https://deb.debian.org/debian/pool/main/p/python3.11/python3.11_3.11.2.orig.tar.gz";
+const FP_PYTHON_SHA256: &str = "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849";
 const FP_PYTHON_DIR: &str = "Python-3.11.2";
 const FP_PYTHON_CFLAGS: &str = "-O2 -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer";
 
@@ -79,11 +79,16 @@ pub fn ensure(root: &Path) -> Result<Env> {
 fn frame_pointer_python(root: &Path) -> Result<PathBuf> {
     let prefix = root.join("target/fp-python");
     let python = prefix.join("bin/python3.11");
-    if Cmd::new(&python)
-        .args(["-c", "import sys"])
-        .quiet()
-        .succeeds()
-    {
+    // What the build was made from: a change of source or flags rebuilds it.
+    let stamp = prefix.join("spanprof-build-stamp");
+    let want_stamp = format!("{FP_PYTHON_URL}\n{FP_PYTHON_SHA256}\n{FP_PYTHON_CFLAGS}\n");
+    let works = || {
+        Cmd::new(&python)
+            .args(["-c", "import sys, json, asyncio, subprocess, ctypes"])
+            .quiet()
+            .succeeds()
+    };
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp) && works() {
         step(&format!(
             "frame-pointer CPython ready: {}",
             python.display()
@@ -94,6 +99,10 @@ fn frame_pointer_python(root: &Path) -> Result<PathBuf> {
     if build.exists() {
         std::fs::remove_dir_all(&build).with_context(|| format!("removing {}", build.display()))?;
     }
+    if prefix.exists() {
+        std::fs::remove_dir_all(&prefix)
+            .with_context(|| format!("removing {}", prefix.display()))?;
+    }
     std::fs::create_dir_all(&build)?;
     let tarball = build.join("python.tar.gz");
     step(&format!("downloading {FP_PYTHON_URL}"));
@@ -102,10 +111,10 @@ fn frame_pointer_python(root: &Path) -> Result<PathBuf> {
         .arg(&tarball)
         .arg(FP_PYTHON_URL)
         .run()?;
-    let sum = Cmd::new("md5sum").arg(&tarball).quiet().output()?;
+    let sum = Cmd::new("sha256sum").arg(&tarball).quiet().output()?;
     let sum = String::from_utf8_lossy(&sum.stdout);
-    if sum.split_whitespace().next() != Some(FP_PYTHON_MD5) {
-        bail!("{FP_PYTHON_URL}: MD5 {sum} is not the expected {FP_PYTHON_MD5}");
+    if sum.split_whitespace().next() != Some(FP_PYTHON_SHA256) {
+        bail!("{FP_PYTHON_URL}: SHA-256 {sum} is not the expected {FP_PYTHON_SHA256}");
     }
     Cmd::new("tar")
         .args(["xzf", "python.tar.gz"])
@@ -124,37 +133,40 @@ fn frame_pointer_python(root: &Path) -> Result<PathBuf> {
     let make = Cmd::new("make").arg(format!("-j{jobs}"));
     let install = Cmd::new("make").arg("install");
     for (what, cmd) in [
-        ("configuring", configure),
-        ("building", make),
-        ("installing", install),
+        ("configure", configure),
+        ("make", make),
+        ("install", install),
     ] {
-        // Compiler output would drown the CI log: it is shown only when a step fails.
+        // Compiler output would drown the CI log: it goes to a file, shown in part on failure
+        // (the build directory is kept then).
         let out = cmd.current_dir(&src).output()?;
+        let log = build.join(format!("{what}.log"));
+        let mut text = out.stdout.clone();
+        text.extend_from_slice(&out.stderr);
+        std::fs::write(&log, &text)?;
         if !out.status.success() {
-            let tail = |b: &[u8]| {
-                let text = String::from_utf8_lossy(b).into_owned();
-                let lines: Vec<&str> = text.lines().collect();
-                lines[lines.len().saturating_sub(30)..].join("\n")
-            };
+            let text = String::from_utf8_lossy(&text);
+            let errors: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("error") || l.contains("Error"))
+                .take(20)
+                .collect();
             bail!(
-                "{what} CPython failed ({}):\n{}\n{}",
+                "CPython {what} failed ({}); full log: {}\n{}",
                 out.status,
-                tail(&out.stdout),
-                tail(&out.stderr)
+                log.display(),
+                errors.join("\n")
             );
         }
     }
     std::fs::remove_dir_all(&build).ok();
-    if !Cmd::new(&python)
-        .args(["-c", "import sys"])
-        .quiet()
-        .succeeds()
-    {
+    if !works() {
         bail!(
             "the frame-pointer CPython at {} does not run",
             python.display()
         );
     }
+    std::fs::write(&stamp, want_stamp)?;
     Ok(python)
 }
 
