@@ -168,10 +168,10 @@ pub struct PyFrame {
 }
 
 impl PyFrame {
-    /// The [`PyFrame::check`] value of a code object (`SPANPROF_PY_CHECK` in the C header):
-    /// its name part (3.12+: the address of `co_qualname`; before: [`PyFrame::name_part`] of
-    /// `co_qualname` or `co_name`), the addresses of `co_filename` and of its line table,
-    /// `co_firstlineno`, and `co_version` (3.12+, else 0).
+    /// The [`PyFrame::check`] value of a code object (`SPANPROF_PY_CHECK` in the C header).
+    /// 3.12+: from `co_firstlineno` and `co_version` (the other arguments 0). Before 3.12:
+    /// from its name part ([`PyFrame::name_part`] of `co_qualname` or `co_name`), the
+    /// addresses of `co_filename` and of its line table, and `co_firstlineno` (version 0).
     pub fn check_value(
         name: u64,
         filename_addr: u64,

@@ -79,10 +79,10 @@ static inline __u64 spanprof_py_mix(__u64 h, __u64 x)
 }
 
 /*
- * The check value of a code object, from: its name part (3.12+: the address of co_qualname, an
- * interned name being immortal; before 3.12: SPANPROF_PY_NAME of the name string), the
- * addresses of co_filename and of its line table, co_firstlineno, and co_version (3.12+: a
- * counter CPython bumps for every code object it creates; 0 before).
+ * The check value of a code object. 3.12+: from co_firstlineno and co_version, a counter CPython
+ * bumps for every code object it creates (the other arguments are 0). Before 3.12: from its
+ * name part (SPANPROF_PY_NAME of co_qualname or co_name), the addresses of co_filename and of its
+ * line table, and co_firstlineno (version 0).
  * Rust: profiler_common::PyFrame::check_value.
  */
 #define SPANPROF_PY_CHECK(name, filename, first, table, version)                         \
@@ -196,12 +196,12 @@ struct spanprof_py_proc {
 	/*
 	 * Before 3.12, names are mortal strings whose addresses are reused: the name part of the
 	 * check is SPANPROF_PY_NAME, read from this offset (the str's hash) in a second read, with
-	 * the data at name_data. NO_OFFSET on 3.12+.
+	 * the data at name_data. Unused on 3.12+.
 	 */
 	__u32 name_hash;
 	__u32 code_linetable;	   /* offset of co_linetable / co_lnotab, in the same block */
 	__u32 name_data;	   /* offset of a compact ASCII str's data (before 3.12) */
-	__u32 code_version;	   /* offset of co_version (3.12+, in the block), or NO_OFFSET */
+	__u32 code_version;	   /* offset of co_version (3.12+: the block ends with it), or NO_OFFSET */
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */

@@ -290,11 +290,19 @@ static long py_frame_step(__u64 i, void *ctx)
 		if (bpf_probe_read_user(w->code, size, (const void *)(code + w->cfg.code_firstlineno)))
 			goto fault;
 		first = (__s32)load_u32(w->code, 0, SPANPROF_PY_CODE_BLOCK);
-		d = w->cfg.code_filename - w->cfg.code_firstlineno;
-		filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
-		d = w->cfg.code_name - w->cfg.code_firstlineno;
-		name = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
-		if (w->cfg.name_hash != SPANPROF_PY_NO_OFFSET) {
+		name = filename = table = version = 0;
+		if (w->cfg.code_version != SPANPROF_PY_NO_OFFSET) {
+			/*
+			 * 3.12+: co_version, bumped for every code object CPython creates, tells a new
+			 * object at a reused address apart by itself: the read stops there.
+			 */
+			version = load_u32(w->code, w->cfg.code_version - w->cfg.code_firstlineno,
+					   SPANPROF_PY_CODE_BLOCK);
+		} else {
+			d = w->cfg.code_filename - w->cfg.code_firstlineno;
+			filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
+			d = w->cfg.code_name - w->cfg.code_firstlineno;
+			name = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
 			if (bpf_probe_read_user(w->name, sizeof(w->name),
 						(const void *)(name + w->cfg.name_hash)))
 				goto fault;
@@ -302,13 +310,9 @@ static long py_frame_step(__u64 i, void *ctx)
 			name = SPANPROF_PY_NAME(load_u64(w->name, 0, SPANPROF_PY_NAME_READ),
 						load_u64(w->name, d, SPANPROF_PY_NAME_READ),
 						load_u64(w->name, d + 8, SPANPROF_PY_NAME_READ));
+			d = w->cfg.code_linetable - w->cfg.code_firstlineno;
+			table = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
 		}
-		d = w->cfg.code_linetable - w->cfg.code_firstlineno;
-		table = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
-		version = 0;
-		if (w->cfg.code_version != SPANPROF_PY_NO_OFFSET)
-			version = load_u32(w->code, w->cfg.code_version - w->cfg.code_firstlineno,
-					   SPANPROF_PY_CODE_BLOCK);
 		w->last_check = SPANPROF_PY_CHECK(name, filename, first, table, version);
 	}
 

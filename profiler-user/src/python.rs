@@ -494,8 +494,11 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
         _ => PY_NO_OFFSET,
     };
     let name = o.code_qualname.unwrap_or(o.code_name);
-    let block_end = (o.code_filename.max(name).max(o.code_linetable) + 8)
-        .max(o.code_version.map_or(0, |v| v + 4));
+    // 3.12+: first line and co_version only; before, the name, file and line table too.
+    let block_end = match o.code_version {
+        Some(v) => v + 4,
+        None => o.code_filename.max(name).max(o.code_linetable) + 8,
+    };
     if o.code_filename.min(name).min(o.code_linetable) < o.code_firstlineno
         || o.code_version.is_some_and(|v| v < o.code_firstlineno)
         || block_end - o.code_firstlineno > u64::from(PY_CODE_BLOCK)

@@ -4,10 +4,9 @@
 //! The walker reads only addresses while the thread is stopped; names are read here, from user
 //! space, shortly after (at the next drain of the ring buffer). By then a code object may have
 //! been freed and its address reused, so each frame carries a check value taken in the kernel
-//! from the code object itself ([`PyFrame::check_value`]: the address of its name (before 3.12,
-//! whose names are mortal strings, the name's hash and first 16 bytes), the addresses of its
-//! file name and line table, its first line, and on 3.12+ its `co_version`, a counter CPython
-//! bumps for every code object it creates). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
+//! from the code object itself ([`PyFrame::check_value`]: on 3.12+ its first line and
+//! `co_version`, a counter CPython bumps for every code object it creates; before 3.12 its first
+//! line, the addresses of its file name and line table, and its name's hash and first 16 bytes). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
 //! value; a frame whose object no longer does is `[unknown]` to the caller, and is read again
 //! the next time (nothing negative is cached). A cache entry is keyed by the code address and
 //! replaced when a frame arrives with another check value.
@@ -90,34 +89,34 @@ impl<M: ProcessMemory> CodeNames<M> {
             return None;
         }
         let o = self.offsets;
-        let name_field = o.code_qualname.unwrap_or(o.code_name);
-        let mut name = self.mem.read_ptr(code.wrapping_add(name_field)).ok()?;
-        if o.code_version.is_none() {
-            // Before 3.12: the hash and the first 16 bytes of data of the name string.
-            let mut b = [0u8; PY_NAME_READ as usize];
-            self.mem.read(name.wrapping_add(STR_HASH), &mut b).ok()?;
-            let word = |at: usize| {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&b[at..at + 8]);
-                u64::from_le_bytes(w)
-            };
-            let data = usize::try_from(o.unicode_ascii_size - STR_HASH).ok()?;
-            name = PyFrame::name_part(word(0), word(data), word(data + 8));
-        }
-        let filename = self.mem.read_ptr(code.wrapping_add(o.code_filename)).ok()?;
         let first = self
             .mem
             .read_i32(code.wrapping_add(o.code_firstlineno))
             .ok()?;
+        if let Some(at) = o.code_version {
+            // 3.12+: co_version is new for every code object created.
+            let version = self.mem.read_u32(code.wrapping_add(at)).ok()?;
+            return Some(PyFrame::check_value(0, 0, first, 0, version));
+        }
+        // Before 3.12: the hash and the first 16 bytes of data of the name string, the
+        // addresses of the file name and line table.
+        let name_field = o.code_qualname.unwrap_or(o.code_name);
+        let name = self.mem.read_ptr(code.wrapping_add(name_field)).ok()?;
+        let mut b = [0u8; PY_NAME_READ as usize];
+        self.mem.read(name.wrapping_add(STR_HASH), &mut b).ok()?;
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let data = usize::try_from(o.unicode_ascii_size - STR_HASH).ok()?;
+        let name = PyFrame::name_part(word(0), word(data), word(data + 8));
+        let filename = self.mem.read_ptr(code.wrapping_add(o.code_filename)).ok()?;
         let table = self
             .mem
             .read_ptr(code.wrapping_add(o.code_linetable))
             .ok()?;
-        let version = match o.code_version {
-            Some(at) => self.mem.read_u32(code.wrapping_add(at)).ok()?,
-            None => 0,
-        };
-        Some(PyFrame::check_value(name, filename, first, table, version))
+        Some(PyFrame::check_value(name, filename, first, table, 0))
     }
 
     /// The function id and line of a recorded frame, or `None` when the code object cannot
@@ -213,7 +212,7 @@ mod tests {
     fn frame(instr: u32) -> PyFrame {
         PyFrame {
             code: CODE,
-            check: PyFrame::check_value(NAME, FILE, 10, TABLE, 5),
+            check: PyFrame::check_value(0, 0, 10, 0, 5),
             instr,
             flags: 0,
         }
@@ -253,9 +252,13 @@ mod tests {
         names
             .mem
             .write_u64(CODE + o.code_qualname.unwrap(), OTHER_NAME);
+        // (3.12+ tells objects apart by co_version, which CPython bumps for every new one.)
+        names
+            .mem
+            .write(CODE + o.code_version.unwrap(), &6u32.to_le_bytes());
         let sampled_before = frame(2);
         let sampled_after = PyFrame {
-            check: PyFrame::check_value(OTHER_NAME, FILE, 10, TABLE, 5),
+            check: PyFrame::check_value(0, 0, 10, 0, 6),
             ..frame(2)
         };
         // A frame sampled before the change still hits the entry named then...
