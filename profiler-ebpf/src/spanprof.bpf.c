@@ -81,8 +81,12 @@ struct py_tstate {
 	__u32 stamp; /* bpf_ktime_get_ns() >> 20 (units of ~1 ms) of a negative entry */
 };
 
-/* A thread without a thread state is searched for again after ~250 ms (it may start one). */
-#define PY_NO_THREAD_RETRY 256
+/*
+ * A thread without a thread state is searched for again after ~16 ms. Short, because a thread
+ * Python just started has its PyThreadState in the list before it binds it to its own id: a
+ * long wait would hide its first Python frames (a test saw ~250 ms of them go).
+ */
+#define PY_NO_THREAD_RETRY 16
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
