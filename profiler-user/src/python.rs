@@ -84,6 +84,17 @@ enum Proc {
     Exited(Box<Merge>),
 }
 
+impl Proc {
+    /// To be looked at now.
+    fn pending() -> Proc {
+        Proc::Pending {
+            tries: 0,
+            next: Instant::now(),
+            seen: true,
+        }
+    }
+}
+
 /// What [`MergeInfo`] is made of.
 #[derive(Debug, Clone)]
 struct Merge {
@@ -223,28 +234,14 @@ impl Python {
         if has_python_frames {
             self.detect_now(pid);
         } else {
-            self.procs.insert(
-                pid,
-                Proc::Pending {
-                    tries: 0,
-                    next: Instant::now(),
-                    seen: true,
-                },
-            );
+            self.procs.insert(pid, Proc::pending());
         }
     }
 
     /// A process called execve: whatever was known of its interpreter is gone.
     pub fn exec(&mut self, pid: u32) {
         if self.enabled {
-            self.procs.insert(
-                pid,
-                Proc::Pending {
-                    tries: 0,
-                    next: Instant::now(),
-                    seen: true,
-                },
-            );
+            self.procs.insert(pid, Proc::pending());
         }
     }
 

@@ -913,35 +913,17 @@ fn child_started_later_is_unwound(interp: &Interp) {
     assert_no_problems(&problems, interp, &stacks, &out);
 }
 
-#[test]
-fn exec_after_start_is_unwound_3_11() {
-    exec_after_start_is_unwound(&Interp::pyenv(11));
-}
+per_version!(exec_after_start_is_unwound:
+    exec_after_start_is_unwound_3_11 => 11,
+    exec_after_start_is_unwound_3_12 => 12,
+    exec_after_start_is_unwound_3_8 => 8,
+);
 
-#[test]
-fn exec_after_start_is_unwound_3_12() {
-    exec_after_start_is_unwound(&Interp::pyenv(12));
-}
-
-#[test]
-fn exec_after_start_is_unwound_3_8() {
-    exec_after_start_is_unwound(&Interp::pyenv(8));
-}
-
-#[test]
-fn child_started_later_is_unwound_3_11() {
-    child_started_later_is_unwound(&Interp::pyenv(11));
-}
-
-#[test]
-fn child_started_later_is_unwound_3_12() {
-    child_started_later_is_unwound(&Interp::pyenv(12));
-}
-
-#[test]
-fn child_started_later_is_unwound_3_13() {
-    child_started_later_is_unwound(&Interp::pyenv(13));
-}
+per_version!(child_started_later_is_unwound:
+    child_started_later_is_unwound_3_11 => 11,
+    child_started_later_is_unwound_3_12 => 12,
+    child_started_later_is_unwound_3_13 => 13,
+);
 
 #[test]
 fn child_started_later_is_unwound_debian_3_11() {
@@ -1016,15 +998,10 @@ fn python_only_without_lines(interp: &Interp) {
     assert_no_problems(&problems, interp, &stacks, &out);
 }
 
-#[test]
-fn python_only_without_lines_3_12() {
-    python_only_without_lines(&Interp::pyenv(12));
-}
-
-#[test]
-fn python_only_without_lines_3_9() {
-    python_only_without_lines(&Interp::pyenv(9));
-}
+per_version!(python_only_without_lines:
+    python_only_without_lines_3_9 => 9,
+    python_only_without_lines_3_12 => 12,
+);
 
 // ---------------------------------------------------------------------------
 // 5. Code objects shared by many function objects, code objects freed while
