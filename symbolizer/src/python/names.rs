@@ -6,12 +6,15 @@
 //! been freed and its address reused, so each frame carries a check value taken in the kernel
 //! from the code object itself ([`PyFrame::check_value`]: on 3.12+ its first line and
 //! `co_version`, a counter CPython bumps for every code object it creates; before 3.12 its first
-//! line, the addresses of its file name and line table, and its name's hash and first 16 bytes). The strings are read between two reads of these fields, which must agree. A name is trusted only when the object read now gives the same
-//! value; a frame whose object no longer does is `[unknown]` to the caller, and is read again
-//! the next time (nothing negative is cached). A cache entry is keyed by the code address and
-//! replaced when a frame arrives with another check value.
+//! line, the addresses of its file name and line table, and its name's hash and first 16
+//! bytes). The strings are read between two reads of these fields, which must agree. A name is
+//! trusted only when the object read now gives the same value; a frame whose object no longer
+//! does is `[unknown]` to the caller, and is read again the next time (nothing negative is
+//! cached). A cache entry is keyed by the code address and replaced when a frame arrives with
+//! another check value.
 //!
-//! Limit, before 3.12 only: a code object freed and replaced, before the drain, by one at the
+//! Limits: on 3.12+, CPython stops counting after 2^32 code objects (all later ones read 0).
+//! Before 3.12: a code object freed and replaced, before the drain, by one at the
 //! same address whose name has the same first 16 bytes and hash (not computed for a nested
 //! function's qualname on 3.11), with the same first line and its file name and line table at
 //! the same addresses, passes the check. (3.8–3.10 have no qualname: nested functions of code
