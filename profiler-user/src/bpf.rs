@@ -272,9 +272,3 @@ impl Programs {
         out
     }
 }
-
-impl crate::python::PyProcMap for Programs {
-    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), String> {
-        Programs::set_python(self, pid, value).map_err(|e| e.to_string())
-    }
-}

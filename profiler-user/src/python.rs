@@ -26,6 +26,8 @@ use profiler_common::{
     PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::bpf::Programs;
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
@@ -145,12 +147,6 @@ pub struct Python {
     writes: Vec<(u32, PyProc)>,
 }
 
-/// What the session must do with the BPF map after [`Python::detect_pending`].
-pub trait PyProcMap {
-    /// Writes (or replaces) a process's entry.
-    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), String>;
-}
-
 impl Python {
     /// `enabled = false` never looks at processes (nothing in the kernel walks them then).
     pub fn new(enabled: bool) -> Self {
@@ -246,7 +242,7 @@ impl Python {
     }
 
     /// Looks at every pending process that is due, and writes the BPF map for those found.
-    pub fn detect_pending(&mut self, map: &mut impl PyProcMap) {
+    pub fn detect_pending(&mut self, programs: &mut Programs) {
         let now = Instant::now();
         let due: Vec<u32> = self
             .procs
@@ -257,7 +253,7 @@ impl Python {
         for pid in due {
             self.detect_now(pid);
         }
-        self.flush(map);
+        self.flush(programs);
         if self.last_sweep.elapsed() >= SWEEP_EVERY {
             self.last_sweep = Instant::now();
             self.sweep();
@@ -280,9 +276,9 @@ impl Python {
     }
 
     /// Writes the `py_procs` entries of the processes found since the last call.
-    pub fn flush(&mut self, map: &mut impl PyProcMap) {
+    pub fn flush(&mut self, programs: &mut Programs) {
         for (pid, value) in std::mem::take(&mut self.writes) {
-            match map.set_python(pid, &value) {
+            match programs.set_python(pid, &value) {
                 Ok(()) => {
                     if let Some(Proc::Ready(r)) = self.procs.get_mut(&pid) {
                         r.since_ns = monotonic_ns();

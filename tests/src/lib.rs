@@ -568,6 +568,33 @@ where
     run_with_timeout(spanprof_command(args), RUN_TIMEOUT)
 }
 
+/// `spanprof profile --pid PID --duration DURATION --frequency HZ -o OUTPUT…` then `extra`,
+/// run to completion: the session most tests run against a workload.
+#[track_caller]
+pub fn profile_pid(
+    pid: u32,
+    duration: &str,
+    frequency: u32,
+    outputs: &[&Path],
+    extra: &[&str],
+) -> RunOutput {
+    let mut args = args![
+        "profile",
+        "--pid",
+        pid.to_string(),
+        "--duration",
+        duration,
+        "--frequency",
+        frequency.to_string()
+    ];
+    for out in outputs {
+        args.push("-o".into());
+        args.push(out.into());
+    }
+    args.extend(extra.iter().map(std::ffi::OsString::from));
+    run_spanprof(args)
+}
+
 /// The first line of spanprof's end-of-session summary:
 /// `spanprof: N samples, M lost, from P process(es) in S s at F Hz: TARGET`,
 /// and the pids of its `processes: PID (name), …` line when there is one.

@@ -2,28 +2,15 @@
 //! under its user function, and `--no-kernel` removes them.
 
 use spanprof_tests::{
-    args, folded_count, folded_summary, folded_total, is_kernel_frame, profiling_lock, read_folded,
-    require_profiling, run_spanprof, FoldedStack, TempDir, Workload,
+    folded_count, folded_summary, folded_total, is_kernel_frame, profile_pid, profiling_lock,
+    read_folded, require_profiling, FoldedStack, TempDir, Workload,
 };
 
 fn profile_syscall_heavy(extra: &[&str]) -> (Vec<FoldedStack>, String) {
     let tmp = TempDir::new("kernel");
     let folded = tmp.join("syscall_heavy.folded");
     let workload = Workload::start("syscall_heavy", 10.0);
-    let pid = workload.pid().to_string();
-    let mut args = args![
-        "profile",
-        "--pid",
-        pid,
-        "--duration",
-        "3s",
-        "--frequency",
-        "199",
-        "-o",
-        folded,
-    ];
-    args.extend(extra.iter().map(std::ffi::OsString::from));
-    let out = run_spanprof(args);
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded], extra);
     out.assert_success();
     drop(workload);
     (read_folded(&folded), out.to_string())

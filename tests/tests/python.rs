@@ -18,9 +18,9 @@ use std::path::PathBuf;
 
 use spanprof_tests::{
     args, decode_pprof, folded_count, folded_summary, folded_total, is_kernel_frame, is_py_frame,
-    last_json_line, parse_py_frame, parse_summary, profiling_lock, py_spy, py_workload_source,
-    pyenv_python, read_folded, require_root, run_spanprof, spanprof_bin, start_py_spy,
-    start_py_workload, system_python, FoldedStack, RunOutput, TempDir, RUN_TIMEOUT,
+    last_json_line, parse_py_frame, parse_summary, profile_pid, profiling_lock, py_spy,
+    py_workload_source, pyenv_python, read_folded, require_root, run_spanprof, spanprof_bin,
+    start_py_spy, start_py_workload, system_python, FoldedStack, RunOutput, TempDir, RUN_TIMEOUT,
 };
 
 /// A CPython interpreter under test.
@@ -205,17 +205,7 @@ fn split_matches_truth_and_py_spy(interp: &Interp) {
     let workload = start_py_workload(&interp.path, "py_split.py", &["7.5"]);
     let pid = workload.pid();
     let spy = start_py_spy(pid, 500, 5, &spy_raw);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        pid.to_string(),
-        "--duration",
-        "5s",
-        "--frequency",
-        "499",
-        "-o",
-        folded,
-    ]);
+    let out = profile_pid(pid, "5s", 499, &[&folded], &[]);
     let spy_out = spy.finish(RUN_TIMEOUT);
     let workload_out = workload.finish(RUN_TIMEOUT);
     out.assert_success();
@@ -375,19 +365,7 @@ fn check_threads(interp: &Interp, delay: Option<&str>) {
     let mut workload_args = vec!["4"];
     workload_args.extend(delay);
     let workload = start_py_workload(&interp.path, "py_threads.py", &workload_args);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "3s",
-        "--frequency",
-        "199",
-        "-o",
-        folded,
-        "-o",
-        pprof,
-    ]);
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded, &pprof], &[]);
     let workload_out = workload.finish(RUN_TIMEOUT);
     out.assert_success();
     workload_out.assert_success();
@@ -591,17 +569,7 @@ fn deep_recursion_whole_or_truncated(interp: &Interp) {
     let tmp = TempDir::new("py-deep");
     let folded = tmp.join("deep.folded");
     let workload = start_py_workload(&interp.path, "py_deep.py", &["4"]);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "2500ms",
-        "--frequency",
-        "199",
-        "-o",
-        folded,
-    ]);
+    let out = profile_pid(workload.pid(), "2500ms", 199, &[&folded], &[]);
     drop(workload);
     out.assert_success();
     let stacks = read_folded(&folded);
@@ -704,17 +672,7 @@ fn generators_coroutines_callbacks_and_syscalls(interp: &Interp) {
     let tmp = TempDir::new("py-shapes");
     let folded = tmp.join("shapes.folded");
     let workload = start_py_workload(&interp.path, "py_shapes.py", &["4.5"]);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "3s",
-        "--frequency",
-        "199",
-        "-o",
-        folded,
-    ]);
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded], &[]);
     drop(workload);
     out.assert_success();
     let stacks = read_folded(&folded);
@@ -1059,17 +1017,7 @@ fn closures_lambdas_genexprs_are_named(interp: &Interp) {
     let tmp = TempDir::new("py-closures");
     let folded = tmp.join("closures.folded");
     let workload = start_py_workload(&interp.path, "py_closures.py", &["4"]);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "2500ms",
-        "--frequency",
-        "499",
-        "-o",
-        folded,
-    ]);
+    let out = profile_pid(workload.pid(), "2500ms", 499, &[&folded], &[]);
     drop(workload);
     out.assert_success();
     let stacks = read_folded(&folded);

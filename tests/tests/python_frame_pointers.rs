@@ -9,8 +9,8 @@
 use std::path::PathBuf;
 
 use spanprof_tests::{
-    args, folded_summary, is_kernel_frame, is_py_frame, missing_prerequisite, parse_py_frame,
-    profiling_lock, read_folded, require_root, run_spanprof, spanprof_bin, start_py_workload,
+    folded_summary, is_kernel_frame, is_py_frame, missing_prerequisite, parse_py_frame,
+    profile_pid, profiling_lock, read_folded, require_root, spanprof_bin, start_py_workload,
     workspace_root, FoldedStack, TempDir,
 };
 
@@ -39,17 +39,7 @@ fn profile_shapes() -> Vec<FoldedStack> {
     let tmp = TempDir::new("py-fp");
     let folded = tmp.join("shapes.folded");
     let workload = start_py_workload(&python, "py_shapes.py", &["4.5"]);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "3s",
-        "--frequency",
-        "199",
-        "-o",
-        folded,
-    ]);
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded], &[]);
     drop(workload);
     out.assert_success();
     read_folded(&folded)

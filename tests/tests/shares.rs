@@ -3,8 +3,8 @@
 //! reports it.
 
 use spanprof_tests::{
-    args, folded_count, folded_summary, folded_total, parse_summary, profiling_lock, read_folded,
-    require_profiling, run_spanprof, TempDir, Workload,
+    folded_count, folded_summary, folded_total, parse_summary, profile_pid, profiling_lock,
+    read_folded, require_profiling, TempDir, Workload,
 };
 
 #[test]
@@ -15,17 +15,7 @@ fn cpu_split_shares_match_the_3_to_1_truth() {
     let folded = tmp.join("cpu_split.folded");
     let workload = Workload::start("cpu_split", 10.0);
 
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "3s",
-        "--frequency",
-        "499",
-        "-o",
-        folded,
-    ]);
+    let out = profile_pid(workload.pid(), "3s", 499, &[&folded], &[]);
     out.assert_success();
     let stacks = read_folded(&folded);
     let total = folded_total(&stacks);

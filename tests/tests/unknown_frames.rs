@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 use spanprof_tests::{
-    args, decode_pprof, folded_count, folded_summary, folded_total, profiling_lock, read_folded,
-    require_profiling, run_spanprof, workloads_dir, TempDir, Workload,
+    decode_pprof, folded_count, folded_summary, folded_total, profile_pid, profiling_lock,
+    read_folded, require_profiling, workloads_dir, TempDir, Workload,
 };
 
 const MODULE: &str = "cpu_split_stripped";
@@ -74,19 +74,7 @@ fn stripped_binary_frames_are_unknown_with_the_module_and_true_offsets() {
     let folded = tmp.join("out.folded");
     let pprof = tmp.join("out.pb.gz");
     let workload = Workload::start(MODULE, 10.0);
-    let out = run_spanprof(args![
-        "profile",
-        "--pid",
-        workload.pid().to_string(),
-        "--duration",
-        "2s",
-        "--frequency",
-        "499",
-        "-o",
-        folded,
-        "-o",
-        pprof,
-    ]);
+    let out = profile_pid(workload.pid(), "2s", 499, &[&folded, &pprof], &[]);
     drop(workload);
     out.assert_success();
     let stacks = read_folded(&folded);

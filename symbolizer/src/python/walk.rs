@@ -74,10 +74,6 @@ pub struct CodeInfo {
     pub filename: String,
     /// `co_firstlineno`.
     pub first_line: u32,
-    /// Address of the `co_filename` object, which the BPF walker's check value includes.
-    pub filename_addr: u64,
-    /// Address of the `co_qualname` (3.11+) or `co_name` object, also in the check value.
-    pub name_addr: u64,
     /// Format of [`Self::line_table`], from the interpreter's version.
     pub line_format: LineTableFormat,
     /// The bytes of `co_lnotab` (3.8–3.9) or `co_linetable` (3.10+), at most
@@ -282,10 +278,18 @@ pub fn code_info<M: ProcessMemory>(
         }
     }
     let name_field = off.code_qualname.unwrap_or(off.code_name);
-    let name_addr = mem.read_ptr(code.wrapping_add(name_field))?;
-    let name = read_str(mem, off, types, name_addr)?;
-    let filename_addr = mem.read_ptr(code.wrapping_add(off.code_filename))?;
-    let filename = read_str(mem, off, types, filename_addr)?;
+    let name = read_str(
+        mem,
+        off,
+        types,
+        mem.read_ptr(code.wrapping_add(name_field))?,
+    )?;
+    let filename = read_str(
+        mem,
+        off,
+        types,
+        mem.read_ptr(code.wrapping_add(off.code_filename))?,
+    )?;
     let first_line = mem.read_i32(code.wrapping_add(off.code_firstlineno))?;
     let first_line = u32::try_from(first_line).map_err(|_| WalkError::Invalid("co_firstlineno"))?;
     let line_format = LineTableFormat::for_minor(off.version.1).ok_or(WalkError::Invalid(
@@ -300,8 +304,6 @@ pub fn code_info<M: ProcessMemory>(
         name,
         filename,
         first_line,
-        filename_addr,
-        name_addr,
         line_format,
         line_table,
         line_table_truncated,
