@@ -86,6 +86,8 @@ pub enum ErrorCode {
     PidMapFull = 3,
     /// A Python thread's frames could not be read.
     PythonRead = 4,
+    /// A thread's span context could not be read (a failed read, or garbage).
+    SpanRead = 5,
 }
 
 /// Number of slots in the `errors` map.
@@ -93,12 +95,13 @@ pub const ERROR_COUNT: u32 = 8;
 
 impl ErrorCode {
     /// Every code, for reporting.
-    pub const ALL: [ErrorCode; 5] = [
+    pub const ALL: [ErrorCode; 6] = [
         ErrorCode::RingbufFull,
         ErrorCode::KernelStack,
         ErrorCode::UserStack,
         ErrorCode::PidMapFull,
         ErrorCode::PythonRead,
+        ErrorCode::SpanRead,
     ];
 
     /// What the counter means, for summaries.
@@ -109,6 +112,7 @@ impl ErrorCode {
             ErrorCode::UserStack => "user stacks not captured",
             ErrorCode::PidMapFull => "child processes not followed: pid map full",
             ErrorCode::PythonRead => "python stacks cut by a failed read of interpreter memory",
+            ErrorCode::SpanRead => "span contexts not read: a failed read or unexpected objects",
         }
     }
 }
@@ -124,7 +128,7 @@ pub struct Target {
 }
 
 /// Size of [`SampleHeader`], where the frames of a sample record begin.
-pub const SAMPLE_HEADER_SIZE: usize = 56;
+pub const SAMPLE_HEADER_SIZE: usize = 64;
 
 /// The fixed part of one on-CPU sample record (`struct spanprof_sample` up to `stack`).
 #[derive(Debug, Clone, Copy)]
@@ -150,6 +154,128 @@ pub struct SampleHeader {
     pub py_len: u32,
     /// `PY_NONE`, `PY_OK`, ... in the low byte, plus [`PY_TRUNCATED`].
     pub py_status: u32,
+    /// Bytes of span context after the Python frames: 0 or the size of a [`SpanRecord`].
+    pub span_len: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// [`SpanRecord::flags`]: `trace_id` and `span_id` hold OpenTelemetry's current span.
+pub const SPAN_OTEL: u32 = 1;
+/// [`SpanRecord::flags`]: `osp_base` and `osp_current` hold an OSProfiler trace.
+pub const SPAN_OSP: u32 = 2;
+/// [`SpanRecord::flags`]: `osp_parent` too.
+pub const SPAN_OSP_PARENT: u32 = 4;
+
+/// The span context of a sampled thread (`struct spanprof_span`). Ids in wire (big-endian)
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct SpanRecord {
+    /// OpenTelemetry trace id.
+    pub trace_id: [u8; 16],
+    /// OpenTelemetry span id.
+    pub span_id: [u8; 8],
+    /// OSProfiler base id (the first id of the thread's trace stack).
+    pub osp_base: [u8; 16],
+    /// OSProfiler current trace point id (the last).
+    pub osp_current: [u8; 16],
+    /// OSProfiler parent trace point id (the one before the last).
+    pub osp_parent: [u8; 16],
+    /// `SPAN_*`.
+    pub flags: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+
+/// [`SpanProc::attr_kind`]: a dict at the type's `tp_dictoffset` (3.8–3.10).
+pub const ATTR_DICTOFFSET: u32 = 1;
+/// [`SpanProc::attr_kind`]: a managed dict at obj-24, or values at obj-32 (3.11).
+pub const ATTR_MANAGED: u32 = 2;
+/// [`SpanProc::attr_kind`]: obj-24 holds a dict, or values with the low bit set (3.12).
+pub const ATTR_TAGGED: u32 = 3;
+/// [`SpanProc::attr_kind`]: a dict at obj-24, or values inline at `tp_basicsize` (3.13).
+pub const ATTR_INLINE: u32 = 4;
+/// [`SpanProc::dict_kind`]: `dk_size` keys (3.8–3.10).
+pub const DICT_SIZE: u32 = 1;
+/// [`SpanProc::dict_kind`]: `dk_log2_size` keys (3.11+).
+pub const DICT_LOG2: u32 = 2;
+/// [`SpanProc::long_kind`]: `ob_size` (before 3.12).
+pub const LONG_SIZE: u32 = 1;
+/// [`SpanProc::long_kind`]: `lv_tag` (3.12+).
+pub const LONG_TAG: u32 = 2;
+/// [`SpanProc::local_kind`]: `tstate->dict[local.key]` is a dummy holding the dict (≤3.12).
+pub const LOCAL_TSTATE_DICT: u32 = 1;
+/// [`SpanProc::local_kind`]: `local.localdicts[tstate->threading_local_key]` (3.13).
+pub const LOCAL_LOCALDICTS: u32 = 2;
+
+/// Value of the `span_procs` map (`struct spanprof_span_proc`): where a CPython process keeps
+/// its threads' span contexts. Object addresses are 0 until the library is imported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct SpanProc {
+    /// OpenTelemetry's `current_context` ContextVar.
+    pub otel_var: u64,
+    /// The str keying the current span in a `Context`.
+    pub otel_key: u64,
+    /// Its hash.
+    pub otel_key_hash: u64,
+    /// The interned str `_context`.
+    pub context_name: u64,
+    /// Its hash.
+    pub context_name_hash: u64,
+    /// `&_PyHamt_BitmapNode_Type`.
+    pub hamt_bitmap_type: u64,
+    /// `&_PyHamt_ArrayNode_Type`.
+    pub hamt_array_type: u64,
+    /// `&_PyHamt_CollisionNode_Type`.
+    pub hamt_collision_type: u64,
+    /// OSProfiler's `threading.local`: its key str (≤3.12) or its `localdicts` dict (3.13).
+    pub osp_local: u64,
+    /// Hash of the key str (≤3.12).
+    pub osp_local_hash: u64,
+    /// The interned str `profiler`.
+    pub osp_profiler_name: u64,
+    /// Its hash.
+    pub osp_profiler_name_hash: u64,
+    /// `osprofiler.profiler._Profiler`.
+    pub osp_profiler_type: u64,
+    /// The interned str `_trace_stack`.
+    pub osp_stack_name: u64,
+    /// Its hash.
+    pub osp_stack_name_hash: u64,
+    /// The ContextVar's hash folded to 32 bits, as the HAMT keys it.
+    pub otel_var_hash: u32,
+    /// `offsetof(PyThreadState, context)`.
+    pub tstate_context: u32,
+    /// `offsetof(PyContext, ctx_vars)`.
+    pub context_vars: u32,
+    /// `offsetof(PyHamtObject, h_root)`.
+    pub hamt_root: u32,
+    /// Offset of `PyThreadState.dict` (≤3.12) or `threading_local_key` (3.13).
+    pub tstate_local: u32,
+    /// `LOCAL_*`.
+    pub local_kind: u32,
+    /// `DICT_*`.
+    pub dict_kind: u32,
+    /// Offset of `values[0]` in a split dict's values.
+    pub dict_values: u32,
+    /// `ATTR_*`.
+    pub attr_kind: u32,
+    /// `offsetof(PyTypeObject, tp_flags)`.
+    pub type_flags: u32,
+    /// `offsetof(PyTypeObject, tp_dictoffset)`.
+    pub type_dictoffset: u32,
+    /// `offsetof(PyTypeObject, tp_basicsize)`.
+    pub type_basicsize: u32,
+    /// `offsetof(PyHeapTypeObject, ht_cached_keys)`.
+    pub type_cached_keys: u32,
+    /// `LONG_*`.
+    pub long_kind: u32,
+    /// `sizeof(PyASCIIObject)`.
+    pub str_data: u32,
+    /// Zero.
+    pub _pad: u32,
 }
 
 /// One Python frame of a sample (`struct spanprof_py_frame`).
@@ -280,6 +406,8 @@ unsafe impl Pod for Target {}
 unsafe impl Pod for PyFrame {}
 // SAFETY: as above.
 unsafe impl Pod for ExecRecord {}
+// SAFETY: as above.
+unsafe impl Pod for SpanRecord {}
 
 /// Types that may be reinterpreted from any bytes of the right length.
 ///
@@ -295,6 +423,7 @@ pub struct Sample<'a> {
     kernel: &'a [u64],
     user: &'a [u64],
     python: &'a [PyFrame],
+    span: Option<&'a SpanRecord>,
 }
 
 /// A ring buffer record.
@@ -352,11 +481,19 @@ impl<'a> Sample<'a> {
         // SAFETY: 8-aligned (header and native frames are whole u64s), `p` whole frames inside
         // `bytes`, and PyFrame is Pod of size PY_FRAME_SIZE.
         let python = unsafe { core::slice::from_raw_parts(py_bytes.as_ptr() as *const PyFrame, p) };
+        let span_bytes = &py_bytes[p * PY_FRAME_SIZE..];
+        let span = (header.span_len as usize == core::mem::size_of::<SpanRecord>()
+            && span_bytes.len() >= core::mem::size_of::<SpanRecord>())
+        .then(|| {
+            // SAFETY: 8-aligned (whole u64s and 24-byte frames before it), inside `bytes`, Pod.
+            unsafe { &*(span_bytes.as_ptr() as *const SpanRecord) }
+        });
         Some(Sample {
             header,
             kernel: &frames[..k],
             user: &frames[k..k + u],
             python,
+            span,
         })
     }
 
@@ -385,6 +522,11 @@ impl<'a> Sample<'a> {
         self.header.py_status & PY_TRUNCATED != 0
     }
 
+    /// The span context of the thread, when one was read.
+    pub fn span(&self) -> Option<&'a SpanRecord> {
+        self.span
+    }
+
     /// The thread name up to its first NUL.
     pub fn comm(&self) -> &'a [u8] {
         comm_bytes(&self.header.comm)
@@ -407,6 +549,9 @@ unsafe impl aya::Pod for Target {}
 // SAFETY: as above, for PyProc.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for PyProc {}
+// SAFETY: as above, for SpanProc.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for SpanProc {}
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,10 @@ fn c_asserts() -> String {
     structs.push((
         "struct spanprof_sample",
         // The header is the record up to `stack`; `stack` and `py` are checked below.
-        SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8 + MAX_PY_FRAMES * PY_FRAME_SIZE,
+        SAMPLE_HEADER_SIZE
+            + 2 * MAX_STACK_DEPTH * 8
+            + MAX_PY_FRAMES * PY_FRAME_SIZE
+            + size_of::<SpanRecord>(),
         align_of::<SampleHeader>(),
         {
             let mut f = fields!(
@@ -45,7 +48,9 @@ fn c_asserts() -> String {
                 ustack_len,
                 comm,
                 py_len,
-                py_status
+                py_status,
+                span_len,
+                _pad
             );
             f.push((
                 "struct spanprof_sample, stack".into(),
@@ -57,8 +62,69 @@ fn c_asserts() -> String {
                 SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8,
                 MAX_PY_FRAMES * PY_FRAME_SIZE,
             ));
+            f.push((
+                "struct spanprof_sample, span".into(),
+                SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8 + MAX_PY_FRAMES * PY_FRAME_SIZE,
+                size_of::<SpanRecord>(),
+            ));
             f
         },
+    ));
+    structs.push((
+        "struct spanprof_span",
+        size_of::<SpanRecord>(),
+        align_of::<SpanRecord>(),
+        fields!(
+            SpanRecord,
+            "struct spanprof_span",
+            trace_id,
+            span_id,
+            osp_base,
+            osp_current,
+            osp_parent,
+            flags,
+            _pad
+        ),
+    ));
+    structs.push((
+        "struct spanprof_span_proc",
+        size_of::<SpanProc>(),
+        align_of::<SpanProc>(),
+        fields!(
+            SpanProc,
+            "struct spanprof_span_proc",
+            otel_var,
+            otel_key,
+            otel_key_hash,
+            context_name,
+            context_name_hash,
+            hamt_bitmap_type,
+            hamt_array_type,
+            hamt_collision_type,
+            osp_local,
+            osp_local_hash,
+            osp_profiler_name,
+            osp_profiler_name_hash,
+            osp_profiler_type,
+            osp_stack_name,
+            osp_stack_name_hash,
+            otel_var_hash,
+            tstate_context,
+            context_vars,
+            hamt_root,
+            tstate_local,
+            local_kind,
+            dict_kind,
+            dict_values,
+            attr_kind,
+            type_flags,
+            type_dictoffset,
+            type_basicsize,
+            type_cached_keys,
+            long_kind,
+            str_data,
+            _pad
+        ),
     ));
     structs.push((
         "struct spanprof_target",
@@ -169,6 +235,20 @@ fn c_asserts() -> String {
         ("SPANPROF_ERR_USTACK", ErrorCode::UserStack as u64),
         ("SPANPROF_ERR_PID_MAP_FULL", ErrorCode::PidMapFull as u64),
         ("SPANPROF_ERR_PY_READ", ErrorCode::PythonRead as u64),
+        ("SPANPROF_ERR_SPAN_READ", ErrorCode::SpanRead as u64),
+        ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
+        ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
+        ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),
+        ("SPANPROF_ATTR_DICTOFFSET", ATTR_DICTOFFSET as u64),
+        ("SPANPROF_ATTR_MANAGED", ATTR_MANAGED as u64),
+        ("SPANPROF_ATTR_TAGGED", ATTR_TAGGED as u64),
+        ("SPANPROF_ATTR_INLINE", ATTR_INLINE as u64),
+        ("SPANPROF_DICT_SIZE", DICT_SIZE as u64),
+        ("SPANPROF_DICT_LOG2", DICT_LOG2 as u64),
+        ("SPANPROF_LONG_SIZE", LONG_SIZE as u64),
+        ("SPANPROF_LONG_TAG", LONG_TAG as u64),
+        ("SPANPROF_LOCAL_TSTATE_DICT", LOCAL_TSTATE_DICT as u64),
+        ("SPANPROF_LOCAL_LOCALDICTS", LOCAL_LOCALDICTS as u64),
     ];
     for (name, value) in consts {
         c += &format!("_Static_assert({name} == {value}, \"value of {name}\");\n");
@@ -370,4 +450,34 @@ fn records_of_every_kind_are_told_apart() {
         Some(Record::Sample(_))
     ));
     assert!(Record::from_bytes(bytes(&[9u64])).is_none(), "unknown kind");
+}
+
+#[test]
+fn from_bytes_reads_the_span_after_every_frame() {
+    // 1 kernel, 1 user frame, 1 Python frame (3 words), then a span record (10 words).
+    let mut frames = vec![1, 2, 0x1000, 0x2000, 7];
+    let mut span = [0u64; 10];
+    span[0] = u64::from_ne_bytes([0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6]);
+    span[9] = u64::from(SPAN_OTEL);
+    frames.extend_from_slice(&span);
+    let mut r = record(1, 1, &frames);
+    // SAFETY: the buffer holds the header; SampleHeader is Pod.
+    let header = unsafe { &mut *(r.as_mut_ptr() as *mut SampleHeader) };
+    header.py_len = 1;
+    header.span_len = size_of::<SpanRecord>() as u32;
+    let s = Sample::from_bytes(bytes(&r)).unwrap();
+    assert_eq!(s.python_stack().len(), 1);
+    let span = s.span().unwrap();
+    assert_eq!(span.flags, SPAN_OTEL);
+    assert_eq!(span.trace_id[..4], [0x4b, 0xf9, 0x2f, 0x35]);
+
+    // A span cut short by the record's end, or of another size, is not read.
+    let short = &bytes(&r)[..bytes(&r).len() - 8];
+    assert!(Sample::from_bytes(short).unwrap().span().is_none());
+    // SAFETY: as above.
+    let header = unsafe { &mut *(r.as_mut_ptr() as *mut SampleHeader) };
+    header.span_len = 8;
+    assert!(Sample::from_bytes(bytes(&r)).unwrap().span().is_none());
+    header.span_len = 0;
+    assert!(Sample::from_bytes(bytes(&r)).unwrap().span().is_none());
 }

@@ -43,6 +43,8 @@ enum spanprof_error {
 	SPANPROF_ERR_PID_MAP_FULL = 3,
 	/* A Python thread's stack could not be (wholly) read: a read of its memory faulted. */
 	SPANPROF_ERR_PY_READ = 4,
+	/* A thread's span context could not be read: a read faulted or found garbage. */
+	SPANPROF_ERR_SPAN_READ = 5,
 	SPANPROF_ERR_COUNT = 8,
 };
 
@@ -115,11 +117,31 @@ struct spanprof_py_frame {
 	__u32 flags; /* SPANPROF_PY_FRAME_* */
 };
 
+/* spanprof_span.flags: which ids were found. */
+#define SPANPROF_SPAN_OTEL 1	   /* trace_id and span_id: OpenTelemetry's current span */
+#define SPANPROF_SPAN_OSP 2	   /* osp_base and osp_current: an OSProfiler trace */
+#define SPANPROF_SPAN_OSP_PARENT 4 /* osp_parent too */
+
+/*
+ * The tracing context of the sampled thread, read while it was stopped. Ids are bytes in wire
+ * order (big-endian), as W3C trace context and OTLP carry them; OSProfiler's UUIDs likewise.
+ */
+struct spanprof_span {
+	__u8 trace_id[16];
+	__u8 span_id[8];
+	__u8 osp_base[16];    /* OSProfiler base_id: the first id of the thread's trace stack */
+	__u8 osp_current[16]; /* the current trace point: the last id */
+	__u8 osp_parent[16];  /* the one before it */
+	__u32 flags;	      /* SPANPROF_SPAN_* */
+	__u32 _pad;
+};
+
 /*
  * One on-CPU sample. The ring buffer record is variable-sized: the header, then only the frames
  * captured: k kernel frames and u user frames (8 bytes each, leaf first), then py_len Python
- * frames (struct spanprof_py_frame, innermost first). k and u are kstack_len and ustack_len
- * clamped to [0, SPANPROF_MAX_STACK_DEPTH]; py_len is at most SPANPROF_MAX_PY_FRAMES.
+ * frames (struct spanprof_py_frame, innermost first), then span_len bytes of span context (0, or
+ * a struct spanprof_span). k and u are kstack_len and ustack_len clamped to
+ * [0, SPANPROF_MAX_STACK_DEPTH]; py_len is at most SPANPROF_MAX_PY_FRAMES.
  */
 struct spanprof_sample {
 	__u32 kind; /* SPANPROF_RECORD_SAMPLE */
@@ -133,9 +155,15 @@ struct spanprof_sample {
 	char comm[SPANPROF_TASK_COMM_LEN];
 	__u32 py_len;	 /* Python frames that follow the native ones */
 	__u32 py_status; /* SPANPROF_PY_* */
-	/* Kernel frames, then user frames, each leaf first, then the Python frames. */
+	__u32 span_len;	 /* 0, or sizeof(struct spanprof_span) */
+	__u32 _pad;
+	/*
+	 * Kernel frames, then user frames, each leaf first, then the Python frames, then the span:
+	 * each part right after the one before, so `py` and `span` only reserve room.
+	 */
 	__u64 stack[2 * SPANPROF_MAX_STACK_DEPTH];
 	struct spanprof_py_frame py[SPANPROF_MAX_PY_FRAMES];
+	struct spanprof_span span;
 };
 
 /* A process called execve: what user space knew of its address space is stale. */
@@ -204,12 +232,75 @@ struct spanprof_py_proc {
 	__u32 code_version;	   /* offset of co_version (3.12+: the block ends with it), or NO_OFFSET */
 };
 
+/* How an object's instance attributes are stored (spanprof_span_proc.attr_kind). */
+#define SPANPROF_ATTR_DICTOFFSET 1 /* 3.8–3.10: a dict at the type's tp_dictoffset */
+#define SPANPROF_ATTR_MANAGED 2	   /* 3.11: a dict at obj-24, or values at obj-32 */
+#define SPANPROF_ATTR_TAGGED 3	   /* 3.12: obj-24 holds a dict, or values with the low bit set */
+#define SPANPROF_ATTR_INLINE 4	   /* 3.13: a dict at obj-24, or values inline at tp_basicsize */
+
+/* How a dict's keys object is laid out (spanprof_span_proc.dict_kind). */
+#define SPANPROF_DICT_SIZE 1 /* 3.8–3.10: dk_size; the index width follows from it */
+#define SPANPROF_DICT_LOG2 2 /* 3.11+: dk_log2_size, dk_log2_index_bytes, dk_kind */
+
+/* How a PyLong's size is stored (spanprof_span_proc.long_kind). */
+#define SPANPROF_LONG_SIZE 1 /* ob_size: signed number of digits */
+#define SPANPROF_LONG_TAG 2  /* 3.12+: lv_tag: digits << 3 | sign */
+
+/* Where a threading.local keeps a thread's attributes (spanprof_span_proc.local_kind). */
+#define SPANPROF_LOCAL_TSTATE_DICT 1 /* <=3.12: tstate->dict[local.key] is a dummy; +16 the dict */
+#define SPANPROF_LOCAL_LOCALDICTS 2  /* 3.13: local.localdicts[tstate->threading_local_key] */
+
+/*
+ * Value of `span_procs` (key: tgid): where a CPython process keeps the span context of its
+ * threads, found by user space in the process's memory. The objects are those of the tracing
+ * libraries (0 until the process imports them: user space looks again later); the offsets are
+ * the version's. Hashes are of the keys as the dicts store them (a str's cached hash).
+ */
+struct spanprof_span_proc {
+	/* OpenTelemetry: the Context of the ContextVar `otel_var` holds the span at `otel_key`. */
+	__u64 otel_var;
+	__u64 otel_key;
+	__u64 otel_key_hash;
+	__u64 context_name; /* the interned str "_context": a span's SpanContext */
+	__u64 context_name_hash;
+	__u64 hamt_bitmap_type; /* &_PyHamt_BitmapNode_Type and its siblings */
+	__u64 hamt_array_type;
+	__u64 hamt_collision_type;
+	/*
+	 * OSProfiler: its threading.local (<=3.12: the local's key str; 3.13: its localdicts
+	 * dict), then attribute `profiler` (of type osp_profiler_type), then its `_trace_stack`.
+	 */
+	__u64 osp_local;
+	__u64 osp_local_hash;
+	__u64 osp_profiler_name;
+	__u64 osp_profiler_name_hash;
+	__u64 osp_profiler_type;
+	__u64 osp_stack_name;
+	__u64 osp_stack_name_hash;
+	__u32 otel_var_hash;   /* the ContextVar's hash folded to 32 bits, as the HAMT keys it */
+	__u32 tstate_context;  /* offsetof(PyThreadState, context) */
+	__u32 context_vars;    /* offsetof(PyContext, ctx_vars) */
+	__u32 hamt_root;       /* offsetof(PyHamtObject, h_root) */
+	__u32 tstate_local;    /* offset of PyThreadState dict (<=3.12) or threading_local_key */
+	__u32 local_kind;      /* SPANPROF_LOCAL_* */
+	__u32 dict_kind;       /* SPANPROF_DICT_* */
+	__u32 dict_values;     /* offset of values[0] in a split dict's values */
+	__u32 attr_kind;       /* SPANPROF_ATTR_* */
+	__u32 type_flags;      /* offsetof(PyTypeObject, tp_flags) */
+	__u32 type_dictoffset; /* offsetof(PyTypeObject, tp_dictoffset) */
+	__u32 type_basicsize;  /* offsetof(PyTypeObject, tp_basicsize) */
+	__u32 type_cached_keys; /* offsetof(PyHeapTypeObject, ht_cached_keys) */
+	__u32 long_kind;       /* SPANPROF_LONG_* */
+	__u32 str_data;	       /* sizeof(PyASCIIObject): a compact ASCII str's data */
+	__u32 _pad;
+};
+
 /* Limits of the two block reads of a frame walk step (frame, then code object). */
 #define SPANPROF_PY_FRAME_BLOCK 128
 #define SPANPROF_PY_CODE_BLOCK 96
 #define SPANPROF_PY_WINDOW 1024
 
-#define SPANPROF_SAMPLE_HEADER_SIZE 56
+#define SPANPROF_SAMPLE_HEADER_SIZE 64
 #define SPANPROF_PY_FRAME_SIZE 24
 
 #endif /* SPANPROF_ABI_H */

@@ -71,6 +71,14 @@ struct {
 	__type(value, struct spanprof_py_proc);
 } py_procs SEC(".maps");
 
+/* Where CPython processes keep span contexts: written by user space once it found them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct spanprof_span_proc);
+} span_procs SEC(".maps");
+
 /*
  * The PyThreadState found for a thread, checked before each use (it may have been freed); 0 when
  * the search found none (a C thread), which is trusted for PY_NO_THREAD_RETRY units.
@@ -95,6 +103,35 @@ struct {
 	__type(value, struct py_tstate);
 } py_threads SEC(".maps");
 
+/* A lookup that met a failed read or garbage (not "no span"): counted in SPANPROF_ERR_SPAN_READ. */
+#define SPAN_FAULT (-1)
+/* Bytes read at once by the span reading: a dict keys header, a str up to a UUID's end. */
+#define SPAN_BUF 96
+/* Probes of one dict lookup, levels of one HAMT lookup: both far beyond what real tables need. */
+#define DICT_PROBES 32
+#define HAMT_LEVELS 8
+#define COLLISION_PAIRS 16
+
+/* The state of a dict or HAMT lookup, run as a bpf_loop whose callback finds it in scratch. */
+struct lookup {
+	__u64 key;	/* object compared by identity */
+	__u64 hash;
+	__u64 node;	/* HAMT: the node to look in next */
+	__u64 index;	/* dict: the index table */
+	__u64 entries;	/* dict: entry 0 */
+	__u64 values;	/* dict: split values[0], or 0 for a combined table */
+	__u64 mask;
+	__u64 i;
+	__u64 perturb;
+	__u64 result;	/* the value found, or 0 */
+	__u32 width;	/* dict: bytes per index */
+	__u32 esize;	/* dict: bytes per entry */
+	__u32 koff;	/* dict: offset of the key in an entry */
+	__u32 nentries;
+	__u32 shift;	/* HAMT: bits of the hash used so far */
+	__s32 status;	/* 0 going on or not found, 1 found, SPAN_FAULT */
+};
+
 /*
  * Where a sample is assembled before the used part is copied into the ring buffer, and the
  * state of the Python walk, which bpf_loop callbacks reach through this map.
@@ -116,6 +153,12 @@ struct scratch {
 	__u8 win[SPANPROF_PY_WINDOW];
 	__u8 code[SPANPROF_PY_CODE_BLOCK];
 	__u8 name[SPANPROF_PY_NAME_READ];
+	/* The span context read: config, result, the state of the bpf_loop lookups. */
+	struct spanprof_span_proc scfg;
+	struct spanprof_span span;
+	__u64 tstate;
+	struct lookup q;
+	__u8 buf[SPAN_BUF];
 };
 
 struct {
@@ -124,6 +167,7 @@ struct {
 	__type(key, __u32);
 	__type(value, struct scratch);
 } scratch SEC(".maps");
+
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -410,6 +454,7 @@ static __always_inline void py_walk(struct scratch *w, const struct spanprof_py_
 	w->win_len = 0;
 	w->py_base = native * sizeof(__u64);
 	tstate = py_thread_state(w, tgid, tid);
+	w->tstate = tstate;
 	if (!tstate) {
 		w->s.py_status = w->status;
 		if (w->status == SPANPROF_PY_READ_FAILED)
@@ -436,6 +481,507 @@ fault:
 	count_error(SPANPROF_ERR_PY_READ);
 }
 
+/*
+ * Span context. Everything below reads objects of the target's tracing libraries, found by user
+ * space (span_procs), while the thread is stopped: OpenTelemetry's current span through the
+ * thread's contextvars Context, OSProfiler's trace stack through its threading.local. Lookups
+ * follow CPython's own algorithms (dict probing, HAMT levels), bounded, comparing keys by
+ * identity (the interned names and the key objects user space found).
+ */
+
+/* Py_TPFLAGS_* (Include/object.h). */
+#define PY_TPFLAGS_INLINE_VALUES (1ULL << 2)
+#define PY_TPFLAGS_MANAGED_DICT (1ULL << 4)
+/* Python/hamt.c: node layouts (the same in 3.8–3.13). */
+#define HAMT_NODE_SIZE 16	/* ob_size (bitmap, collision nodes) */
+#define HAMT_BITMAP 24		/* b_bitmap (u32) */
+#define HAMT_BITMAP_ARRAY 32	/* b_array: key, value pairs */
+#define HAMT_ARRAY_ARRAY 16	/* a_array[32] of nodes */
+#define HAMT_COLLISION_ARRAY 32 /* c_array: key, value pairs; ob_size counts slots */
+/* A compact str's state bits (Include/cpython/unicodeobject.h). */
+#define PY_STR_COMPACT_ASCII (3U << 5)
+#define PY_STR_LENGTH 16
+#define PY_STR_STATE 32
+#define PY_UUID_LEN 36
+/* Modules/_collectionsmodule.c: deque and block layouts (3.8–3.13). */
+#define DEQUE_SIZE 16
+#define DEQUE_LEFTBLOCK 24 /* then rightblock, leftindex, rightindex */
+#define DEQUE_BLOCKLEN 64
+#define DEQUE_BLOCK_DATA 8 /* after leftlink */
+/* Objects: ob_type; a tuple's items; a PyLong's size or tag, then its 30-bit digits. */
+#define PY_OB_TYPE 8
+#define PY_TUPLE_ITEMS 24
+#define PY_LONG_SIZE 16
+#define PY_LONG_DIGITS 24
+#define PY_LONG_SHIFT 30
+/* A threading.local's dummy (<=3.12): its dict after PyObject_HEAD (Modules/_threadmodule.c). */
+#define PY_LOCALDUMMY_DICT 16
+
+static __always_inline __u64 span_u64(struct scratch *w, __u32 off)
+{
+	return load_u64(w->buf, off, SPAN_BUF);
+}
+
+/* One probe of a dict lookup (CPython's open addressing: i = i*5 + perturb + 1). */
+static long dict_probe_step(__u64 n, void *ctx)
+{
+	struct scratch *w = get_scratch();
+	struct lookup *q;
+	__u64 v = 0, kv[2] = {};
+	__s64 ix;
+
+	if (!w)
+		return 1;
+	q = &w->q;
+	if (read_ptr(&v, q->index + q->i * q->width)) {
+		q->status = SPAN_FAULT;
+		return 1;
+	}
+	switch (q->width) {
+	case 1:
+		ix = (__s8)v;
+		break;
+	case 2:
+		ix = (__s16)v;
+		break;
+	case 4:
+		ix = (__s32)v;
+		break;
+	default:
+		ix = (__s64)v;
+		break;
+	}
+	if (ix == -1) /* DKIX_EMPTY: the key is not in the table */
+		return 1;
+	if (ix >= 0 && ix < q->nentries) {
+		if (bpf_probe_read_user(kv, sizeof(kv),
+					(const void *)(q->entries + (__u64)ix * q->esize + q->koff))) {
+			q->status = SPAN_FAULT;
+			return 1;
+		}
+		if (kv[0] == q->key) {
+			if (q->values && read_ptr(&kv[1], q->values + (__u64)ix * 8)) {
+				q->status = SPAN_FAULT;
+				return 1;
+			}
+			q->result = kv[1];
+			q->status = 1;
+			return 1;
+		}
+	}
+	q->perturb >>= 5;
+	q->i = (q->i * 5 + q->perturb + 1) & q->mask;
+	return 0;
+}
+
+/*
+ * The value under `key` (compared by identity; `hash` its hash) in the keys object `keys`, with
+ * split `values` (0 for a combined table). 0 when absent; SPAN_FAULT in w->q.status on garbage.
+ */
+static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
+				      __u64 hash)
+{
+	struct lookup *q = &w->q;
+	__u64 size, index_bytes;
+	__u32 log2, log2_index, kind;
+
+	q->status = SPAN_FAULT;
+	q->result = 0;
+	if (!keys || bpf_probe_read_user(w->buf, 40, (const void *)keys))
+		return 0;
+	if (w->scfg.dict_kind == SPANPROF_DICT_SIZE) {
+		/* dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices */
+		size = span_u64(w, 8);
+		if (size < 8 || size > (1ULL << 30) || (size & (size - 1)))
+			return 0;
+		q->width = size <= 0xff ? 1 : size <= 0xffff ? 2 : 4;
+		q->nentries = (__u32)span_u64(w, 32);
+		q->index = keys + 40;
+		q->entries = q->index + size * q->width;
+		q->esize = 24;
+		q->koff = 8;
+	} else {
+		/* dk_refcnt, dk_log2_size, dk_log2_index_bytes, dk_kind, .., dk_nentries@24 */
+		log2 = w->buf[8];
+		log2_index = w->buf[9];
+		kind = w->buf[10];
+		if (log2 < 3 || log2 > 30 || log2_index < log2 || log2_index > log2 + 3)
+			return 0;
+		size = 1ULL << log2;
+		index_bytes = 1ULL << log2_index;
+		q->width = (__u32)(index_bytes >> log2);
+		q->nentries = (__u32)span_u64(w, 24);
+		q->index = keys + 32;
+		q->entries = q->index + index_bytes;
+		/* DICT_KEYS_GENERAL (0) entries carry the hash; unicode ones do not. */
+		q->esize = kind == 0 ? 24 : 16;
+		q->koff = kind == 0 ? 8 : 0;
+	}
+	if (q->nentries > size)
+		return 0;
+	q->values = values ? values + w->scfg.dict_values : 0;
+	q->key = key;
+	q->hash = hash;
+	q->mask = size - 1;
+	q->i = hash & q->mask;
+	q->perturb = hash;
+	q->status = 0;
+	bpf_loop(DICT_PROBES, dict_probe_step, NULL, 0);
+	return q->status == 1 ? q->result : 0;
+}
+
+/* dict[key] for a dict object (a subclass too: the dict part comes first). */
+static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, __u64 hash)
+{
+	__u64 kv[2] = {}; /* ma_keys, ma_values */
+
+	if (!dict || bpf_probe_read_user(kv, sizeof(kv), (const void *)(dict + 32))) {
+		w->q.status = SPAN_FAULT;
+		return 0;
+	}
+	return keys_get(w, kv[0], kv[1], key, hash);
+}
+
+/* obj.name for an instance attribute (from the instance's dict or values), or 0. */
+static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+{
+	__u64 type = 0, flags = 0, v = 0, keys = 0, pre[2] = {};
+	__s64 off = 0;
+	__u8 valid = 0;
+
+	w->q.status = SPAN_FAULT;
+	if (!obj || read_ptr(&type, obj + PY_OB_TYPE) || !type ||
+	    read_ptr(&flags, type + w->scfg.type_flags))
+		return 0;
+	if (w->scfg.attr_kind == SPANPROF_ATTR_DICTOFFSET || !(flags & PY_TPFLAGS_MANAGED_DICT)) {
+		if (read_ptr((__u64 *)&off, type + w->scfg.type_dictoffset) || off <= 0 || off > 4096 ||
+		    read_ptr(&v, obj + off))
+			return 0;
+		return dict_get(w, v, name, hash);
+	}
+	/* A managed dict: the pre-header before the object holds the dict or the values. */
+	if (bpf_probe_read_user(pre, sizeof(pre), (const void *)(obj - 32)))
+		return 0;
+	switch (w->scfg.attr_kind) {
+	case SPANPROF_ATTR_MANAGED: /* 3.11: values at -32, dict at -24 */
+		if (pre[1])
+			return dict_get(w, pre[1], name, hash);
+		v = pre[0];
+		break;
+	case SPANPROF_ATTR_TAGGED: /* 3.12: -24 holds the dict, or the values | 1 */
+		if (!(pre[1] & 1))
+			return pre[1] ? dict_get(w, pre[1], name, hash) : 0;
+		v = pre[1] - 1;
+		break;
+	default: /* 3.13: dict at -24, else values inline after the object */
+		if (pre[1])
+			return dict_get(w, pre[1], name, hash);
+		if (!(flags & PY_TPFLAGS_INLINE_VALUES) ||
+		    read_ptr((__u64 *)&off, type + w->scfg.type_basicsize) || off <= 0 ||
+		    off > 4096)
+			return 0;
+		v = obj + off;
+		/* PyDictValues.valid: 0 once the values moved to a dict. */
+		if (bpf_probe_read_user(&valid, 1, (const void *)(v + 3)) || !valid)
+			return 0;
+		break;
+	}
+	if (!v || read_ptr(&keys, type + w->scfg.type_cached_keys))
+		return 0;
+	return keys_get(w, keys, v, name, hash);
+}
+
+/* One level of a HAMT lookup (Python/hamt.c: 5 bits of the hash per level). */
+static long hamt_step(__u64 n, void *ctx)
+{
+	struct scratch *w = get_scratch();
+	struct lookup *q;
+	__u64 hdr[4] = {}, kv[2] = {}, type, node = 0;
+	__u32 bitmap, bit, idx, slots, i;
+
+	if (!w)
+		return 1;
+	q = &w->q;
+	q->status = SPAN_FAULT;
+	if (!q->node || q->shift > 30 ||
+	    bpf_probe_read_user(hdr, sizeof(hdr), (const void *)q->node))
+		return 1;
+	type = hdr[1];
+	idx = (__u32)(q->hash >> q->shift) & 31;
+	if (type == w->scfg.hamt_bitmap_type) {
+		bitmap = (__u32)hdr[3];
+		bit = 1U << idx;
+		q->status = 0;
+		if (!(bitmap & bit))
+			return 1;
+		idx = __builtin_popcount(bitmap & (bit - 1));
+		if (bpf_probe_read_user(kv, sizeof(kv),
+					(const void *)(q->node + HAMT_BITMAP_ARRAY + idx * 16))) {
+			q->status = SPAN_FAULT;
+			return 1;
+		}
+		if (kv[0] == 0) { /* a sub-node */
+			q->node = kv[1];
+			q->shift += 5;
+			return 0;
+		}
+		if (kv[0] == q->key) {
+			q->result = kv[1];
+			q->status = 1;
+		}
+		return 1;
+	}
+	if (type == w->scfg.hamt_array_type) {
+		if (read_ptr(&node, q->node + HAMT_ARRAY_ARRAY + idx * 8))
+			return 1;
+		q->status = 0;
+		q->node = node;
+		q->shift += 5;
+		return node ? 0 : 1;
+	}
+	if (type == w->scfg.hamt_collision_type) {
+		slots = (__u32)hdr[2];
+		q->status = 0;
+		for (i = 0; i < COLLISION_PAIRS; i++) {
+			if (2 * i + 1 >= slots)
+				break;
+			if (bpf_probe_read_user(kv, sizeof(kv),
+						(const void *)(q->node + HAMT_COLLISION_ARRAY + i * 16))) {
+				q->status = SPAN_FAULT;
+				return 1;
+			}
+			if (kv[0] == q->key) {
+				q->result = kv[1];
+				q->status = 1;
+				return 1;
+			}
+		}
+		return 1;
+	}
+	return 1; /* not a HAMT node: garbage */
+}
+
+/* The value of `key` in the HAMT whose root node is `root`, or 0. */
+static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, __u32 hash)
+{
+	struct lookup *q = &w->q;
+
+	q->node = root;
+	q->key = key;
+	q->hash = hash;
+	q->shift = 0;
+	q->result = 0;
+	q->status = SPAN_FAULT;
+	bpf_loop(HAMT_LEVELS, hamt_step, NULL, 0);
+	return q->status == 1 ? q->result : 0;
+}
+
+/* A non-negative int of at most `bytes` (8 or 16) bytes, stored big-endian at `out`. */
+static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u32 bytes)
+{
+	__u32 d[6] = {};
+	__u64 size = 0, hi = 0, lo = 0;
+	__u32 ndigits, i;
+
+	if (bpf_probe_read_user(&size, sizeof(size), (const void *)(obj + PY_LONG_SIZE)) ||
+	    bpf_probe_read_user(d, 5 * sizeof(__u32), (const void *)(obj + PY_LONG_DIGITS)))
+		return SPAN_FAULT;
+	if (w->scfg.long_kind == SPANPROF_LONG_TAG) {
+		if ((size & 3) == 2) /* negative */
+			return SPAN_FAULT;
+		ndigits = (__u32)(size >> 3);
+	} else {
+		if ((__s64)size < 0)
+			return SPAN_FAULT;
+		ndigits = (__u32)size;
+	}
+	/* 128 bits take 5 digits of 30 bits; 64 bits take 3. */
+	if (ndigits > (bytes == 16 ? 5 : 3))
+		return SPAN_FAULT;
+	for (i = 0; i < 5; i++)
+		if (i >= ndigits)
+			d[i] = 0;
+	lo = (__u64)d[0] | (__u64)d[1] << 30 | (__u64)d[2] << 60;
+	hi = (__u64)d[2] >> 4 | (__u64)d[3] << 26 | (__u64)d[4] << 56;
+	if (bytes == 8) {
+		if (hi)
+			return SPAN_FAULT;
+		*(__u64 *)out = __builtin_bswap64(lo);
+		return 0;
+	}
+	*(__u64 *)out = __builtin_bswap64(hi);
+	*(__u64 *)(out + 8) = __builtin_bswap64(lo);
+	return 0;
+}
+
+static __always_inline int hex_nibble(__u8 c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* A str holding a UUID (8-4-4-4-12 hex digits), parsed into 16 bytes at `out`. */
+static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
+{
+	__u32 data = w->scfg.str_data, i, j = 0;
+	int hi, lo;
+
+	if (data < PY_STR_STATE + 4 || data > SPAN_BUF - PY_UUID_LEN + PY_STR_LENGTH)
+		return SPAN_FAULT;
+	if (!str || bpf_probe_read_user(w->buf, SPAN_BUF, (const void *)(str + PY_STR_LENGTH)))
+		return SPAN_FAULT;
+	if (span_u64(w, 0) != PY_UUID_LEN ||
+	    (load_u32(w->buf, PY_STR_STATE - PY_STR_LENGTH, SPAN_BUF) & PY_STR_COMPACT_ASCII) !=
+		    PY_STR_COMPACT_ASCII)
+		return SPAN_FAULT;
+	data -= PY_STR_LENGTH;
+	for (i = 0; i < PY_UUID_LEN; i++) {
+		if (i == 8 || i == 13 || i == 18 || i == 23) {
+			if (load_u8(w->buf, data + i, SPAN_BUF) != '-')
+				return SPAN_FAULT;
+			continue;
+		}
+		hi = hex_nibble(load_u8(w->buf, data + i, SPAN_BUF));
+		i++;
+		lo = hex_nibble(load_u8(w->buf, data + i, SPAN_BUF));
+		if (hi < 0 || lo < 0 || j >= 16)
+			return SPAN_FAULT;
+		out[j++] = (__u8)(hi << 4 | lo);
+	}
+	return 0;
+}
+
+/* OpenTelemetry's current span of the thread: Context[span key]._context, a SpanContext. */
+static __always_inline int otel_span(struct scratch *w, __u64 tstate)
+{
+	const struct spanprof_span_proc *c = &w->scfg;
+	__u64 v = 0, ids[2] = {};
+
+	if (read_ptr(&v, tstate + c->tstate_context))
+		return SPAN_FAULT;
+	if (!v) /* the thread never used contextvars */
+		return 0;
+	if (read_ptr(&v, v + c->context_vars) || !v || read_ptr(&v, v + c->hamt_root))
+		return SPAN_FAULT;
+	v = hamt_get(w, v, c->otel_var, c->otel_var_hash);
+	if (!v) /* the thread never set OpenTelemetry's context */
+		return w->q.status;
+	v = dict_get(w, v, c->otel_key, c->otel_key_hash);
+	if (!v) /* no current span */
+		return w->q.status;
+	v = getattr(w, v, c->context_name, c->context_name_hash);
+	if (!v || bpf_probe_read_user(ids, sizeof(ids), (const void *)(v + PY_TUPLE_ITEMS)))
+		return SPAN_FAULT;
+	if (read_int(w, ids[0], w->span.trace_id, 16) || read_int(w, ids[1], w->span.span_id, 8))
+		return SPAN_FAULT;
+	/* INVALID_SPAN's zero ids: not a span. */
+	if (!load_u64(w->span.span_id, 0, 8) ||
+	    !(load_u64(w->span.trace_id, 0, 16) | load_u64(w->span.trace_id, 8, 16)))
+		return 0;
+	w->span.flags |= SPANPROF_SPAN_OTEL;
+	return 0;
+}
+
+/* The str at position `i` of a deque, given its first block and first index. */
+static __always_inline __u64 deque_item(__u64 block, __u64 first, __u64 i)
+{
+	__u64 v = 0, pos = first + i;
+
+	/* Trace stacks are short: follow at most one block link. */
+	if (pos >= DEQUE_BLOCKLEN) {
+		if (read_ptr(&block, block + 8 + DEQUE_BLOCKLEN * 8) || !block)
+			return 0;
+		pos -= DEQUE_BLOCKLEN;
+		if (pos >= DEQUE_BLOCKLEN)
+			return 0;
+	}
+	if (read_ptr(&v, block + DEQUE_BLOCK_DATA + pos * 8))
+		return 0;
+	return v;
+}
+
+/* OSProfiler's trace stack of the thread: base id first, the current trace point last. */
+static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
+{
+	const struct spanprof_span_proc *c = &w->scfg;
+	__u64 v = 0, d[5] = {}, n, left, right, lefti, righti, str;
+
+	if (read_ptr(&v, tstate + c->tstate_local))
+		return SPAN_FAULT;
+	if (!v) /* no thread dict, or no local key: the thread never used a threading.local */
+		return 0;
+	if (c->local_kind == SPANPROF_LOCAL_TSTATE_DICT) {
+		v = dict_get(w, v, c->osp_local, c->osp_local_hash);
+		if (!v)
+			return w->q.status; /* this thread never used OSProfiler's local */
+		if (read_ptr(&v, v + PY_LOCALDUMMY_DICT))
+			return SPAN_FAULT;
+	} else {
+		/* 3.13: the local's dicts, keyed by the thread's key object (hashed by address). */
+		v = dict_get(w, c->osp_local, v, v >> 4 | v << 60);
+		if (!v)
+			return w->q.status;
+	}
+	v = dict_get(w, v, c->osp_profiler_name, c->osp_profiler_name_hash);
+	if (!v)
+		return w->q.status;
+	/* `profiler` is None between requests (profiler.clean()). */
+	if (read_ptr(&str, v + PY_OB_TYPE))
+		return SPAN_FAULT;
+	if (str != c->osp_profiler_type)
+		return 0;
+	v = getattr(w, v, c->osp_stack_name, c->osp_stack_name_hash);
+	if (!v || bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
+		return SPAN_FAULT;
+	n = d[0];
+	left = d[1];
+	right = d[2];
+	lefti = d[3];
+	righti = d[4];
+	if (n == 0)
+		return 0;
+	if (n > 2 * DEQUE_BLOCKLEN || lefti >= DEQUE_BLOCKLEN || righti >= DEQUE_BLOCKLEN ||
+	    !left || !right)
+		return SPAN_FAULT;
+	if (read_uuid(w, deque_item(left, lefti, 0), w->span.osp_base) ||
+	    read_uuid(w, deque_item(left, lefti, n - 1), w->span.osp_current))
+		return SPAN_FAULT;
+	w->span.flags |= SPANPROF_SPAN_OSP;
+	if (n >= 2 && !read_uuid(w, deque_item(left, lefti, n - 2), w->span.osp_parent))
+		w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
+	return 0;
+}
+
+/*
+ * Reads the span context of the thread whose PyThreadState is w->tstate into w->span; returns
+ * its size in the record (0: no span).
+ */
+static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
+{
+	const struct spanprof_span_proc *cfg;
+	int bad = 0;
+
+	if (!w->tstate)
+		return 0;
+	cfg = bpf_map_lookup_elem(&span_procs, &tgid);
+	if (!cfg)
+		return 0;
+	w->scfg = *cfg;
+	__builtin_memset(&w->span, 0, sizeof(w->span));
+	if (w->scfg.otel_var && otel_span(w, w->tstate))
+		bad = 1;
+	if (w->scfg.osp_local && osp_trace(w, w->tstate))
+		bad = 1;
+	if (bad)
+		count_error(SPANPROF_ERR_SPAN_READ);
+	return w->span.flags ? sizeof(struct spanprof_span) : 0;
+}
+
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
@@ -444,7 +990,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	const struct spanprof_py_proc *py;
 	struct spanprof_sample *s;
 	struct scratch *w;
-	__u64 k, u, p, size;
+	__u64 k, u, p, size, off;
 	long n;
 
 	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
@@ -460,6 +1006,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	s->time_ns = bpf_ktime_get_ns();
 	s->py_len = 0;
 	s->py_status = SPANPROF_PY_NONE;
+	s->span_len = 0;
+	w->tstate = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 
 	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
@@ -486,9 +1034,18 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	p = s->py_len;
 	if (p > SPANPROF_MAX_PY_FRAMES)
 		p = SPANPROF_MAX_PY_FRAMES;
+	if (py && read_span(w, tgid)) {
+		/* Right after the frames (the `span` member only reserves the room). */
+		off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE;
+		if (off <= sizeof(s->stack) + sizeof(s->py)) {
+			__builtin_memcpy((__u8 *)s->stack + off, &w->span, sizeof(w->span));
+			s->span_len = sizeof(w->span);
+		}
+	}
 
 	/* Only the frames captured travel: a 10-frame stack is 136 bytes, not 14 KiB. */
-	size = SPANPROF_SAMPLE_HEADER_SIZE + (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE;
+	size = SPANPROF_SAMPLE_HEADER_SIZE + (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE +
+	       s->span_len;
 	if (size > sizeof(*s))
 		size = sizeof(*s);
 	if (bpf_ringbuf_output(&samples, s, size,
