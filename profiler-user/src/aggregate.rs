@@ -313,6 +313,7 @@ impl Aggregator {
                 frames: stack,
                 thread: thread_index[&(pid, tid)],
                 count,
+                span: None,
             });
         }
         samples.sort_by(|a, b| (a.thread, &a.frames).cmp(&(b.thread, &b.frames)));
@@ -327,6 +328,7 @@ impl Aggregator {
                 .map(|(pid, name)| Process { pid, name })
                 .collect(),
             samples,
+            spans: Vec::new(),
         }
     }
 }

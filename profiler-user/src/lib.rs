@@ -32,6 +32,7 @@ pub mod output;
 pub mod preflight;
 pub mod profile;
 pub mod python;
+pub mod report;
 pub mod session;
 pub mod summary;
 pub mod write;

@@ -1,7 +1,7 @@
 //! The `spanprof` command line.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,6 +10,8 @@ use clap::{Parser, Subcommand};
 use spanprof::aggregate;
 use spanprof::command::CannotRun;
 use spanprof::output::{self, Format};
+use spanprof::profile::{GroupBy, Profile};
+use spanprof::report::{self, Filter};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
 use spanprof::{bpf, summary};
@@ -34,6 +36,8 @@ struct Cli {
 enum Cmd {
     /// Profile running processes, or a command and its children, for a while.
     Profile(ProfileArgs),
+    /// Read a pprof file spanprof wrote, keep the samples of a trace or span, write it again.
+    Report(ReportArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -75,12 +79,48 @@ struct ProfileArgs {
     /// Size of the kernel-to-user sample ring buffer in bytes (a power of two, ≥ 4096).
     #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
     ring_buffer_size: u32,
+    /// Put every sample under a root frame named after its span: `span`.
+    #[arg(long, value_name = "GROUP")]
+    group_by: Option<String>,
     /// No progress bar or progress lines.
     #[arg(long)]
     quiet: bool,
     /// Command to run and profile, after `--`.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+                  spanprof report run.pb.gz --trace-id 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.svg\n  \
+                  spanprof report run.pb.gz --group-by span -o by-span.svg\n\n\
+                  Several filters: a sample must match them all. \
+                  Exit status: 2 for bad arguments; 1 for other errors, and when no sample matches.")]
+struct ReportArgs {
+    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed).
+    #[arg(value_name = "PROFILE")]
+    profile: PathBuf,
+    /// Keep samples of this OpenTelemetry trace (32 hex digits).
+    #[arg(long, value_name = "HEX")]
+    trace_id: Option<String>,
+    /// Keep samples of this OpenTelemetry span (16 hex digits).
+    #[arg(long, value_name = "HEX")]
+    span_id: Option<String>,
+    /// Keep samples of this OSProfiler trace (its base id, a UUID).
+    #[arg(long, value_name = "UUID")]
+    base_id: Option<String>,
+    /// Keep samples taken in this OSProfiler trace point (its own id, not a parent's).
+    #[arg(long, value_name = "UUID")]
+    osprofiler_id: Option<String>,
+    /// Put every sample under a root frame named after its span: `span`.
+    #[arg(long, value_name = "GROUP")]
+    group_by: Option<String>,
+    /// Output file; repeat for several formats.
+    #[arg(short, long = "output", value_name = "FILE", required = true)]
+    output: Vec<PathBuf>,
+    /// Format of every output (svg, folded, pprof, speedscope), instead of the extension.
+    #[arg(long, value_name = "FORMAT")]
+    format: Option<String>,
 }
 
 /// A one-line error and the exit status it gets.
@@ -119,6 +159,64 @@ fn parse_pids(s: &str) -> Result<Vec<u32>, Failure> {
     Ok(pids)
 }
 
+/// The format of each output: `--format` for all, else from each extension.
+fn output_formats(outputs: &[PathBuf], format: Option<&str>) -> Result<Vec<Format>, Failure> {
+    let forced = match format {
+        Some(name) => Some(Format::from_name(name).ok_or_else(|| {
+            usage(format!(
+                "unknown output format '{name}': use svg, folded, pprof or speedscope"
+            ))
+        })?),
+        None => None,
+    };
+    outputs
+        .iter()
+        .map(|path| {
+            forced.or_else(|| Format::from_path(path)).ok_or_else(|| {
+                usage(format!(
+                    "unknown output format for '{}': use a .svg, .folded, .pb.gz or \
+                     .speedscope.json name, or --format svg|folded|pprof|speedscope",
+                    path.display()
+                ))
+            })
+        })
+        .collect()
+}
+
+fn parse_group_by(name: Option<&str>) -> Result<Option<GroupBy>, Failure> {
+    name.map(|name| {
+        GroupBy::from_name(name)
+            .ok_or_else(|| usage(format!("invalid --group-by '{name}': expected span")))
+    })
+    .transpose()
+}
+
+/// Renders `profile` (grouped first if asked) into each pending output, printing `wrote …` or
+/// the error per output; returns [`EXIT_FAILURE`] when one could not be written.
+fn write_outputs(
+    profile: &Profile,
+    group: Option<GroupBy>,
+    outputs: Vec<(PendingOutput, Format)>,
+) -> u8 {
+    let grouped = group.map(|g| profile.grouped(g));
+    let profile = grouped.as_ref().unwrap_or(profile);
+    let mut status = 0;
+    for (out, format) in outputs {
+        let dest = out.dest().display().to_string();
+        let written = output::render(profile, format)
+            .map_err(anyhow::Error::from)
+            .and_then(|bytes| out.commit(&bytes));
+        match written {
+            Ok(()) => eprintln!("wrote {dest} ({format})"),
+            Err(e) => {
+                eprintln!("error: cannot write output {dest}: {e:#}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
+    status
+}
+
 fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let target = match (&args.pid, args.command.is_empty()) {
         (Some(p), true) => Target::Pids(parse_pids(p)?),
@@ -139,27 +237,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             args.ring_buffer_size
         )));
     }
-    let forced = match &args.format {
-        Some(name) => Some(Format::from_name(name).ok_or_else(|| {
-            usage(format!(
-                "unknown output format '{name}': use svg, folded, pprof or speedscope"
-            ))
-        })?),
-        None => None,
-    };
-    let formats: Vec<Format> = args
-        .output
-        .iter()
-        .map(|path| {
-            forced.or_else(|| Format::from_path(path)).ok_or_else(|| {
-                usage(format!(
-                    "unknown output format for '{}': use a .svg, .folded, .pb.gz or \
-                     .speedscope.json name, or --format svg|folded|pprof|speedscope",
-                    path.display()
-                ))
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let formats = output_formats(&args.output, args.format.as_deref())?;
+    let group = parse_group_by(args.group_by.as_deref())?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
     session::install_signal_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
@@ -214,20 +293,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     }
 
     eprint!("{}", summary::render(profile, &outcome.errors));
-    let mut status = 0;
-    for (out, format) in pending.into_iter().zip(formats) {
-        let dest = out.dest().display().to_string();
-        let written = output::render(profile, format)
-            .map_err(anyhow::Error::from)
-            .and_then(|bytes| out.commit(&bytes));
-        match written {
-            Ok(()) => eprintln!("wrote {dest} ({format})"),
-            Err(e) => {
-                eprintln!("error: cannot write output {dest}: {e:#}");
-                status = EXIT_FAILURE;
-            }
-        }
-    }
+    let mut status = write_outputs(profile, group, pending.into_iter().zip(formats).collect());
     let overhead = &outcome.overhead;
     let after = session::process_cpu_time().saturating_sub(overhead.cpu_at_end_of_sampling);
     eprintln!("{}", summary::overhead_line(profile, overhead, after));
@@ -240,6 +306,123 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         }
     }
     Ok(status)
+}
+
+/// Parses an id option with `parse`, or fails as a usage error naming the expected form.
+fn parse_id<T>(
+    value: Option<&str>,
+    flag: &str,
+    expected: &str,
+    parse: fn(&str) -> Option<T>,
+) -> Result<Option<T>, Failure> {
+    value
+        .map(|v| {
+            parse(v).ok_or_else(|| usage(format!("invalid {flag} '{v}': expected {expected}")))
+        })
+        .transpose()
+}
+
+fn report(args: ReportArgs) -> Result<u8, Failure> {
+    let formats = output_formats(&args.output, args.format.as_deref())?;
+    let group = parse_group_by(args.group_by.as_deref())?;
+    const UUID: &str = "a UUID (8-4-4-4-12 hex digits)";
+    let filter = Filter {
+        trace_id: parse_id(
+            args.trace_id.as_deref(),
+            "--trace-id",
+            "32 hex digits",
+            report::parse_hex,
+        )?,
+        span_id: parse_id(
+            args.span_id.as_deref(),
+            "--span-id",
+            "16 hex digits",
+            report::parse_hex,
+        )?,
+        base_id: parse_id(
+            args.base_id.as_deref(),
+            "--base-id",
+            UUID,
+            report::parse_uuid,
+        )?,
+        osprofiler_id: parse_id(
+            args.osprofiler_id.as_deref(),
+            "--osprofiler-id",
+            UUID,
+            report::parse_uuid,
+        )?,
+    };
+    let path = args.profile.display();
+    let bytes = std::fs::read(&args.profile)
+        .map_err(|e| Failure(EXIT_FAILURE, format!("cannot read {path}: {e}")))?;
+    let mut profile = report::read_pprof(&bytes).map_err(|e| {
+        Failure(
+            EXIT_FAILURE,
+            format!("{path}: {:#}", anyhow::Error::from(e)),
+        )
+    })?;
+    let (total, spans) = (profile.total_samples(), profile.spans.len());
+    let in_spans: u64 = profile
+        .samples
+        .iter()
+        .filter(|s| s.span.is_some())
+        .map(|s| s.count)
+        .sum();
+    filter.apply(&mut profile);
+    let kept = profile.total_samples();
+    if !filter.is_empty() && kept == 0 {
+        return Err(Failure(
+            EXIT_FAILURE,
+            format!(
+                "no samples match {filter}: {path} has {total} samples, {in_spans} of them in \
+                 {spans} spans"
+            ),
+        ));
+    }
+    let pending: Vec<PendingOutput> = args
+        .output
+        .iter()
+        .map(|p| PendingOutput::create(p))
+        .collect::<Result<_>>()
+        .map_err(fail)?;
+    eprintln!(
+        "{}",
+        report_line(&profile, &filter, &args.profile, total, spans)
+    );
+    if let Some(line) = summary::spans_line(&profile) {
+        eprintln!("{line}");
+    }
+    Ok(write_outputs(
+        &profile,
+        group,
+        pending.into_iter().zip(formats).collect(),
+    ))
+}
+
+/// `spanprof report: kept K of N samples, S of T spans (FILTER) from FILE: TARGET, …`.
+fn report_line(
+    profile: &Profile,
+    filter: &Filter,
+    file: &Path,
+    total: u64,
+    spans: usize,
+) -> String {
+    let m = &profile.meta;
+    let filter = if filter.is_empty() {
+        "no filter".to_string()
+    } else {
+        filter.to_string()
+    };
+    format!(
+        "spanprof report: kept {} of {total} samples, {} of {spans} spans ({filter}) from {}: \
+         {}, {:.1} s at {} Hz",
+        profile.total_samples(),
+        profile.spans.len(),
+        file.display(),
+        m.target,
+        m.duration.as_secs_f64(),
+        m.frequency,
+    )
 }
 
 fn fail(e: anyhow::Error) -> Failure {
@@ -265,6 +448,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Cmd::Profile(args) => profile(args),
+        Cmd::Report(args) => report(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

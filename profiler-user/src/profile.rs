@@ -1,8 +1,9 @@
 //! The symbolized, aggregated profile that every output sink reads.
 //!
-//! One [`Profile`] is built at the end of a session (or from a replayed file later) and handed to
-//! each sink in [`crate::output`]. Frames and threads are interned tables; a [`Sample`] points into
-//! them by index, so a sink walks small integers instead of strings.
+//! One [`Profile`] is built at the end of a session (or read back from a pprof file by
+//! [`crate::report`]) and handed to each sink in [`crate::output`]. Frames, threads and span
+//! contexts are interned tables; a [`Sample`] points into them by index, so a sink walks small
+//! integers instead of strings.
 
 use std::time::{Duration, SystemTime};
 
@@ -98,6 +99,96 @@ pub struct Sample {
     pub thread: u32,
     /// Number of perf events that hit this stack on this thread.
     pub count: u64,
+    /// Index into [`Profile::spans`]: the tracing context the thread was in; `None` outside any.
+    pub span: Option<u32>,
+}
+
+/// The tracing context a sample was taken in, read from the thread while it was stopped.
+///
+/// Ids are kept as bytes in wire order (big-endian, as W3C trace context and OTLP carry them);
+/// the `*_hex`/`uuid` helpers give the text forms the outputs use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpanContext {
+    /// OpenTelemetry trace id.
+    pub trace_id: Option<[u8; 16]>,
+    /// OpenTelemetry span id.
+    pub span_id: Option<[u8; 8]>,
+    /// The OSProfiler trace the thread was in.
+    pub osprofiler: Option<OsProfilerIds>,
+}
+
+/// OSProfiler's ids of a thread: `profiler.get_base_id()`, `get_id()` and `get_parent_id()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OsProfilerIds {
+    /// The whole trace (the request): the first id of the trace stack.
+    pub base_id: [u8; 16],
+    /// The current trace point: the last id of the trace stack.
+    pub trace_id: [u8; 16],
+    /// The trace point the current one is nested in (the one before it), if any.
+    pub parent_id: Option<[u8; 16]>,
+}
+
+/// Lower-case hex of bytes, as trace and span ids are written.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// A UUID in its canonical 8-4-4-4-12 form, as OSProfiler writes ids.
+pub fn uuid(bytes: &[u8; 16]) -> String {
+    let h = hex(bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Label keys of span contexts in pprof (and the names of `spanprof report` filters).
+pub mod labels {
+    /// OpenTelemetry trace id, 32 hex digits.
+    pub const TRACE_ID: &str = "trace_id";
+    /// OpenTelemetry span id, 16 hex digits.
+    pub const SPAN_ID: &str = "span_id";
+    /// OSProfiler base id (the request's trace), a UUID.
+    pub const OSP_BASE_ID: &str = "osprofiler.base_id";
+    /// OSProfiler current trace point id, a UUID.
+    pub const OSP_TRACE_ID: &str = "osprofiler.trace_id";
+    /// OSProfiler parent trace point id, a UUID.
+    pub const OSP_PARENT_ID: &str = "osprofiler.parent_id";
+}
+
+impl SpanContext {
+    /// True when no id is known.
+    pub fn is_empty(&self) -> bool {
+        self.trace_id.is_none() && self.span_id.is_none() && self.osprofiler.is_none()
+    }
+
+    /// The (key, value) string labels of this context, in a fixed order (see [`labels`]).
+    pub fn labels(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.trace_id {
+            out.push((labels::TRACE_ID, hex(t)));
+        }
+        if let Some(s) = &self.span_id {
+            out.push((labels::SPAN_ID, hex(s)));
+        }
+        if let Some(o) = &self.osprofiler {
+            out.push((labels::OSP_BASE_ID, uuid(&o.base_id)));
+            out.push((labels::OSP_TRACE_ID, uuid(&o.trace_id)));
+            if let Some(p) = &o.parent_id {
+                out.push((labels::OSP_PARENT_ID, uuid(p)));
+            }
+        }
+        out
+    }
 }
 
 /// A process that was profiled.
@@ -163,11 +254,232 @@ pub struct Profile {
     pub processes: Vec<Process>,
     /// Aggregated samples, in a deterministic order.
     pub samples: Vec<Sample>,
+    /// Distinct span contexts that samples point to.
+    pub spans: Vec<SpanContext>,
 }
 
 impl Profile {
     /// Total number of samples.
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
+    }
+}
+
+/// How `--group-by` puts samples under a synthetic root frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupBy {
+    /// One root per span context ([`SpanContext::group_name`]), `[no span]` for the others.
+    Span,
+}
+
+impl GroupBy {
+    /// Every grouping, in the order help texts list them.
+    pub const ALL: [GroupBy; 1] = [GroupBy::Span];
+
+    /// Parses a `--group-by` value: `span` (ASCII case ignored).
+    pub fn from_name(name: &str) -> Option<GroupBy> {
+        GroupBy::ALL
+            .into_iter()
+            .find(|g| g.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The value's name, the inverse of [`GroupBy::from_name`].
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupBy::Span => "span",
+        }
+    }
+}
+
+/// The root frame of samples taken outside any span, with `--group-by span`.
+pub const NO_SPAN_FRAME: &str = "[no span]";
+
+impl SpanContext {
+    /// The name of the synthetic root frame that `--group-by span` puts samples of this context
+    /// under: `[span SPAN_ID trace TRACE_ID]` for OpenTelemetry, `[osprofiler TRACE_POINT base
+    /// BASE_ID]` for OSProfiler alone, `[span … trace … osprofiler TRACE_POINT]` for both, and
+    /// [`NO_SPAN_FRAME`] for an empty context.
+    pub fn group_name(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = &self.span_id {
+            parts.push(format!("span {}", hex(s)));
+        }
+        if let Some(t) = &self.trace_id {
+            parts.push(format!("trace {}", hex(t)));
+        }
+        match (&self.osprofiler, parts.is_empty()) {
+            (Some(o), true) => {
+                parts.push(format!(
+                    "osprofiler {} base {}",
+                    uuid(&o.trace_id),
+                    uuid(&o.base_id)
+                ));
+            }
+            (Some(o), false) => parts.push(format!("osprofiler {}", uuid(&o.trace_id))),
+            (None, _) => {}
+        }
+        if parts.is_empty() {
+            return NO_SPAN_FRAME.to_string();
+        }
+        format!("[{}]", parts.join(" "))
+    }
+}
+
+impl Profile {
+    /// The span context of a sample, if it has one.
+    pub fn span_of(&self, sample: &Sample) -> Option<&SpanContext> {
+        sample.span.and_then(|i| self.spans.get(i as usize))
+    }
+
+    /// A copy of the profile with every sample under a synthetic root frame chosen by `group`.
+    ///
+    /// The frames are placeholders like `[truncated]`: native, no module, address 0, so every
+    /// output shows them as plain names (`[span 00f067aa0ba902b7 trace 4bf9…]` in a flame graph).
+    pub fn grouped(&self, group: GroupBy) -> Profile {
+        let mut out = self.clone();
+        let mut ids: std::collections::HashMap<Frame, u32> = out
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.clone(), i as u32))
+            .collect();
+        let mut root_of = |name: String, frames: &mut Vec<Frame>| -> u32 {
+            let frame = Frame {
+                kind: FrameKind::Native,
+                function: Some(name),
+                module: None,
+                address: 0,
+                file: None,
+                line: None,
+                unknown_reason: None,
+            };
+            *ids.entry(frame).or_insert_with_key(|frame| {
+                frames.push(frame.clone());
+                frames.len() as u32 - 1
+            })
+        };
+        // One root per span index (and one for samples without), looked up once each.
+        let mut roots: std::collections::HashMap<Option<u32>, u32> = Default::default();
+        for i in 0..out.samples.len() {
+            let span = out.samples[i].span;
+            let root = match roots.get(&span) {
+                Some(&root) => root,
+                None => {
+                    let name = match group {
+                        GroupBy::Span => self
+                            .span_of(&out.samples[i])
+                            .map_or_else(|| NO_SPAN_FRAME.to_string(), SpanContext::group_name),
+                    };
+                    let root = root_of(name, &mut out.frames);
+                    roots.insert(span, root);
+                    root
+                }
+            };
+            out.samples[i].frames.insert(0, root);
+        }
+        out
+    }
+
+    /// Keeps the samples for which `keep` is true, and only the threads, processes and span
+    /// contexts they use (frames stay: sinks only write the frames samples use).
+    pub fn retain_samples(&mut self, mut keep: impl FnMut(&Profile, &Sample) -> bool) {
+        let samples = std::mem::take(&mut self.samples);
+        let samples: Vec<Sample> = samples.into_iter().filter(|s| keep(self, s)).collect();
+        let mut thread_map = vec![None; self.threads.len()];
+        let mut span_map = vec![None; self.spans.len()];
+        let (mut threads, mut spans) = (Vec::new(), Vec::new());
+        self.samples = samples
+            .into_iter()
+            .map(|mut s| {
+                s.thread = *thread_map[s.thread as usize].get_or_insert_with(|| {
+                    threads.push(self.threads[s.thread as usize].clone());
+                    threads.len() as u32 - 1
+                });
+                s.span = s.span.map(|i| {
+                    *span_map[i as usize].get_or_insert_with(|| {
+                        spans.push(self.spans[i as usize].clone());
+                        spans.len() as u32 - 1
+                    })
+                });
+                s
+            })
+            .collect();
+        self.processes
+            .retain(|p| threads.iter().any(|t: &Thread| t.pid == p.pid));
+        self.threads = threads;
+        self.spans = spans;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::{self, fixture, Format};
+
+    #[test]
+    fn group_names() {
+        let p = fixture::with_spans();
+        let names: Vec<String> = p.spans.iter().map(SpanContext::group_name).collect();
+        assert_eq!(
+            names,
+            [
+                "[span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736]",
+                "[osprofiler 22222222-2222-2222-2222-222222222222 base \
+                 11111111-1111-1111-1111-111111111111]",
+                "[span 00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
+                 33333333-3333-3333-3333-333333333333]",
+            ]
+        );
+        assert_eq!(SpanContext::default().group_name(), NO_SPAN_FRAME);
+        assert_eq!(GroupBy::from_name("SPAN"), Some(GroupBy::Span));
+        assert_eq!(GroupBy::from_name("trace"), None);
+    }
+
+    #[test]
+    fn grouped_puts_a_root_frame_per_span() {
+        let p = fixture::with_spans().grouped(GroupBy::Span);
+        let folded = String::from_utf8(output::render(&p, Format::Folded).unwrap()).unwrap();
+        assert_eq!(
+            folded,
+            "[no span];main;[unknown] (libfoo.so+0x1234) 1\n\
+             [osprofiler 22222222-2222-2222-2222-222222222222 base \
+             11111111-1111-1111-1111-111111111111];main;compute 3\n\
+             [span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736];main;compute 5\n\
+             [span 00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
+             33333333-3333-3333-3333-333333333333];main;compute;do_syscall_64_[k] 2\n"
+        );
+        let root = &p.frames[p.samples[3].frames[0] as usize];
+        assert_eq!(
+            (root.kind, root.module.as_deref(), root.address),
+            (FrameKind::Native, None, 0)
+        );
+        // Samples without spans share one root; grouping twice adds a second level.
+        let mut q = fixture::profile();
+        let before = q.frames.len();
+        q = q.grouped(GroupBy::Span);
+        assert_eq!(q.frames.len(), before + 1);
+        let twice = q.grouped(GroupBy::Span);
+        assert_eq!(twice.frames.len(), before + 1);
+        assert_eq!(twice.samples[0].frames[..2], [before as u32, before as u32]);
+    }
+
+    #[test]
+    fn retain_samples_compacts_tables() {
+        let mut p = fixture::with_spans();
+        p.retain_samples(|_, s| s.thread == 1);
+        assert_eq!(p.total_samples(), 4);
+        assert_eq!(p.threads.len(), 1);
+        assert_eq!(p.threads[0].tid, 101);
+        assert_eq!(p.spans.len(), 1);
+        assert_eq!(
+            p.samples
+                .iter()
+                .map(|s| (s.thread, s.span))
+                .collect::<Vec<_>>(),
+            [(0, Some(0)), (0, None)]
+        );
+        assert_eq!(p.processes.len(), 1);
+        p.retain_samples(|_, _| false);
+        assert!(p.threads.is_empty() && p.spans.is_empty() && p.processes.is_empty());
     }
 }

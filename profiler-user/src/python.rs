@@ -571,6 +571,7 @@ mod tests {
             runtime_addr: 0x7000,
             code_type_addr: None,
             unicode_type_addr: None,
+            hamt_types: [None; 3],
             eval_ranges: vec![],
             frame_pointers: false,
         }

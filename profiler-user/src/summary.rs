@@ -1,5 +1,6 @@
 //! The end-of-session summary: samples, losses, processes and the top functions.
 
+use std::collections::HashSet;
 use std::fmt::Write;
 
 use profiler_common::{ErrorCode, ERROR_COUNT};
@@ -42,6 +43,56 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
     )
 }
 
+/// What the samples' span contexts add up to, or `None` when no sample has one: e.g.
+/// `spans: 1234 of 2000 samples in 12 OpenTelemetry spans (3 traces), 0 in OSProfiler traces`,
+/// with the number of distinct trace points after the OSProfiler traces when there are some.
+pub fn spans_line(profile: &Profile) -> Option<String> {
+    let (mut otel, mut osp) = (0u64, 0u64);
+    let mut spans = HashSet::new();
+    let mut traces = HashSet::new();
+    let mut osp_traces = HashSet::new();
+    let mut osp_points = HashSet::new();
+    let mut any = false;
+    for s in &profile.samples {
+        let Some(span) = profile.span_of(s) else {
+            continue;
+        };
+        any = true;
+        if span.trace_id.is_some() || span.span_id.is_some() {
+            otel += s.count;
+            spans.insert((span.trace_id, span.span_id));
+            if let Some(t) = span.trace_id {
+                traces.insert(t);
+            }
+        }
+        if let Some(o) = &span.osprofiler {
+            osp += s.count;
+            osp_traces.insert(o.base_id);
+            osp_points.insert(o.trace_id);
+        }
+    }
+    if !any {
+        return None;
+    }
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let osp = if osp_traces.is_empty() {
+        "0 in OSProfiler traces".to_string()
+    } else {
+        format!(
+            "{osp} in {} ({})",
+            plural(osp_traces.len(), "OSProfiler trace", "OSProfiler traces"),
+            plural(osp_points.len(), "trace point", "trace points")
+        )
+    };
+    Some(format!(
+        "spans: {otel} of {} samples in {} ({}), {osp}",
+        profile.total_samples(),
+        plural(spans.len(), "OpenTelemetry span", "OpenTelemetry spans"),
+        plural(traces.len(), "trace", "traces"),
+    ))
+}
+
 /// The summary text printed at the end of a session.
 pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String {
     let total = profile.total_samples();
@@ -78,6 +129,9 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
             py.read_failed,
             py.truncated,
         );
+    }
+    if let Some(line) = spans_line(profile) {
+        let _ = writeln!(out, "{line}");
     }
     for note in &py.notes {
         let _ = writeln!(out, "warning: {note}");
@@ -118,4 +172,33 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::fixture;
+
+    #[test]
+    fn spans_line_counts_samples_spans_and_traces() {
+        assert_eq!(spans_line(&fixture::profile()), None);
+        assert_eq!(
+            spans_line(&fixture::with_spans()).unwrap(),
+            "spans: 7 of 11 samples in 2 OpenTelemetry spans (1 trace), 5 in 1 OSProfiler trace \
+             (2 trace points)"
+        );
+        let text = render(&fixture::with_spans(), &[0; ERROR_COUNT as usize]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("spanprof: 11 samples, 4 lost, from 1 process in 2.5 s"));
+        assert!(lines[1].starts_with("spans: 7 of 11"), "{text}");
+        assert!(!render(&fixture::profile(), &[0; ERROR_COUNT as usize]).contains("spans:"));
+        let mut otel_only = fixture::with_spans();
+        otel_only.spans.truncate(1);
+        otel_only.samples[1].span = None;
+        otel_only.samples[2].span = None;
+        assert_eq!(
+            spans_line(&otel_only).unwrap(),
+            "spans: 5 of 11 samples in 1 OpenTelemetry span (1 trace), 0 in OSProfiler traces"
+        );
+    }
 }

@@ -137,11 +137,13 @@ mod tests {
                 frames: vec![],
                 thread: 0,
                 count: 3,
+                span: None,
             },
             Sample {
                 frames: vec![0],
                 thread: 1,
                 count: 0,
+                span: None,
             },
         ];
         let out = String::from_utf8(render(&profile).unwrap()).unwrap();

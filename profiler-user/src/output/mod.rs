@@ -26,9 +26,17 @@
 //! - **pprof** ([`pprof`]): gzipped `profile.proto` as read by `go tool pprof` and most profiling
 //!   back ends. One sample type, `samples/count`; the period type is `cpu/nanoseconds` with period
 //!   `1e9 / frequency`, so CPU time is `count * period`. Each sample carries the labels
-//!   `thread.id`, `thread.name` and `process.id`.
+//!   `thread.id`, `thread.name` and `process.id`, and, when it was taken inside a tracing span,
+//!   the span's ids (`trace_id`, `span_id`, `osprofiler.*`: see [`crate::profile::labels`]).
+//!   `spanprof report` reads these files back ([`crate::report`]).
 //! - **speedscope** ([`speedscope`]): the JSON file format of <https://www.speedscope.app>. One
 //!   sampled profile per thread with weights in nanoseconds of CPU time (`count * period`).
+//!
+//! # Grouping
+//!
+//! [`Profile::grouped`](crate::profile::Profile::grouped) (`--group-by span`) puts every sample
+//! under a synthetic root frame named after its span (`[span SPAN trace TRACE]`, `[no span]`),
+//! so every format shows one tower per span; sinks need nothing for it.
 //!
 //! # Units
 //!
@@ -147,6 +155,16 @@ pub enum OutputError {
         /// Length of [`Profile::threads`].
         threads: usize,
     },
+    /// A sample points past the end of [`Profile::spans`].
+    #[error("sample {sample} refers to span {span}, but the profile has {spans} spans")]
+    SpanOutOfRange {
+        /// Index of the sample in [`Profile::samples`].
+        sample: usize,
+        /// The span index it holds.
+        span: u32,
+        /// Length of [`Profile::spans`].
+        spans: usize,
+    },
     /// inferno failed to write the SVG.
     #[error("failed to draw the flame graph")]
     Svg(#[source] io::Error),
@@ -170,12 +188,20 @@ pub fn render(profile: &Profile, format: Format) -> Result<Vec<u8>, OutputError>
     }
 }
 
-/// Checks that every sample's frame and thread indexes are in range, so sinks can index the
-/// tables directly.
+/// Checks that every sample's frame, thread and span indexes are in range, so sinks can index
+/// the tables directly.
 fn validate(profile: &Profile) -> Result<(), OutputError> {
     let frames = profile.frames.len();
     let threads = profile.threads.len();
+    let spans = profile.spans.len();
     for (i, sample) in profile.samples.iter().enumerate() {
+        if let Some(span) = sample.span.filter(|&s| s as usize >= spans) {
+            return Err(OutputError::SpanOutOfRange {
+                sample: i,
+                span,
+                spans,
+            });
+        }
         if sample.thread as usize >= threads {
             return Err(OutputError::ThreadOutOfRange {
                 sample: i,
@@ -199,7 +225,9 @@ fn validate(profile: &Profile) -> Result<(), OutputError> {
 pub(crate) mod fixture {
     use std::time::{Duration, SystemTime};
 
-    use crate::profile::{Frame, FrameKind, Meta, Process, Profile, Sample, Thread};
+    use crate::profile::{
+        Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, Sample, SpanContext, Thread,
+    };
 
     fn native(function: &str, address: u64, line: u32) -> Frame {
         Frame {
@@ -272,24 +300,73 @@ pub(crate) mod fixture {
                     frames: vec![0, 1],
                     thread: 0,
                     count: 5,
+                    span: None,
                 },
                 Sample {
                     frames: vec![0, 4],
                     thread: 1,
                     count: 3,
+                    span: None,
                 },
                 Sample {
                     frames: vec![0, 1, 3],
                     thread: 0,
                     count: 2,
+                    span: None,
                 },
                 Sample {
                     frames: vec![0, 2],
                     thread: 1,
                     count: 1,
+                    span: None,
                 },
             ],
+            spans: vec![],
         }
+    }
+
+    /// OpenTelemetry trace id of [`with_spans`]' spans.
+    pub(crate) const TRACE: [u8; 16] = [
+        0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47,
+        0x36,
+    ];
+    /// OSProfiler base id of [`with_spans`]' spans.
+    pub(crate) const BASE: [u8; 16] = [0x11; 16];
+
+    /// [`profile`] with span contexts: sample 0 in an OpenTelemetry span (`00f067aa0ba902b7`),
+    /// sample 1 in an OSProfiler trace point (`22…`, base `11…`), sample 2 in both (span
+    /// `00f067aa0ba902b8`, trace point `33…` under `22…`), sample 3 in none.
+    pub(crate) fn with_spans() -> Profile {
+        let mut p = profile();
+        p.spans = vec![
+            SpanContext {
+                trace_id: Some(TRACE),
+                span_id: Some([0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]),
+                osprofiler: None,
+            },
+            SpanContext {
+                trace_id: None,
+                span_id: None,
+                osprofiler: Some(OsProfilerIds {
+                    base_id: BASE,
+                    trace_id: [0x22; 16],
+                    parent_id: None,
+                }),
+            },
+            SpanContext {
+                trace_id: Some(TRACE),
+                span_id: Some([0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb8]),
+                osprofiler: Some(OsProfilerIds {
+                    base_id: BASE,
+                    trace_id: [0x33; 16],
+                    parent_id: Some([0x22; 16]),
+                }),
+            },
+        ];
+        for (sample, span) in p.samples.iter_mut().zip([Some(0), Some(1), Some(2), None]) {
+            sample.span = span;
+        }
+        p
     }
 }
 
@@ -354,6 +431,22 @@ mod tests {
             render(&profile, Format::Folded),
             Err(OutputError::ThreadOutOfRange { thread: 7, .. })
         ));
+        let mut profile = fixture::with_spans();
+        profile.samples[2].span = Some(3);
+        for format in Format::ALL {
+            let err = render(&profile, format).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    OutputError::SpanOutOfRange {
+                        sample: 2,
+                        span: 3,
+                        spans: 3
+                    }
+                ),
+                "{format}: {err}"
+            );
+        }
     }
 
     #[test]

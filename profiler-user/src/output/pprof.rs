@@ -8,17 +8,26 @@
 //! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread), with
 //!   `location_id` leaf first as pprof requires (the reverse of our root-first frames) and the
 //!   labels `thread.id` (num, tid), `thread.name` (str, `comm`) and `process.id` (num, pid).
+//! - A sample taken inside a tracing span also carries the span's string labels, after those,
+//!   in this order and only those known: `trace_id` and `span_id` (OpenTelemetry, lower-case
+//!   hex, 32 and 16 digits), `osprofiler.base_id`, `osprofiler.trace_id` and
+//!   `osprofiler.parent_id` (OSProfiler, UUIDs `8-4-4-4-12`); see [`crate::profile::labels`].
+//!   `go tool pprof -tagfocus trace_id=…` or `spanprof report --trace-id …` select one trace.
 //! - One mapping per distinct module, ids from 1, `filename` the module path. Kernel frames all go
-//!   in one `[kernel.kallsyms]` mapping (perf's name) whatever their module says. Frames without
-//!   a module have no mapping (`mapping_id` 0). Location addresses are module-relative (file
-//!   offsets; absolute for the kernel), so a mapping spans `[0, highest address + 1)`.
+//!   in one `[kernel.kallsyms]` mapping (perf's name) whatever their module says, Python frames
+//!   in one [`PYTHON_MAPPING`] (`[python]`: pprof tools do not look for a file behind a name in
+//!   brackets), which is also how `spanprof report` tells them from native frames. Native frames
+//!   without a module (placeholders such as `[truncated]`) have no mapping (`mapping_id` 0).
+//!   Location addresses are module-relative (file offsets; absolute for the kernel; 0 for Python
+//!   and placeholders), so a mapping spans `[0, highest address + 1)`.
 //! - One location per distinct frame, with the frame's address and one line
 //!   `{function_id, line}` (line 0 when unknown).
 //! - One function per distinct (name, source file). Kernel functions keep their plain name (no
 //!   `_[k]`; the mapping says they are kernel code). Unknown frames get a function named after
 //!   [`Frame::base_name`], e.g. `[unknown] (libfoo.so+0x1234)`, so they still show up.
 //! - `time_nanos` is the session start (Unix time), `duration_nanos` its length. Comments record
-//!   the target and, when non-zero, the number of lost samples.
+//!   the target (`target: …`), when non-zero the number of lost samples (`lost samples: N`), and
+//!   each process (`process: PID (name)`); `spanprof report` reads them back.
 //! - `string_table[0]` is `""`; strings are added in first-use order, so output is deterministic.
 
 use std::{
@@ -37,6 +46,16 @@ use crate::profile::{Frame, FrameKind, Profile};
 
 /// The mapping that holds every kernel frame.
 pub const KERNEL_MAPPING: &str = symbolizer::KERNEL_MODULE;
+
+/// The mapping that holds every Python frame.
+pub const PYTHON_MAPPING: &str = "[python]";
+
+/// Prefix of the comment that names what was profiled.
+pub const TARGET_COMMENT: &str = "target: ";
+/// Prefix of the comment that counts lost samples.
+pub const LOST_COMMENT: &str = "lost samples: ";
+/// Prefix of the comment that names a process: `process: PID (name)`.
+pub const PROCESS_COMMENT: &str = "process: ";
 
 /// Renders the profile as a gzipped `profile.proto`.
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
@@ -69,11 +88,19 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     let thread_name = b.strings.intern("thread.name");
     let process_id = b.strings.intern("process.id");
 
-    let mut comment = vec![b.strings.intern(&format!("target: {}", meta.target))];
+    let mut comment = vec![b
+        .strings
+        .intern(&format!("{TARGET_COMMENT}{}", meta.target))];
     if meta.lost_samples > 0 {
         comment.push(
             b.strings
-                .intern(&format!("lost samples: {}", meta.lost_samples)),
+                .intern(&format!("{LOST_COMMENT}{}", meta.lost_samples)),
+        );
+    }
+    for p in &profile.processes {
+        comment.push(
+            b.strings
+                .intern(&format!("{PROCESS_COMMENT}{} ({})", p.pid, p.name)),
         );
     }
 
@@ -90,7 +117,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
                 *slot.get_or_insert_with(|| b.location(&profile.frames[frame as usize]))
             })
             .collect();
-        let label = vec![
+        let mut label = vec![
             Label {
                 key: thread_id,
                 num: i64::from(thread.tid),
@@ -107,6 +134,15 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
                 ..Label::default()
             },
         ];
+        if let Some(span) = profile.span_of(sample) {
+            for (key, value) in span.labels() {
+                label.push(Label {
+                    key: b.strings.intern(key),
+                    str: b.strings.intern(&value),
+                    ..Label::default()
+                });
+            }
+        }
         samples.push(Sample {
             location_id,
             value: vec![saturating_i64(sample.count)],
@@ -218,8 +254,9 @@ impl Builder {
     fn mapping(&mut self, frame: &Frame) -> u64 {
         let module = match (frame.kind, &frame.module) {
             (FrameKind::Kernel, _) => KERNEL_MAPPING,
+            (FrameKind::Python, _) => PYTHON_MAPPING,
             (FrameKind::Native, Some(module)) => module.as_str(),
-            (FrameKind::Native, None) | (FrameKind::Python, _) => return 0,
+            (FrameKind::Native, None) => return 0,
         };
         let filename = self.strings.intern(module);
         let index = *self.mapping_index.entry(filename).or_insert_with(|| {
@@ -291,7 +328,14 @@ mod tests {
         assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
         assert_eq!(p.duration_nanos, 2_500_000_000);
         let comments: Vec<&str> = p.comment.iter().map(|&c| string(&p, c)).collect();
-        assert_eq!(comments, ["target: pid 100 (app)", "lost samples: 4"]);
+        assert_eq!(
+            comments,
+            [
+                "target: pid 100 (app)",
+                "lost samples: 4",
+                "process: 100 (app)"
+            ]
+        );
 
         let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(total, 11);
@@ -386,6 +430,94 @@ mod tests {
         let mut profile = fixture::profile();
         profile.meta.lost_samples = 0;
         let p = build(&profile).unwrap();
-        assert_eq!(p.comment.len(), 1);
+        assert_eq!(p.comment.len(), 2);
+    }
+
+    fn labels(p: &PprofProfile, sample: &Sample) -> Vec<(String, String)> {
+        sample
+            .label
+            .iter()
+            .map(|l| {
+                let value = if l.str != 0 {
+                    string(p, l.str).to_string()
+                } else {
+                    l.num.to_string()
+                };
+                (string(p, l.key).to_string(), value)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn span_labels_follow_thread_labels() {
+        let p = decode(&render(&fixture::with_spans()).unwrap());
+        let thread = |tid: &str, name: &str| {
+            vec![
+                ("thread.id".to_string(), tid.to_string()),
+                ("thread.name".to_string(), name.to_string()),
+                ("process.id".to_string(), "100".to_string()),
+            ]
+        };
+        let with = |mut base: Vec<(String, String)>, extra: &[(&str, &str)]| {
+            base.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            base
+        };
+        let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let base = "11111111-1111-1111-1111-111111111111";
+        let point = "22222222-2222-2222-2222-222222222222";
+        let nested = "33333333-3333-3333-3333-333333333333";
+        assert_eq!(
+            labels(&p, &p.sample[0]),
+            with(
+                thread("100", "app"),
+                &[("trace_id", trace), ("span_id", "00f067aa0ba902b7")]
+            )
+        );
+        assert_eq!(
+            labels(&p, &p.sample[1]),
+            with(
+                thread("101", "worker"),
+                &[("osprofiler.base_id", base), ("osprofiler.trace_id", point)]
+            )
+        );
+        assert_eq!(
+            labels(&p, &p.sample[2]),
+            with(
+                thread("100", "app"),
+                &[
+                    ("trace_id", trace),
+                    ("span_id", "00f067aa0ba902b8"),
+                    ("osprofiler.base_id", base),
+                    ("osprofiler.trace_id", nested),
+                    ("osprofiler.parent_id", point),
+                ]
+            )
+        );
+        assert_eq!(labels(&p, &p.sample[3]), thread("101", "worker"));
+    }
+
+    #[test]
+    fn python_frames_have_their_own_mapping() {
+        let mut profile = fixture::profile();
+        profile.frames.push(Frame {
+            kind: FrameKind::Python,
+            function: Some("handle".to_string()),
+            module: None,
+            address: 0,
+            file: Some("/srv/app.py".to_string()),
+            line: Some(12),
+            unknown_reason: None,
+        });
+        profile.samples[0].frames.push(5);
+        let p = build(&profile).unwrap();
+        let python = p
+            .mapping
+            .iter()
+            .find(|m| string(&p, m.filename) == PYTHON_MAPPING)
+            .unwrap();
+        assert!(python.has_functions && python.has_filenames && python.has_line_numbers);
+        let leaf = &p.location[usize::try_from(p.sample[0].location_id[0] - 1).unwrap()];
+        assert_eq!(leaf.mapping_id, python.id);
+        assert_eq!(leaf.line[0].line, 12);
     }
 }

@@ -66,6 +66,9 @@ pub struct PythonProcess {
     pub code_type_addr: Option<u64>,
     /// Run-time address of `PyUnicode_Type`, to validate strings, when exported.
     pub unicode_type_addr: Option<u64>,
+    /// Run-time addresses of `_PyHamt_BitmapNode_Type`, `_PyHamt_ArrayNode_Type` and
+    /// `_PyHamt_CollisionNode_Type`, when the symbol table has them (not in stripped builds).
+    pub hamt_types: [Option<u64>; 3],
     /// Run-time address ranges `[start, end)` of the interpreter loop
     /// (`_PyEval_EvalFrameDefault` and its `.cold` part when the symbol table has it): a native
     /// frame there is running Python frames.
@@ -259,6 +262,7 @@ struct Symbols {
     py_version: Option<u64>,
     code_type: Option<u64>,
     unicode_type: Option<u64>,
+    hamt_types: [Option<u64>; 3],
     /// Link-time `[start, end)` of the interpreter loop's parts.
     eval: Vec<(u64, u64)>,
     /// File offset of `_PyEval_EvalFrameDefault`.
@@ -270,8 +274,8 @@ const EVAL_FUNCTIONS: [&str; 2] = ["_PyEval_EvalFrameDefault", "_PyEval_EvalFram
 
 fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
     let mut elf = Elf::new(path);
-    // NB: debug symbols exclude variables in blazesym's inspector; all wanted names are in
-    // `.dynsym` anyway.
+    // NB: debug symbols exclude variables in blazesym's inspector; the wanted names are in
+    // `.dynsym`, or `.symtab` (the HAMT types; absent from stripped builds).
     elf.debug_syms = false;
     let names = [
         "_PyRuntime",
@@ -280,6 +284,9 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
         "PyUnicode_Type",
         EVAL_FUNCTIONS[0],
         EVAL_FUNCTIONS[1],
+        "_PyHamt_BitmapNode_Type",
+        "_PyHamt_ArrayNode_Type",
+        "_PyHamt_CollisionNode_Type",
     ];
     let found = inspector.lookup(&Source::Elf(elf), &names).ok()?;
     let first = |i: usize| found.get(i).and_then(|v| v.first()).map(|s| s.addr);
@@ -299,6 +306,7 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
             .and_then(|s| s.file_offset),
         code_type: first(2),
         unicode_type: first(3),
+        hamt_types: [first(6), first(7), first(8)],
         eval,
         eval_file_offset,
     })
@@ -371,6 +379,7 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             runtime_addr: syms.runtime.wrapping_add(load_bias),
             code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
             unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
+            hamt_types: syms.hamt_types.map(|t| t.map(|a| a.wrapping_add(load_bias))),
             eval_ranges: syms
                 .eval
                 .iter()

@@ -12,6 +12,8 @@
 //!   its line table.
 //! - [`names::CodeNames`] names the (code object, instruction offset) pairs the BPF walker
 //!   records, per process, cached and validated against reuse of freed code objects.
+//! - [`objects`] reads dicts, attributes and modules of a live process from user space, to find
+//!   the tracing libraries' objects the BPF program reads span contexts through.
 //! - [`lines`] turns an instruction offset into a line number for each version's line table
 //!   format ([`walk::CodeInfo::line`]).
 //!
@@ -24,6 +26,7 @@ pub mod detect;
 pub mod lines;
 pub mod memory;
 pub mod names;
+pub mod objects;
 pub mod offsets;
 pub mod walk;
 

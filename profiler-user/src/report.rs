@@ -1,0 +1,608 @@
+//! `spanprof report`: a profile read back from a pprof file spanprof wrote, and filtered by span.
+//!
+//! # Overview
+//!
+//! [`read_pprof`] turns the bytes of a `.pb.gz` (or plain `profile.proto`) that
+//! [`crate::output::pprof`] wrote back into the [`Profile`] it came from, so every sink of
+//! [`crate::output`] can render it again: a replayed file feeds the same sinks as a live session.
+//! [`Filter`] then keeps the samples of one trace or span ([`Profile::retain_samples`]).
+//!
+//! What comes back, from what the writer put in the file:
+//!
+//! - frames from locations: the function's name, file and line, the location's address; the
+//!   mapping tells the kind (`[kernel.kallsyms]`: kernel, `[python]`: Python, another file: a
+//!   native frame of that module, none: a native placeholder such as `[truncated]`). A function
+//!   named `[unknown] (libfoo.so+0x1234)` that matches its mapping and address is an unknown
+//!   frame again (no function name), so it reads the same everywhere;
+//! - threads from the `thread.id`, `thread.name` and `process.id` labels, processes from the
+//!   `process: PID (name)` comments (from the threads for files without them), span contexts from
+//!   the span labels ([`crate::profile::labels`]);
+//! - the session's target and lost samples from the comments, its start and length from
+//!   `time_nanos` and `duration_nanos`, the frequency from the period (`1e9 / period`, rounded:
+//!   exact for 1–10000 Hz).
+//!
+//! Not in the file, so not back: why an unknown frame is unknown, and the Python walker's counts.
+//!
+//! # Design constraints
+//!
+//! A file spanprof did not write (another profiler's pprof, any other file) is refused with a
+//! one-line reason rather than half read: the sample type must be `samples/count`, the period
+//! type `cpu/nanoseconds`, and a `target:` comment must be there.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    io::{self, Read},
+    time::{Duration, UNIX_EPOCH},
+};
+
+use ::pprof::protos::{Message, Profile as PprofProfile};
+use flate2::read::GzDecoder;
+
+use crate::output::pprof::{
+    KERNEL_MAPPING, LOST_COMMENT, PROCESS_COMMENT, PYTHON_MAPPING, TARGET_COMMENT,
+};
+use crate::profile::{
+    hex, labels, uuid, Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, PythonStats,
+    Sample, SpanContext, Thread,
+};
+
+/// Why a file could not be read back as a spanprof profile.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReportError {
+    /// The file starts like gzip but does not decompress.
+    #[error("not a pprof profile: bad gzip data")]
+    Gzip(#[source] io::Error),
+    /// The bytes are not a `profile.proto` message.
+    #[error("not a pprof profile")]
+    Decode(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A pprof profile, but not one spanprof wrote.
+    #[error("not a spanprof profile: {0}")]
+    Foreign(String),
+    /// A spanprof profile with an inconsistent table or label.
+    #[error("damaged spanprof profile: {0}")]
+    Damaged(String),
+}
+
+/// Reads a pprof profile that spanprof wrote, gzipped or not, back into a [`Profile`].
+pub fn read_pprof(bytes: &[u8]) -> Result<Profile, ReportError> {
+    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut raw = Vec::new();
+        GzDecoder::new(bytes)
+            .read_to_end(&mut raw)
+            .map_err(ReportError::Gzip)?;
+        raw
+    } else {
+        bytes.to_vec()
+    };
+    let p = PprofProfile::decode(raw.as_slice()).map_err(|e| ReportError::Decode(Box::new(e)))?;
+    Reader { p: &p }.profile()
+}
+
+/// The decoded message, with string and table lookups that fail as [`ReportError::Damaged`].
+struct Reader<'a> {
+    p: &'a PprofProfile,
+}
+
+fn damaged(msg: impl Into<String>) -> ReportError {
+    ReportError::Damaged(msg.into())
+}
+
+impl Reader<'_> {
+    fn string(&self, i: i64) -> Result<&str, ReportError> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.p.string_table.get(i))
+            .map(String::as_str)
+            .ok_or_else(|| damaged(format!("string {i} is not in the string table")))
+    }
+
+    fn profile(&self) -> Result<Profile, ReportError> {
+        let p = self.p;
+        let types: Vec<(&str, &str)> = p
+            .sample_type
+            .iter()
+            .map(|t| Ok((self.string(t.ty)?, self.string(t.unit)?)))
+            .collect::<Result<_, ReportError>>()?;
+        if types != [("samples", "count")] {
+            return Err(ReportError::Foreign(format!(
+                "its sample types are {types:?}, not samples/count"
+            )));
+        }
+        let period_type = match &p.period_type {
+            Some(t) => (self.string(t.ty)?, self.string(t.unit)?),
+            None => ("", ""),
+        };
+        if period_type != ("cpu", "nanoseconds") || p.period <= 0 {
+            return Err(ReportError::Foreign(
+                "its period is not in cpu/nanoseconds".to_string(),
+            ));
+        }
+        let comments: Vec<&str> = p
+            .comment
+            .iter()
+            .map(|&c| self.string(c))
+            .collect::<Result<_, _>>()?;
+        let target = comments
+            .iter()
+            .find_map(|c| c.strip_prefix(TARGET_COMMENT))
+            .ok_or_else(|| ReportError::Foreign("no `target:` comment".to_string()))?;
+        let lost_samples = comments
+            .iter()
+            .find_map(|c| c.strip_prefix(LOST_COMMENT))
+            .map(|n| {
+                n.parse()
+                    .map_err(|_| damaged(format!("bad lost samples comment {n:?}")))
+            })
+            .transpose()?
+            .unwrap_or(0);
+        let mut processes = comments
+            .iter()
+            .filter_map(|c| c.strip_prefix(PROCESS_COMMENT))
+            .map(|c| {
+                let (pid, name) = c
+                    .split_once(" (")
+                    .and_then(|(pid, rest)| Some((pid.parse().ok()?, rest.strip_suffix(')')?)))
+                    .ok_or_else(|| damaged(format!("bad process comment {c:?}")))?;
+                Ok(Process {
+                    pid,
+                    name: name.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, ReportError>>()?;
+
+        let period = u64::try_from(p.period).unwrap_or(1);
+        let meta = Meta {
+            target: target.to_string(),
+            start: UNIX_EPOCH + Duration::from_nanos(u64::try_from(p.time_nanos).unwrap_or(0)),
+            duration: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
+            frequency: ((1e9 / period as f64).round() as u64).max(1),
+            lost_samples,
+            python: PythonStats::default(),
+        };
+
+        let (frames, frame_of_location) = self.frames()?;
+        let mut threads: Vec<Thread> = Vec::new();
+        let mut thread_ids: HashMap<Thread, u32> = HashMap::new();
+        let mut spans: Vec<SpanContext> = Vec::new();
+        let mut span_ids: HashMap<SpanContext, u32> = HashMap::new();
+        let mut samples = Vec::with_capacity(p.sample.len());
+        for (i, s) in p.sample.iter().enumerate() {
+            let mut frames_of = s
+                .location_id
+                .iter()
+                .map(|id| {
+                    frame_of_location.get(id).copied().ok_or_else(|| {
+                        damaged(format!("sample {i} refers to missing location {id}"))
+                    })
+                })
+                .collect::<Result<Vec<u32>, _>>()?;
+            // pprof stacks are leaf first, ours root first.
+            frames_of.reverse();
+            let (thread, span) = self.labels(i, s)?;
+            let thread = *thread_ids.entry(thread).or_insert_with_key(|t| {
+                threads.push(t.clone());
+                threads.len() as u32 - 1
+            });
+            let span = span.map(|span| {
+                *span_ids.entry(span).or_insert_with_key(|s| {
+                    spans.push(s.clone());
+                    spans.len() as u32 - 1
+                })
+            });
+            let count = match s.value.as_slice() {
+                [v] => u64::try_from(*v)
+                    .map_err(|_| damaged(format!("sample {i} has a negative count")))?,
+                _ => return Err(damaged(format!("sample {i} has not one value"))),
+            };
+            samples.push(Sample {
+                frames: frames_of,
+                thread,
+                count,
+                span,
+            });
+        }
+        if processes.is_empty() {
+            // Files without process comments: a process is named after its main thread, else
+            // after the first of its threads.
+            for t in &threads {
+                match processes.iter_mut().find(|p| p.pid == t.pid) {
+                    Some(p) if t.tid == t.pid => p.name = t.name.clone(),
+                    Some(_) => {}
+                    None => processes.push(Process {
+                        pid: t.pid,
+                        name: t.name.clone(),
+                    }),
+                }
+            }
+            processes.sort_by_key(|p| p.pid);
+        }
+        Ok(Profile {
+            meta,
+            frames,
+            threads,
+            processes,
+            samples,
+            spans,
+        })
+    }
+
+    /// One frame per location, and the frame index of each location id.
+    fn frames(&self) -> Result<(Vec<Frame>, HashMap<u64, u32>), ReportError> {
+        let p = self.p;
+        let mappings: HashMap<u64, &str> = p
+            .mapping
+            .iter()
+            .map(|m| Ok((m.id, self.string(m.filename)?)))
+            .collect::<Result<_, ReportError>>()?;
+        let functions: HashMap<u64, (&str, &str)> = p
+            .function
+            .iter()
+            .map(|f| Ok((f.id, (self.string(f.name)?, self.string(f.filename)?))))
+            .collect::<Result<_, ReportError>>()?;
+        let mut frames: Vec<Frame> = Vec::with_capacity(p.location.len());
+        let mut ids: HashMap<Frame, u32> = HashMap::new();
+        let mut of_location = HashMap::with_capacity(p.location.len());
+        for loc in &p.location {
+            let [line] = loc.line.as_slice() else {
+                return Err(damaged(format!(
+                    "location {} has {} lines, not one",
+                    loc.id,
+                    loc.line.len()
+                )));
+            };
+            let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
+                damaged(format!(
+                    "location {} refers to missing function {}",
+                    loc.id, line.function_id
+                ))
+            })?;
+            let mapping = match loc.mapping_id {
+                0 => None,
+                id => Some(*mappings.get(&id).ok_or_else(|| {
+                    damaged(format!(
+                        "location {} refers to missing mapping {id}",
+                        loc.id
+                    ))
+                })?),
+            };
+            let (kind, module) = match mapping {
+                Some(KERNEL_MAPPING) => (FrameKind::Kernel, Some(KERNEL_MAPPING)),
+                Some(PYTHON_MAPPING) => (FrameKind::Python, None),
+                module => (FrameKind::Native, module),
+            };
+            let mut frame = Frame {
+                kind,
+                function: None,
+                module: module.map(str::to_string),
+                address: loc.address,
+                file: (!file.is_empty()).then(|| file.to_string()),
+                line: u32::try_from(line.line).ok().filter(|&l| l != 0),
+                unknown_reason: None,
+            };
+            // The writer names unknown frames `[unknown] (module+0x…)`: the same frame without a
+            // function gives that name back.
+            if kind == FrameKind::Python || frame.base_name() != name {
+                frame.function = Some(name.to_string());
+            } else {
+                frame.unknown_reason = Some("no function name in the pprof file".to_string());
+            }
+            let index = *ids.entry(frame).or_insert_with_key(|f| {
+                frames.push(f.clone());
+                frames.len() as u32 - 1
+            });
+            of_location.insert(loc.id, index);
+        }
+        Ok((frames, of_location))
+    }
+
+    /// The thread and the span context (if any) of sample `i`.
+    fn labels(
+        &self,
+        i: usize,
+        s: &::pprof::protos::Sample,
+    ) -> Result<(Thread, Option<SpanContext>), ReportError> {
+        let (mut tid, mut pid, mut name) = (None, None, None);
+        let mut span = SpanContext::default();
+        let mut osp: [Option<[u8; 16]>; 3] = [None; 3];
+        for l in &s.label {
+            let key = self.string(l.key)?;
+            let value = || self.string(l.str);
+            let bad = |what: &str| damaged(format!("sample {i}: bad {key} label: {what}"));
+            let id = |v: i64| u32::try_from(v).map_err(|_| bad("not a 32-bit id"));
+            match key {
+                "thread.id" => tid = Some(id(l.num)?),
+                "process.id" => pid = Some(id(l.num)?),
+                "thread.name" => name = Some(value()?.to_string()),
+                labels::TRACE_ID => {
+                    span.trace_id = Some(parse_hex(value()?).ok_or_else(|| bad("not 32 hex"))?)
+                }
+                labels::SPAN_ID => {
+                    span.span_id = Some(parse_hex(value()?).ok_or_else(|| bad("not 16 hex"))?)
+                }
+                labels::OSP_BASE_ID | labels::OSP_TRACE_ID | labels::OSP_PARENT_ID => {
+                    let slot = match key {
+                        labels::OSP_BASE_ID => 0,
+                        labels::OSP_TRACE_ID => 1,
+                        _ => 2,
+                    };
+                    osp[slot] = Some(parse_uuid(value()?).ok_or_else(|| bad("not a UUID"))?);
+                }
+                // Labels of newer or other writers are not ours to refuse.
+                _ => {}
+            }
+        }
+        let missing = |label: &str| damaged(format!("sample {i} has no {label} label"));
+        let thread = Thread {
+            pid: pid.ok_or_else(|| missing("process.id"))?,
+            tid: tid.ok_or_else(|| missing("thread.id"))?,
+            name: name.ok_or_else(|| missing("thread.name"))?,
+        };
+        span.osprofiler = match osp {
+            [Some(base_id), Some(trace_id), parent_id] => Some(OsProfilerIds {
+                base_id,
+                trace_id,
+                parent_id,
+            }),
+            [None, None, None] => None,
+            _ => {
+                return Err(damaged(format!(
+                    "sample {i} has OSProfiler labels without both {} and {}",
+                    labels::OSP_BASE_ID,
+                    labels::OSP_TRACE_ID
+                )))
+            }
+        };
+        Ok((thread, (!span.is_empty()).then_some(span)))
+    }
+}
+
+/// Parses exactly `2 * N` hex digits (either case) into bytes.
+pub fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Parses a UUID, `8-4-4-4-12` or 32 hex digits (either case).
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let dashed = s.len() == 36
+        && s.char_indices()
+            .all(|(i, c)| matches!(i, 8 | 13 | 18 | 23) == (c == '-'));
+    if dashed {
+        parse_hex(&s.replace('-', ""))
+    } else {
+        parse_hex(s)
+    }
+}
+
+/// Which samples `spanprof report` keeps: those whose span context has every id given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// `--trace-id`: the OpenTelemetry trace id.
+    pub trace_id: Option<[u8; 16]>,
+    /// `--span-id`: the OpenTelemetry span id.
+    pub span_id: Option<[u8; 8]>,
+    /// `--base-id`: the OSProfiler base id (the whole request).
+    pub base_id: Option<[u8; 16]>,
+    /// `--osprofiler-id`: the OSProfiler trace point the thread was in (not its parents).
+    pub osprofiler_id: Option<[u8; 16]>,
+}
+
+impl Filter {
+    /// True when no id is asked for: every sample is kept.
+    pub fn is_empty(&self) -> bool {
+        *self == Filter::default()
+    }
+
+    /// Whether a sample in `span` (`None`: in no span) passes every id given.
+    pub fn matches(&self, span: Option<&SpanContext>) -> bool {
+        if self.is_empty() {
+            return true;
+        }
+        let Some(span) = span else {
+            return false;
+        };
+        let osp = span.osprofiler.as_ref();
+        self.trace_id.is_none_or(|t| span.trace_id == Some(t))
+            && self.span_id.is_none_or(|s| span.span_id == Some(s))
+            && self
+                .base_id
+                .is_none_or(|b| osp.is_some_and(|o| o.base_id == b))
+            && self
+                .osprofiler_id
+                .is_none_or(|t| osp.is_some_and(|o| o.trace_id == t))
+    }
+
+    /// Keeps the samples of `profile` that match, and the tables they use.
+    pub fn apply(&self, profile: &mut Profile) {
+        profile.retain_samples(|p, s| self.matches(p.span_of(s)));
+    }
+}
+
+/// The filter as options, e.g. `--trace-id 4bf9… --span-id 00f0…`.
+impl fmt::Display for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(t) = &self.trace_id {
+            parts.push(format!("--trace-id {}", hex(t)));
+        }
+        if let Some(s) = &self.span_id {
+            parts.push(format!("--span-id {}", hex(s)));
+        }
+        if let Some(b) = &self.base_id {
+            parts.push(format!("--base-id {}", uuid(b)));
+        }
+        if let Some(o) = &self.osprofiler_id {
+            parts.push(format!("--osprofiler-id {}", uuid(o)));
+        }
+        f.write_str(&parts.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::{self, fixture, Format};
+
+    fn folded(profile: &Profile) -> String {
+        String::from_utf8(output::render(profile, Format::Folded).unwrap()).unwrap()
+    }
+
+    fn round_trip(profile: &Profile) -> Profile {
+        read_pprof(&output::render(profile, Format::Pprof).unwrap()).unwrap()
+    }
+
+    fn python_profile() -> Profile {
+        let mut profile = fixture::with_spans();
+        for (name, line) in [("handle", Some(12)), ("<module>", None)] {
+            profile.frames.push(Frame {
+                kind: FrameKind::Python,
+                function: Some(name.to_string()),
+                module: None,
+                address: 0,
+                file: Some("/srv/app.py".to_string()),
+                line,
+                unknown_reason: None,
+            });
+        }
+        profile.frames.push(Frame {
+            kind: FrameKind::Native,
+            function: Some("[truncated]".to_string()),
+            module: None,
+            address: 0,
+            file: None,
+            line: None,
+            unknown_reason: None,
+        });
+        profile.samples[0].frames.extend([6, 5]);
+        profile.samples[1].frames.insert(0, 7);
+        profile
+    }
+
+    #[test]
+    fn round_trip_gives_the_same_outputs() {
+        let profile = python_profile();
+        let back = round_trip(&profile);
+        assert_eq!(folded(&back), folded(&profile));
+        assert!(folded(&back).contains("main;compute;<module> (app.py);handle (app.py:12) 5"));
+        for format in [Format::Pprof, Format::Speedscope, Format::Svg] {
+            assert_eq!(
+                output::render(&back, format).unwrap(),
+                output::render(&profile, format).unwrap(),
+                "{format}"
+            );
+        }
+        assert_eq!(back.meta, profile.meta.clone());
+        assert_eq!(back.threads, profile.threads);
+        assert_eq!(back.processes, profile.processes);
+        assert_eq!(back.spans, profile.spans);
+        // The same stacks of the same frames (the frame table is in another order), but for why
+        // an unknown frame is unknown, and the kernel's module, which pprof names its own way.
+        let mut frames = profile.frames.clone();
+        frames[2].unknown_reason = Some("no function name in the pprof file".to_string());
+        frames[3].module = Some(KERNEL_MAPPING.to_string());
+        let stacks = |p: &Profile, frames: &[Frame]| -> Vec<(Vec<Frame>, u32, u64, Option<u32>)> {
+            p.samples
+                .iter()
+                .map(|s| {
+                    let stack = s.frames.iter().map(|&f| frames[f as usize].clone());
+                    (stack.collect(), s.thread, s.count, s.span)
+                })
+                .collect()
+        };
+        assert_eq!(stacks(&back, &back.frames), stacks(&profile, &frames));
+        // Grouped, too.
+        let grouped = profile.grouped(crate::profile::GroupBy::Span);
+        assert_eq!(folded(&round_trip(&grouped)), folded(&grouped));
+    }
+
+    #[test]
+    fn reads_plain_protobuf_and_every_frequency() {
+        let mut profile = fixture::profile();
+        for hz in [1, 7, 99, 997, 9999, 10_000] {
+            profile.meta.frequency = hz;
+            let message = output::pprof::build(&profile).unwrap().encode_to_vec();
+            assert_eq!(read_pprof(&message).unwrap().meta.frequency, hz);
+        }
+    }
+
+    #[test]
+    fn refuses_other_files() {
+        let err =
+            |bytes: &[u8]| format!("{:#}", anyhow::Error::from(read_pprof(bytes).unwrap_err()));
+        assert!(
+            err(b"").starts_with("not a spanprof profile"),
+            "{}",
+            err(b"")
+        );
+        assert!(err(b"\x1f\x8bnot gzip").starts_with("not a pprof profile: bad gzip data"));
+        assert!(err(b"hello, world\n").starts_with("not a pprof profile"));
+        let mut foreign = output::pprof::build(&fixture::profile()).unwrap();
+        foreign.comment.clear();
+        assert_eq!(
+            err(&foreign.encode_to_vec()),
+            "not a spanprof profile: no `target:` comment"
+        );
+    }
+
+    #[test]
+    fn filters() {
+        let profile = fixture::with_spans();
+        let kept = |f: &Filter| {
+            let mut p = profile.clone();
+            f.apply(&mut p);
+            (p.total_samples(), p.spans.len(), p.threads.len())
+        };
+        assert_eq!(kept(&Filter::default()), (11, 3, 2));
+        let trace = Filter {
+            trace_id: Some(fixture::TRACE),
+            ..Filter::default()
+        };
+        assert_eq!(kept(&trace), (7, 2, 1));
+        let span = Filter {
+            span_id: parse_hex("00F067AA0BA902B8"),
+            ..trace.clone()
+        };
+        assert_eq!(kept(&span), (2, 1, 1));
+        let base = Filter {
+            base_id: Some(fixture::BASE),
+            ..Filter::default()
+        };
+        assert_eq!(kept(&base), (5, 2, 2));
+        let point = Filter {
+            osprofiler_id: parse_uuid("22222222-2222-2222-2222-222222222222"),
+            ..base.clone()
+        };
+        assert_eq!(kept(&point), (3, 1, 1));
+        let none = Filter {
+            span_id: parse_hex("00f067aa0ba902b7"),
+            ..point.clone()
+        };
+        assert_eq!(kept(&none), (0, 0, 0));
+        assert_eq!(
+            none.to_string(),
+            "--span-id 00f067aa0ba902b7 --base-id 11111111-1111-1111-1111-111111111111 \
+             --osprofiler-id 22222222-2222-2222-2222-222222222222"
+        );
+    }
+
+    #[test]
+    fn parses_ids() {
+        assert_eq!(parse_hex::<2>("aB09"), Some([0xab, 0x09]));
+        assert_eq!(parse_hex::<2>("ab0"), None);
+        assert_eq!(parse_hex::<2>("+b09"), None);
+        assert_eq!(parse_hex::<2>("ab09x"), None);
+        let u = [0x12; 16];
+        assert_eq!(parse_uuid("12121212-1212-1212-1212-121212121212"), Some(u));
+        assert_eq!(parse_uuid("12121212121212121212121212121212"), Some(u));
+        assert_eq!(parse_uuid("1212121-21212-1212-1212-121212121212"), None);
+        assert_eq!(parse_uuid("12121212-1212-1212-1212-12121212121"), None);
+    }
+}
