@@ -192,7 +192,7 @@ pub struct SpanRecord {
 pub const ATTR_DICTOFFSET: u32 = 1;
 /// [`SpanProc::attr_kind`]: a managed dict at obj-24, or values at obj-32 (3.11).
 pub const ATTR_MANAGED: u32 = 2;
-/// [`SpanProc::attr_kind`]: obj-24 holds a dict, or values with the low bit set (3.12).
+/// [`SpanProc::attr_kind`]: obj-24 holds a dict, or the values' address minus one (3.12).
 pub const ATTR_TAGGED: u32 = 3;
 /// [`SpanProc::attr_kind`]: a dict at obj-24, or values inline at `tp_basicsize` (3.13).
 pub const ATTR_INLINE: u32 = 4;

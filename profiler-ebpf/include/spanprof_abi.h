@@ -235,7 +235,7 @@ struct spanprof_py_proc {
 /* How an object's instance attributes are stored (spanprof_span_proc.attr_kind). */
 #define SPANPROF_ATTR_DICTOFFSET 1 /* 3.8–3.10: a dict at the type's tp_dictoffset */
 #define SPANPROF_ATTR_MANAGED 2	   /* 3.11: a dict at obj-24, or values at obj-32 */
-#define SPANPROF_ATTR_TAGGED 3	   /* 3.12: obj-24 holds a dict, or values with the low bit set */
+#define SPANPROF_ATTR_TAGGED 3	   /* 3.12: obj-24 holds a dict, or the values' address - 1 */
 #define SPANPROF_ATTR_INLINE 4	   /* 3.13: a dict at obj-24, or values inline at tp_basicsize */
 
 /* How a dict's keys object is laid out (spanprof_span_proc.dict_kind). */

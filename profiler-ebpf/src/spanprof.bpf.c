@@ -668,10 +668,10 @@ static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, _
 			return dict_get(w, pre[1], name, hash);
 		v = pre[0];
 		break;
-	case SPANPROF_ATTR_TAGGED: /* 3.12: -24 holds the dict, or the values | 1 */
+	case SPANPROF_ATTR_TAGGED: /* 3.12: -24 holds the dict, or the values' address - 1 */
 		if (!(pre[1] & 1))
 			return pre[1] ? dict_get(w, pre[1], name, hash) : 0;
-		v = pre[1] - 1;
+		v = pre[1] + 1;
 		break;
 	default: /* 3.13: dict at -24, else values inline after the object */
 		if (pre[1])
@@ -691,13 +691,49 @@ static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, _
 	return keys_get(w, keys, v, name, hash);
 }
 
+#define HAMT_BITMAP_NODE 1
+#define HAMT_ARRAY_NODE 2
+#define HAMT_COLLISION_NODE 3
+/* The first 8 bytes of the node types' tp_name, little-endian: "hamt_bit", "hamt_arr", "hamt_col". */
+#define HAMT_NAME_BITMAP 0x7469625f746d6168ULL
+#define HAMT_NAME_ARRAY 0x7272615f746d6168ULL
+#define HAMT_NAME_COLLISION 0x6c6f635f746d6168ULL
+#define PY_TYPE_NAME 24 /* offsetof(PyTypeObject, tp_name) */
+
+/*
+ * Which HAMT node `type` is: by the addresses of the node types when user space found them in
+ * the symbol table, else by the type's name (stripped interpreters). 0: not a HAMT node.
+ */
+static __always_inline __u32 hamt_kind(struct scratch *w, __u64 type)
+{
+	__u64 name = 0, text = 0;
+
+	if (type == w->scfg.hamt_bitmap_type)
+		return HAMT_BITMAP_NODE;
+	if (type == w->scfg.hamt_array_type)
+		return HAMT_ARRAY_NODE;
+	if (type == w->scfg.hamt_collision_type)
+		return HAMT_COLLISION_NODE;
+	if (read_ptr(&name, type + PY_TYPE_NAME) || read_ptr(&text, name))
+		return 0;
+	switch (text) {
+	case HAMT_NAME_BITMAP:
+		return HAMT_BITMAP_NODE;
+	case HAMT_NAME_ARRAY:
+		return HAMT_ARRAY_NODE;
+	case HAMT_NAME_COLLISION:
+		return HAMT_COLLISION_NODE;
+	}
+	return 0;
+}
+
 /* One level of a HAMT lookup (Python/hamt.c: 5 bits of the hash per level). */
 static long hamt_step(__u64 n, void *ctx)
 {
 	struct scratch *w = get_scratch();
 	struct lookup *q;
 	__u64 hdr[4] = {}, kv[2] = {}, type, node = 0;
-	__u32 bitmap, bit, idx, slots, i;
+	__u32 bitmap, bit, idx, slots, i, kind;
 
 	if (!w)
 		return 1;
@@ -708,7 +744,8 @@ static long hamt_step(__u64 n, void *ctx)
 		return 1;
 	type = hdr[1];
 	idx = (__u32)(q->hash >> q->shift) & 31;
-	if (type == w->scfg.hamt_bitmap_type) {
+	kind = hamt_kind(w, type);
+	if (kind == HAMT_BITMAP_NODE) {
 		bitmap = (__u32)hdr[3];
 		bit = 1U << idx;
 		q->status = 0;
@@ -731,7 +768,7 @@ static long hamt_step(__u64 n, void *ctx)
 		}
 		return 1;
 	}
-	if (type == w->scfg.hamt_array_type) {
+	if (kind == HAMT_ARRAY_NODE) {
 		if (read_ptr(&node, q->node + HAMT_ARRAY_ARRAY + idx * 8))
 			return 1;
 		q->status = 0;
@@ -739,7 +776,7 @@ static long hamt_step(__u64 n, void *ctx)
 		q->shift += 5;
 		return node ? 0 : 1;
 	}
-	if (type == w->scfg.hamt_collision_type) {
+	if (kind == HAMT_COLLISION_NODE) {
 		slots = (__u32)hdr[2];
 		q->status = 0;
 		for (i = 0; i < COLLISION_PAIRS; i++) {
@@ -779,12 +816,12 @@ static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, 
 /* A non-negative int of at most `bytes` (8 or 16) bytes, stored big-endian at `out`. */
 static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u32 bytes)
 {
-	__u32 d[6] = {};
-	__u64 size = 0, hi = 0, lo = 0;
-	__u32 ndigits, i;
+	__u32 d[8] = {};
+	__u64 size = 0, hi, lo;
+	__u64 len;
+	__u32 ndigits;
 
-	if (bpf_probe_read_user(&size, sizeof(size), (const void *)(obj + PY_LONG_SIZE)) ||
-	    bpf_probe_read_user(d, 5 * sizeof(__u32), (const void *)(obj + PY_LONG_DIGITS)))
+	if (read_ptr(&size, obj + PY_LONG_SIZE))
 		return SPAN_FAULT;
 	if (w->scfg.long_kind == SPANPROF_LONG_TAG) {
 		if ((size & 3) == 2) /* negative */
@@ -795,12 +832,16 @@ static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u
 			return SPAN_FAULT;
 		ndigits = (__u32)size;
 	}
-	/* 128 bits take 5 digits of 30 bits; 64 bits take 3. */
+	/* 128 bits take 5 digits of 30 bits; 64 bits take 3. Only the object's digits are read. */
 	if (ndigits > (bytes == 16 ? 5 : 3))
 		return SPAN_FAULT;
-	for (i = 0; i < 5; i++)
-		if (i >= ndigits)
-			d[i] = 0;
+	len = (__u64)ndigits * sizeof(__u32);
+	/* Opaque to the compiler, so the bound below is checked on the register that is used. */
+	asm volatile("" : "+r"(len));
+	if (len > 5 * sizeof(__u32))
+		return SPAN_FAULT;
+	if (len && bpf_probe_read_user(d, len, (const void *)(obj + PY_LONG_DIGITS)))
+		return SPAN_FAULT;
 	lo = (__u64)d[0] | (__u64)d[1] << 30 | (__u64)d[2] << 60;
 	hi = (__u64)d[2] >> 4 | (__u64)d[3] << 26 | (__u64)d[4] << 56;
 	if (bytes == 8) {
@@ -828,12 +869,15 @@ static __always_inline int hex_nibble(__u8 c)
 /* A str holding a UUID (8-4-4-4-12 hex digits), parsed into 16 bytes at `out`. */
 static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 {
-	__u32 data = w->scfg.str_data, i, j = 0;
+	__u32 data = w->scfg.str_data, i, j = 0, len;
 	int hi, lo;
 
 	if (data < PY_STR_STATE + 4 || data > SPAN_BUF - PY_UUID_LEN + PY_STR_LENGTH)
 		return SPAN_FAULT;
-	if (!str || bpf_probe_read_user(w->buf, SPAN_BUF, (const void *)(str + PY_STR_LENGTH)))
+	/* From the length to the end of 36 characters: no byte past the object. */
+	len = data - PY_STR_LENGTH + PY_UUID_LEN;
+	if (!str || len > SPAN_BUF ||
+	    bpf_probe_read_user(w->buf, len, (const void *)(str + PY_STR_LENGTH)))
 		return SPAN_FAULT;
 	if (span_u64(w, 0) != PY_UUID_LEN ||
 	    (load_u32(w->buf, PY_STR_STATE - PY_STR_LENGTH, SPAN_BUF) & PY_STR_COMPACT_ASCII) !=
@@ -1069,6 +1113,7 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 	if (!bpf_map_lookup_elem(&target_pids, &tgid))
 		return 0;
 	bpf_map_delete_elem(&py_procs, &tgid);
+	bpf_map_delete_elem(&span_procs, &tgid);
 	/*
 	 * What was found of the thread's Python thread state belongs to the old program (a fork
 	 * child of a Python process, sampled before its exec, found none): forget it. The thread
@@ -1097,6 +1142,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 	if ((__u32)BPF_CORE_READ(task, pid) == tgid) {
 		bpf_map_delete_elem(&target_pids, &tgid);
 		bpf_map_delete_elem(&py_procs, &tgid);
+		bpf_map_delete_elem(&span_procs, &tgid);
 	}
 	return 0;
 }
@@ -1111,6 +1157,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 ptgid, ctgid;
 	struct spanprof_target t = {};
 	const struct spanprof_py_proc *py;
+	const struct spanprof_span_proc *spans;
 
 	if (!follow_children)
 		return 0;
@@ -1133,5 +1180,11 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		bpf_map_update_elem(&py_procs, &ctgid, py, BPF_ANY);
 	else
 		bpf_map_delete_elem(&py_procs, &ctgid);
+	/* The tracing libraries' objects too are where they were in the parent. */
+	spans = bpf_map_lookup_elem(&span_procs, &ptgid);
+	if (spans)
+		bpf_map_update_elem(&span_procs, &ctgid, spans, BPF_ANY);
+	else
+		bpf_map_delete_elem(&span_procs, &ctgid);
 	return 0;
 }

@@ -11,13 +11,16 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    Sample as SampleRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NONE, PY_NO_THREAD, PY_READ_FAILED,
-    TASK_COMM_LEN,
+    Sample as SampleRecord, SpanRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NONE, PY_NO_THREAD,
+    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, TASK_COMM_LEN,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::{Symbol, Symbolizer};
 
-use crate::profile::{Frame, FrameKind, Meta, Process, Profile, PythonStats, Sample, Thread};
+use crate::profile::{
+    Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample, SpanContext,
+    Thread,
+};
 use crate::python::{split_token, MergeInfo, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 
 /// Frame shown where C code called into Python but native unwinding could not show it.
@@ -97,9 +100,12 @@ pub struct Aggregator {
     user: FxHashMap<u32, StackTable>,
     /// Python stacks as tokens ([`Python::tokens`]), innermost first; ids are global.
     python: StackTable,
-    /// By (pid, tid, kernel stack, user stack, Python stack): a tid can come back under
-    /// another pid.
-    counts: FxHashMap<(u32, u32, u32, u32, u32), u64>,
+    /// By (pid, tid, kernel stack, user stack, Python stack, span): a tid can come back under
+    /// another pid. Span 0 is none, else an index into `spans` plus one.
+    counts: FxHashMap<(u32, u32, u32, u32, u32, u32), u64>,
+    /// Distinct span contexts, in order of appearance.
+    spans: Vec<SpanContext>,
+    span_ids: FxHashMap<SpanContext, u32>,
     /// Latest `comm` of each (pid, tid).
     threads: FxHashMap<(u32, u32), [u8; TASK_COMM_LEN]>,
     processes: BTreeMap<u32, String>,
@@ -119,6 +125,8 @@ impl Aggregator {
             user: FxHashMap::default(),
             python: StackTable::default(),
             counts: FxHashMap::default(),
+            spans: Vec::new(),
+            span_ids: FxHashMap::default(),
             threads: FxHashMap::default(),
             processes: BTreeMap::new(),
             pending: FxHashMap::default(),
@@ -185,15 +193,34 @@ impl Aggregator {
                 .or_default()
                 .extend_from_slice(&self.scratch[..n]);
         }
+        let span = match sample.span() {
+            Some(record) => self.span_id(record),
+            None => 0,
+        };
         *self
             .counts
-            .entry((rec.pid, rec.tid, kid, uid, pyid))
+            .entry((rec.pid, rec.tid, kid, uid, pyid, span))
             .or_insert(0) += 1;
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
         self.processes
             .entry(rec.pid)
             .or_insert_with(|| process_name(rec.pid, sample.comm()));
+    }
+
+    /// The id (index + 1) of a span context; allocates only for a context seen first.
+    fn span_id(&mut self, record: &SpanRecord) -> u32 {
+        let span = span_context(record);
+        if span.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.span_ids.get(&span) {
+            return id;
+        }
+        self.spans.push(span);
+        let id = self.spans.len() as u32;
+        self.span_ids.insert(span, id);
+        id
     }
 
     /// Normalizes the user addresses of stacks seen since the last call, while their processes
@@ -272,7 +299,7 @@ impl Aggregator {
         let mut python_frame: FxHashMap<u64, u32> = FxHashMap::default();
         let mut pieces = Vec::new();
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
-        for (&(pid, tid, kid, uid, pyid), &count) in &self.counts {
+        for (&(pid, tid, kid, uid, pyid, span), &count) in &self.counts {
             let ustack = user_stacks[&pid][uid as usize];
             let kstack = kernel_stacks[kid as usize];
             let pystack = python_stacks[pyid as usize];
@@ -313,10 +340,10 @@ impl Aggregator {
                 frames: stack,
                 thread: thread_index[&(pid, tid)],
                 count,
-                span: None,
+                span: span.checked_sub(1),
             });
         }
-        samples.sort_by(|a, b| (a.thread, &a.frames).cmp(&(b.thread, &b.frames)));
+        samples.sort_by(|a, b| (a.thread, &a.frames, a.span).cmp(&(b.thread, &b.frames, b.span)));
 
         Profile {
             meta,
@@ -328,8 +355,21 @@ impl Aggregator {
                 .map(|(pid, name)| Process { pid, name })
                 .collect(),
             samples,
-            spans: Vec::new(),
+            spans: self.spans,
         }
+    }
+}
+
+/// The ids a span record carries, as the profile keeps them.
+fn span_context(r: &SpanRecord) -> SpanContext {
+    SpanContext {
+        trace_id: (r.flags & SPAN_OTEL != 0).then_some(r.trace_id),
+        span_id: (r.flags & SPAN_OTEL != 0).then_some(r.span_id),
+        osprofiler: (r.flags & SPAN_OSP != 0).then_some(OsProfilerIds {
+            base_id: r.osp_base,
+            trace_id: r.osp_current,
+            parent_id: (r.flags & SPAN_OSP_PARENT != 0).then_some(r.osp_parent),
+        }),
     }
 }
 
@@ -522,10 +562,10 @@ mod tests {
         assert_eq!(agg.samples(), 3);
         assert_eq!(agg.counts.len(), 2, "two threads");
         // In the kernel, the user leaf is the return address of the system call.
-        assert_eq!(agg.counts[&(10, 11, 1, 1, EMPTY)], 2);
+        assert_eq!(agg.counts[&(10, 11, 1, 1, EMPTY, 0)], 2);
         assert_eq!(agg.user[&10].by_id()[1], [0xfff, 0x1fff]);
         // In user mode the leaf is the interrupted instruction itself.
-        assert_eq!(agg.counts[&(10, 12, EMPTY, 2, EMPTY)], 1);
+        assert_eq!(agg.counts[&(10, 12, EMPTY, 2, EMPTY, 0)], 1);
         assert_eq!(agg.user[&10].by_id()[2], [0x1000, 0x1fff]);
         assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
     }
@@ -540,8 +580,8 @@ mod tests {
             &mut py,
         );
         assert_eq!(agg.threads.len(), 2);
-        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY)], 1);
-        assert_eq!(agg.counts[&(20, 11, EMPTY, 1, EMPTY)], 1);
+        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0)], 1);
+        assert_eq!(agg.counts[&(20, 11, EMPTY, 1, EMPTY, 0)], 1);
     }
 
     const EVAL: &[(u64, u64)] = &[(0x5000, 0x6000)];
@@ -608,7 +648,7 @@ mod tests {
         });
         let mut py = Python::new(false);
         agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
-        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY)], 1);
+        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0)], 1);
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
     }
 }

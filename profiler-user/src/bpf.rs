@@ -13,7 +13,7 @@ use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{PerfEvent, ProgramType, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use profiler_common::{ErrorCode, PyProc, Target, ERROR_COUNT, TARGET_EXPLICIT};
+use profiler_common::{ErrorCode, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT};
 
 /// The compiled eBPF object.
 static EBPF_OBJECT: &[u8] =
@@ -84,6 +84,7 @@ pub struct Programs {
     pub samples: RingBuf<MapData>,
     targets: HashMap<MapData, u32, Target>,
     py_procs: HashMap<MapData, u32, PyProc>,
+    span_procs: HashMap<MapData, u32, SpanProc>,
     errors: PerCpuArray<MapData, u64>,
 }
 
@@ -210,6 +211,8 @@ impl Programs {
             .map_err(aya_err("open the target map"))?;
         let py_procs = HashMap::try_from(ebpf.take_map("py_procs").expect("py_procs map"))
             .map_err(aya_err("open the python process map"))?;
+        let span_procs = HashMap::try_from(ebpf.take_map("span_procs").expect("span_procs map"))
+            .map_err(aya_err("open the span context map"))?;
         let errors = PerCpuArray::try_from(ebpf.take_map("errors").expect("errors map"))
             .map_err(aya_err("open the error counters"))?;
         Ok(Programs {
@@ -217,6 +220,7 @@ impl Programs {
             samples,
             targets,
             py_procs,
+            span_procs,
             errors,
         })
     }
@@ -243,6 +247,13 @@ impl Programs {
         self.py_procs
             .insert(pid, *value, 0)
             .map_err(aya_err("add a process to the python map"))
+    }
+
+    /// Tells the BPF program where a CPython process keeps its threads' span contexts.
+    pub fn set_spans(&mut self, pid: u32, value: &SpanProc) -> Result<(), LoadError> {
+        self.span_procs
+            .insert(pid, *value, 0)
+            .map_err(aya_err("add a process to the span context map"))
     }
 
     /// Whether any process is still in the profiled set (targets and the children the kernel

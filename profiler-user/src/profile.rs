@@ -107,7 +107,7 @@ pub struct Sample {
 ///
 /// Ids are kept as bytes in wire order (big-endian, as W3C trace context and OTLP carry them);
 /// the `*_hex`/`uuid` helpers give the text forms the outputs use.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SpanContext {
     /// OpenTelemetry trace id.
     pub trace_id: Option<[u8; 16]>,

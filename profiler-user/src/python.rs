@@ -21,9 +21,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use profiler_common::{
-    PyFrame, PyProc, PY_CODE_BLOCK, PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM,
-    PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER,
-    PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
+    PyFrame, PyProc, SpanProc, ATTR_DICTOFFSET, ATTR_INLINE, ATTR_MANAGED, ATTR_TAGGED, DICT_LOG2,
+    DICT_SIZE, LOCAL_LOCALDICTS, LOCAL_TSTATE_DICT, LONG_SIZE, LONG_TAG, PY_CODE_BLOCK,
+    PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM, PY_FRAME_BLOCK, PY_FRAME_ENTRY,
+    PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER, PY_MATCH_NATIVE_TID,
+    PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -31,6 +33,7 @@ use crate::bpf::Programs;
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
+use symbolizer::python::objects::{AttrLayout, DictLayout, ObjectOffsets, Objects, SpanFinder};
 use symbolizer::python::offsets::{
     DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN,
 };
@@ -114,6 +117,63 @@ struct Ready {
     /// `CLOCK_MONOTONIC` (the clock of `bpf_ktime_get_ns`) when `py_procs` was written: a later
     /// sample without Python status means the kernel lost the entry (an exec record lost).
     since_ns: u64,
+    /// The tracing libraries of the process, looked for until found.
+    spans: Box<Spans>,
+}
+
+/// How often a Python process is looked at for tracing libraries it imported since: the spans
+/// of a library imported mid-session are read from at most this long after the import.
+const SPAN_LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
+#[derive(Debug)]
+struct Spans {
+    finder: SpanFinder,
+    /// The `span_procs` value without the objects: the version's offsets.
+    base: SpanProc,
+    mem: LiveMemory,
+    runtime_addr: u64,
+    py: &'static PyOffsets,
+    objects: &'static ObjectOffsets,
+    next: Instant,
+}
+
+impl Spans {
+    /// Looks for the libraries again if it is time; the `span_procs` value when something new
+    /// was found.
+    fn look(&mut self, now: Instant) -> Option<SpanProc> {
+        if now < self.next {
+            return None;
+        }
+        self.next = now + SPAN_LOOK_EVERY;
+        let objects = Objects {
+            mem: &self.mem,
+            py: self.py,
+            obj: self.objects,
+        };
+        if !self.finder.look(&objects, self.runtime_addr) {
+            return None;
+        }
+        let mut v = self.base;
+        if let Some(o) = self.finder.otel {
+            v.otel_var = o.var;
+            v.otel_var_hash = o.var_hash;
+            v.otel_key = o.span_key.addr;
+            v.otel_key_hash = o.span_key.hash;
+            v.context_name = o.context_name.addr;
+            v.context_name_hash = o.context_name.hash;
+        }
+        if let Some(o) = self.finder.osp {
+            v.osp_local = o.local.addr;
+            v.osp_local_hash = o.local.hash;
+            v.osp_profiler_name = o.profiler_name.addr;
+            v.osp_profiler_name_hash = o.profiler_name.hash;
+            v.osp_profiler_type = o.profiler_type;
+            v.osp_stack_name = o.stack_name.addr;
+            v.osp_stack_name_hash = o.stack_name.hash;
+        }
+        Some(v)
+    }
 }
 
 /// How often processes are checked for exit, to free their caches.
@@ -145,6 +205,10 @@ pub struct Python {
     found: FxHashSet<u32>,
     /// `py_procs` entries to write at the next [`Python::flush`].
     writes: Vec<(u32, PyProc)>,
+    /// `span_procs` entries to write at the next [`Python::flush`].
+    span_writes: Vec<(u32, SpanProc)>,
+    /// Processes whose span contexts the kernel reads (OpenTelemetry, OSProfiler found).
+    with_spans: FxHashSet<u32>,
 }
 
 impl Python {
@@ -159,6 +223,8 @@ impl Python {
             last_sweep: Instant::now(),
             found: FxHashSet::default(),
             writes: Vec::new(),
+            span_writes: Vec::new(),
+            with_spans: FxHashSet::default(),
         }
     }
 
@@ -253,6 +319,13 @@ impl Python {
         for pid in due {
             self.detect_now(pid);
         }
+        for (&pid, p) in &mut self.procs {
+            if let Proc::Ready(r) = p {
+                if let Some(value) = r.spans.look(now) {
+                    self.span_writes.push((pid, value));
+                }
+            }
+        }
         self.flush(programs);
         if self.last_sweep.elapsed() >= SWEEP_EVERY {
             self.last_sweep = Instant::now();
@@ -294,6 +367,19 @@ impl Python {
                 }
             }
         }
+        for (pid, value) in std::mem::take(&mut self.span_writes) {
+            match programs.set_spans(pid, &value) {
+                Ok(()) => {
+                    self.with_spans.insert(pid);
+                }
+                Err(e) => self.note(pid, format!("cannot hand span objects to the kernel: {e}")),
+            }
+        }
+    }
+
+    /// Processes whose threads' span contexts are read (a tracing library was found).
+    pub fn with_spans(&self) -> u32 {
+        self.with_spans.len() as u32
     }
 
     /// Looks at one process now; a [`Python::flush`] hands what was found to the kernel.
@@ -351,6 +437,18 @@ impl Python {
         }
         let value = py_proc(&process, offsets).map_err(|e| format!("python {version}: {e}"))?;
         self.writes.push((pid, value));
+        let objects = ObjectOffsets::for_version(version.major, version.minor)
+            .ok_or_else(|| format!("python {minor} is not supported (3.8 to 3.13 are)"))?;
+        let spans = Box::new(Spans {
+            finder: SpanFinder::default(),
+            base: span_proc(&process, offsets, objects)
+                .map_err(|e| format!("python {version}: {e}"))?,
+            mem,
+            runtime_addr: process.runtime_addr,
+            py: offsets,
+            objects,
+            next: Instant::now(),
+        });
         let types = TypeAddrs {
             code: process.code_type_addr,
             unicode: process.unicode_type_addr,
@@ -364,6 +462,7 @@ impl Python {
             },
             // Set when the entry is written (flush); until then no sample is judged by it.
             since_ns: u64::MAX,
+            spans,
         })
     }
 
@@ -452,6 +551,52 @@ pub fn split_token(token: u64) -> (u32, u32, bool) {
         ((token >> 32) & 0x7fff_ffff) as u32,
         token & TOKEN_ENTRY != 0,
     )
+}
+
+/// The `span_procs` value of a process before its tracing libraries are found: the offsets of
+/// its version and the HAMT node types (0 when the symbol table does not have them: the BPF
+/// program then tells nodes apart by their type's name).
+pub fn span_proc(
+    process: &PythonProcess,
+    py: &PyOffsets,
+    o: &ObjectOffsets,
+) -> Result<SpanProc, String> {
+    let u = |v: u64, what: &str| -> Result<u32, String> {
+        u32::try_from(v).map_err(|_| format!("offset of {what} out of range"))
+    };
+    let [bitmap, array, collision] = process.hamt_types.map(|t| t.unwrap_or(0));
+    let (tstate_local, local_kind) = match o.tstate_local_key {
+        Some(at) => (at, LOCAL_LOCALDICTS),
+        None => (o.tstate_dict, LOCAL_TSTATE_DICT),
+    };
+    Ok(SpanProc {
+        hamt_bitmap_type: bitmap,
+        hamt_array_type: array,
+        hamt_collision_type: collision,
+        tstate_context: u(o.tstate_context, "PyThreadState.context")?,
+        context_vars: u(o.context_vars, "PyContext.ctx_vars")?,
+        hamt_root: u(o.hamt_root, "PyHamtObject.h_root")?,
+        tstate_local: u(tstate_local, "PyThreadState.dict")?,
+        local_kind,
+        dict_kind: match o.dict_layout {
+            DictLayout::Size => DICT_SIZE,
+            DictLayout::Log2 => DICT_LOG2,
+        },
+        dict_values: u(o.dict_values, "PyDictValues.values")?,
+        attr_kind: match o.attr_layout {
+            AttrLayout::DictOffset => ATTR_DICTOFFSET,
+            AttrLayout::Managed => ATTR_MANAGED,
+            AttrLayout::Tagged => ATTR_TAGGED,
+            AttrLayout::Inline => ATTR_INLINE,
+        },
+        type_flags: u(o.type_flags, "tp_flags")?,
+        type_dictoffset: u(o.type_dictoffset, "tp_dictoffset")?,
+        type_basicsize: u(o.type_basicsize, "tp_basicsize")?,
+        type_cached_keys: u(o.type_cached_keys, "ht_cached_keys")?,
+        long_kind: if o.long_tag { LONG_TAG } else { LONG_SIZE },
+        str_data: u(py.unicode_ascii_size, "PyASCIIObject data")?,
+        ..SpanProc::default()
+    })
 }
 
 /// The `py_procs` value of a process: its runtime address and its version's offsets.

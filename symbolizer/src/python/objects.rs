@@ -37,7 +37,7 @@ pub enum AttrLayout {
     DictOffset,
     /// 3.11: a dict at obj-24, or values at obj-32 (keys: the type's `ht_cached_keys`).
     Managed,
-    /// 3.12: obj-24 holds a dict, or the values with the low bit set.
+    /// 3.12: obj-24 holds a dict, or the values' address minus one (the low bit set).
     Tagged,
     /// 3.13: a dict at obj-24, or the values inline at `tp_basicsize`.
     Inline,
@@ -322,7 +322,14 @@ impl<M: ProcessMemory> Objects<'_, M> {
         }
         let mut raw = vec![0u8; (nentries * esize) as usize];
         self.mem.read(entries, &mut raw)?;
-        let mut vals = vec![0u8; if values != 0 { nentries as usize * 8 } else { 0 }];
+        let mut vals = vec![
+            0u8;
+            if values != 0 {
+                nentries as usize * 8
+            } else {
+                0
+            }
+        ];
         if values != 0 {
             self.mem
                 .read(values.wrapping_add(self.obj.dict_values), &mut vals)?;
@@ -371,7 +378,10 @@ impl<M: ProcessMemory> Objects<'_, M> {
         let cached = || self.ptr(ty.wrapping_add(self.obj.type_cached_keys));
         match layout {
             AttrLayout::DictOffset => {
-                let off = self.mem.read_u64(ty.wrapping_add(self.obj.type_dictoffset))? as i64;
+                let off = self
+                    .mem
+                    .read_u64(ty.wrapping_add(self.obj.type_dictoffset))?
+                    as i64;
                 if !(1..=4096).contains(&off) {
                     return Err(ObjectError::Invalid("tp_dictoffset"));
                 }
@@ -396,7 +406,8 @@ impl<M: ProcessMemory> Objects<'_, M> {
                 let dorv = self.ptr(obj.wrapping_sub(24))?;
                 match dorv {
                     0 => Ok(Vec::new()),
-                    v if v & 1 == 1 => self.keys_entries(cached()?, v - 1),
+                    // `_PyDictOrValues_GetValues`: the values are at the tagged pointer + 1.
+                    v if v & 1 == 1 => self.keys_entries(cached()?, v.wrapping_add(1)),
                     dict => self.dict_entries(dict),
                 }
             }
@@ -408,7 +419,9 @@ impl<M: ProcessMemory> Objects<'_, M> {
                 if flags & TPFLAGS_INLINE_VALUES == 0 {
                     return Ok(Vec::new());
                 }
-                let size = self.mem.read_u64(ty.wrapping_add(self.obj.type_basicsize))?;
+                let size = self
+                    .mem
+                    .read_u64(ty.wrapping_add(self.obj.type_basicsize))?;
                 if !(16..=4096).contains(&size) {
                     return Err(ObjectError::Invalid("tp_basicsize"));
                 }
