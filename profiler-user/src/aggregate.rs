@@ -554,7 +554,7 @@ mod tests {
     #[test]
     fn counts_per_thread_and_stack_and_queues_new_addresses_once() {
         let mut agg = Aggregator::new(Options::default());
-        let mut py = Python::new(false);
+        let mut py = Python::new(false, false);
         let r1 = record(10, 11, &[0xffff_0010], &[0x1000, 0x2000]);
         agg.record(&sample(&r1), &mut py);
         agg.record(&sample(&r1), &mut py);
@@ -573,7 +573,7 @@ mod tests {
     #[test]
     fn a_reused_tid_under_another_pid_is_another_thread() {
         let mut agg = Aggregator::new(Options::default());
-        let mut py = Python::new(false);
+        let mut py = Python::new(false, false);
         agg.record(&sample(&record(10, 11, &[], &[0x1000])), &mut py);
         agg.record(
             &sample(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000])),
@@ -646,7 +646,7 @@ mod tests {
             kernel: false,
             ..Options::default()
         });
-        let mut py = Python::new(false);
+        let mut py = Python::new(false, false);
         agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
         assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0)], 1);
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");

@@ -73,6 +73,9 @@ struct ProfileArgs {
     /// Keep only Python frames (native and kernel frames are dropped).
     #[arg(long)]
     python_only: bool,
+    /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
+    #[arg(long)]
+    no_spans: bool,
     /// With --pid, also profile processes the targets start (always on for a command).
     #[arg(long)]
     children: bool,
@@ -265,6 +268,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
         progress: !args.quiet,
+        spans: !args.no_spans,
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
     let profile = &outcome.profile;

@@ -117,13 +117,14 @@ struct Ready {
     /// `CLOCK_MONOTONIC` (the clock of `bpf_ktime_get_ns`) when `py_procs` was written: a later
     /// sample without Python status means the kernel lost the entry (an exec record lost).
     since_ns: u64,
-    /// The tracing libraries of the process, looked for until found.
-    spans: Box<Spans>,
+    /// The tracing libraries of the process, looked for until found (`None`: `--no-spans`).
+    spans: Option<Box<Spans>>,
 }
 
-/// How often a Python process is looked at for tracing libraries it imported since: the spans
-/// of a library imported mid-session are read from at most this long after the import.
-const SPAN_LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How often a Python process is looked at for tracing libraries it imported since (at most one
+/// look per drain, every 50 ms): the spans of a library imported mid-session are read from
+/// about this long after the import. A look that finds no new module costs four small reads.
+const SPAN_LOOK_EVERY: Duration = Duration::from_millis(50);
 
 /// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
 #[derive(Debug)]
@@ -195,6 +196,8 @@ fn monotonic_ns() -> u64 {
 #[derive(Debug)]
 pub struct Python {
     enabled: bool,
+    /// Span contexts are read (the tracing libraries are looked for).
+    spans: bool,
     procs: FxHashMap<u32, Proc>,
     functions: Vec<PyFunction>,
     function_ids: FxHashMap<PyFunction, u32>,
@@ -212,10 +215,12 @@ pub struct Python {
 }
 
 impl Python {
-    /// `enabled = false` never looks at processes (nothing in the kernel walks them then).
-    pub fn new(enabled: bool) -> Self {
+    /// `enabled = false` never looks at processes (nothing in the kernel walks them then);
+    /// `spans = false` never looks for tracing libraries (no span context is read).
+    pub fn new(enabled: bool, spans: bool) -> Self {
         Python {
             enabled,
+            spans,
             procs: FxHashMap::default(),
             functions: vec![unknown()],
             function_ids: [(unknown(), UNKNOWN_FUNCTION)].into_iter().collect(),
@@ -321,7 +326,7 @@ impl Python {
         }
         for (&pid, p) in &mut self.procs {
             if let Proc::Ready(r) = p {
-                if let Some(value) = r.spans.look(now) {
+                if let Some(value) = r.spans.as_mut().and_then(|s| s.look(now)) {
                     self.span_writes.push((pid, value));
                 }
             }
@@ -439,16 +444,25 @@ impl Python {
         self.writes.push((pid, value));
         let objects = ObjectOffsets::for_version(version.major, version.minor)
             .ok_or_else(|| format!("python {minor} is not supported (3.8 to 3.13 are)"))?;
-        let spans = Box::new(Spans {
-            finder: SpanFinder::default(),
-            base: span_proc(&process, offsets, objects)
-                .map_err(|e| format!("python {version}: {e}"))?,
-            mem,
-            runtime_addr: process.runtime_addr,
-            py: offsets,
-            objects,
-            next: Instant::now(),
-        });
+        let spans = if self.spans {
+            let mut spans = Box::new(Spans {
+                finder: SpanFinder::default(),
+                base: span_proc(&process, offsets, objects)
+                    .map_err(|e| format!("python {version}: {e}"))?,
+                mem,
+                runtime_addr: process.runtime_addr,
+                py: offsets,
+                objects,
+                next: Instant::now(),
+            });
+            // At once, so a `--pid` target's spans are read from the first sample on.
+            if let Some(value) = spans.look(Instant::now()) {
+                self.span_writes.push((pid, value));
+            }
+            Some(spans)
+        } else {
+            None
+        };
         let types = TypeAddrs {
             code: process.code_type_addr,
             unicode: process.unicode_type_addr,

@@ -57,6 +57,8 @@ pub struct Options {
     pub btf_path: PathBuf,
     /// Show a progress bar (stderr is a terminal) or plain progress lines.
     pub progress: bool,
+    /// Read the span context (OpenTelemetry, OSProfiler) of Python threads. Default on.
+    pub spans: bool,
 }
 
 /// How a session ended.
@@ -360,7 +362,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     })?;
     let mut child = None;
     let mut pids = Vec::new();
-    let mut python = Python::new(true);
+    let mut python = Python::new(true, opts.spans);
     match &opts.target {
         Target::Pids(p) => {
             for &pid in p {

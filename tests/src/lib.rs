@@ -1107,6 +1107,121 @@ impl FoldedStack {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Trace correlation: the tracing libraries (OpenTelemetry's SDK, OSProfiler)
+// the span workloads import, and the workloads run with them.
+// ---------------------------------------------------------------------------
+
+/// What a span workload imports, checked before it runs.
+const SPAN_LIBS_PROBE: &str =
+    "import opentelemetry.sdk.trace, opentelemetry.trace, osprofiler.profiler";
+
+/// The directory of the tracing libraries for CPython 3.`minor`:
+/// `<SPANPROF_SPAN_LIBS>/3.<minor>`, else `target/span-libs/3.<minor>`
+/// (`cargo xtask deps` fills it with `pip install --target`).
+#[track_caller]
+pub fn span_libs(minor: u8) -> PathBuf {
+    let dir = path_from_env("SPANPROF_SPAN_LIBS", "target/span-libs").join(format!("3.{minor}"));
+    if !dir.join("spanprof-stamp").is_file() {
+        missing_prerequisite(
+            &format!(
+                "the tracing libraries (opentelemetry-sdk, osprofiler) for CPython 3.{minor} in {}",
+                dir.display()
+            ),
+            "`cargo xtask deps` (pip-installs them per pyenv CPython into target/span-libs/3.X)",
+        );
+    }
+    dir
+}
+
+/// Fails unless `python` imports OpenTelemetry's SDK and OSProfiler from `libs`.
+#[track_caller]
+pub fn require_span_libs(python: &Path, libs: &Path) {
+    let mut cmd = Command::new(python);
+    cmd.args(["-c", SPAN_LIBS_PROBE])
+        .env("PYTHONPATH", libs)
+        .env("PYTHONNOUSERSITE", "1");
+    let out = run_with_timeout(cmd, Duration::from_secs(60));
+    if !out.status.success() {
+        missing_prerequisite(
+            &format!(
+                "{} cannot import the tracing libraries from {}:\n{out}",
+                python.display(),
+                libs.display()
+            ),
+            "`cargo xtask deps` (reinstalls target/span-libs/3.X when its import check fails)",
+        );
+    }
+}
+
+/// Like [`start_py_workload`], with `PYTHONPATH=libs` (and no user site-packages): a span
+/// workload that imports the tracing libraries.
+#[track_caller]
+pub fn start_py_workload_with_libs(
+    python: &Path,
+    libs: &Path,
+    script: &str,
+    args: &[&str],
+) -> Background {
+    let mut cmd = Command::new(python);
+    cmd.arg(py_workload_source(script))
+        .args(args)
+        .env("PYTHONPATH", libs)
+        .env("PYTHONNOUSERSITE", "1");
+    let mut workload = Background::spawn(cmd);
+    let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
+    let pid: Option<u32> = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok());
+    assert_eq!(
+        pid,
+        Some(workload.pid()),
+        "{script} printed {line:?} instead of `ready {}`",
+        workload.pid()
+    );
+    workload
+}
+
+/// The string labels of a decoded pprof sample (see [`decode_pprof`]), by key.
+pub fn sample_str_labels(sample: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    sample["labels"]
+        .as_array()
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|l| {
+                    Some((l["key"].as_str()?.to_owned(), l["str"].as_str()?.to_owned()))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The numeric label `key` of a decoded pprof sample.
+pub fn sample_num_label(sample: &serde_json::Value, key: &str) -> Option<i64> {
+    sample["labels"]
+        .as_array()?
+        .iter()
+        .find(|l| l["key"] == key)
+        .and_then(|l| l["num"].as_i64())
+}
+
+/// The function names of a decoded pprof sample, leaf first, each cut at ` (` (the bare
+/// qualname of a Python frame).
+pub fn sample_functions(sample: &serde_json::Value) -> Vec<String> {
+    sample["stack_leaf_first"]
+        .as_array()
+        .map(|frames| {
+            frames
+                .iter()
+                .filter_map(|f| f.as_str())
+                .map(|f| f.split(" (").next().unwrap_or(f).to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,10 @@
 //! Debian packages come from apt-get (only when root, and only the missing
 //! ones); the Python packages of the independent pprof decoder, and py-spy
 //! (the reference the Python-stack tests compare with), go into a venv in
-//! `target/venv` so the system Python stays untouched.
+//! `target/venv` so the system Python stays untouched. The tracing libraries
+//! the span-correlation tests run in their workloads (OpenTelemetry's SDK and
+//! OSProfiler) go, per pyenv CPython 3.8–3.13, into `target/span-libs/3.X`
+//! (`pip install --target`), which the workloads get as their `PYTHONPATH`.
 
 use std::path::{Path, PathBuf};
 
@@ -60,16 +63,20 @@ pub struct Env {
     pub py_spy: PathBuf,
     /// CPython 3.11 built with frame pointers.
     pub fp_python: PathBuf,
+    /// `target/span-libs`: one `3.X` directory of tracing libraries per pyenv CPython.
+    pub span_libs: PathBuf,
 }
 
 pub fn ensure(root: &Path) -> Result<Env> {
     debian_packages()?;
     let (python, py_spy) = python_venv(root)?;
     let fp_python = frame_pointer_python(root)?;
+    let span_libs = span_libs(root)?;
     Ok(Env {
         python,
         py_spy,
         fp_python,
+        span_libs,
     })
 }
 
@@ -283,4 +290,131 @@ fn python_venv(root: &Path) -> Result<(PathBuf, PathBuf)> {
     }
     step("Python venv ready");
     Ok((python, py_spy))
+}
+
+/// The tracing libraries of the span-correlation tests (`tests/tests/spans.rs`), per CPython
+/// minor version: the newest releases that install on it (the SDK brings
+/// `opentelemetry-api`; OSProfiler brings oslo.* and the rest of its requirements). Pinned so
+/// that the in-memory layouts spanprof reads do not change under the tests; their own
+/// dependencies are left to pip. All of them install on every version 3.8–3.13, from wheels
+/// (no compiler needed).
+const SPAN_LIBS: &[(u8, &[&str])] = &[
+    (8, &["opentelemetry-sdk==1.33.1", "osprofiler==4.2.0"]),
+    (9, &["opentelemetry-sdk==1.41.1", "osprofiler==4.3.0"]),
+    (10, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
+    (11, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
+    (12, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
+    (13, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
+];
+/// What proves a `target/span-libs/3.X` directory usable by its interpreter.
+const SPAN_LIBS_PROBE: &str =
+    "import opentelemetry.sdk.trace, opentelemetry.trace, osprofiler.profiler";
+
+/// The pyenv build of CPython 3.`minor`, the highest patch release, found as the tests find it
+/// (`PYENV_ROOT`, else `/root/.pyenv`).
+fn pyenv_python(minor: u8) -> Option<PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/root/.pyenv"), PathBuf::from);
+    let prefix = format!("3.{minor}.");
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir(root.join("versions"))
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let patch = entry
+                .file_name()
+                .to_str()?
+                .strip_prefix(&prefix)?
+                .parse()
+                .ok()?;
+            let bin = entry.path().join(format!("bin/python3.{minor}"));
+            bin.is_file().then_some((patch, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin)
+}
+
+/// True when `python` imports the tracing libraries from `dir`.
+fn span_libs_work(python: &Path, dir: &Path) -> bool {
+    Cmd::new(python)
+        .args(["-c", SPAN_LIBS_PROBE])
+        .env("PYTHONPATH", dir)
+        .env("PYTHONNOUSERSITE", "1")
+        .succeeds()
+}
+
+/// Installs (once) the tracing libraries for each pyenv CPython 3.8–3.13 into
+/// `target/span-libs/3.X`; a stamp file (interpreter and packages) makes a later run a quick
+/// import check. A missing pyenv version is skipped with a warning (its tests fail, saying so).
+fn span_libs(root: &Path) -> Result<PathBuf> {
+    let base = root.join("target/span-libs");
+    let mut ready = Vec::new();
+    for (minor, packages) in SPAN_LIBS {
+        let Some(python) = pyenv_python(*minor) else {
+            eprintln!(
+                "xtask: warning: no pyenv CPython 3.{minor}: no tracing libraries for it \
+                 (`pyenv install 3.{minor}`); its span tests will fail"
+            );
+            continue;
+        };
+        let dir = base.join(format!("3.{minor}"));
+        let stamp = dir.join("spanprof-stamp");
+        let want_stamp = format!("{}\n{}\n", python.display(), packages.join(" "));
+        if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp)
+            && span_libs_work(&python, &dir)
+        {
+            ready.push(format!("3.{minor}"));
+            continue;
+        }
+        // Into a fresh directory, moved into place once it works: an interrupted or failed
+        // install never leaves a half-filled `3.X` behind a valid-looking stamp.
+        let partial = base.join(format!("3.{minor}.partial"));
+        for stale in [&partial, &dir] {
+            if stale.exists() {
+                std::fs::remove_dir_all(stale)
+                    .with_context(|| format!("removing {}", stale.display()))?;
+            }
+        }
+        std::fs::create_dir_all(&partial)?;
+        step(&format!(
+            "installing {} for CPython 3.{minor} into {}",
+            packages.join(", "),
+            dir.display()
+        ));
+        Cmd::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-warn-script-location",
+                "--target",
+            ])
+            .arg(&partial)
+            .args(*packages)
+            .env("PIP_NO_INPUT", "1")
+            .env("PIP_ROOT_USER_ACTION", "ignore")
+            .env("PYTHONNOUSERSITE", "1")
+            .run()
+            .with_context(|| format!("installing the tracing libraries for CPython 3.{minor}"))?;
+        if !span_libs_work(&python, &partial) {
+            bail!(
+                "after pip install, {} cannot `{SPAN_LIBS_PROBE}` with PYTHONPATH={}",
+                python.display(),
+                partial.display()
+            );
+        }
+        std::fs::rename(&partial, &dir)
+            .with_context(|| format!("moving {} to {}", partial.display(), dir.display()))?;
+        std::fs::write(&stamp, want_stamp)?;
+        ready.push(format!("3.{minor}"));
+    }
+    step(&format!(
+        "tracing libraries (OpenTelemetry SDK, OSProfiler) ready in {} for CPython {}",
+        base.display(),
+        ready.join(", ")
+    ));
+    Ok(base)
 }

@@ -150,6 +150,7 @@ fn test(root: &Path) -> Result<()> {
         .env("SPANPROF_PYTHON", &env.python)
         .env("SPANPROF_PYSPY", &env.py_spy)
         .env("SPANPROF_FP_PYTHON", &env.fp_python)
+        .env("SPANPROF_SPAN_LIBS", &env.span_libs)
         .run()
     {
         eprintln!("xtask: {err:#}");

@@ -1,0 +1,560 @@
+//! Trace correlation: each pprof sample of a CPython process carries the span context active on
+//! the sampled thread, checked against the ground truth the workload
+//! (`tests/workloads/py_span_workload.py`) writes, on pyenv's CPython 3.8–3.13 with
+//! OpenTelemetry's SDK and OSProfiler from `target/span-libs/3.X` (`cargo xtask deps`).
+//!
+//! Every span runs its work in a function of its own, `span_work_N`, so a sample's Python stack
+//! says which span was active; work outside any span runs in `outside_work`. Of the samples
+//! (weighted by value) with a `span_work_N` frame, at least 98% must carry exactly that span's
+//! ids, and at least 98% of those with ids must carry the right ones; of the samples in
+//! `outside_work` (and no span), at most 1% may carry any; at least 100 samples in spans and 30
+//! outside, so no test passes on too little.
+//! - `otel_threads_*`: two threads running OpenTelemetry spans (some with a child span inside)
+//!   at once: labels `trace_id` (32 hex digits) and `span_id` (16) are the innermost span's, on
+//!   the thread the span ran on (`thread.id` is the span's thread too); also Debian's
+//!   `/usr/bin/python3.11` with the 3.11 libraries;
+//! - `otel_asyncio_*`: four asyncio tasks on one thread, interleaving at every
+//!   `await asyncio.sleep(0)`, each with its own spans: the label follows the running task;
+//! - `osprofiler_*`: two threads running OSProfiler requests of three nested trace points:
+//!   `osprofiler.base_id`, `osprofiler.trace_id` (the innermost trace point's id) and
+//!   `osprofiler.parent_id` are the request's and trace point's; after `profiler.clean()`, none;
+//! - `otel_late_*`: spanprof attaches while the process has not imported OpenTelemetry; the
+//!   process then imports it and runs spans as in `otel_threads`: their samples carry their ids.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use spanprof_tests::{
+    decode_pprof, profile_pid, profiling_lock, pyenv_python, require_root, require_span_libs,
+    sample_functions, sample_num_label, sample_str_labels, span_libs, spanprof_bin,
+    spanprof_command, start_py_workload_with_libs, system_python, Background, RunOutput, TempDir,
+    RUN_TIMEOUT,
+};
+
+/// The workload of every test here.
+const WORKLOAD: &str = "py_span_workload.py";
+/// Sampling frequency of the sessions.
+const FREQUENCY: u32 = 199;
+/// At least this share (weighted) of the samples in a span must carry exactly its ids.
+const MIN_RIGHT: f64 = 0.98;
+/// At most this share of the samples outside any span may carry span ids.
+const MAX_OUTSIDE_LABELLED: f64 = 0.01;
+/// Samples needed for the shares to mean something.
+const MIN_SPAN_SAMPLES: i64 = 100;
+const MIN_OUTSIDE_SAMPLES: i64 = 30;
+
+const OTEL_KEYS: [&str; 2] = ["trace_id", "span_id"];
+const OSPROFILER_KEYS: [&str; 3] = [
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+];
+
+/// A CPython interpreter under test and its tracing libraries.
+struct Interp {
+    path: PathBuf,
+    libs: PathBuf,
+    label: String,
+}
+
+impl Interp {
+    #[track_caller]
+    fn pyenv(minor: u8) -> Self {
+        let path = pyenv_python(minor);
+        let libs = span_libs(minor);
+        let label = format!("pyenv {}", path.display());
+        Self { path, libs, label }
+    }
+
+    /// Debian's python3.11 with the libraries pip installed for pyenv's 3.11 (same ABI).
+    #[track_caller]
+    fn debian_3_11() -> Self {
+        let path = system_python("/usr/bin/python3.11", "python3.11");
+        Self {
+            path,
+            libs: span_libs(11),
+            label: "Debian /usr/bin/python3.11".into(),
+        }
+    }
+}
+
+/// Everything a test here needs before it takes the lock.
+#[track_caller]
+fn require_span_profiling(interp: &Interp) {
+    require_root();
+    spanprof_bin();
+    require_span_libs(&interp.path, &interp.libs);
+}
+
+/// Runs the checks of one test for each interpreter version, one test per version.
+macro_rules! per_version {
+    ($check:ident: $($name:ident => $minor:literal),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $check(&Interp::pyenv($minor));
+            }
+        )+
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Ground truth and the comparison
+// ---------------------------------------------------------------------------
+
+/// One span (or trace point) of the workload: its work function's ids.
+#[derive(Debug)]
+struct SpanTruth {
+    /// The expected labels: `trace_id`/`span_id`, or the three `osprofiler.*`.
+    labels: BTreeMap<&'static str, String>,
+    /// The native id of the thread the span ran on.
+    tid: i64,
+}
+
+/// Reads the workload's ground truth: `span_work_N` → its span. Fails unless the file is
+/// complete (ends in the `done` line) and every record has its ids.
+#[track_caller]
+fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no ground truth {}: {e}", path.display()));
+    let mut spans = BTreeMap::new();
+    let mut done = false;
+    for line in text.lines() {
+        let record: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("bad ground-truth line {line:?}: {e}"));
+        if record["done"] == true {
+            done = true;
+            continue;
+        }
+        let keys: &[&'static str] = match record["kind"].as_str() {
+            Some("otel") => &OTEL_KEYS,
+            Some("osprofiler") => &OSPROFILER_KEYS,
+            other => panic!("ground-truth line of unknown kind {other:?}: {line}"),
+        };
+        let labels = keys
+            .iter()
+            .map(|key| {
+                let field = key.strip_prefix("osprofiler.").unwrap_or(key);
+                let value = record[field]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("no {field} in the ground-truth line {line}"));
+                (*key, value.to_owned())
+            })
+            .collect();
+        let function = record["function"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no function in the ground-truth line {line}"))
+            .to_owned();
+        let tid = record["tid"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("no tid in the ground-truth line {line}"));
+        let previous = spans.insert(function.clone(), SpanTruth { labels, tid });
+        assert!(
+            previous.is_none(),
+            "{function} appears twice in the ground truth"
+        );
+    }
+    assert!(
+        done,
+        "the ground truth {} has no `done` line: the workload did not finish",
+        path.display()
+    );
+    assert!(!spans.is_empty(), "the ground truth has no spans");
+    spans
+}
+
+/// The weighted sample counts of one session, compared with the ground truth.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Samples with a `span_work_N` frame.
+    in_span: i64,
+    /// … carrying every expected label with its expected value.
+    right: i64,
+    /// … carrying any of the expected labels.
+    labelled: i64,
+    /// … per expected label key: with that label right.
+    right_per_key: BTreeMap<&'static str, i64>,
+    /// … on the thread the span ran on (`thread.id`).
+    right_thread: i64,
+    /// … whose function is not in the ground truth.
+    unknown_function: i64,
+    /// Samples with an `outside_work` frame and none of `span_work_N`.
+    outside: i64,
+    /// … carrying any of the checked labels.
+    outside_labelled: i64,
+    /// Every sample.
+    total: i64,
+    /// A few kinds of samples in a span without exactly its ids, and their weights.
+    wrong_examples: Vec<(String, i64)>,
+    /// A few kinds of samples outside any span with ids, and their weights.
+    outside_examples: Vec<(String, i64)>,
+}
+
+/// Adds `value` to the example `what`, or records it when there are fewer than 6.
+fn add_example(examples: &mut Vec<(String, i64)>, what: String, value: i64) {
+    if let Some(entry) = examples.iter_mut().find(|(w, _)| *w == what) {
+        entry.1 += value;
+    } else if examples.len() < 6 {
+        examples.push((what, value));
+    }
+}
+
+/// The examples, one per line, with their weights.
+fn show_examples(examples: &[(String, i64)]) -> String {
+    examples
+        .iter()
+        .map(|(what, n)| format!("{what} x{n}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Tally {
+    /// Compares the samples of `profile` with `truth`; `keys` are the labels checked.
+    fn of(
+        profile: &serde_json::Value,
+        truth: &BTreeMap<String, SpanTruth>,
+        keys: &[&'static str],
+    ) -> Self {
+        let mut tally = Self::default();
+        for key in keys {
+            tally.right_per_key.insert(key, 0);
+        }
+        for sample in profile["samples"].as_array().expect("samples") {
+            let value = sample["values"][0].as_i64().unwrap_or(0);
+            tally.total += value;
+            let functions = sample_functions(sample);
+            let labels = sample_str_labels(sample);
+            let has = |key: &str| labels.contains_key(key);
+            let shown = || {
+                let ours: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let tid = sample_num_label(sample, "thread.id").unwrap_or(-1);
+                format!("thread.id={tid} {}", ours.join(" "))
+            };
+            let span_function = functions.iter().find(|f| f.starts_with("span_work_"));
+            let Some(function) = span_function else {
+                if functions.iter().any(|f| f == "outside_work") {
+                    tally.outside += value;
+                    if keys.iter().any(|k| has(k)) {
+                        tally.outside_labelled += value;
+                        add_example(
+                            &mut tally.outside_examples,
+                            format!("    {}", shown()),
+                            value,
+                        );
+                    }
+                }
+                continue;
+            };
+            tally.in_span += value;
+            let Some(span) = truth.get(function) else {
+                tally.unknown_function += value;
+                add_example(
+                    &mut tally.wrong_examples,
+                    format!("    {function} (not in the ground truth): {}", shown()),
+                    value,
+                );
+                continue;
+            };
+            if keys.iter().any(|k| has(k)) {
+                tally.labelled += value;
+            }
+            let mut all_right = true;
+            for key in keys {
+                if labels.get(*key) == span.labels.get(key) {
+                    *tally.right_per_key.get_mut(key).expect("inserted") += value;
+                } else {
+                    all_right = false;
+                }
+            }
+            if all_right {
+                tally.right += value;
+            } else {
+                let expected: Vec<String> = span
+                    .labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                add_example(
+                    &mut tally.wrong_examples,
+                    format!(
+                        "    {function}: expected thread.id={} {}\n      got {}",
+                        span.tid,
+                        expected.join(" "),
+                        shown()
+                    ),
+                    value,
+                );
+            }
+            if sample_num_label(sample, "thread.id") == Some(span.tid) {
+                tally.right_thread += value;
+            }
+        }
+        tally
+    }
+
+    /// Every threshold missed, as sentences.
+    fn problems(&self) -> Vec<String> {
+        let share = |n: i64, of: i64| n as f64 / of.max(1) as f64;
+        let mut problems = Vec::new();
+        if self.in_span < MIN_SPAN_SAMPLES {
+            problems.push(format!(
+                "only {} of {} samples are in a span_work_N function, expected at least \
+                 {MIN_SPAN_SAMPLES}",
+                self.in_span, self.total
+            ));
+        }
+        if self.outside < MIN_OUTSIDE_SAMPLES {
+            problems.push(format!(
+                "only {} of {} samples are in outside_work, expected at least \
+                 {MIN_OUTSIDE_SAMPLES}",
+                self.outside, self.total
+            ));
+        }
+        let recall = share(self.right, self.in_span);
+        if recall < MIN_RIGHT {
+            problems.push(format!(
+                "recall: {} of the {} samples in a span ({:.1}%) carry exactly its ids, \
+                 expected at least {:.0}%",
+                self.right,
+                self.in_span,
+                100.0 * recall,
+                100.0 * MIN_RIGHT
+            ));
+        }
+        let precision = share(self.right, self.labelled);
+        if self.labelled > 0 && precision < MIN_RIGHT {
+            problems.push(format!(
+                "precision: {} of the {} samples in a span with ids ({:.1}%) carry the right \
+                 ones, expected at least {:.0}%",
+                self.right,
+                self.labelled,
+                100.0 * precision,
+                100.0 * MIN_RIGHT
+            ));
+        }
+        let thread = share(self.right_thread, self.in_span);
+        if thread < MIN_RIGHT {
+            problems.push(format!(
+                "{} of the {} samples in a span ({:.1}%) are on the span's thread (thread.id): \
+                 the stacks themselves are wrong",
+                self.right_thread,
+                self.in_span,
+                100.0 * thread
+            ));
+        }
+        let outside = share(self.outside_labelled, self.outside);
+        if outside > MAX_OUTSIDE_LABELLED {
+            problems.push(format!(
+                "{} of the {} samples outside any span ({:.1}%) carry span ids, expected at \
+                 most {:.0}%",
+                self.outside_labelled,
+                self.outside,
+                100.0 * outside,
+                100.0 * MAX_OUTSIDE_LABELLED
+            ));
+        }
+        problems
+    }
+
+    /// The figures, for failure messages and `--nocapture` runs.
+    fn table(&self) -> String {
+        let pct = |n: i64, of: i64| 100.0 * n as f64 / of.max(1) as f64;
+        let mut table = format!(
+            "samples: {} in all, {} in spans, {} outside any span\n\
+             in spans: {} ({:.1}%) exactly right, {} with ids, {} on the span's thread, {} of \
+             functions not in the ground truth\n",
+            self.total,
+            self.in_span,
+            self.outside,
+            self.right,
+            pct(self.right, self.in_span),
+            self.labelled,
+            self.right_thread,
+            self.unknown_function
+        );
+        for (key, right) in &self.right_per_key {
+            table.push_str(&format!(
+                "  {key} right: {right} ({:.1}%)\n",
+                pct(*right, self.in_span)
+            ));
+        }
+        table.push_str(&format!(
+            "outside any span: {} ({:.1}%) with ids\n",
+            self.outside_labelled,
+            pct(self.outside_labelled, self.outside)
+        ));
+        if !self.wrong_examples.is_empty() {
+            table.push_str(&format!(
+                "samples in a span without exactly its ids:\n{}\n",
+                show_examples(&self.wrong_examples)
+            ));
+        }
+        if !self.outside_examples.is_empty() {
+            table.push_str(&format!(
+                "samples outside any span with ids:\n{}\n",
+                show_examples(&self.outside_examples)
+            ));
+        }
+        table
+    }
+}
+
+/// Decodes the session's pprof, compares it with the ground truth and fails with every
+/// threshold missed.
+#[track_caller]
+fn check_labels(
+    interp: &Interp,
+    mode: &str,
+    pprof: &Path,
+    truth: &Path,
+    keys: &[&'static str],
+    out: &RunOutput,
+) {
+    let truth = read_truth(truth);
+    let profile = decode_pprof(pprof);
+    let tally = Tally::of(&profile, &truth, keys);
+    let table = tally.table();
+    let problems = tally.problems();
+    if problems.is_empty() {
+        // The margins, for `--nocapture` runs.
+        println!("{} {mode}: {} spans\n{table}", interp.label, truth.len());
+    }
+    assert!(
+        problems.is_empty(),
+        "{} {mode} ({} spans in the ground truth):\n- {}\n{table}\n{out}",
+        interp.label,
+        truth.len(),
+        problems.join("\n- ")
+    );
+}
+
+/// Starts the workload in `mode`, profiles it by pid for 5 s, and checks the `keys` labels.
+fn check_mode(interp: &Interp, mode: &str, keys: &[&'static str]) {
+    require_span_profiling(interp);
+    let _lock = profiling_lock();
+    let tmp = TempDir::new(&format!("spans-{mode}"));
+    let truth = tmp.join("truth.jsonl");
+    let pprof = tmp.join("spans.pb.gz");
+    let truth_arg = truth.to_str().expect("UTF-8 temp path");
+    // The workload outlives the 5 s session, whatever its start-up.
+    let workload = start_py_workload_with_libs(
+        &interp.path,
+        &interp.libs,
+        WORKLOAD,
+        &[mode, "7.5", truth_arg],
+    );
+    let out = profile_pid(workload.pid(), "5s", FREQUENCY, &[&pprof], &[]);
+    let workload_out = workload.finish(RUN_TIMEOUT);
+    out.assert_success();
+    workload_out.assert_success();
+    check_labels(interp, mode, &pprof, &truth, keys, &out);
+}
+
+// ---------------------------------------------------------------------------
+// 1. OpenTelemetry, two threads
+// ---------------------------------------------------------------------------
+
+fn otel_threads(interp: &Interp) {
+    check_mode(interp, "otel_threads", &OTEL_KEYS);
+}
+
+per_version!(otel_threads:
+    otel_threads_3_8 => 8,
+    otel_threads_3_9 => 9,
+    otel_threads_3_10 => 10,
+    otel_threads_3_11 => 11,
+    otel_threads_3_12 => 12,
+    otel_threads_3_13 => 13,
+);
+
+/// Debian's own python3.11 (stripped, interpreter linked into the executable).
+#[test]
+fn otel_threads_debian_3_11() {
+    otel_threads(&Interp::debian_3_11());
+}
+
+// ---------------------------------------------------------------------------
+// 2. OpenTelemetry, asyncio tasks
+// ---------------------------------------------------------------------------
+
+fn otel_asyncio(interp: &Interp) {
+    check_mode(interp, "otel_asyncio", &OTEL_KEYS);
+}
+
+per_version!(otel_asyncio:
+    otel_asyncio_3_8 => 8,
+    otel_asyncio_3_9 => 9,
+    otel_asyncio_3_10 => 10,
+    otel_asyncio_3_11 => 11,
+    otel_asyncio_3_12 => 12,
+    otel_asyncio_3_13 => 13,
+);
+
+// ---------------------------------------------------------------------------
+// 3. OSProfiler, two threads
+// ---------------------------------------------------------------------------
+
+fn osprofiler(interp: &Interp) {
+    check_mode(interp, "osprofiler", &OSPROFILER_KEYS);
+}
+
+per_version!(osprofiler:
+    osprofiler_3_8 => 8,
+    osprofiler_3_9 => 9,
+    osprofiler_3_10 => 10,
+    osprofiler_3_11 => 11,
+    osprofiler_3_12 => 12,
+    osprofiler_3_13 => 13,
+);
+
+// ---------------------------------------------------------------------------
+// 4. OpenTelemetry imported after spanprof attached
+// ---------------------------------------------------------------------------
+
+/// spanprof attaches to a process that has not imported OpenTelemetry (it runs `outside_work`);
+/// 0.5 s later the process imports it and runs spans, two threads, for 5 s.
+fn otel_late(interp: &Interp) {
+    require_span_profiling(interp);
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("spans-otel-late");
+    let truth = tmp.join("truth.jsonl");
+    let go = tmp.join("go");
+    let pprof = tmp.join("spans.pb.gz");
+    let workload = start_py_workload_with_libs(
+        &interp.path,
+        &interp.libs,
+        WORKLOAD,
+        &[
+            "otel_late",
+            "5",
+            truth.to_str().expect("UTF-8 temp path"),
+            go.to_str().expect("UTF-8 temp path"),
+        ],
+    );
+    let mut cmd: Command = spanprof_command(["profile", "--duration", "5s", "--frequency"]);
+    cmd.arg(FREQUENCY.to_string())
+        .arg("--pid")
+        .arg(workload.pid().to_string())
+        .arg("-o")
+        .arg(&pprof);
+    let mut run = Background::spawn(cmd);
+    run.wait_for_stderr("spanprof: profiling", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&go, b"go").expect("writing the go file");
+    let out = run.finish(RUN_TIMEOUT);
+    let workload_out = workload.finish(RUN_TIMEOUT);
+    out.assert_success();
+    workload_out.assert_success();
+    check_labels(interp, "otel_late", &pprof, &truth, &OTEL_KEYS, &out);
+}
+
+per_version!(otel_late:
+    otel_late_3_8 => 8,
+    otel_late_3_9 => 9,
+    otel_late_3_10 => 10,
+    otel_late_3_11 => 11,
+    otel_late_3_12 => 12,
+    otel_late_3_13 => 13,
+);

@@ -1,0 +1,332 @@
+# Span-correlation workloads: CPU-bound work inside OpenTelemetry spans or
+# OSProfiler trace points, with ground truth of which span each piece of work
+# ran in.
+#
+# Usage: python3 py_span_workload.py MODE SECONDS TRUTH_FILE [GO_FILE]
+#
+# MODE is one of
+#   otel_threads   two threads, each running OpenTelemetry spans one after the
+#                  other (every third one with a child span inside), with work
+#                  outside any span between them;
+#   otel_asyncio   one thread, an asyncio loop with four tasks running spans in
+#                  CPU-bound chunks separated by `await asyncio.sleep(0)`, so
+#                  the tasks (and their contexts) interleave on the thread;
+#   osprofiler     two threads, each running "requests": osprofiler.profiler.init
+#                  with a fresh base_id (and, every other request, a parent_id),
+#                  three nested trace points (profiler.start/stop), work in each
+#                  level, then profiler.clean() and work outside any request;
+#   otel_late      starts without OpenTelemetry imported and runs outside_work
+#                  until GO_FILE exists, then imports it and runs otel_threads.
+#
+# Each span (or trace point) runs its work in a function of its own, made from
+# one template with `code.replace(co_name=..., co_qualname=...)` and named
+# `span_work_N` (N unique in the process), so the Python stack of a sample says
+# which span was active. Work outside any span runs in `outside_work`. Every
+# function made is kept alive, so no code object is freed and its address
+# reused.
+#
+# TRUTH_FILE gets one JSON line per span, written when the span starts:
+#   {"function": "span_work_N", "kind": "otel", "trace_id": "<32 hex>",
+#    "span_id": "<16 hex>", "tid": NATIVE_THREAD_ID}
+#   {"function": "span_work_N", "kind": "osprofiler", "base_id": "<uuid>",
+#    "trace_id": "<uuid>", "parent_id": "<uuid>", "tid": NATIVE_THREAD_ID}
+# and a last line {"done": true, ...} with the counts. `ready PID` goes to
+# stderr once the work runs (otel_late: once outside_work runs, before
+# GO_FILE), and the counts as one JSON line to stdout at the end.
+#
+# Runs for SECONDS (otel_late: SECONDS after GO_FILE appeared; it gives up
+# with status 1 when GO_FILE does not appear within 120 s).
+import json
+import os
+import sys
+import threading
+import time
+import types
+import uuid
+
+# Per span (or trace point): CPU seconds of work; outside any span, between them.
+SPAN_CPU = 0.06
+OUTSIDE_CPU = 0.02
+# asyncio: one chunk of work between two `await asyncio.sleep(0)`.
+CHUNK_CPU = 0.004
+
+
+def _work_template(budget):
+    end = time.thread_time() + budget
+    x = 1
+    while time.thread_time() < end:
+        for _ in range(300):
+            x = (x * 1103515245 + 12345) % 2147483648
+    return x
+
+
+def outside_work(budget):
+    end = time.thread_time() + budget
+    x = 2
+    while time.thread_time() < end:
+        for _ in range(300):
+            x = (x * 69069 + 1) % 4294967296
+    return x
+
+
+class Truth:
+    """The ground-truth file and the unique names of the work functions."""
+
+    def __init__(self, path):
+        self.file = open(path, "w")
+        self.lock = threading.Lock()
+        self.next = 0
+        self.functions = []
+        self.spans = 0
+
+    def new_function(self):
+        """A new work function `span_work_N`, and its name."""
+        with self.lock:
+            name = "span_work_%d" % self.next
+            self.next += 1
+        code = _work_template.__code__
+        if sys.version_info >= (3, 11):
+            code = code.replace(co_name=name, co_qualname=name)
+        else:
+            code = code.replace(co_name=name)
+        function = types.FunctionType(code, globals(), name)
+        with self.lock:
+            self.functions.append(function)
+        return function, name
+
+    def write(self, record):
+        line = json.dumps(record, sort_keys=True)
+        with self.lock:
+            self.spans += 1
+            self.file.write(line + "\n")
+            self.file.flush()
+
+    def finish(self, extra):
+        record = dict(extra, done=True, spans=self.spans)
+        with self.lock:
+            self.file.write(json.dumps(record, sort_keys=True) + "\n")
+            self.file.close()
+        print(json.dumps(record, sort_keys=True), flush=True)
+
+
+def ready():
+    print("ready", os.getpid(), file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# OpenTelemetry
+# ---------------------------------------------------------------------------
+
+
+def otel_tracer():
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    # No span processor: the spans are recorded (sampled) but exported nowhere.
+    trace.set_tracer_provider(TracerProvider(sampler=ALWAYS_ON))
+    return trace.get_tracer("spanprof-tests")
+
+
+def otel_record(truth, name, span):
+    ctx = span.get_span_context()
+    truth.write(
+        {
+            "function": name,
+            "kind": "otel",
+            "trace_id": format(ctx.trace_id, "032x"),
+            "span_id": format(ctx.span_id, "016x"),
+            "tid": threading.get_native_id(),
+        }
+    )
+
+
+def otel_thread(truth, tracer, end, started, counts, index):
+    first = True
+    n = 0
+    while time.monotonic() < end:
+        with tracer.start_as_current_span("request-%d-%d" % (index, n)) as span:
+            work, name = truth.new_function()
+            otel_record(truth, name, span)
+            if first:
+                started.release()
+                first = False
+            work(SPAN_CPU / 2)
+            if n % 3 == 0:
+                with tracer.start_as_current_span("child-%d-%d" % (index, n)) as child:
+                    child_work, child_name = truth.new_function()
+                    otel_record(truth, child_name, child)
+                    child_work(SPAN_CPU)
+            work(SPAN_CPU / 2)
+        n += 1
+        outside_work(OUTSIDE_CPU)
+    counts[index] = n
+
+
+def run_otel_threads(truth, seconds, tracer):
+    end = time.monotonic() + seconds
+    started = threading.Semaphore(0)
+    counts = {}
+    threads = [
+        threading.Thread(
+            name="otel-%d" % i,
+            target=otel_thread,
+            args=(truth, tracer, end, started, counts, i),
+        )
+        for i in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        started.acquire()
+    return threads, counts
+
+
+def mode_otel_threads(truth, seconds):
+    tracer = otel_tracer()
+    threads, counts = run_otel_threads(truth, seconds, tracer)
+    ready()
+    for t in threads:
+        t.join()
+    truth.finish({"mode": "otel_threads", "requests": sum(counts.values())})
+
+
+def mode_otel_late(truth, seconds, go_file):
+    if any(m == "opentelemetry" or m.startswith("opentelemetry.") for m in sys.modules):
+        sys.exit("opentelemetry is imported already")
+    ready()
+    give_up = time.monotonic() + 120
+    while not os.path.exists(go_file):
+        if time.monotonic() > give_up:
+            sys.exit("no go file %s within 120 s" % go_file)
+        outside_work(0.01)
+    tracer = otel_tracer()
+    threads, counts = run_otel_threads(truth, seconds, tracer)
+    for t in threads:
+        t.join()
+    truth.finish({"mode": "otel_late", "requests": sum(counts.values())})
+
+
+def mode_otel_asyncio(truth, seconds):
+    import asyncio
+
+    tracer = otel_tracer()
+    end = time.monotonic() + seconds
+    counts = {}
+
+    async def chunks(work, budget):
+        left = budget
+        while left > 0:
+            work(min(CHUNK_CPU, left))
+            left -= CHUNK_CPU
+            await asyncio.sleep(0)
+
+    async def task_body(index):
+        n = 0
+        while time.monotonic() < end:
+            with tracer.start_as_current_span("task-%d-%d" % (index, n)) as span:
+                work, name = truth.new_function()
+                otel_record(truth, name, span)
+                await chunks(work, SPAN_CPU)
+            n += 1
+            await chunks(outside_work, OUTSIDE_CPU)
+        counts[index] = n
+
+    async def main():
+        tasks = [asyncio.ensure_future(task_body(i)) for i in range(4)]
+        await asyncio.sleep(0)
+        ready()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    truth.finish({"mode": "otel_asyncio", "requests": sum(counts.values())})
+
+
+# ---------------------------------------------------------------------------
+# OSProfiler
+# ---------------------------------------------------------------------------
+
+HMAC_KEY = "spanprof-secret"
+LEVELS = 3
+
+
+def osprofiler_thread(truth, end, started, counts, index):
+    from osprofiler import profiler
+
+    first = True
+    n = 0
+    while time.monotonic() < end:
+        base_id = str(uuid.uuid4())
+        parent_id = str(uuid.uuid4()) if n % 2 else None
+        profiler.init(HMAC_KEY, base_id=base_id, parent_id=parent_id)
+        for level in range(LEVELS):
+            profiler.start("level-%d" % level, info={"request": n})
+            p = profiler.get()
+            work, name = truth.new_function()
+            truth.write(
+                {
+                    "function": name,
+                    "kind": "osprofiler",
+                    "base_id": p.get_base_id(),
+                    "trace_id": p.get_id(),
+                    "parent_id": p.get_parent_id(),
+                    "level": level,
+                    "tid": threading.get_native_id(),
+                }
+            )
+            if first:
+                started.release()
+                first = False
+            work(SPAN_CPU / 2)
+        for _ in range(LEVELS):
+            profiler.stop()
+        profiler.clean()
+        n += 1
+        outside_work(OUTSIDE_CPU)
+    counts[index] = n
+
+
+def mode_osprofiler(truth, seconds):
+    from osprofiler import profiler  # noqa: F401  (imported before the threads start)
+
+    end = time.monotonic() + seconds
+    started = threading.Semaphore(0)
+    counts = {}
+    threads = [
+        threading.Thread(
+            name="osp-%d" % i,
+            target=osprofiler_thread,
+            args=(truth, end, started, counts, i),
+        )
+        for i in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        started.acquire()
+    ready()
+    for t in threads:
+        t.join()
+    truth.finish({"mode": "osprofiler", "requests": sum(counts.values())})
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit("usage: py_span_workload.py MODE SECONDS TRUTH_FILE [GO_FILE]")
+    mode, seconds, truth_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    truth = Truth(truth_path)
+    if mode == "otel_threads":
+        mode_otel_threads(truth, seconds)
+    elif mode == "otel_asyncio":
+        mode_otel_asyncio(truth, seconds)
+    elif mode == "osprofiler":
+        mode_osprofiler(truth, seconds)
+    elif mode == "otel_late":
+        if len(sys.argv) < 5:
+            sys.exit("otel_late needs a GO_FILE")
+        mode_otel_late(truth, seconds, sys.argv[4])
+    else:
+        sys.exit("unknown mode %r" % mode)
+
+
+main()
