@@ -397,7 +397,7 @@ impl Profile {
                 });
                 s.span = s.span.map(|i| {
                     *span_map[i as usize].get_or_insert_with(|| {
-                        spans.push(self.spans[i as usize].clone());
+                        spans.push(self.spans[i as usize]);
                         spans.len() as u32 - 1
                     })
                 });

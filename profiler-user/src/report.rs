@@ -187,7 +187,7 @@ impl Reader<'_> {
             });
             let span = span.map(|span| {
                 *span_ids.entry(span).or_insert_with_key(|s| {
-                    spans.push(s.clone());
+                    spans.push(*s);
                     spans.len() as u32 - 1
                 })
             });

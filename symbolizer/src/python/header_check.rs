@@ -14,6 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::objects::{DictLayout, ObjectOffsets, TPFLAGS_INLINE_VALUES, TPFLAGS_MANAGED_DICT};
 use super::offsets::{self, FrameLayout, PyOffsets, ThreadIdMatch};
 
 /// One C integer constant expression and the value the table says it has.
@@ -38,20 +39,160 @@ fn headers(minor: u8) -> &'static [&'static str] {
     match minor {
         // 3.8: _PyRuntimeState and PyInterpreterState are both in pycore_pystate.h;
         // frameobject.h is not pulled in by Python.h before 3.11.
-        8 => &["Python.h", "frameobject.h", "internal/pycore_pystate.h"],
+        8 => &[
+            "Python.h",
+            "frameobject.h",
+            "internal/pycore_pystate.h",
+            "internal/pycore_context.h",
+        ],
         9 | 10 => &[
             "Python.h",
             "frameobject.h",
             "internal/pycore_runtime.h",
             "internal/pycore_interp.h",
+            "internal/pycore_context.h",
         ],
         _ => &[
             "Python.h",
             "internal/pycore_runtime.h",
             "internal/pycore_interp.h",
             "internal/pycore_frame.h",
+            "internal/pycore_context.h",
+            "internal/pycore_dict.h",
         ],
     }
+}
+
+/// The checks of a version's [`ObjectOffsets`]. Not checkable here (no header has them):
+/// before 3.11 the dict keys layout (Objects/dict-common.h), and `localobject`
+/// (Modules/_threadmodule.c); the span tests read real objects through both.
+fn object_checks(o: &ObjectOffsets) -> Vec<Check> {
+    let minor = o.version.1;
+    let mut c = vec![
+        check(
+            "interp_modules",
+            if minor <= 11 {
+                "offsetof(PyInterpreterState, modules)"
+            } else {
+                "offsetof(PyInterpreterState, imports.modules)"
+            },
+            o.interp_modules,
+        ),
+        check(
+            "tstate_context",
+            "offsetof(PyThreadState, context)",
+            o.tstate_context,
+        ),
+        check(
+            "tstate_dict",
+            "offsetof(PyThreadState, dict)",
+            o.tstate_dict,
+        ),
+        check(
+            "context_vars",
+            "offsetof(PyContext, ctx_vars)",
+            o.context_vars,
+        ),
+        check("hamt_root", "offsetof(PyHamtObject, h_root)", o.hamt_root),
+        check(
+            "contextvar_hash",
+            "offsetof(PyContextVar, var_hash)",
+            o.contextvar_hash,
+        ),
+        check("dict_keys", "offsetof(PyDictObject, ma_keys)", o.dict_keys),
+        check(
+            "dict_keys + 8",
+            "offsetof(PyDictObject, ma_values)",
+            o.dict_keys + 8,
+        ),
+        check("type_name", "offsetof(PyTypeObject, tp_name)", o.type_name),
+        check(
+            "type_basicsize",
+            "offsetof(PyTypeObject, tp_basicsize)",
+            o.type_basicsize,
+        ),
+        check(
+            "type_flags",
+            "offsetof(PyTypeObject, tp_flags)",
+            o.type_flags,
+        ),
+        check("type_dict", "offsetof(PyTypeObject, tp_dict)", o.type_dict),
+        check(
+            "type_dictoffset",
+            "offsetof(PyTypeObject, tp_dictoffset)",
+            o.type_dictoffset,
+        ),
+        check(
+            "type_cached_keys",
+            "offsetof(PyHeapTypeObject, ht_cached_keys)",
+            o.type_cached_keys,
+        ),
+        check(
+            "func_code",
+            "offsetof(PyFunctionObject, func_code)",
+            o.func_code,
+        ),
+        check(
+            "code_names",
+            "offsetof(PyCodeObject, co_names)",
+            o.code_names,
+        ),
+        check("PyLong_SHIFT", "PyLong_SHIFT", 30),
+        check(
+            "long size (ob_size or lv_tag)",
+            if o.long_tag {
+                "offsetof(PyLongObject, long_value.lv_tag)"
+            } else {
+                "offsetof(PyVarObject, ob_size)"
+            },
+            16,
+        ),
+    ];
+    if let Some(k) = o.tstate_local_key {
+        c.push(check(
+            "tstate_local_key",
+            "offsetof(PyThreadState, threading_local_key)",
+            k,
+        ));
+    }
+    if o.dict_layout == DictLayout::Log2 {
+        c.push(check(
+            "dict_layout (nentries)",
+            "offsetof(PyDictKeysObject, dk_nentries)",
+            24,
+        ));
+        c.push(check(
+            "dict_layout (indices)",
+            "offsetof(PyDictKeysObject, dk_indices)",
+            32,
+        ));
+        c.push(check("entry size", "sizeof(PyDictKeyEntry)", 24));
+        c.push(check(
+            "unicode entry size",
+            "sizeof(PyDictUnicodeEntry)",
+            16,
+        ));
+    }
+    if minor >= 11 {
+        c.push(check(
+            "TPFLAGS_MANAGED_DICT",
+            "Py_TPFLAGS_MANAGED_DICT",
+            TPFLAGS_MANAGED_DICT,
+        ));
+    }
+    if minor >= 13 {
+        c.push(check(
+            "dict_values",
+            "offsetof(PyDictValues, values)",
+            o.dict_values,
+        ));
+        c.push(check(
+            "TPFLAGS_INLINE_VALUES",
+            "Py_TPFLAGS_INLINE_VALUES",
+            TPFLAGS_INLINE_VALUES,
+        ));
+    }
+    c
 }
 
 /// Every check a table implies, with the field names of its version.
@@ -371,7 +512,10 @@ fn offsets_match_installed_headers() {
             eprintln!("note: no pyenv install of 3.{minor}, its offsets are not checked");
             continue;
         }
-        let checks = checks(table);
+        let mut checks = checks(table);
+        checks.extend(object_checks(
+            ObjectOffsets::for_version(3, minor).expect("an object table for every version"),
+        ));
         let (src, _) = c_source(minor, &checks, |_, ch| {
             format!(
                 "_Static_assert(({}) == {}, \"3.{minor} {}: {} != {}\");",

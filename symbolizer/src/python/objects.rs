@@ -700,3 +700,113 @@ impl SpanFinder {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::memory::FixtureMemory;
+    use crate::python::offsets;
+
+    /// A compact ASCII str at `addr` (the 3.11 layout: data after 48 bytes).
+    fn put_str(mem: &mut FixtureMemory, addr: u64, text: &str, hash: u64) {
+        let mut b = vec![0u8; 48 + text.len() + 1];
+        b[16..24].copy_from_slice(&(text.len() as u64).to_le_bytes());
+        b[24..32].copy_from_slice(&hash.to_le_bytes());
+        // kind 1, compact, ascii
+        b[32..36].copy_from_slice(&((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
+        b[48..48 + text.len()].copy_from_slice(text.as_bytes());
+        mem.insert(addr, b);
+    }
+
+    /// A 3.11+ str-keyed dict at `dict` with its keys at `keys`: 8 slots, 1-byte indexes.
+    fn put_dict(mem: &mut FixtureMemory, dict: u64, keys: u64, entries: &[(u64, u64)]) {
+        let mut d = vec![0u8; 48];
+        d[32..40].copy_from_slice(&keys.to_le_bytes());
+        mem.insert(dict, d);
+        let mut k = vec![0u8; 32 + 8 + 8 * 16];
+        k[8] = 3; // log2 size
+        k[9] = 3; // log2 index bytes
+        k[10] = 1; // DICT_KEYS_UNICODE
+        k[24..32].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let e = 40 + i * 16;
+            k[e..e + 8].copy_from_slice(&key.to_le_bytes());
+            k[e + 8..e + 16].copy_from_slice(&value.to_le_bytes());
+        }
+        mem.insert(keys, k);
+    }
+
+    fn objects(mem: &FixtureMemory) -> Objects<'_, FixtureMemory> {
+        Objects {
+            mem,
+            py: offsets::for_version(3, 11).unwrap(),
+            obj: ObjectOffsets::for_version(3, 11).unwrap(),
+        }
+    }
+
+    #[test]
+    fn dict_entries_and_str_keys() {
+        let mut mem = FixtureMemory::new();
+        put_str(&mut mem, 0x10_000, "_RUNTIME_CONTEXT", 7);
+        put_str(&mut mem, 0x11_000, "other", 8);
+        put_dict(
+            &mut mem,
+            0x20_000,
+            0x21_000,
+            &[(0x11_000, 0xaa), (0x10_000, 0xbb)],
+        );
+        let o = objects(&mem);
+        assert_eq!(
+            o.dict_entries(0x20_000).unwrap(),
+            vec![(0x11_000, 0xaa), (0x10_000, 0xbb)]
+        );
+        assert_eq!(
+            o.dict_get(0x20_000, "_RUNTIME_CONTEXT").unwrap(),
+            Some((0x10_000, 0xbb))
+        );
+        assert_eq!(o.dict_get(0x20_000, "missing").unwrap(), None);
+        assert_eq!(o.str_hash(0x10_000).unwrap(), 7);
+    }
+
+    #[test]
+    fn garbage_is_an_error_never_a_panic() {
+        // Every region filled with one byte value: pointers lead nowhere or back into garbage.
+        for fill in [0u8, 0x01, 0x7f, 0xff] {
+            let mut mem = FixtureMemory::new();
+            mem.insert(0x10_000, vec![fill; 4096]);
+            let o = objects(&mem);
+            let _ = o.dict_entries(0x10_000);
+            let _ = o.attrs(0x10_000);
+            let _ = o.tuple(0x10_000);
+            let _ = o.type_name(0x10_000);
+            let _ = o.code_name(0x10_000, "x");
+            let _ = SpanFinder::default().look(&o, 0x10_000);
+        }
+        // Sizes that would make huge reads are refused before reading.
+        let mut mem = FixtureMemory::new();
+        let mut keys = vec![0u8; 64];
+        keys[8] = 30; // 2^30 slots
+        keys[9] = 30;
+        keys[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        mem.insert(0x10_000, keys);
+        assert!(matches!(
+            objects(&mem).keys_entries(0x10_000, 0),
+            Err(ObjectError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn hamt_hash_folds_like_cpython() {
+        assert_eq!(hamt_hash(0x0000_0001_0000_0002), 3);
+        assert_eq!(hamt_hash(0xffff_ffff_0000_0000), u32::MAX - 1); // -1 becomes -2
+        assert_eq!(hamt_hash(0x1234_5678), 0x1234_5678);
+    }
+
+    #[test]
+    fn every_version_has_a_table() {
+        for minor in 8..=13 {
+            assert!(ObjectOffsets::for_version(3, minor).is_some());
+        }
+        assert!(ObjectOffsets::for_version(3, 7).is_none());
+    }
+}
