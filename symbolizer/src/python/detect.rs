@@ -379,7 +379,9 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             runtime_addr: syms.runtime.wrapping_add(load_bias),
             code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
             unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
-            hamt_types: syms.hamt_types.map(|t| t.map(|a| a.wrapping_add(load_bias))),
+            hamt_types: syms
+                .hamt_types
+                .map(|t| t.map(|a| a.wrapping_add(load_bias))),
             eval_ranges: syms
                 .eval
                 .iter()
