@@ -166,6 +166,17 @@ pub const SPAN_OTEL: u32 = 1;
 pub const SPAN_OSP: u32 = 2;
 /// [`SpanRecord::flags`]: `osp_parent` too.
 pub const SPAN_OSP_PARENT: u32 = 4;
+/// [`SpanRecord::flags`]: the ids come from the thread context record the process publishes
+/// (OTEP 4947), not from its tracing libraries' objects.
+pub const SPAN_PUBLISHED: u32 = 8;
+/// [`SpanProc::tls_kind`]: no published thread context.
+pub const TLS_NONE: u32 = 0;
+/// [`SpanProc::tls_kind`]: the thread's `otel_thread_ctx_v1` is at FS base + `tls_offset`.
+pub const TLS_STATIC: u32 = 1;
+/// [`SpanProc::tls_kind`]: at `dtv[tls_module]` + `tls_offset`, the DTV at FS base + 8.
+pub const TLS_DTV: u32 = 2;
+/// [`SpanProc::osp_keys`]: no such key.
+pub const NO_KEY: u8 = 0xff;
 
 /// The span context of a sampled thread (`struct spanprof_span`). Ids in wire (big-endian)
 /// order.
@@ -274,6 +285,15 @@ pub struct SpanProc {
     pub long_kind: u32,
     /// `sizeof(PyASCIIObject)`.
     pub str_data: u32,
+    /// `TLS_*`: how a thread's OTEP 4947 `otel_thread_ctx_v1` is found.
+    pub tls_kind: u32,
+    /// Offset from the FS base (static) or in the module's TLS block (DTV).
+    pub tls_offset: i64,
+    /// The module's DTV index (DTV).
+    pub tls_module: u64,
+    /// Attribute key indexes of `osprofiler.base_id`, `.trace_id`, `.parent_id` in the
+    /// thread context record, or [`NO_KEY`].
+    pub osp_keys: [u8; 4],
     /// Zero.
     pub _pad: u32,
 }

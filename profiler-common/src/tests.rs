@@ -123,6 +123,10 @@ fn c_asserts() -> String {
             type_cached_keys,
             long_kind,
             str_data,
+            tls_kind,
+            tls_offset,
+            tls_module,
+            osp_keys,
             _pad
         ),
     ));
@@ -239,6 +243,11 @@ fn c_asserts() -> String {
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),
+        ("SPANPROF_SPAN_PUBLISHED", SPAN_PUBLISHED as u64),
+        ("SPANPROF_TLS_NONE", TLS_NONE as u64),
+        ("SPANPROF_TLS_STATIC", TLS_STATIC as u64),
+        ("SPANPROF_TLS_DTV", TLS_DTV as u64),
+        ("SPANPROF_NO_KEY", NO_KEY as u64),
         ("SPANPROF_ATTR_DICTOFFSET", ATTR_DICTOFFSET as u64),
         ("SPANPROF_ATTR_MANAGED", ATTR_MANAGED as u64),
         ("SPANPROF_ATTR_TAGGED", ATTR_TAGGED as u64),

@@ -17,6 +17,7 @@ typedef uint8_t __u8;
 typedef uint16_t __u16;
 typedef uint32_t __u32;
 typedef int32_t __s32;
+typedef int64_t __s64;
 typedef uint64_t __u64;
 #endif
 
@@ -121,6 +122,7 @@ struct spanprof_py_frame {
 #define SPANPROF_SPAN_OTEL 1	   /* trace_id and span_id: OpenTelemetry's current span */
 #define SPANPROF_SPAN_OSP 2	   /* osp_base and osp_current: an OSProfiler trace */
 #define SPANPROF_SPAN_OSP_PARENT 4 /* osp_parent too */
+#define SPANPROF_SPAN_PUBLISHED 8  /* from the thread context record the process publishes */
 
 /*
  * The tracing context of the sampled thread, read while it was stopped. Ids are bytes in wire
@@ -246,6 +248,13 @@ struct spanprof_py_proc {
 #define SPANPROF_LONG_SIZE 1 /* ob_size: signed number of digits */
 #define SPANPROF_LONG_TAG 2  /* 3.12+: lv_tag: digits << 3 | sign */
 
+/* How a thread finds its copy of `otel_thread_ctx_v1` (spanprof_span_proc.tls_kind). */
+#define SPANPROF_TLS_NONE 0   /* the process publishes no thread context */
+#define SPANPROF_TLS_STATIC 1 /* at FS base + tls_offset */
+#define SPANPROF_TLS_DTV 2    /* at dtv[tls_module].block + tls_offset; the DTV at FS base + 8 */
+/* spanprof_span_proc.osp_keys: no such attribute key. */
+#define SPANPROF_NO_KEY 0xff
+
 /* Where a threading.local keeps a thread's attributes (spanprof_span_proc.local_kind). */
 #define SPANPROF_LOCAL_TSTATE_DICT 1 /* <=3.12: tstate->dict[local.key] is a dummy; +16 the dict */
 #define SPANPROF_LOCAL_LOCALDICTS 2  /* 3.13: local.localdicts[tstate->threading_local_key] */
@@ -292,6 +301,15 @@ struct spanprof_span_proc {
 	__u32 type_cached_keys; /* offsetof(PyHeapTypeObject, ht_cached_keys) */
 	__u32 long_kind;       /* SPANPROF_LONG_* */
 	__u32 str_data;	       /* sizeof(PyASCIIObject): a compact ASCII str's data */
+	__u32 tls_kind;	       /* SPANPROF_TLS_*: OTEP 4947 `otel_thread_ctx_v1` */
+	__s64 tls_offset;
+	__u64 tls_module;
+	/*
+	 * Key indexes, in the thread context record's attributes, of osprofiler.base_id,
+	 * osprofiler.trace_id and osprofiler.parent_id (OTEP 4719 process context's key map), or
+	 * SPANPROF_NO_KEY.
+	 */
+	__u8 osp_keys[4];
 	__u32 _pad;
 };
 

@@ -866,11 +866,32 @@ static __always_inline int hex_nibble(__u8 c)
 	return -1;
 }
 
-/* A str holding a UUID (8-4-4-4-12 hex digits), parsed into 16 bytes at `out`. */
+/* The UUID text (8-4-4-4-12 hex digits) at `at` in `buf` (of `size` bytes), into 16 bytes. */
+static __always_inline int parse_uuid(const __u8 *buf, __u32 size, __u32 at, __u8 *out)
+{
+	__u32 i, j = 0;
+	int hi, lo;
+
+	for (i = 0; i < PY_UUID_LEN; i++) {
+		if (i == 8 || i == 13 || i == 18 || i == 23) {
+			if (load_u8(buf, at + i, size) != '-')
+				return SPAN_FAULT;
+			continue;
+		}
+		hi = hex_nibble(load_u8(buf, at + i, size));
+		i++;
+		lo = hex_nibble(load_u8(buf, at + i, size));
+		if (hi < 0 || lo < 0 || j >= 16)
+			return SPAN_FAULT;
+		out[j++] = (__u8)(hi << 4 | lo);
+	}
+	return 0;
+}
+
+/* A str holding a UUID, parsed into 16 bytes at `out`. */
 static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 {
-	__u32 data = w->scfg.str_data, i, j = 0, len;
-	int hi, lo;
+	__u32 data = w->scfg.str_data, len;
 
 	if (data < PY_STR_STATE + 4 || data > SPAN_BUF - PY_UUID_LEN + PY_STR_LENGTH)
 		return SPAN_FAULT;
@@ -883,19 +904,113 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 	    (load_u32(w->buf, PY_STR_STATE - PY_STR_LENGTH, SPAN_BUF) & PY_STR_COMPACT_ASCII) !=
 		    PY_STR_COMPACT_ASCII)
 		return SPAN_FAULT;
-	data -= PY_STR_LENGTH;
-	for (i = 0; i < PY_UUID_LEN; i++) {
-		if (i == 8 || i == 13 || i == 18 || i == 23) {
-			if (load_u8(w->buf, data + i, SPAN_BUF) != '-')
-				return SPAN_FAULT;
-			continue;
-		}
-		hi = hex_nibble(load_u8(w->buf, data + i, SPAN_BUF));
-		i++;
-		lo = hex_nibble(load_u8(w->buf, data + i, SPAN_BUF));
-		if (hi < 0 || lo < 0 || j >= 16)
+	return parse_uuid(w->buf, SPAN_BUF, data - PY_STR_LENGTH, out);
+}
+
+/* OTEP 4947 record: trace_id[16] span_id[8] valid trace_flags attrs_size:u16, then attrs. */
+#define CTX_RECORD_HEADER 28
+#define CTX_VALID 24
+#define CTX_ATTRS_SIZE 26
+/* Attribute bytes read at most, and entries looked at (key:u8 len:u8 value[len] each). */
+#define CTX_ATTRS_READ 256
+#define CTX_ATTRS_ENTRIES 8
+/* glibc x86_64: tcbhead_t.dtv, at FS base + 8; 16-byte DTV entries; an unallocated block. */
+#define TCB_DTV 8
+#define DTV_ENTRY 16
+#define DTV_UNALLOCATED ((__u64)-1)
+
+/*
+ * One attribute of a thread context record (in w->win; w->q.i the offset, w->q.nentries the
+ * size): an OSProfiler id is parsed into w->span, and its bit set in w->q.status (1 base,
+ * 2 trace point, 4 parent). A key repeated: the last one wins, as OTEP 4947 says.
+ */
+static long ctx_attr_step(__u64 n, void *ctx)
+{
+	struct scratch *w = get_scratch();
+	__u32 off, key, len, size;
+	__u8 *out = 0;
+	int bit = 0;
+
+	if (!w)
+		return 1;
+	off = (__u32)w->q.i;
+	size = w->q.nentries;
+	if (off + 2 > size || size > CTX_ATTRS_READ)
+		return 1;
+	key = load_u8(w->win, off, SPANPROF_PY_WINDOW);
+	len = load_u8(w->win, off + 1, SPANPROF_PY_WINDOW);
+	off += 2;
+	if (off + len > size)
+		return 1;
+	w->q.i = off + len;
+	if (len != PY_UUID_LEN)
+		return 0;
+	if (key == w->scfg.osp_keys[0]) {
+		out = w->span.osp_base;
+		bit = 1;
+	} else if (key == w->scfg.osp_keys[1]) {
+		out = w->span.osp_current;
+		bit = 2;
+	} else if (key == w->scfg.osp_keys[2]) {
+		out = w->span.osp_parent;
+		bit = 4;
+	}
+	if (out && !parse_uuid(w->win, SPANPROF_PY_WINDOW, off, out))
+		w->q.status |= bit;
+	return 0;
+}
+
+/*
+ * The thread context record the process publishes for this thread (OTEP 4947), if any: its
+ * OpenTelemetry ids, and the OSProfiler ids among its attributes.
+ */
+static __always_inline int published_ctx(struct scratch *w)
+{
+	const struct spanprof_span_proc *c = &w->scfg;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u64 fs = BPF_CORE_READ(task, thread.fsbase), addr, rec = 0, dtv = 0, block = 0;
+	__u32 size, found;
+
+	if (c->tls_kind == SPANPROF_TLS_STATIC) {
+		addr = fs + c->tls_offset;
+	} else {
+		if (read_ptr(&dtv, fs + TCB_DTV) || !dtv ||
+		    read_ptr(&block, dtv + c->tls_module * DTV_ENTRY))
 			return SPAN_FAULT;
-		out[j++] = (__u8)(hi << 4 | lo);
+		/* The thread never touched the module's TLS: nothing published. */
+		if (!block || block == DTV_UNALLOCATED)
+			return 0;
+		addr = block + c->tls_offset;
+	}
+	if (read_ptr(&rec, addr))
+		return SPAN_FAULT;
+	if (!rec)
+		return 0;
+	if (bpf_probe_read_user(w->buf, CTX_RECORD_HEADER, (const void *)rec))
+		return SPAN_FAULT;
+	if (w->buf[CTX_VALID] != 1) /* being written, or not valid */
+		return 0;
+	if (span_u64(w, 0) | span_u64(w, 8)) {
+		__builtin_memcpy(w->span.trace_id, w->buf, 16);
+		__builtin_memcpy(w->span.span_id, w->buf + 16, 8);
+		w->span.flags |= SPANPROF_SPAN_OTEL | SPANPROF_SPAN_PUBLISHED;
+	}
+	size = load_u32(w->buf, CTX_ATTRS_SIZE, SPAN_BUF) & 0xffff;
+	if (!size || c->osp_keys[1] == SPANPROF_NO_KEY)
+		return 0;
+	if (size > CTX_ATTRS_READ)
+		size = CTX_ATTRS_READ;
+	if (bpf_probe_read_user(w->win, size, (const void *)(rec + CTX_RECORD_HEADER)))
+		return SPAN_FAULT;
+	w->q.i = 0;
+	w->q.nentries = size;
+	w->q.status = 0;
+	bpf_loop(CTX_ATTRS_ENTRIES, ctx_attr_step, NULL, 0);
+	found = (__u32)w->q.status;
+	if ((found & 3) == 3) {
+		w->span.flags |= SPANPROF_SPAN_OSP | SPANPROF_SPAN_PUBLISHED;
+		if (found & 4)
+			w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
 	}
 	return 0;
 }
@@ -1002,6 +1117,32 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 }
 
 /*
+ * The three readers as global functions: the verifier checks each once, on its own, instead of
+ * once per path through the sampling program (together, inlined, they took 800k of its 1M
+ * instructions and 17 s to load). They find their state in the scratch map; 0 or SPAN_FAULT.
+ */
+__attribute__((noinline)) int span_published(void)
+{
+	struct scratch *w = get_scratch();
+
+	return w ? published_ctx(w) : 0;
+}
+
+__attribute__((noinline)) int span_otel(void)
+{
+	struct scratch *w = get_scratch();
+
+	return w && w->tstate ? otel_span(w, w->tstate) : 0;
+}
+
+__attribute__((noinline)) int span_osp(void)
+{
+	struct scratch *w = get_scratch();
+
+	return w && w->tstate ? osp_trace(w, w->tstate) : 0;
+}
+
+/*
  * Reads the span context of the thread whose PyThreadState is w->tstate into w->span; returns
  * its size in the record (0: no span).
  */
@@ -1010,16 +1151,17 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 	const struct spanprof_span_proc *cfg;
 	int bad = 0;
 
-	if (!w->tstate)
-		return 0;
 	cfg = bpf_map_lookup_elem(&span_procs, &tgid);
 	if (!cfg)
 		return 0;
 	w->scfg = *cfg;
 	__builtin_memset(&w->span, 0, sizeof(w->span));
-	if (w->scfg.otel_var && otel_span(w, w->tstate))
+	/* What the process publishes itself is the cheapest to read, and read first. */
+	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published())
 		bad = 1;
-	if (w->scfg.osp_local && osp_trace(w, w->tstate))
+	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel())
+		bad = 1;
+	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp())
 		bad = 1;
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);

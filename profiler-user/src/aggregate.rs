@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use profiler_common::{
     Sample as SampleRecord, SpanRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NONE, PY_NO_THREAD,
-    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, TASK_COMM_LEN,
+    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::{Symbol, Symbolizer};
@@ -194,7 +194,12 @@ impl Aggregator {
                 .extend_from_slice(&self.scratch[..n]);
         }
         let span = match sample.span() {
-            Some(record) => self.span_id(record),
+            Some(record) => {
+                if record.flags & SPAN_PUBLISHED != 0 {
+                    self.python_stats.published_spans += 1;
+                }
+                self.span_id(record)
+            }
             None => 0,
         };
         *self

@@ -232,6 +232,9 @@ pub struct PythonStats {
     pub truncated: u64,
     /// Processes that looked like Python but could not be profiled as such, one line each.
     pub notes: Vec<String>,
+    /// Samples whose span context came from the thread context record the process publishes
+    /// itself (OTEP 4947), not from its tracing libraries' objects.
+    pub published_spans: u64,
 }
 
 impl Meta {

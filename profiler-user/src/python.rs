@@ -22,14 +22,15 @@ use std::time::{Duration, Instant};
 
 use profiler_common::{
     PyFrame, PyProc, SpanProc, ATTR_DICTOFFSET, ATTR_INLINE, ATTR_MANAGED, ATTR_TAGGED, DICT_LOG2,
-    DICT_SIZE, LOCAL_LOCALDICTS, LOCAL_TSTATE_DICT, LONG_SIZE, LONG_TAG, PY_CODE_BLOCK,
+    DICT_SIZE, LOCAL_LOCALDICTS, LOCAL_TSTATE_DICT, LONG_SIZE, LONG_TAG, NO_KEY, PY_CODE_BLOCK,
     PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM, PY_FRAME_BLOCK, PY_FRAME_ENTRY,
     PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER, PY_MATCH_NATIVE_TID,
-    PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
+    PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW, TLS_DTV, TLS_STATIC,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::bpf::Programs;
+use symbolizer::otel_ctx::{read_process_ctx, ModuleCache, ProcessCtx, ThreadCtxVar, TlsAccess};
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
@@ -126,10 +127,28 @@ struct Ready {
 /// about this long after the import. A look that finds no new module costs four small reads.
 const SPAN_LOOK_EVERY: Duration = Duration::from_millis(50);
 
+/// The thread context record attributes of OSProfiler's ids, in `SpanProc::osp_keys` order.
+const OSP_ATTRIBUTES: [&str; 3] = [
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+];
+
+/// How often a process is looked at for a thread context it publishes (OTEP 4947: a module
+/// exporting `otel_thread_ctx_v1`, loaded since) and for updates of its process context.
+const CTX_LOOK_EVERY: Duration = Duration::from_secs(1);
+
 /// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
 #[derive(Debug)]
 struct Spans {
     finder: SpanFinder,
+    /// Modules parsed for `otel_thread_ctx_v1`.
+    modules: ModuleCache,
+    /// The thread context the process publishes, once found.
+    thread_ctx: Option<ThreadCtxVar>,
+    /// Its process context (the attribute key map of the thread context records).
+    process_ctx: Option<ProcessCtx>,
+    next_ctx: Instant,
     /// The `span_procs` value without the objects: the version's offsets.
     base: SpanProc,
     mem: LiveMemory,
@@ -152,10 +171,50 @@ impl Spans {
             py: self.py,
             obj: self.objects,
         };
-        if !self.finder.look(&objects, self.runtime_addr) {
+        let mut changed = self.finder.look(&objects, self.runtime_addr);
+        if now >= self.next_ctx {
+            self.next_ctx = now + CTX_LOOK_EVERY;
+            let pid = self.mem.pid();
+            if self.thread_ctx.is_none() {
+                if let Ok(Some(var)) = self.modules.find_thread_ctx(pid, &self.mem) {
+                    self.thread_ctx = Some(var);
+                    changed = true;
+                }
+            }
+            if self.thread_ctx.is_some() {
+                let ctx = read_process_ctx(pid, &self.mem);
+                // Unreadable (mid-update) keeps what was read before.
+                if ctx.is_some() && ctx != self.process_ctx {
+                    self.process_ctx = ctx;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
             return None;
         }
         let mut v = self.base;
+        if let Some(var) = &self.thread_ctx {
+            match var.access {
+                TlsAccess::Static { tp_offset } => {
+                    v.tls_kind = TLS_STATIC;
+                    v.tls_offset = tp_offset;
+                }
+                TlsAccess::Dynamic { module, offset } => {
+                    v.tls_kind = TLS_DTV;
+                    v.tls_module = module;
+                    v.tls_offset = offset as i64;
+                }
+            }
+            let keys = self.process_ctx.as_ref().map(|c| c.key_map.as_slice());
+            for (slot, name) in v.osp_keys.iter_mut().zip(OSP_ATTRIBUTES) {
+                *slot = keys
+                    .and_then(|k| k.iter().position(|n| n == name))
+                    .and_then(|i| u8::try_from(i).ok())
+                    .filter(|&i| i != NO_KEY)
+                    .unwrap_or(NO_KEY);
+            }
+        }
         if let Some(o) = self.finder.otel {
             v.otel_var = o.var;
             v.otel_var_hash = o.var_hash;
@@ -454,6 +513,10 @@ impl Python {
                 py: offsets,
                 objects,
                 next: Instant::now(),
+                modules: ModuleCache::default(),
+                thread_ctx: None,
+                process_ctx: None,
+                next_ctx: Instant::now(),
             });
             // At once, so a `--pid` target's spans are read from the first sample on.
             if let Some(value) = spans.look(Instant::now()) {
@@ -609,6 +672,7 @@ pub fn span_proc(
         type_cached_keys: u(o.type_cached_keys, "ht_cached_keys")?,
         long_kind: if o.long_tag { LONG_TAG } else { LONG_SIZE },
         str_data: u(py.unicode_ascii_size, "PyASCIIObject data")?,
+        osp_keys: [NO_KEY; 4],
         ..SpanProc::default()
     })
 }

@@ -85,8 +85,12 @@ pub fn spans_line(profile: &Profile) -> Option<String> {
             plural(osp_points.len(), "trace point", "trace points")
         )
     };
+    let published = match profile.meta.python.published_spans {
+        0 => String::new(),
+        n => format!("; {n} read from the thread context the process publishes"),
+    };
     Some(format!(
-        "spans: {otel} of {} samples in {} ({}), {osp}",
+        "spans: {otel} of {} samples in {} ({}), {osp}{published}",
         profile.total_samples(),
         plural(spans.len(), "OpenTelemetry span", "OpenTelemetry spans"),
         plural(traces.len(), "trace", "traces"),

@@ -19,6 +19,7 @@
 //! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
 //! the next one.
 
+pub mod otel_ctx;
 pub mod python;
 
 use std::collections::hash_map::Entry;

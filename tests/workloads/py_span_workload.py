@@ -17,6 +17,10 @@
 #                  level, then profiler.clean() and work outside any request;
 #   otel_late      starts without OpenTelemetry imported and runs outside_work
 #                  until GO_FILE exists, then imports it and runs otel_threads.
+#   published_otel_threads, published_osprofiler
+#                  the same with spanprof's opt-in publisher installed first
+#                  (`spanprof_context.install()`, python/spanprof-context): the
+#                  context is also published as an OTEP 4947 thread context.
 #
 # Each span (or trace point) runs its work in a function of its own, made from
 # one template with `code.replace(co_name=..., co_qualname=...)` and named
@@ -315,6 +319,13 @@ def main():
         sys.exit("usage: py_span_workload.py MODE SECONDS TRUTH_FILE [GO_FILE]")
     mode, seconds, truth_path = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     truth = Truth(truth_path)
+    if mode.startswith("published_"):
+        import spanprof_context
+
+        mode = mode[len("published_"):]
+        spanprof_context.install(
+            otel=mode.startswith("otel"), osprofiler=mode == "osprofiler"
+        )
     if mode == "otel_threads":
         mode_otel_threads(truth, seconds)
     elif mode == "otel_asyncio":

@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: spanprof's overhead, side by side with `perf record -g` on a native
-//! target and with `py-spy record` on a Python target, in one run.
+//! target and with `py-spy record` on a Python target, and the in-kernel cost of reading span
+//! contexts, in one run.
 //!
 //! Method (also in BENCHMARKS.md):
 //! - Targets do a fixed amount of work and are started gated: they print their pid and wait for
@@ -26,9 +27,17 @@
 //!   interval) divided by the target samples is the in-kernel cost per target sample. The
 //!   counters are summed over the rounds before dividing. On the Python target spanprof then
 //!   runs alone at 999 Hz for the same figure over ten times as many samples.
+//! - Span reading: `tests/workloads/bench_py_span.py`, the Python target's 50-frame work run
+//!   inside an OpenTelemetry span and an OSProfiler trace, under spanprof with span reading and
+//!   with `--no-spans`, at 99 Hz and at 999 Hz, the four interleaved in each round (order
+//!   reversed every other round). The same in-kernel figure per target sample is taken for each;
+//!   the difference with and without spans is the cost of reading the span contexts. The
+//!   summary's `spans:` line and the span-grouped folded output (`--group-by span`) prove the
+//!   spans were read: the samples of the work must carry both span contexts. `--span-kinds otel`
+//!   or `osprofiler` sets up one context alone (a breakdown: figures printed only).
 //!
-//! `--only native|python` runs one part. Each round's raw measurements go to
-//! `target/bench/{native,python}_rounds.txt`.
+//! `--only native|python|spans` runs one part. Each round's raw measurements go to
+//! `target/bench/{native,python,spans}_rounds.txt`.
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
 
@@ -49,6 +58,7 @@ pub enum Part {
     All,
     Native,
     Python,
+    Spans,
 }
 
 /// What to run and how much.
@@ -62,6 +72,32 @@ pub struct Config {
     pub py_work: u64,
     pub python: PathBuf,
     pub py_spy: PathBuf,
+    /// `target/span-libs`: the tracing libraries of each CPython 3.X in `3.X` (`cargo xtask
+    /// deps`), for the span target.
+    pub span_libs: PathBuf,
+    /// The span contexts the span target sets up: both, or one alone to see what each costs.
+    pub span_kinds: SpanKinds,
+}
+
+/// Which span contexts `bench_py_span.py` sets up (its `BENCH_SPAN_KINDS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKinds {
+    /// An OpenTelemetry span and an OSProfiler trace: the figures of BENCHMARKS.md.
+    Both,
+    /// Only an OpenTelemetry span (OSProfiler not imported).
+    Otel,
+    /// Only an OSProfiler trace (OpenTelemetry not imported).
+    Osprofiler,
+}
+
+impl SpanKinds {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Both => "both",
+            Self::Otel => "otel",
+            Self::Osprofiler => "osprofiler",
+        }
+    }
 }
 
 /// Sampling rate of every profiler in the side-by-side runs.
@@ -72,6 +108,8 @@ const HIGH_RUNS: usize = 2;
 /// Python frames of every sample of the Python target's work (`<module>` and f0..f48).
 const PY_DEPTH: usize = 50;
 const PY_FILE: &str = "bench_py_stack.py";
+/// The span target: the same 50-frame work inside an OpenTelemetry span and an OSProfiler trace.
+const SPAN_FILE: &str = "bench_py_span.py";
 
 /// Resource usage of one finished process.
 #[derive(Debug, Clone, Copy, Default)]
@@ -104,6 +142,8 @@ fn wait_usage(child: &mut Child) -> Result<(i32, Usage)> {
 struct Target {
     program: PathBuf,
     args: Vec<OsString>,
+    /// Extra environment variables.
+    env: Vec<(OsString, OsString)>,
 }
 
 /// A started, gated target.
@@ -124,6 +164,7 @@ impl Target {
         let mut child = Command::new(&self.program)
             .args(&self.args)
             .arg(amount.to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -269,6 +310,26 @@ fn bpf_figures(windows: &[BpfWindow]) -> Option<BpfFigures> {
     })
 }
 
+/// The counts of the summary's `spans:` line.
+#[derive(Debug, Clone, Copy, Default)]
+struct SpanCounts {
+    /// Samples with an OpenTelemetry span.
+    otel: u64,
+    /// Samples in an OSProfiler trace.
+    osp: u64,
+}
+
+/// "spans: 1234 of 2000 samples in 12 OpenTelemetry spans (3 traces), 0 in OSProfiler traces"
+/// (or "…, 5 in 1 OSProfiler trace (2 trace points)").
+fn parse_spans_line(line: &str) -> Option<SpanCounts> {
+    let (otel, rest) = line.strip_prefix("spans: ")?.split_once(" of ")?;
+    let (_, osp) = rest.rsplit_once(", ")?;
+    Some(SpanCounts {
+        otel: otel.parse().ok()?,
+        osp: osp.split_once(" in ")?.0.parse().ok()?,
+    })
+}
+
 /// One run of the target under spanprof.
 #[derive(Debug, Default)]
 struct SpanprofRun {
@@ -278,6 +339,8 @@ struct SpanprofRun {
     /// spanprof's own figure: CPU per sample in its sampling loop (no setup, no symbolization).
     loop_us: f64,
     bpf: Option<BpfWindow>,
+    /// The summary's `spans:` line, which spanprof prints only when some sample has a span.
+    spans: Option<SpanCounts>,
 }
 
 fn run_spanprof(
@@ -285,6 +348,7 @@ fn run_spanprof(
     target: &Target,
     amount: u64,
     hz: u32,
+    extra: &[&str],
     out: &Path,
 ) -> Result<SpanprofRun> {
     let mut t = target.start(amount)?;
@@ -295,8 +359,9 @@ fn run_spanprof(
             &hz.to_string(),
             "--pid",
             &t.pid.to_string(),
-            "-o",
         ])
+        .args(extra)
+        .arg("-o")
         .arg(out)
         .stderr(Stdio::piped())
         .spawn()
@@ -340,6 +405,7 @@ fn run_spanprof(
                 .ok()
         })
         .with_context(|| format!("spanprof printed no own-CPU line:\n{rest}"))?;
+    let spans = rest.lines().find_map(parse_spans_line);
     let bpf = match (idle_start, window_start, window_end) {
         (Some(a), Some(b), Some(c)) => Some(BpfWindow {
             idle_ns: b.0 - a.0,
@@ -356,6 +422,7 @@ fn run_spanprof(
         samples,
         loop_us,
         bpf,
+        spans,
     })
 }
 
@@ -487,6 +554,41 @@ fn python_depth(path: &Path) -> Result<(u64, u64)> {
     Ok((all, whole))
 }
 
+/// Samples of a span-grouped folded profile (`--group-by span`: the root frame names the span
+/// context, e.g. `[span … trace … osprofiler …]`, or `[no span]`).
+#[derive(Debug, Clone, Copy, Default)]
+struct SpanDepth {
+    all: u64,
+    /// Samples whose stack holds exactly the 50 Python frames of the work.
+    whole: u64,
+    /// Of those, the samples under a root frame naming an OpenTelemetry span (`[span …]`).
+    whole_otel: u64,
+    /// Of those, the samples under a root frame naming an OSProfiler trace point.
+    whole_osp: u64,
+}
+
+fn span_depth(path: &Path) -> Result<SpanDepth> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("failed to read {}", path.display()))?;
+    let marker = format!("({SPAN_FILE}:");
+    let mut d = SpanDepth::default();
+    for (stack, n) in folded_stacks(&text) {
+        d.all += n;
+        if stack.split(';').filter(|f| f.contains(&marker)).count() == PY_DEPTH {
+            d.whole += n;
+            // `[span S trace T]`, `[osprofiler P base B]`, `[span S trace T osprofiler P]`.
+            let root = stack.split(';').next().unwrap_or("");
+            if root.starts_with("[span ") {
+                d.whole_otel += n;
+            }
+            if root.starts_with("[osprofiler ") || root.contains(" osprofiler ") {
+                d.whole_osp += n;
+            }
+        }
+    }
+    Ok(d)
+}
+
 fn run_alone(target: &Target, amount: u64) -> Result<TargetRun> {
     let mut t = target.start(amount)?;
     let released = t.release()?;
@@ -552,6 +654,7 @@ fn native(spanprof: &Path, workloads: &Path, out_dir: &Path, cfg: &Config) -> Re
     let target = Target {
         program: workloads.join("fixed_work"),
         args: Vec::new(),
+        env: Vec::new(),
     };
     let (work, n) = (cfg.work, cfg.rounds);
     let sp_out = out_dir.join("bench.pb.gz");
@@ -561,11 +664,11 @@ fn native(spanprof: &Path, workloads: &Path, out_dir: &Path, cfg: &Config) -> Re
         // Alternate the order so drift in the machine's speed does not favour one configuration.
         if i % 2 == 0 {
             r.alone = run_alone(&target, work)?;
-            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &sp_out)?;
+            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &[], &sp_out)?;
             r.perf = run_perf(&target, work, &perf_out)?;
         } else {
             r.perf = run_perf(&target, work, &perf_out)?;
-            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &sp_out)?;
+            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &[], &sp_out)?;
             r.alone = run_alone(&target, work)?;
         }
         Ok(r)
@@ -643,12 +746,13 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
     let target = Target {
         program: cfg.python.clone(),
         args: vec![script.into()],
+        env: Vec::new(),
     };
     let (work, n) = (cfg.py_work, cfg.rounds);
     let sp_out = out_dir.join("bench_py.folded");
     let pyspy_out = out_dir.join("bench_py.pyspy.txt");
     let spanprof_run = |r: &mut PyRound| -> Result<()> {
-        r.spanprof = run_spanprof(spanprof, &target, work, HZ, &sp_out)?;
+        r.spanprof = run_spanprof(spanprof, &target, work, HZ, &[], &sp_out)?;
         r.spanprof_depth = python_depth(&sp_out)?;
         Ok(())
     };
@@ -672,7 +776,7 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
     })?;
     let high = rounds(&format!("python at {HIGH_HZ} Hz"), HIGH_RUNS, |_| {
         let out = out_dir.join("bench_py_high.folded");
-        let run = run_spanprof(spanprof, &target, work, HIGH_HZ, &out)?;
+        let run = run_spanprof(spanprof, &target, work, HIGH_HZ, &[], &out)?;
         Ok((run, python_depth(&out)?))
     })?;
     std::fs::write(
@@ -740,6 +844,244 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
     ))
 }
 
+/// One run of the span target under spanprof, and its span-grouped folded output.
+#[derive(Debug, Default)]
+struct SpanRun {
+    run: SpanprofRun,
+    depth: SpanDepth,
+}
+
+/// One round of the span part: at each rate ([`HZ`], [`HIGH_HZ`]), spanprof reading spans and
+/// spanprof with `--no-spans`.
+#[derive(Debug, Default)]
+struct SpanRound {
+    spans: [SpanRun; 2],
+    no_spans: [SpanRun; 2],
+}
+
+/// The figures of one configuration (spans read or not) at one rate, over every round.
+struct SpanConfigFigures {
+    bpf: BpfFigures,
+    samples: u64,
+    depth: SpanDepth,
+    counts: SpanCounts,
+}
+
+fn span_config(runs: &[&SpanRun]) -> Result<SpanConfigFigures> {
+    let windows: Vec<BpfWindow> = runs.iter().filter_map(|r| r.run.bpf).collect();
+    let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+    let mut f = SpanConfigFigures {
+        bpf,
+        samples: 0,
+        depth: SpanDepth::default(),
+        counts: SpanCounts::default(),
+    };
+    for r in runs {
+        f.samples += r.run.samples;
+        f.depth.all += r.depth.all;
+        f.depth.whole += r.depth.whole;
+        f.depth.whole_otel += r.depth.whole_otel;
+        f.depth.whole_osp += r.depth.whole_osp;
+        let c = r.run.spans.unwrap_or_default();
+        f.counts.otel += c.otel;
+        f.counts.osp += c.osp;
+    }
+    Ok(f)
+}
+
+fn percent(part: u64, all: u64) -> f64 {
+    100.0 * part as f64 / all.max(1) as f64
+}
+
+/// bench_py_span.py under spanprof with and without span reading, at 99 and 999 Hz,
+/// interleaved; the markdown of the in-kernel figures and the difference.
+fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
+    let script = root.join("tests/workloads").join(SPAN_FILE);
+    let python_version = version(
+        &cfg.python,
+        &["-c", "import platform; print(platform.python_version())"],
+    )?;
+    let minor = python_version
+        .split('.')
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(".");
+    let libs = cfg.span_libs.join(&minor);
+    if !libs.is_dir() {
+        bail!(
+            "no tracing libraries for CPython {minor} in {} (`cargo xtask deps` installs them \
+             for pyenv's 3.8-3.13)",
+            libs.display()
+        );
+    }
+    let env = vec![
+        (OsString::from("PYTHONPATH"), libs.clone().into_os_string()),
+        (OsString::from("PYTHONNOUSERSITE"), OsString::from("1")),
+        (
+            OsString::from("BENCH_SPAN_KINDS"),
+            OsString::from(cfg.span_kinds.name()),
+        ),
+    ];
+    let lib_versions = Command::new(&cfg.python)
+        .args([
+            "-c",
+            "import importlib.metadata as m; \
+             print(m.version('opentelemetry-sdk'), m.version('osprofiler'))",
+        ])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let (otel_version, osp_version) = lib_versions.split_once(' ').unwrap_or(("?", "?"));
+    let inside = match cfg.span_kinds {
+        SpanKinds::Both => format!(
+            "inside an OpenTelemetry span of opentelemetry-sdk {otel_version} and an \
+             OSProfiler {osp_version} trace"
+        ),
+        SpanKinds::Otel => format!(
+            "inside an OpenTelemetry span of opentelemetry-sdk {otel_version} only, \
+             `--span-kinds otel`"
+        ),
+        SpanKinds::Osprofiler => {
+            format!("inside an OSProfiler {osp_version} trace only, `--span-kinds osprofiler`")
+        }
+    };
+    let target = Target {
+        program: cfg.python.clone(),
+        args: vec![script.into()],
+        env,
+    };
+    let (work, n) = (cfg.py_work, cfg.rounds);
+    let rates = [HZ, HIGH_HZ];
+    let one = |rate: usize, read_spans: bool| -> Result<SpanRun> {
+        let out = out_dir.join(format!(
+            "bench_span_{}{}.folded",
+            rates[rate],
+            if read_spans { "" } else { "_nospans" }
+        ));
+        let mut extra = vec!["--group-by", "span"];
+        if !read_spans {
+            extra.push("--no-spans");
+        }
+        let run = run_spanprof(spanprof, &target, work, rates[rate], &extra, &out)?;
+        Ok(SpanRun {
+            run,
+            depth: span_depth(&out)?,
+        })
+    };
+    let results = rounds("spans", n, |i| {
+        let mut r = SpanRound::default();
+        // Every configuration in each round, the order reversed every other round.
+        if i % 2 == 0 {
+            for rate in 0..rates.len() {
+                r.spans[rate] = one(rate, true)?;
+                r.no_spans[rate] = one(rate, false)?;
+            }
+        } else {
+            for rate in (0..rates.len()).rev() {
+                r.no_spans[rate] = one(rate, false)?;
+                r.spans[rate] = one(rate, true)?;
+            }
+        }
+        Ok(r)
+    })?;
+    std::fs::write(out_dir.join("spans_rounds.txt"), format!("{results:#?}\n"))?;
+
+    let mut rows: Vec<[String; 2]> = vec![Default::default(); 10];
+    for rate in 0..rates.len() {
+        let with = span_config(&results.iter().map(|r| &r.spans[rate]).collect::<Vec<_>>())?;
+        let without = span_config(
+            &results
+                .iter()
+                .map(|r| &r.no_spans[rate])
+                .collect::<Vec<_>>(),
+        )?;
+        // The same difference round by round (each pair of runs on its own), for its spread.
+        let paired: Vec<f64> = results
+            .iter()
+            .filter_map(|r| {
+                let a = bpf_figures(&[r.spans[rate].run.bpf?])?;
+                let b = bpf_figures(&[r.no_spans[rate].run.bpf?])?;
+                Some((a.net_ns - b.net_ns) / 1000.0)
+            })
+            .collect();
+        let (lo, hi) = paired
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &d| {
+                (lo.min(d), hi.max(d))
+            });
+        let us = |ns: f64| ns / 1000.0;
+        let diff = us(with.bpf.net_ns - without.bpf.net_ns);
+        let col = [
+            format!("{:.2} µs", us(with.bpf.net_ns)),
+            format!("{:.2} µs", us(without.bpf.net_ns)),
+            format!("**{diff:.2} µs**"),
+            format!("{:.2} µs ({lo:.2} to {hi:.2})", median(paired.clone())),
+            format!(
+                "{} / {}",
+                with.bpf.target_samples, without.bpf.target_samples
+            ),
+            format!(
+                "{:.2} / {:.2} µs",
+                us(with.bpf.other_run_ns),
+                us(without.bpf.other_run_ns)
+            ),
+            format!(
+                "{:.1}% / {:.1}%",
+                percent(with.counts.otel, with.samples),
+                percent(with.counts.osp, with.samples)
+            ),
+            format!(
+                "{:.1}% / {:.1}% (of {})",
+                percent(with.depth.whole_otel, with.depth.whole),
+                percent(with.depth.whole_osp, with.depth.whole),
+                with.depth.whole
+            ),
+            format!(
+                "{:.1}% / {:.1}%",
+                percent(with.depth.whole, with.depth.all),
+                percent(without.depth.whole, without.depth.all)
+            ),
+            format!(
+                "{} / {}",
+                without.counts.otel + without.counts.osp,
+                without.depth.whole_otel + without.depth.whole_osp
+            ),
+        ];
+        for (row, cell) in rows.iter_mut().zip(col) {
+            row[rate] = cell;
+        }
+    }
+    let labels = [
+        "in-kernel time per target sample, spans read (net of the runs for other processes)",
+        "the same with `--no-spans`",
+        "**span reading per sample** (the difference)",
+        "median (min to max) of the per-round differences",
+        "target samples, spans read / `--no-spans` (all rounds)",
+        "in-kernel time per run for other processes, spans read / `--no-spans`",
+        "samples with an OpenTelemetry span / in an OSProfiler trace (`spans:` line)",
+        "samples of the work (all 50 frames) with an OpenTelemetry span / an OSProfiler trace",
+        "samples holding all 50 Python frames, spans read / `--no-spans`",
+        "samples with a span context under `--no-spans` (`spans:` line / span-grouped output)",
+    ];
+    let goals = ["", "", "≤ 5 µs", "", "", "", "", "", "", ""];
+    let mut table = String::new();
+    for ((label, row), goal) in labels.iter().zip(&rows).zip(goals) {
+        table += &format!("| {label} | {} | {} | {goal} |\n", row[0], row[1]);
+    }
+    Ok(format!(
+        "Run of `cargo xtask bench --only spans --rounds {n} --py-work {work}` on {}: target \
+         `{SPAN_FILE}` (CPython {python_version}, {PY_DEPTH} Python frames, {inside}), spanprof reading spans and with `--no-spans`, at {HZ} Hz and at {HIGH_HZ} Hz, \
+         the four runs interleaved in each of {n} rounds.\n\n\
+         | figure | {HZ} Hz | {HIGH_HZ} Hz | goal |\n\
+         |---|---|---|---|\n\
+         {table}",
+        machine(),
+    ))
+}
+
 /// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in BENCHMARKS.md.
 fn write_block(root: &Path, name: &str, table: &str) -> Result<()> {
     let md_path = root.join("BENCHMARKS.md");
@@ -764,8 +1106,9 @@ fn write_block(root: &Path, name: &str, table: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs the benchmark and updates BENCHMARKS.md.
-pub fn run(root: &Path, spanprof: &Path, workloads: &Path, cfg: &Config) -> Result<()> {
+/// Runs the benchmark and updates BENCHMARKS.md. `workloads` (the built C workloads) is needed
+/// by the native part only.
+pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config) -> Result<()> {
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir)?;
     std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
@@ -778,22 +1121,42 @@ pub fn run(root: &Path, spanprof: &Path, workloads: &Path, cfg: &Config) -> Resu
         }
     }
     let stats_off = StatsOff;
-    let native_table = match cfg.part {
-        Part::All | Part::Native => Some(native(spanprof, workloads, &out_dir, cfg)?),
-        Part::Python => None,
+    let wants = |part: Part| cfg.part == Part::All || cfg.part == part;
+    let native_table = if wants(Part::Native) {
+        let workloads = workloads.context("the native part needs the built workloads")?;
+        Some(native(spanprof, workloads, &out_dir, cfg)?)
+    } else {
+        None
     };
-    let python_table = match cfg.part {
-        Part::All | Part::Python => Some(python(root, spanprof, &out_dir, cfg)?),
-        Part::Native => None,
+    let python_table = if wants(Part::Python) {
+        Some(python(root, spanprof, &out_dir, cfg)?)
+    } else {
+        None
+    };
+    let spans_table = if wants(Part::Spans) {
+        Some(spans(root, spanprof, &out_dir, cfg)?)
+    } else {
+        None
+    };
+    // One kind of span alone is a breakdown, not the figure BENCHMARKS.md keeps.
+    let (spans_table, spans_only_printed) = match spans_table {
+        Some(t) if cfg.span_kinds != SpanKinds::Both => (None, Some(t)),
+        t => (t, None),
     };
     drop(stats_off);
-    if let Some(table) = native_table {
-        println!("{table}");
-        write_block(root, "bench", &table)?;
+    for (table, name) in [
+        (native_table, "bench"),
+        (python_table, "bench-python"),
+        (spans_table, "bench-spans"),
+    ] {
+        if let Some(table) = table {
+            println!("{table}");
+            write_block(root, name, &table)?;
+        }
     }
-    if let Some(table) = python_table {
+    if let Some(table) = spans_only_printed {
         println!("{table}");
-        write_block(root, "bench-python", &table)?;
+        step("figures of one kind of span only: printed, BENCHMARKS.md left as it is");
     }
     Ok(())
 }
@@ -820,4 +1183,25 @@ pub fn default_python() -> Option<PathBuf> {
         .collect();
     found.sort();
     found.pop().map(|(_, bin)| bin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_line_counts() {
+        let c = parse_spans_line(
+            "spans: 131 of 153 samples in 1 OpenTelemetry span (1 trace), 0 in OSProfiler traces",
+        )
+        .unwrap();
+        assert_eq!((c.otel, c.osp), (131, 0));
+        let c = parse_spans_line(
+            "spans: 0 of 176 samples in 0 OpenTelemetry spans (0 traces), 131 in 1 OSProfiler \
+             trace (1 trace point)",
+        )
+        .unwrap();
+        assert_eq!((c.otel, c.osp), (0, 131));
+        assert!(parse_spans_line("spanprof: 176 samples, 0 lost").is_none());
+    }
 }

@@ -364,6 +364,7 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
         if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp)
             && span_libs_work(&python, &dir)
         {
+            spanprof_context_lib(root, &python, &dir)?;
             ready.push(format!("3.{minor}"));
             continue;
         }
@@ -409,6 +410,7 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
         std::fs::rename(&partial, &dir)
             .with_context(|| format!("moving {} to {}", partial.display(), dir.display()))?;
         std::fs::write(&stamp, want_stamp)?;
+        spanprof_context_lib(root, &python, &dir)?;
         ready.push(format!("3.{minor}"));
     }
     step(&format!(
@@ -417,4 +419,119 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
         ready.join(", ")
     ));
     Ok(base)
+}
+
+/// The source of the `spanprof-context` Python package (the OTEP 4947/4719 context publisher),
+/// relative to the workspace root.
+const SPANPROF_CONTEXT_DIR: &str = "python/spanprof-context";
+/// What proves it installed and its extension loads.
+const SPANPROF_CONTEXT_PROBE: &str = "import spanprof_context, spanprof_context._native";
+
+/// The files of `python/spanprof-context` that make up the installed package (the build
+/// configuration and `src/`; not the tests, the benchmark or build leftovers), sorted.
+fn spanprof_context_sources(src: &Path) -> Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name == "__pycache__" || name.ends_with(".egg-info") || name.ends_with(".so") {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, out)?;
+            } else {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut files: Vec<PathBuf> = ["pyproject.toml", "setup.py", "README.md"]
+        .iter()
+        .map(|f| src.join(f))
+        .collect();
+    walk(&src.join("src"), &mut files)?;
+    files.sort();
+    Ok(files)
+}
+
+/// Installs (once per change of its sources) the `spanprof-context` package into the
+/// `target/span-libs/3.X` directory `dir` with `python`'s pip, after the tracing libraries.
+/// Its stamp (`spanprof-context-stamp`: the interpreter and an FNV-1a hash of the package's
+/// source files) makes a later run a quick import check. pip builds the C extension from a
+/// fresh copy of the sources under `target/span-libs`, so the source tree gets no `build/`
+/// directory; the build backend (setuptools) comes from PyPI through pip's build isolation.
+fn spanprof_context_lib(root: &Path, python: &Path, dir: &Path) -> Result<()> {
+    let src = root.join(SPANPROF_CONTEXT_DIR);
+    let files = spanprof_context_sources(&src)?;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap_or(file);
+        let data = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        for b in rel
+            .to_string_lossy()
+            .bytes()
+            .chain([0])
+            .chain(data)
+            .chain([0])
+        {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let stamp = dir.join("spanprof-context-stamp");
+    let want_stamp = format!("{}\n{hash:016x}\n", python.display());
+    let works = || {
+        Cmd::new(python)
+            .args(["-c", SPANPROF_CONTEXT_PROBE])
+            .env("PYTHONPATH", dir)
+            .env("PYTHONNOUSERSITE", "1")
+            .succeeds()
+    };
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp) && works() {
+        return Ok(());
+    }
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("3.X");
+    let copy = dir.with_file_name(format!("{name}.spanprof-context-src"));
+    if copy.exists() {
+        std::fs::remove_dir_all(&copy).with_context(|| format!("removing {}", copy.display()))?;
+    }
+    for file in &files {
+        let to = copy.join(file.strip_prefix(&src).unwrap_or(file));
+        std::fs::create_dir_all(to.parent().unwrap_or(&copy))?;
+        std::fs::copy(file, &to).with_context(|| format!("copying {}", file.display()))?;
+    }
+    let _ = std::fs::remove_file(&stamp);
+    step(&format!(
+        "installing spanprof-context ({SPANPROF_CONTEXT_DIR}) into {}",
+        dir.display()
+    ));
+    let installed = Cmd::new(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--no-deps",
+            "--upgrade",
+            "--target",
+        ])
+        .arg(dir)
+        .arg(&copy)
+        .env("PIP_NO_INPUT", "1")
+        .env("PIP_ROOT_USER_ACTION", "ignore")
+        .env("PYTHONNOUSERSITE", "1")
+        .run()
+        .with_context(|| format!("installing spanprof-context into {}", dir.display()));
+    std::fs::remove_dir_all(&copy).with_context(|| format!("removing {}", copy.display()))?;
+    installed?;
+    if !works() {
+        bail!(
+            "after pip install, {} cannot `{SPANPROF_CONTEXT_PROBE}` with PYTHONPATH={}",
+            python.display(),
+            dir.display()
+        );
+    }
+    std::fs::write(&stamp, want_stamp)?;
+    Ok(())
 }

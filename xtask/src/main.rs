@@ -37,7 +37,8 @@ tasks:
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
-        [--only native|python]
+        [--only native|python|spans] [--span-kinds both|otel|osprofiler]
+        [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
              interleaved rounds (default 8) of each part:
              native: the fixed_work target alone, under spanprof and under
@@ -48,8 +49,15 @@ tasks:
                units of work (default 450, about 5 s), run by PATH (default:
                the newest pyenv 3.12); then spanprof alone at 999 Hz for the
                in-kernel cost per sample;
-             --only runs one part. Prints the figures and updates their blocks
-             in BENCHMARKS.md (needs root)
+             spans: tests/workloads/bench_py_span.py (the same work inside an
+               OpenTelemetry span and an OSProfiler trace, libraries from
+               target/span-libs/3.X) under spanprof with and without
+               --no-spans, at 99 and 999 Hz: the in-kernel cost of reading
+               span contexts per sample (--span-kinds otel or osprofiler: only
+               that one, figures printed only);
+             --only runs one part; --spanprof uses BIN instead of building
+             target/release/spanprof. Prints the figures and updates their
+             blocks in BENCHMARKS.md (needs root)
 ";
 
 fn main() -> ExitCode {
@@ -214,12 +222,15 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH] [--only PART]`.
+/// `bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH] [--only PART]
+/// [--span-kinds KINDS] [--spanprof BIN]`.
 fn bench(root: &Path, args: &[String]) -> Result<()> {
     let mut rounds: usize = 8;
     let mut work: u64 = 60_000;
     let mut py_work: u64 = 450;
     let mut python: Option<PathBuf> = None;
+    let mut spanprof: Option<PathBuf> = None;
+    let mut span_kinds = bench::SpanKinds::Both;
     let mut part = bench::Part::All;
     let positive = |flag: &str, value: &str| -> Result<u64> {
         value
@@ -238,11 +249,21 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             "--work" => work = positive(flag, value)?,
             "--py-work" => py_work = positive(flag, value)?,
             "--python" => python = Some(PathBuf::from(value)),
+            "--spanprof" => spanprof = Some(PathBuf::from(value)),
+            "--span-kinds" => {
+                span_kinds = match value.as_str() {
+                    "both" => bench::SpanKinds::Both,
+                    "otel" => bench::SpanKinds::Otel,
+                    "osprofiler" => bench::SpanKinds::Osprofiler,
+                    other => bail!("invalid --span-kinds `{other}` (both, otel or osprofiler)"),
+                }
+            }
             "--only" => {
                 part = match value.as_str() {
                     "native" => bench::Part::Native,
                     "python" => bench::Part::Python,
-                    other => bail!("invalid --only `{other}` (native or python)"),
+                    "spans" => bench::Part::Spans,
+                    other => bail!("invalid --only `{other}` (native, python or spans)"),
                 }
             }
             other => bail!("unknown bench option `{other}`\n{USAGE}"),
@@ -257,8 +278,16 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             .context("no pyenv CPython 3.12 (~/.pyenv/versions/3.12.*); pass --python PATH")?,
     };
     let env = deps::ensure(root)?;
-    let workloads = workloads::build(root)?;
-    let bin = build_release(root)?;
+    // Only the native part runs a C workload.
+    let workloads = match part {
+        bench::Part::All | bench::Part::Native => Some(workloads::build(root)?),
+        bench::Part::Python | bench::Part::Spans => None,
+    };
+    let bin = match spanprof {
+        Some(bin) if bin.is_file() => bin,
+        Some(bin) => bail!("--spanprof {}: no such file", bin.display()),
+        None => build_release(root)?,
+    };
     let cfg = bench::Config {
         rounds,
         part,
@@ -266,6 +295,8 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         py_work,
         python,
         py_spy: env.py_spy,
+        span_libs: env.span_libs,
+        span_kinds,
     };
-    bench::run(root, &bin, &workloads, &cfg)
+    bench::run(root, &bin, workloads.as_deref(), &cfg)
 }

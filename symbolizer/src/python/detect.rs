@@ -116,13 +116,15 @@ pub enum DetectError {
 
 /// One file-backed line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Mapping {
-    start: u64,
-    offset: u64,
-    path: PathBuf,
+/// A file-backed line of `/proc/PID/maps`.
+pub(crate) struct Mapping {
+    pub(crate) start: u64,
+    pub(crate) offset: u64,
+    pub(crate) path: PathBuf,
 }
 
-fn parse_maps(text: &str) -> Vec<Mapping> {
+/// The file-backed mappings of a `/proc/PID/maps` text.
+pub(crate) fn parse_maps(text: &str) -> Vec<Mapping> {
     text.lines()
         .filter_map(|line| {
             let mut it = line.splitn(6, ' ');
@@ -401,7 +403,9 @@ fn has_frame_pointer_prologue(code: &[u8]) -> bool {
 
 /// Run-time minus link-time address, from the module's lowest-offset mapping and the load
 /// segment that maps that file offset.
-fn load_bias(maps: &[Mapping], module: &Path, loads: &[(u64, u64, u64)]) -> Option<u64> {
+/// Run-time minus link-time addresses of `module`, from its lowest mapping and its PT_LOADs
+/// `(p_offset, p_vaddr, p_filesz)`.
+pub(crate) fn load_bias(maps: &[Mapping], module: &Path, loads: &[(u64, u64, u64)]) -> Option<u64> {
     let first = maps
         .iter()
         .filter(|m| m.path == module)

@@ -1,0 +1,447 @@
+//! OpenTelemetry's cooperative context of a process, for processes that publish it: the OTEP
+//! 4947 thread-local `otel_thread_ctx_v1` (a pointer to the thread's current trace context
+//! record) and the OTEP 4719 process context (a mapping named `OTEL_CTX` whose header points to
+//! a `ProcessContext` protobuf, which holds the key map of the thread records' attributes).
+//!
+//! # Overview
+//! [`find_thread_ctx`] looks for the TLS symbol in the `.dynsym` of every module a process
+//! maps and works out how a thread's copy is reached, from the relocation the dynamic loader
+//! filled in (TLSDESC, DTPMOD64/DTPOFF64, TPOFF64) or, in an executable without one, from its
+//! TLS segment: either at a fixed offset from the thread pointer (static TLS) or in the
+//! module's block of the thread's DTV. The BPF program then reads the record of the sampled
+//! thread. [`read_process_ctx`] reads the process context's attribute key map.
+//!
+//! # Design constraints
+//! Files are read through `/proc/PID/root`, and target memory through [`ProcessMemory`]; both
+//! are untrusted: sizes are bounded and anything unexpected is "not published".
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use object::elf::{R_X86_64_DTPMOD64, R_X86_64_TLSDESC, R_X86_64_TPOFF64};
+use object::read::elf::{ElfFile64, ProgramHeader};
+use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
+
+use crate::python::detect::{load_bias, parse_maps};
+use crate::python::memory::ProcessMemory;
+
+/// The thread-local symbol of OTEP 4947.
+pub const THREAD_CTX_SYMBOL: &str = "otel_thread_ctx_v1";
+/// Bytes of a thread context record before its attributes.
+pub const RECORD_HEADER: usize = 28;
+/// Largest process context payload read.
+const MAX_PAYLOAD: u32 = 1 << 16;
+/// Largest module file parsed for the symbol.
+const MAX_MODULE: u64 = 512 << 20;
+
+/// How a thread's copy of a TLS variable is found from its thread pointer (x86_64 FS base).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsAccess {
+    /// At `fsbase + tp_offset` (static TLS: the executable, libraries loaded at start, and
+    /// dlopen'd ones glibc could place in its surplus).
+    Static {
+        /// Offset from the thread pointer (negative on x86_64).
+        tp_offset: i64,
+    },
+    /// At `dtv[module].block + offset`, with the DTV at `fsbase + 8` (glibc's
+    /// `tcbhead_t.dtv`) and 16-byte entries.
+    Dynamic {
+        /// The module's TLS id.
+        module: u64,
+        /// Offset of the variable in the module's block.
+        offset: u64,
+    },
+}
+
+/// What a module's file says of the symbol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TlsSymbol {
+    /// `st_value`: offset in the module's TLS block.
+    value: u64,
+    /// The dynamic relocation of the symbol, `(r_type, r_offset)`, if any.
+    reloc: Option<(u32, u64)>,
+    /// `roundup(p_memsz, p_align)` of PT_TLS, for an executable's local-exec access.
+    tls_size: Option<u64>,
+    /// An executable (not a shared library).
+    executable: bool,
+}
+
+/// Why the symbol could not be resolved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CtxError {
+    /// A read of the process failed.
+    #[error("cannot read process memory: {0}")]
+    Mem(String),
+    /// The symbol is there but its access could not be worked out.
+    #[error("{path}: {reason}")]
+    Unsupported {
+        /// The module.
+        path: PathBuf,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// The resolved thread-local of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadCtxVar {
+    /// The module that defines it.
+    pub module: PathBuf,
+    /// How a thread's copy is found.
+    pub access: TlsAccess,
+}
+
+/// Modules looked at for the symbol, by path, so each file is parsed once.
+#[derive(Debug, Default)]
+pub struct ModuleCache {
+    parsed: HashMap<PathBuf, Option<TlsSymbol>>,
+}
+
+fn parse_module(path: &Path) -> Option<TlsSymbol> {
+    if std::fs::metadata(path).ok()?.len() > MAX_MODULE {
+        return None;
+    }
+    let data = std::fs::read(path).ok()?;
+    let file = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+    let sym = file.dynamic_symbols().find(|s| {
+        s.name() == Ok(THREAD_CTX_SYMBOL) && s.kind() == SymbolKind::Tls && s.size() == 8
+    })?;
+    let index = sym.index();
+    let reloc = file.dynamic_relocations().and_then(|mut relocs| {
+        relocs.find_map(|(offset, r)| match (r.flags(), r.target()) {
+            (RelocationFlags::Elf { r_type }, RelocationTarget::Symbol(i))
+                if i == index
+                    && matches!(
+                        r_type,
+                        R_X86_64_TLSDESC | R_X86_64_DTPMOD64 | R_X86_64_TPOFF64
+                    ) =>
+            {
+                Some((r_type, offset))
+            }
+            _ => None,
+        })
+    });
+    let endian = file.endian();
+    let tls_size = file
+        .elf_program_headers()
+        .iter()
+        .find(|p| p.p_type(endian) == object::elf::PT_TLS)
+        .map(|p| {
+            let align = p.p_align(endian).max(1);
+            p.p_memsz(endian).div_ceil(align) * align
+        });
+    let executable = file.elf_header().e_type.get(endian) == object::elf::ET_EXEC
+        || file
+            .elf_program_headers()
+            .iter()
+            .any(|p| p.p_type(endian) == object::elf::PT_INTERP);
+    Some(TlsSymbol {
+        value: sym.address(),
+        reloc,
+        tls_size,
+        executable,
+    })
+}
+
+fn loads(path: &Path) -> Option<Vec<(u64, u64, u64)>> {
+    let data = std::fs::read(path).ok()?;
+    let file = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+    let endian = file.endian();
+    Some(
+        file.elf_program_headers()
+            .iter()
+            .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+            .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
+            .collect(),
+    )
+}
+
+impl ModuleCache {
+    /// Looks for `otel_thread_ctx_v1` in the modules process `pid` maps (files parsed once per
+    /// cache), and resolves its access through `mem`. `Ok(None)`: not published.
+    pub fn find_thread_ctx<M: ProcessMemory>(
+        &mut self,
+        pid: u32,
+        mem: &M,
+    ) -> Result<Option<ThreadCtxVar>, CtxError> {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return Ok(None);
+        };
+        let maps = parse_maps(&text);
+        let mut seen: Vec<&Path> = Vec::new();
+        for m in &maps {
+            if seen.contains(&m.path.as_path()) {
+                continue;
+            }
+            seen.push(&m.path);
+            let on_disk = PathBuf::from(format!("/proc/{pid}/root"))
+                .join(m.path.strip_prefix("/").unwrap_or(&m.path));
+            let sym = *self
+                .parsed
+                .entry(m.path.clone())
+                .or_insert_with(|| parse_module(&on_disk));
+            let Some(sym) = sym else { continue };
+            let bad = |reason| CtxError::Unsupported {
+                path: m.path.clone(),
+                reason,
+            };
+            let bias = loads(&on_disk)
+                .and_then(|l| load_bias(&maps, &m.path, &l))
+                .ok_or_else(|| bad("no mapping matches a load segment"))?;
+            let read = |addr: u64| mem.read_u64(addr).map_err(|e| CtxError::Mem(e.to_string()));
+            let access = match sym.reloc {
+                Some((R_X86_64_TLSDESC, off)) => {
+                    // struct tlsdesc { entry; arg; }: arg is a TP offset (static) or points to
+                    // { module, offset, generation } (dynamic).
+                    let arg = read(bias.wrapping_add(off).wrapping_add(8))?;
+                    if arg as i64 > 0xffff_ffff {
+                        TlsAccess::Dynamic {
+                            module: read(arg)?,
+                            offset: read(arg.wrapping_add(8))?,
+                        }
+                    } else {
+                        TlsAccess::Static {
+                            tp_offset: arg as i64,
+                        }
+                    }
+                }
+                Some((R_X86_64_DTPMOD64, off)) => TlsAccess::Dynamic {
+                    module: read(bias.wrapping_add(off))?,
+                    offset: read(bias.wrapping_add(off).wrapping_add(8))?,
+                },
+                Some((_, off)) => TlsAccess::Static {
+                    tp_offset: read(bias.wrapping_add(off))? as i64,
+                },
+                // Local-exec in an executable: its block ends at the thread pointer.
+                None if sym.executable => TlsAccess::Static {
+                    tp_offset: sym.value as i64
+                        - sym.tls_size.ok_or_else(|| bad("no PT_TLS segment"))? as i64,
+                },
+                None => return Err(bad("no TLS relocation for otel_thread_ctx_v1")),
+            };
+            if let TlsAccess::Dynamic { module, offset } = access {
+                if module == 0 || module > 1 << 16 || offset > 1 << 20 {
+                    return Err(bad("implausible TLS module id or offset"));
+                }
+            }
+            return Ok(Some(ThreadCtxVar {
+                module: m.path.clone(),
+                access,
+            }));
+        }
+        Ok(None)
+    }
+}
+
+/// Mapping names of a published process context (OTEP 4719), as `/proc/PID/maps` shows them.
+const PROCESS_CTX_NAMES: [&str; 3] = [
+    "[anon_shmem:OTEL_CTX]",
+    "[anon:OTEL_CTX]",
+    "/memfd:OTEL_CTX",
+];
+
+/// What spanprof takes from a process context.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessCtx {
+    /// `monotonic_published_at_ns` of the header read: a new value means an update.
+    pub published_at: u64,
+    /// `threadlocal.attribute_key_map`: attribute names by key index.
+    pub key_map: Vec<String>,
+    /// `threadlocal.schema_version`.
+    pub schema: Option<String>,
+    /// `service.name` of the resource, if set.
+    pub service_name: Option<String>,
+}
+
+/// Reads the process context of `pid`, if it publishes one. `Ok(None)`: not published (or
+/// being updated: try again later).
+pub fn read_process_ctx<M: ProcessMemory>(pid: u32, mem: &M) -> Option<ProcessCtx> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let start = text.lines().find_map(|line| {
+        let name = line.splitn(6, ' ').nth(5)?.trim_start();
+        PROCESS_CTX_NAMES
+            .iter()
+            .any(|n| name.starts_with(n))
+            .then(|| u64::from_str_radix(line.split('-').next()?, 16).ok())?
+    })?;
+    let mut hdr = [0u8; 32];
+    mem.read(start, &mut hdr).ok()?;
+    let u32_at = |o: usize| u32::from_le_bytes(hdr[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(hdr[o..o + 8].try_into().unwrap());
+    let (version, size, published, payload) = (u32_at(8), u32_at(12), u64_at(16), u64_at(24));
+    if &hdr[..8] != b"OTEL_CTX" || version != 2 || published == 0 || size > MAX_PAYLOAD {
+        return None;
+    }
+    let mut bytes = vec![0u8; size as usize];
+    mem.read(payload, &mut bytes).ok()?;
+    // The header again: an update in between (timestamp changed) makes the payload suspect.
+    let mut again = [0u8; 32];
+    mem.read(start, &mut again).ok()?;
+    if again != hdr {
+        return None;
+    }
+    let mut ctx = decode_process_ctx(&bytes)?;
+    ctx.published_at = published;
+    Some(ctx)
+}
+
+/// A protobuf field's value: only length-delimited ones are kept.
+enum Field<'a> {
+    Bytes(&'a [u8]),
+    Other,
+}
+
+fn varint(b: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = b.split_first()?;
+        *b = rest;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// The fields of one protobuf message; `None` if malformed.
+fn fields(mut b: &[u8]) -> Option<Vec<(u64, Field<'_>)>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let key = varint(&mut b)?;
+        let field = match key & 7 {
+            0 => {
+                varint(&mut b)?;
+                Field::Other
+            }
+            1 => {
+                b = b.get(8..)?;
+                Field::Other
+            }
+            2 => {
+                let len = usize::try_from(varint(&mut b)?).ok()?;
+                let (v, rest) = (b.get(..len)?, &b[len..]);
+                b = rest;
+                Field::Bytes(v)
+            }
+            5 => {
+                b = b.get(4..)?;
+                Field::Other
+            }
+            _ => return None,
+        };
+        out.push((key >> 3, field));
+    }
+    Some(out)
+}
+
+/// A KeyValue's key and its AnyValue's fields.
+fn key_value(b: &[u8]) -> Option<(String, Vec<(u64, Field<'_>)>)> {
+    let mut key = None;
+    let mut value = Vec::new();
+    for (n, f) in fields(b)? {
+        match (n, f) {
+            (1, Field::Bytes(k)) => key = Some(String::from_utf8_lossy(k).into_owned()),
+            (2, Field::Bytes(v)) => value = fields(v)?,
+            _ => {}
+        }
+    }
+    Some((key?, value))
+}
+
+fn any_string(value: &[(u64, Field<'_>)]) -> Option<String> {
+    value.iter().find_map(|(n, f)| match (n, f) {
+        (1, Field::Bytes(s)) => Some(String::from_utf8_lossy(s).into_owned()),
+        _ => None,
+    })
+}
+
+/// Decodes `ProcessContext { Resource resource = 1; repeated KeyValue attributes = 2; }`.
+pub fn decode_process_ctx(payload: &[u8]) -> Option<ProcessCtx> {
+    let mut ctx = ProcessCtx::default();
+    for (n, f) in fields(payload)? {
+        let Field::Bytes(b) = f else { continue };
+        match n {
+            1 => {
+                for (rn, rf) in fields(b)? {
+                    if let (1, Field::Bytes(kv)) = (rn, rf) {
+                        let (k, v) = key_value(kv)?;
+                        if k == "service.name" {
+                            ctx.service_name = any_string(&v);
+                        }
+                    }
+                }
+            }
+            2 => {
+                let (k, v) = key_value(b)?;
+                match k.as_str() {
+                    "threadlocal.schema_version" => ctx.schema = any_string(&v),
+                    "threadlocal.attribute_key_map" => {
+                        // AnyValue.array_value (5) = ArrayValue { repeated AnyValue values = 1 }
+                        for (an, af) in &v {
+                            if let (5, Field::Bytes(arr)) = (an, af) {
+                                for (_, item) in fields(arr)? {
+                                    if let Field::Bytes(item) = item {
+                                        ctx.key_map.push(any_string(&fields(item)?)?);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(n: u64, wire: u64) -> u8 {
+        (n << 3 | wire) as u8
+    }
+
+    fn bytes_field(n: u64, v: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag(n, 2), v.len() as u8];
+        out.extend_from_slice(v);
+        out
+    }
+
+    fn string_kv(k: &str, v: &str) -> Vec<u8> {
+        let mut kv = bytes_field(1, k.as_bytes());
+        kv.extend(bytes_field(2, &bytes_field(1, v.as_bytes())));
+        kv
+    }
+
+    #[test]
+    fn decodes_key_map_schema_and_service() {
+        let mut payload = bytes_field(1, &bytes_field(1, &string_kv("service.name", "nova-api")));
+        payload.extend(bytes_field(
+            2,
+            &string_kv("threadlocal.schema_version", "tlsdesc_v1_dev"),
+        ));
+        let mut array = Vec::new();
+        for k in ["osprofiler.base_id", "osprofiler.trace_id"] {
+            array.extend(bytes_field(1, &bytes_field(1, k.as_bytes())));
+        }
+        let mut kv = bytes_field(1, b"threadlocal.attribute_key_map");
+        kv.extend(bytes_field(2, &bytes_field(5, &array)));
+        payload.extend(bytes_field(2, &kv));
+        let ctx = decode_process_ctx(&payload).unwrap();
+        assert_eq!(ctx.service_name.as_deref(), Some("nova-api"));
+        assert_eq!(ctx.schema.as_deref(), Some("tlsdesc_v1_dev"));
+        assert_eq!(ctx.key_map, ["osprofiler.base_id", "osprofiler.trace_id"]);
+    }
+
+    #[test]
+    fn malformed_payloads_are_refused() {
+        assert!(decode_process_ctx(&[0x0a, 0x05, 0x01]).is_none()); // length past the end
+        assert!(decode_process_ctx(&[0x0f]).is_none()); // wire type 7
+        assert!(decode_process_ctx(&[0x80; 11]).is_none()); // varint too long
+        assert_eq!(decode_process_ctx(&[]), Some(ProcessCtx::default()));
+    }
+}

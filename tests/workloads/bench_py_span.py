@@ -1,0 +1,291 @@
+# bench_py_span: the Python work of bench_py_stack.py (a fixed amount of pure-Python CPU work at a
+# Python stack depth of exactly 50 frames) run inside an OpenTelemetry span and an OSProfiler
+# trace on the same thread, for `cargo xtask bench --only spans`: every sample of the work has
+# both span contexts for spanprof's BPF program to read.
+#
+#   <module> -> f0 -> f1 -> ... -> f48       (1 + 49 = 50 frames, 49 distinct functions)
+#
+# f48, the innermost, runs UNITS x 100000 iterations of an integer LCG in pure Python (a fixed
+# number of iterations, not a fixed time). The work starts at module level, in the span's `with`
+# block (which adds no frame), so there is no main() frame.
+#
+# Span context, set up before the gate so that every sample of the work is inside it:
+# - five ContextVars of the application's own (`bench_var_0` .. `bench_var_4`, set at module
+#   level) besides OpenTelemetry's `current_context`: the thread's contextvars HAMT holds 6
+#   entries, as in an application that uses a few context variables (request id, logging
+#   context, ...), not just OpenTelemetry's;
+# - an OpenTelemetry Context with more than the span in it: baggage (two entries, under
+#   OpenTelemetry's one baggage key) and two context keys of the application's own
+#   (`context.create_key` + `set_value`), attached, then the span of an SDK TracerProvider
+#   (default sampler, so sampled; no span processor, so nothing is exported) made current by
+#   `start_as_current_span`: the Context dict spanprof probes for the span key has 4 entries;
+# - an OSProfiler trace: `profiler.init` (base id and parent id) and `profiler.start`, so the
+#   thread-local _Profiler's trace stack holds three UUIDs (base, parent, the trace point).
+#
+# The tracing libraries come from target/span-libs/3.X (`cargo xtask deps`) through PYTHONPATH.
+# BENCH_SPAN_KINDS=otel or osprofiler (`cargo xtask bench --span-kinds`) sets up that one alone,
+# without importing the other library, to see what each costs; the default is both.
+#
+# Like bench_py_stack.py it prints its pid on stdout, then waits for one byte (or EOF) on stdin
+# before it starts the work, so the profiler can attach first.
+#
+# Usage: python3 bench_py_span.py [UNITS]   (default 1000)
+import contextlib
+import contextvars
+import os
+import sys
+import uuid
+
+KINDS = os.environ.get("BENCH_SPAN_KINDS", "both")
+if KINDS not in ("both", "otel", "osprofiler"):
+    sys.exit(f"BENCH_SPAN_KINDS={KINDS!r}: both, otel or osprofiler")
+OTEL = KINDS in ("both", "otel")
+OSPROFILER = KINDS in ("both", "osprofiler")
+if OTEL:
+    from opentelemetry import baggage, context, trace
+    from opentelemetry.sdk.trace import TracerProvider
+if OSPROFILER:
+    from osprofiler import profiler
+
+UNIT_ITERATIONS = 100000
+
+
+def f48(units):
+    x = 1
+    for _ in range(units):
+        for _ in range(UNIT_ITERATIONS):
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+    return x
+
+
+def f0(units):
+    return f1(units)
+
+
+def f1(units):
+    return f2(units)
+
+
+def f2(units):
+    return f3(units)
+
+
+def f3(units):
+    return f4(units)
+
+
+def f4(units):
+    return f5(units)
+
+
+def f5(units):
+    return f6(units)
+
+
+def f6(units):
+    return f7(units)
+
+
+def f7(units):
+    return f8(units)
+
+
+def f8(units):
+    return f9(units)
+
+
+def f9(units):
+    return f10(units)
+
+
+def f10(units):
+    return f11(units)
+
+
+def f11(units):
+    return f12(units)
+
+
+def f12(units):
+    return f13(units)
+
+
+def f13(units):
+    return f14(units)
+
+
+def f14(units):
+    return f15(units)
+
+
+def f15(units):
+    return f16(units)
+
+
+def f16(units):
+    return f17(units)
+
+
+def f17(units):
+    return f18(units)
+
+
+def f18(units):
+    return f19(units)
+
+
+def f19(units):
+    return f20(units)
+
+
+def f20(units):
+    return f21(units)
+
+
+def f21(units):
+    return f22(units)
+
+
+def f22(units):
+    return f23(units)
+
+
+def f23(units):
+    return f24(units)
+
+
+def f24(units):
+    return f25(units)
+
+
+def f25(units):
+    return f26(units)
+
+
+def f26(units):
+    return f27(units)
+
+
+def f27(units):
+    return f28(units)
+
+
+def f28(units):
+    return f29(units)
+
+
+def f29(units):
+    return f30(units)
+
+
+def f30(units):
+    return f31(units)
+
+
+def f31(units):
+    return f32(units)
+
+
+def f32(units):
+    return f33(units)
+
+
+def f33(units):
+    return f34(units)
+
+
+def f34(units):
+    return f35(units)
+
+
+def f35(units):
+    return f36(units)
+
+
+def f36(units):
+    return f37(units)
+
+
+def f37(units):
+    return f38(units)
+
+
+def f38(units):
+    return f39(units)
+
+
+def f39(units):
+    return f40(units)
+
+
+def f40(units):
+    return f41(units)
+
+
+def f41(units):
+    return f42(units)
+
+
+def f42(units):
+    return f43(units)
+
+
+def f43(units):
+    return f44(units)
+
+
+def f44(units):
+    return f45(units)
+
+
+def f45(units):
+    return f46(units)
+
+
+def f46(units):
+    return f47(units)
+
+
+def f47(units):
+    return f48(units)
+
+
+units = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+if units <= 0:
+    sys.exit(f"usage: {sys.argv[0]} [UNITS]  (UNITS > 0)")
+
+# The application's own context variables, in the thread's context (module level).
+EXTRA_VARS = [contextvars.ContextVar("bench_var_%d" % i) for i in range(5)]
+for i, var in enumerate(EXTRA_VARS):
+    var.set("value-%d" % i)
+
+span_scope = contextlib.nullcontext()
+if OTEL:
+    trace.set_tracer_provider(TracerProvider())
+    tracer = trace.get_tracer("spanprof-bench")
+    # OpenTelemetry context entries besides the span: baggage and two keys of the application's
+    # own.
+    ctx = baggage.set_baggage("tenant", "bench-tenant")
+    ctx = baggage.set_baggage("request.kind", "bench", context=ctx)
+    ctx = context.set_value(context.create_key("bench.request_id"), str(uuid.uuid4()), ctx)
+    ctx = context.set_value(context.create_key("bench.retry"), 0, ctx)
+    context_token = context.attach(ctx)
+    span_scope = tracer.start_as_current_span("bench-work")
+
+if OSPROFILER:
+    # An OSProfiler trace on this thread: base id, parent id and one trace point.
+    profiler.init("spanprof-bench-key", base_id=str(uuid.uuid4()), parent_id=str(uuid.uuid4()))
+    profiler.start("bench-work", info={"units": units})
+
+with span_scope as span:
+    if OTEL and not span.get_span_context().is_valid:
+        sys.exit("the OpenTelemetry span is not valid")
+    print(os.getpid(), flush=True)
+    sys.stdin.buffer.read(1)
+    f0(units)
+
+if OSPROFILER:
+    profiler.stop()
+    profiler.clean()
+if OTEL:
+    context.detach(context_token)
