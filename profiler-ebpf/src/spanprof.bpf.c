@@ -107,6 +107,10 @@ struct {
 #define SPAN_FAULT (-1)
 /* Bytes read at once by the span reading: a dict keys header, a str up to a UUID's end. */
 #define SPAN_BUF 96
+/* One read of a type object, from tp_basicsize through tp_dictoffset. */
+#define TYPE_BLOCK 272
+/* One read of a dict's keys object: header, indices and the first entries of a small table. */
+#define KEYS_BLOCK 256
 /* Probes of one dict lookup, levels of one HAMT lookup: both far beyond what real tables need. */
 #define DICT_PROBES 32
 #define HAMT_LEVELS 8
@@ -159,6 +163,11 @@ struct scratch {
 	__u64 tstate;
 	struct lookup q;
 	__u8 buf[SPAN_BUF];
+	__u8 tblock[TYPE_BLOCK];
+	__u8 kblock[KEYS_BLOCK];
+	__u64 kbase; /* target address of kblock[0] */
+	__u32 klen;  /* bytes of kblock read */
+	__u32 _pad3;
 };
 
 struct {
@@ -508,18 +517,39 @@ fault:
 #define DEQUE_LEFTBLOCK 24 /* then rightblock, leftindex, rightindex */
 #define DEQUE_BLOCKLEN 64
 #define DEQUE_BLOCK_DATA 8 /* after leftlink */
+/* Items of a trace stack read at once (a power of two). */
+#define DEQUE_ITEMS 8
 /* Objects: ob_type; a tuple's items; a PyLong's size or tag, then its 30-bit digits. */
 #define PY_OB_TYPE 8
 #define PY_TUPLE_ITEMS 24
 #define PY_LONG_SIZE 16
 #define PY_LONG_DIGITS 24
 #define PY_LONG_SHIFT 30
+/* PyContextVar: var_cached, var_cached_tsid, var_cached_tsver (Include/internal/pycore_context.h). */
+#define CONTEXTVAR_CACHED 32
 /* A threading.local's dummy (<=3.12): its dict after PyObject_HEAD (Modules/_threadmodule.c). */
 #define PY_LOCALDUMMY_DICT 16
 
 static __always_inline __u64 span_u64(struct scratch *w, __u32 off)
 {
 	return load_u64(w->buf, off, SPAN_BUF);
+}
+
+/*
+ * Reads 8 or 16 bytes of a keys object: from the block read with its header when they are in
+ * it, else from the target.
+ */
+static __always_inline int keys_read(struct scratch *w, __u64 addr, __u64 *out, __u32 len)
+{
+	__u64 off = addr - w->kbase;
+
+	if (addr >= w->kbase && off <= KEYS_BLOCK - 16 && off + len <= w->klen) {
+		out[0] = load_u64(w->kblock, (__u32)off, KEYS_BLOCK);
+		if (len > 8)
+			out[1] = load_u64(w->kblock, (__u32)off + 8, KEYS_BLOCK);
+		return 0;
+	}
+	return bpf_probe_read_user(out, len > 8 ? 16 : 8, (const void *)addr);
 }
 
 /* One probe of a dict lookup (CPython's open addressing: i = i*5 + perturb + 1). */
@@ -533,7 +563,7 @@ static long dict_probe_step(__u64 n, void *ctx)
 	if (!w)
 		return 1;
 	q = &w->q;
-	if (read_ptr(&v, q->index + q->i * q->width)) {
+	if (keys_read(w, q->index + q->i * q->width, &v, 8)) {
 		q->status = SPAN_FAULT;
 		return 1;
 	}
@@ -554,8 +584,7 @@ static long dict_probe_step(__u64 n, void *ctx)
 	if (ix == -1) /* DKIX_EMPTY: the key is not in the table */
 		return 1;
 	if (ix >= 0 && ix < q->nentries) {
-		if (bpf_probe_read_user(kv, sizeof(kv),
-					(const void *)(q->entries + (__u64)ix * q->esize + q->koff))) {
+		if (keys_read(w, q->entries + (__u64)ix * q->esize + q->koff, kv, 16)) {
 			q->status = SPAN_FAULT;
 			return 1;
 		}
@@ -587,8 +616,20 @@ static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 value
 
 	q->status = SPAN_FAULT;
 	q->result = 0;
-	if (!keys || bpf_probe_read_user(w->buf, 40, (const void *)keys))
+	if (!keys)
 		return 0;
+	/*
+	 * The header with what follows it: a small table's indices and entries come in the same
+	 * read. A keys object that ends near the end of a mapping takes the header alone.
+	 */
+	w->kbase = keys;
+	w->klen = KEYS_BLOCK;
+	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
+		w->klen = 40;
+		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
+			return 0;
+	}
+	__builtin_memcpy(w->buf, w->kblock, 40);
 	if (w->scfg.dict_kind == SPANPROF_DICT_SIZE) {
 		/* dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices */
 		size = span_u64(w, 8);
@@ -645,17 +686,26 @@ static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, 
 /* obj.name for an instance attribute (from the instance's dict or values), or 0. */
 static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
 {
-	__u64 type = 0, flags = 0, v = 0, keys = 0, pre[2] = {};
+	__u64 type = 0, flags, v = 0, keys = 0, pre[2] = {}, tlen;
+	__u32 first = w->scfg.type_basicsize, last = w->scfg.type_dictoffset;
 	__s64 off = 0;
 	__u8 valid = 0;
 
 	w->q.status = SPAN_FAULT;
-	if (!obj || read_ptr(&type, obj + PY_OB_TYPE) || !type ||
-	    read_ptr(&flags, type + w->scfg.type_flags))
+	/* tp_basicsize, tp_flags and tp_dictoffset in one read of the type object. */
+	if (last < first || w->scfg.type_flags < first || w->scfg.type_flags > last)
 		return 0;
+	tlen = (__u64)last + 8 - first;
+	asm volatile("" : "+r"(tlen)); /* the bound is checked on the register used */
+	if (tlen > TYPE_BLOCK)
+		return 0;
+	if (!obj || read_ptr(&type, obj + PY_OB_TYPE) || !type ||
+	    bpf_probe_read_user(w->tblock, tlen, (const void *)(type + first)))
+		return 0;
+	flags = load_u64(w->tblock, w->scfg.type_flags - first, TYPE_BLOCK);
 	if (w->scfg.attr_kind == SPANPROF_ATTR_DICTOFFSET || !(flags & PY_TPFLAGS_MANAGED_DICT)) {
-		if (read_ptr((__u64 *)&off, type + w->scfg.type_dictoffset) || off <= 0 || off > 4096 ||
-		    read_ptr(&v, obj + off))
+		off = (__s64)load_u64(w->tblock, last - first, TYPE_BLOCK);
+		if (off <= 0 || off > 4096 || read_ptr(&v, obj + off))
 			return 0;
 		return dict_get(w, v, name, hash);
 	}
@@ -676,9 +726,8 @@ static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, _
 	default: /* 3.13: dict at -24, else values inline after the object */
 		if (pre[1])
 			return dict_get(w, pre[1], name, hash);
-		if (!(flags & PY_TPFLAGS_INLINE_VALUES) ||
-		    read_ptr((__u64 *)&off, type + w->scfg.type_basicsize) || off <= 0 ||
-		    off > 4096)
+		off = (__s64)load_u64(w->tblock, 0, TYPE_BLOCK);
+		if (!(flags & PY_TPFLAGS_INLINE_VALUES) || off <= 0 || off > 4096)
 			return 0;
 		v = obj + off;
 		/* PyDictValues.valid: 0 once the values moved to a dict. */
@@ -816,34 +865,58 @@ static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, 
 /* A non-negative int of at most `bytes` (8 or 16) bytes, stored big-endian at `out`. */
 static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u32 bytes)
 {
-	__u32 d[8] = {};
-	__u64 size = 0, hi, lo;
-	__u64 len;
+	struct {
+		__u64 size;
+		__u32 d[6];
+	} v = {};
+	__u64 hi, lo, len;
 	__u32 ndigits;
 
-	if (read_ptr(&size, obj + PY_LONG_SIZE))
-		return SPAN_FAULT;
-	if (w->scfg.long_kind == SPANPROF_LONG_TAG) {
-		if ((size & 3) == 2) /* negative */
+	/*
+	 * The size and 5 digits in one read: a 128-bit id has 5, and a shorter int's object is
+	 * rounded up to a 16-byte allocation, so the read rarely passes the end of a mapping; when
+	 * it does, the size first, then only the digits it says.
+	 */
+	if (bpf_probe_read_user(&v, 8 + 5 * sizeof(__u32), (const void *)(obj + PY_LONG_SIZE))) {
+		if (read_ptr(&v.size, obj + PY_LONG_SIZE))
 			return SPAN_FAULT;
-		ndigits = (__u32)(size >> 3);
-	} else {
-		if ((__s64)size < 0)
-			return SPAN_FAULT;
-		ndigits = (__u32)size;
+		v.d[0] = 0xffffffff; /* not read yet */
 	}
-	/* 128 bits take 5 digits of 30 bits; 64 bits take 3. Only the object's digits are read. */
+	if (w->scfg.long_kind == SPANPROF_LONG_TAG) {
+		if ((v.size & 3) == 2) /* negative */
+			return SPAN_FAULT;
+		ndigits = (__u32)(v.size >> 3);
+	} else {
+		if ((__s64)v.size < 0)
+			return SPAN_FAULT;
+		ndigits = (__u32)v.size;
+	}
+	/* 128 bits take 5 digits of 30 bits; 64 bits take 3. */
 	if (ndigits > (bytes == 16 ? 5 : 3))
 		return SPAN_FAULT;
-	len = (__u64)ndigits * sizeof(__u32);
-	/* Opaque to the compiler, so the bound below is checked on the register that is used. */
-	asm volatile("" : "+r"(len));
-	if (len > 5 * sizeof(__u32))
-		return SPAN_FAULT;
-	if (len && bpf_probe_read_user(d, len, (const void *)(obj + PY_LONG_DIGITS)))
-		return SPAN_FAULT;
-	lo = (__u64)d[0] | (__u64)d[1] << 30 | (__u64)d[2] << 60;
-	hi = (__u64)d[2] >> 4 | (__u64)d[3] << 26 | (__u64)d[4] << 56;
+	if (v.d[0] == 0xffffffff) { /* a digit has 30 bits: the read above failed */
+		__builtin_memset(v.d, 0, sizeof(v.d));
+		len = (__u64)ndigits * sizeof(__u32);
+		/* Opaque to the compiler, so the bound below is checked on the register used. */
+		asm volatile("" : "+r"(len));
+		if (len > 5 * sizeof(__u32))
+			return SPAN_FAULT;
+		if (len && bpf_probe_read_user(v.d, len, (const void *)(obj + PY_LONG_DIGITS)))
+			return SPAN_FAULT;
+	}
+	/* Digits past ndigits belong to the next object. */
+	if (ndigits < 5)
+		v.d[4] = 0;
+	if (ndigits < 4)
+		v.d[3] = 0;
+	if (ndigits < 3)
+		v.d[2] = 0;
+	if (ndigits < 2)
+		v.d[1] = 0;
+	if (ndigits < 1)
+		v.d[0] = 0;
+	lo = (__u64)v.d[0] | (__u64)v.d[1] << 30 | (__u64)v.d[2] << 60;
+	hi = (__u64)v.d[2] >> 4 | (__u64)v.d[3] << 26 | (__u64)v.d[4] << 56;
 	if (bytes == 8) {
 		if (hi)
 			return SPAN_FAULT;
@@ -1019,17 +1092,27 @@ static __always_inline int published_ctx(struct scratch *w)
 static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
-	__u64 v = 0, ids[2] = {};
+	__u64 v = 0, ids[2] = {}, ts[3] = {}, var[3] = {};
 
-	if (read_ptr(&v, tstate + c->tstate_context))
+	/* PyThreadState: context, context_ver, id; PyContextVar: var_cached, _tsid, _tsver. */
+	if (bpf_probe_read_user(ts, sizeof(ts), (const void *)(tstate + c->tstate_context)) ||
+	    bpf_probe_read_user(var, sizeof(var), (const void *)(c->otel_var + CONTEXTVAR_CACHED)))
 		return SPAN_FAULT;
-	if (!v) /* the thread never used contextvars */
+	if (!ts[0]) /* the thread never used contextvars */
 		return 0;
-	if (read_ptr(&v, v + c->context_vars) || !v || read_ptr(&v, v + c->hamt_root))
-		return SPAN_FAULT;
-	v = hamt_get(w, v, c->otel_var, c->otel_var_hash);
-	if (!v) /* the thread never set OpenTelemetry's context */
-		return w->q.status;
+	if (var[0] && var[1] == ts[2] && var[2] == ts[1]) {
+		/*
+		 * The value the ContextVar cached for this thread at this version of its context,
+		 * which CPython's own ContextVar.get() returns: no HAMT walk.
+		 */
+		v = var[0];
+	} else {
+		if (read_ptr(&v, ts[0] + c->context_vars) || !v || read_ptr(&v, v + c->hamt_root))
+			return SPAN_FAULT;
+		v = hamt_get(w, v, c->otel_var, c->otel_var_hash);
+		if (!v) /* the thread never set OpenTelemetry's context */
+			return w->q.status;
+	}
 	v = dict_get(w, v, c->otel_key, c->otel_key_hash);
 	if (!v) /* no current span */
 		return w->q.status;
@@ -1068,7 +1151,7 @@ static __always_inline __u64 deque_item(__u64 block, __u64 first, __u64 i)
 static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
-	__u64 v = 0, d[5] = {}, n, left, right, lefti, righti, str;
+	__u64 v = 0, d[5] = {}, n, left, right, lefti, righti, str, len, items[DEQUE_ITEMS] = {};
 
 	if (read_ptr(&v, tstate + c->tstate_local))
 		return SPAN_FAULT;
@@ -1107,11 +1190,25 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 	if (n > 2 * DEQUE_BLOCKLEN || lefti >= DEQUE_BLOCKLEN || righti >= DEQUE_BLOCKLEN ||
 	    !left || !right)
 		return SPAN_FAULT;
-	if (read_uuid(w, deque_item(left, lefti, 0), w->span.osp_base) ||
-	    read_uuid(w, deque_item(left, lefti, n - 1), w->span.osp_current))
+	if (left == right && n <= DEQUE_ITEMS && lefti + n <= DEQUE_BLOCKLEN) {
+		/* The usual short stack in one block: its items in one read. */
+		len = n * 8;
+		asm volatile("" : "+r"(len)); /* the bound is checked on the register used */
+		if (len > sizeof(items) ||
+		    bpf_probe_read_user(items, len, (const void *)(left + DEQUE_BLOCK_DATA + lefti * 8)))
+			return SPAN_FAULT;
+	} else {
+		items[0] = deque_item(left, lefti, 0);
+		items[DEQUE_ITEMS - 1] = deque_item(left, lefti, n - 1);
+		if (n >= 2)
+			items[DEQUE_ITEMS - 2] = deque_item(left, lefti, n - 2);
+		n = DEQUE_ITEMS;
+	}
+	if (read_uuid(w, items[0], w->span.osp_base) ||
+	    read_uuid(w, items[(n - 1) & (DEQUE_ITEMS - 1)], w->span.osp_current))
 		return SPAN_FAULT;
 	w->span.flags |= SPANPROF_SPAN_OSP;
-	if (n >= 2 && !read_uuid(w, deque_item(left, lefti, n - 2), w->span.osp_parent))
+	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], w->span.osp_parent))
 		w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
 	return 0;
 }
