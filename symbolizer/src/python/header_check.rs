@@ -88,6 +88,33 @@ fn object_checks(o: &ObjectOffsets) -> Vec<Check> {
             "offsetof(PyThreadState, dict)",
             o.tstate_dict,
         ),
+        // The BPF program reads context, context_ver and id in one read, and compares the
+        // last two with the ContextVar's cache (var_cached, var_cached_tsid, var_cached_tsver).
+        check(
+            "tstate_context + 8",
+            "offsetof(PyThreadState, context_ver)",
+            o.tstate_context + 8,
+        ),
+        check(
+            "tstate_context + 16",
+            "offsetof(PyThreadState, id)",
+            o.tstate_context + 16,
+        ),
+        check(
+            "CONTEXTVAR_CACHED",
+            "offsetof(PyContextVar, var_cached)",
+            32,
+        ),
+        check(
+            "CONTEXTVAR_CACHED + 8",
+            "offsetof(PyContextVar, var_cached_tsid)",
+            40,
+        ),
+        check(
+            "CONTEXTVAR_CACHED + 16",
+            "offsetof(PyContextVar, var_cached_tsver)",
+            48,
+        ),
         check(
             "context_vars",
             "offsetof(PyContext, ctx_vars)",
