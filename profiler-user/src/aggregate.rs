@@ -246,6 +246,8 @@ impl Aggregator {
         meta.python = PythonStats {
             processes: python.found(),
             notes: python.notes(),
+            spans_enabled: python.spans_enabled(),
+            span_processes: python.with_spans(),
             ..self.python_stats.clone()
         };
         self.normalize_pending(symbolizer);

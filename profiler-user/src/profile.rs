@@ -235,6 +235,10 @@ pub struct PythonStats {
     /// Samples whose span context came from the thread context record the process publishes
     /// itself (OTEP 4947), not from its tracing libraries' objects.
     pub published_spans: u64,
+    /// Span contexts were looked for (not `--no-spans`).
+    pub spans_enabled: bool,
+    /// Python processes where OpenTelemetry, OSProfiler or a published thread context was found.
+    pub span_processes: u32,
 }
 
 impl Meta {

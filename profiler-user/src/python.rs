@@ -446,6 +446,11 @@ impl Python {
         self.with_spans.len() as u32
     }
 
+    /// Whether span contexts are looked for.
+    pub fn spans_enabled(&self) -> bool {
+        self.spans
+    }
+
     /// Looks at one process now; a [`Python::flush`] hands what was found to the kernel.
     pub fn detect_now(&mut self, pid: u32) {
         if !self.enabled {

@@ -136,6 +136,16 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
     }
     if let Some(line) = spans_line(profile) {
         let _ = writeln!(out, "{line}");
+    } else if py.processes > 0 && py.spans_enabled {
+        // Say why a profile has no span labels.
+        let _ = writeln!(
+            out,
+            "spans: none; OpenTelemetry, OSProfiler or a published thread context found in {} \
+             of {} python process{}",
+            py.span_processes,
+            py.processes,
+            if py.processes == 1 { "" } else { "es" },
+        );
     }
     for note in &py.notes {
         let _ = writeln!(out, "warning: {note}");
