@@ -5,15 +5,20 @@
 //! 1. [`bpf`] loads the C programs of `profiler-ebpf/` and attaches a `perf_event` program to a
 //!    software `cpu-clock` event on every CPU; for processes in the `target_pids` map it sends a
 //!    [`profiler_common::Sample`] (kernel and user stacks, thread id and name, and for CPython
-//!    processes the Python frames it walked) through a ring buffer.
+//!    processes the Python frames it walked and the thread's span context: OpenTelemetry's
+//!    current span, OSProfiler's trace stack, or the OTEP 4947 thread context the process
+//!    publishes) through a ring buffer.
 //! 2. [`session`] drains the ring buffer into the [`aggregate::Aggregator`], which interns stacks
 //!    and counts them per thread, and has new addresses normalized while processes are alive;
-//!    [`python`] finds CPython processes, writes their offsets for the BPF walker, and names
-//!    Python frames during the drain.
+//!    [`python`] finds CPython processes, writes their offsets for the BPF walker, names
+//!    Python frames during the drain, and finds the tracing libraries' objects for the span
+//!    reader (every 50 ms, as modules are imported). Counts are kept per span context too.
 //! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`],
 //!    Python frames merged into the native stacks ([`aggregate::merge`]).
-//! 4. [`output`] renders the profile as SVG, folded stacks, pprof or speedscope; [`write`] puts
-//!    the files in place atomically with mode 0600.
+//! 4. [`output`] renders the profile as SVG, folded stacks, pprof (span ids as labels) or
+//!    speedscope, grouped by span if asked; [`write`] puts the files in place atomically with
+//!    mode 0600. [`report`] reads such a pprof file back and keeps one trace's or span's
+//!    samples; [`summary`] prints the session's summary.
 //!
 //! # Design constraints
 //! The per-sample path (BPF program and [`aggregate::Aggregator::record`]) is bounded and does not

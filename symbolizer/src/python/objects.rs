@@ -607,8 +607,21 @@ impl SpanFinder {
         let Some((_, runtime)) = o.dict_get(o.module_dict(ctx)?, "_RUNTIME_CONTEXT")? else {
             return Ok(None);
         };
-        let Some((_, var)) = o.getattr(runtime, "_current_context")? else {
-            return Ok(None);
+        // The runtime context itself, or one that wraps it (a publisher such as
+        // spanprof-context keeps the original in an attribute).
+        let attrs = o.attrs(runtime)?;
+        let var = match o.find_str_key(attrs.clone(), "_current_context") {
+            Some((_, var)) => var,
+            None => {
+                let inner = attrs
+                    .into_iter()
+                    .take(16)
+                    .find_map(|(_, v)| o.getattr(v, "_current_context").ok().flatten());
+                let Some((_, var)) = inner else {
+                    return Ok(None);
+                };
+                var
+            }
         };
         if !o.type_name(var)?.ends_with("ContextVar") {
             return Err(ObjectError::Invalid("current_context is not a ContextVar"));
@@ -677,8 +690,17 @@ impl SpanFinder {
             }
             (None, None) => return Err(ObjectError::Invalid("threading.local layout")),
         };
-        let Some(profiler_name) = o.code_name(init, "profiler")? else {
-            return Ok(None);
+        // `init`, or the function a wrapper of it (functools.wraps) says it wraps.
+        let profiler_name = match o.code_name(init, "profiler")? {
+            Some(name) => name,
+            None => {
+                let wrapped = o.getattr(init, "__wrapped__")?.map(|(_, f)| f);
+                let Some(name) = wrapped.and_then(|f| o.code_name(f, "profiler").ok().flatten())
+                else {
+                    return Ok(None);
+                };
+                name
+            }
         };
         let Some(ctor) = o.type_attr(profiler_type, "__init__")? else {
             return Ok(None);

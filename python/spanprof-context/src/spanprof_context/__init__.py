@@ -60,9 +60,11 @@ class _PublishingRuntimeContext(object):
     published span is the span of the context that is now current. get_current() and
     everything else go straight to the wrapped one (bound methods set on the instance, so no
     extra Python frame). No __getattr__ delegation: it would slow down every attribute lookup
-    on the object, i.e. every context.attach/detach/get_current."""
+    on the object, i.e. every context.attach/detach/get_current.
 
-    __slots__ = ("_inner", "attach", "detach", "get_current")
+    No __slots__: the attributes live in the instance's __dict__, where a profiler reading the
+    process's memory (spanprof, when a span was opened before install()) follows `_inner` to
+    the wrapped runtime context and its ContextVar."""
 
     def __init__(self, inner, span_key):
         self._inner = inner
