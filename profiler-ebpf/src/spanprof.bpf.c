@@ -1326,7 +1326,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		}
 	}
 
-	/* Only the frames captured travel: a 10-frame stack is 136 bytes, not 14 KiB. */
+	/* Only the frames captured travel: a 10-frame stack is 144 bytes, not 14 KiB. */
 	size = SPANPROF_SAMPLE_HEADER_SIZE + (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE +
 	       s->span_len;
 	if (size > sizeof(*s))
