@@ -34,6 +34,7 @@
 #    "span_id": "<16 hex>", "tid": NATIVE_THREAD_ID}
 #   {"function": "span_work_N", "kind": "osprofiler", "base_id": "<uuid>",
 #    "trace_id": "<uuid>", "parent_id": "<uuid>", "tid": NATIVE_THREAD_ID}
+# (otel_late adds "since_import": seconds from the import to the span's start)
 # and a last line {"done": true, ...} with the counts. `ready PID` goes to
 # stderr once the work runs (otel_late: once outside_work runs, before
 # GO_FILE), and the counts as one JSON line to stdout at the end.
@@ -132,17 +133,22 @@ def otel_tracer():
     return trace.get_tracer("spanprof-tests")
 
 
+# otel_late: time.monotonic() when OpenTelemetry was imported and set up.
+IMPORTED_AT = None
+
+
 def otel_record(truth, name, span):
     ctx = span.get_span_context()
-    truth.write(
-        {
-            "function": name,
-            "kind": "otel",
-            "trace_id": format(ctx.trace_id, "032x"),
-            "span_id": format(ctx.span_id, "016x"),
-            "tid": threading.get_native_id(),
-        }
-    )
+    record = {
+        "function": name,
+        "kind": "otel",
+        "trace_id": format(ctx.trace_id, "032x"),
+        "span_id": format(ctx.span_id, "016x"),
+        "tid": threading.get_native_id(),
+    }
+    if IMPORTED_AT is not None:
+        record["since_import"] = round(time.monotonic() - IMPORTED_AT, 4)
+    truth.write(record)
 
 
 def otel_thread(truth, tracer, end, started, counts, index):
@@ -204,7 +210,9 @@ def mode_otel_late(truth, seconds, go_file):
         if time.monotonic() > give_up:
             sys.exit("no go file %s within 120 s" % go_file)
         outside_work(0.01)
+    global IMPORTED_AT
     tracer = otel_tracer()
+    IMPORTED_AT = time.monotonic()
     threads, counts = run_otel_threads(truth, seconds, tracer)
     for t in threads:
         t.join()

@@ -7,7 +7,16 @@
 //! the span-correlation tests run in their workloads (OpenTelemetry's SDK and
 //! OSProfiler) go, per pyenv CPython 3.8–3.13, into `target/span-libs/3.X`
 //! (`pip install --target`), which the workloads get as their `PYTHONPATH`.
+//!
+//! Every step checks first and does nothing when its result is there and works, so a second
+//! run takes a few seconds. Runs of this task (alone, or inside `test`, `demo` and `bench`) in
+//! the same workspace at the same time take turns on a lock file, `target/.xtask-deps.lock`:
+//! they share the directories they fill (two concurrent installs of `spanprof-context` once
+//! removed each other's build copy: `removing target/span-libs/3.10.spanprof-context-src: No
+//! such file or directory`).
 
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -68,6 +77,7 @@ pub struct Env {
 }
 
 pub fn ensure(root: &Path) -> Result<Env> {
+    let _lock = lock(root)?;
     debian_packages()?;
     let (python, py_spy) = python_venv(root)?;
     let fp_python = frame_pointer_python(root)?;
@@ -78,6 +88,45 @@ pub fn ensure(root: &Path) -> Result<Env> {
         fp_python,
         span_libs,
     })
+}
+
+/// Takes the lock of this task (`target/.xtask-deps.lock`), waiting, with a message, while
+/// another process holds it; released when the file is dropped (or the process ends).
+fn lock(root: &Path) -> Result<File> {
+    let target = root.join("target");
+    std::fs::create_dir_all(&target).with_context(|| format!("creating {}", target.display()))?;
+    let path = target.join(".xtask-deps.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            step(&format!(
+                "waiting for another `cargo xtask deps` (or test, demo, bench) of this workspace \
+                 to finish ({})",
+                path.display()
+            ));
+            file.lock()
+                .with_context(|| format!("locking {}", path.display()))?;
+        }
+        Err(TryLockError::Error(err)) => {
+            return Err(err).with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    Ok(file)
+}
+
+/// Removes the directory `dir` and everything in it; nothing to do when it does not exist.
+fn remove_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == ErrorKind::NotFound => Ok(()),
+        Err(err) => Err(err).with_context(|| format!("removing {}", dir.display())),
+    }
 }
 
 /// Builds (once, into `target/fp-python`) CPython 3.11 with frame pointers; ~3 minutes on 2
@@ -103,13 +152,8 @@ fn frame_pointer_python(root: &Path) -> Result<PathBuf> {
         return Ok(python);
     }
     let build = root.join("target/fp-python-build");
-    if build.exists() {
-        std::fs::remove_dir_all(&build).with_context(|| format!("removing {}", build.display()))?;
-    }
-    if prefix.exists() {
-        std::fs::remove_dir_all(&prefix)
-            .with_context(|| format!("removing {}", prefix.display()))?;
-    }
+    remove_dir(&build)?;
+    remove_dir(&prefix)?;
     std::fs::create_dir_all(&build)?;
     let tarball = build.join("python.tar.gz");
     step(&format!("downloading {FP_PYTHON_URL}"));
@@ -294,21 +338,65 @@ fn python_venv(root: &Path) -> Result<(PathBuf, PathBuf)> {
 
 /// The tracing libraries of the span-correlation tests (`tests/tests/spans.rs`), per CPython
 /// minor version: the newest releases that install on it (the SDK brings
-/// `opentelemetry-api`; OSProfiler brings oslo.* and the rest of its requirements). Pinned so
-/// that the in-memory layouts spanprof reads do not change under the tests; their own
-/// dependencies are left to pip. All of them install on every version 3.8–3.13, from wheels
-/// (no compiler needed).
+/// `opentelemetry-api`; OSProfiler brings oslo.* and the rest of its requirements), and
+/// `opentelemetry-proto` of the same release as the SDK (with protobuf), which the unit tests of
+/// `python/spanprof-context` check the process context's encoding against. Pinned so that the
+/// in-memory layouts spanprof reads do not change under the tests; their own dependencies are
+/// left to pip. All of them install on every version 3.8–3.13, from wheels (no compiler
+/// needed).
 const SPAN_LIBS: &[(u8, &[&str])] = &[
-    (8, &["opentelemetry-sdk==1.33.1", "osprofiler==4.2.0"]),
-    (9, &["opentelemetry-sdk==1.41.1", "osprofiler==4.3.0"]),
-    (10, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
-    (11, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
-    (12, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
-    (13, &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"]),
+    (
+        8,
+        &[
+            "opentelemetry-sdk==1.33.1",
+            "opentelemetry-proto==1.33.1",
+            "osprofiler==4.2.0",
+        ],
+    ),
+    (
+        9,
+        &[
+            "opentelemetry-sdk==1.41.1",
+            "opentelemetry-proto==1.41.1",
+            "osprofiler==4.3.0",
+        ],
+    ),
+    (
+        10,
+        &[
+            "opentelemetry-sdk==1.45.2",
+            "opentelemetry-proto==1.45.2",
+            "osprofiler==4.4.0",
+        ],
+    ),
+    (
+        11,
+        &[
+            "opentelemetry-sdk==1.45.2",
+            "opentelemetry-proto==1.45.2",
+            "osprofiler==4.4.0",
+        ],
+    ),
+    (
+        12,
+        &[
+            "opentelemetry-sdk==1.45.2",
+            "opentelemetry-proto==1.45.2",
+            "osprofiler==4.4.0",
+        ],
+    ),
+    (
+        13,
+        &[
+            "opentelemetry-sdk==1.45.2",
+            "opentelemetry-proto==1.45.2",
+            "osprofiler==4.4.0",
+        ],
+    ),
 ];
 /// What proves a `target/span-libs/3.X` directory usable by its interpreter.
-const SPAN_LIBS_PROBE: &str =
-    "import opentelemetry.sdk.trace, opentelemetry.trace, osprofiler.profiler";
+const SPAN_LIBS_PROBE: &str = "import opentelemetry.sdk.trace, opentelemetry.trace, \
+     osprofiler.profiler, opentelemetry.proto.resource.v1.resource_pb2";
 
 /// The pyenv build of CPython 3.`minor`, the highest patch release, found as the tests find it
 /// (`PYENV_ROOT`, else `/root/.pyenv`).
@@ -344,11 +432,47 @@ fn span_libs_work(python: &Path, dir: &Path) -> bool {
         .succeeds()
 }
 
+/// Where the tracing libraries go: `SPANPROF_SPAN_LIBS` (where the tests look for them too),
+/// else `target/span-libs`.
+fn span_libs_base(root: &Path) -> Result<PathBuf> {
+    match std::env::var_os("SPANPROF_SPAN_LIBS") {
+        Some(dir) if !dir.is_empty() => Ok(std::env::current_dir()
+            .context("the current directory")?
+            .join(dir)),
+        _ => Ok(root.join("target/span-libs")),
+    }
+}
+
+/// Removes what an interrupted run left in `base`: `3.X.partial` (a pip install of the tracing
+/// libraries), `3.X.old` (the directory it replaces) and `*.spanprof-context-src.PID` (a build
+/// copy of `spanprof-context`). Only while holding the lock, so nothing there belongs to a
+/// running install.
+fn remove_leftovers(base: &Path) -> Result<()> {
+    let entries = match std::fs::read_dir(base) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err).with_context(|| format!("reading {}", base.display())),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.ends_with(".partial")
+            || name.ends_with(".old")
+            || name.contains(".spanprof-context-src")
+        {
+            step(&format!("removing the leftover {}", path.display()));
+            remove_dir(&path)?;
+        }
+    }
+    Ok(())
+}
+
 /// Installs (once) the tracing libraries for each pyenv CPython 3.8–3.13 into
 /// `target/span-libs/3.X`; a stamp file (interpreter and packages) makes a later run a quick
 /// import check. A missing pyenv version is skipped with a warning (its tests fail, saying so).
 fn span_libs(root: &Path) -> Result<PathBuf> {
-    let base = root.join("target/span-libs");
+    let base = span_libs_base(root)?;
+    remove_leftovers(&base)?;
     let mut ready = Vec::new();
     for (minor, packages) in SPAN_LIBS {
         let Some(python) = pyenv_python(*minor) else {
@@ -368,16 +492,13 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
             ready.push(format!("3.{minor}"));
             continue;
         }
-        // Into a fresh directory, moved into place once it works: an interrupted or failed
-        // install never leaves a half-filled `3.X` behind a valid-looking stamp.
+        // Into a fresh directory, with spanprof-context, swapped in once it all works: an
+        // interrupted or failed install never leaves a half-filled `3.X` behind a valid-looking
+        // stamp, and a test using the old `3.X` meanwhile keeps it until the swap.
         let partial = base.join(format!("3.{minor}.partial"));
-        for stale in [&partial, &dir] {
-            if stale.exists() {
-                std::fs::remove_dir_all(stale)
-                    .with_context(|| format!("removing {}", stale.display()))?;
-            }
-        }
-        std::fs::create_dir_all(&partial)?;
+        remove_dir(&partial)?;
+        std::fs::create_dir_all(&partial)
+            .with_context(|| format!("creating {}", partial.display()))?;
         step(&format!(
             "installing {} for CPython 3.{minor} into {}",
             packages.join(", "),
@@ -407,10 +528,21 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
                 partial.display()
             );
         }
+        std::fs::write(partial.join("spanprof-stamp"), want_stamp)?;
+        spanprof_context_lib(root, &python, &partial)?;
+        let old = base.join(format!("3.{minor}.old"));
+        remove_dir(&old)?;
+        match std::fs::rename(&dir, &old) {
+            Ok(()) => {}
+            Err(err) if err.kind() == ErrorKind::NotFound => {}
+            Err(err) => {
+                return Err(err)
+                    .with_context(|| format!("moving {} to {}", dir.display(), old.display()))
+            }
+        }
         std::fs::rename(&partial, &dir)
             .with_context(|| format!("moving {} to {}", partial.display(), dir.display()))?;
-        std::fs::write(&stamp, want_stamp)?;
-        spanprof_context_lib(root, &python, &dir)?;
+        remove_dir(&old)?;
         ready.push(format!("3.{minor}"));
     }
     step(&format!(
@@ -489,11 +621,13 @@ fn spanprof_context_lib(root: &Path, python: &Path, dir: &Path) -> Result<()> {
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp) && works() {
         return Ok(());
     }
+    // Named after this process too: even without the lock, no other run can remove it.
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("3.X");
-    let copy = dir.with_file_name(format!("{name}.spanprof-context-src"));
-    if copy.exists() {
-        std::fs::remove_dir_all(&copy).with_context(|| format!("removing {}", copy.display()))?;
-    }
+    let copy = dir.with_file_name(format!(
+        "{name}.spanprof-context-src.{}",
+        std::process::id()
+    ));
+    remove_dir(&copy)?;
     for file in &files {
         let to = copy.join(file.strip_prefix(&src).unwrap_or(file));
         std::fs::create_dir_all(to.parent().unwrap_or(&copy))?;
@@ -523,8 +657,9 @@ fn spanprof_context_lib(root: &Path, python: &Path, dir: &Path) -> Result<()> {
         .env("PYTHONNOUSERSITE", "1")
         .run()
         .with_context(|| format!("installing spanprof-context into {}", dir.display()));
-    std::fs::remove_dir_all(&copy).with_context(|| format!("removing {}", copy.display()))?;
+    let removed = remove_dir(&copy);
     installed?;
+    removed?;
     if !works() {
         bail!(
             "after pip install, {} cannot `{SPANPROF_CONTEXT_PROBE}` with PYTHONPATH={}",
