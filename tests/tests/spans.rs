@@ -35,11 +35,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use spanprof_tests::{
-    decode_pprof, profile_pid, profiling_lock, published_span_samples, pyenv_python, require_root,
-    require_span_libs, require_spanprof_context, run_with_timeout, sample_functions,
-    sample_num_label, sample_str_labels, span_libs, spanprof_bin, spanprof_command,
-    spanprof_context_dir, spans_summary_line, start_py_workload_with_libs, system_python,
-    Background, RunOutput, TempDir, RUN_TIMEOUT,
+    decode_pprof, profile_pid, profiling_lock, published_span_samples, pyenv_python, read_folded,
+    require_root, require_span_libs, require_spanprof_context, run_spanprof, run_with_timeout,
+    sample_functions, sample_num_label, sample_str_labels, span_libs, spanprof_bin,
+    spanprof_command, spanprof_context_dir, spans_summary_line, start_py_workload_with_libs,
+    system_python, Background, FoldedStack, RunOutput, TempDir, RUN_TIMEOUT,
 };
 
 /// The workload of every test here.
@@ -725,4 +725,133 @@ fn publisher_unit_tests() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+// ---------------------------------------------------------------------------
+// 6. `spanprof report` on a real span profile
+// ---------------------------------------------------------------------------
+
+/// The flamegraph of one span from a real profile: `spanprof report --span-id` keeps exactly
+/// the samples the profile has in that span (its work function, nothing else), `--trace-id`
+/// those of its trace, and `--group-by span` puts every sample under its span's root frame.
+#[test]
+fn report_one_span_of_a_real_profile() {
+    let interp = Interp::pyenv(12);
+    require_span_profiling(&interp);
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("spans-report");
+    let truth_path = tmp.join("truth.jsonl");
+    let pprof = tmp.join("spans.pb.gz");
+    let workload = start_py_workload_with_libs(
+        &interp.path,
+        &interp.libs,
+        WORKLOAD,
+        &[
+            "otel_threads",
+            "7.5",
+            truth_path.to_str().expect("UTF-8 temp path"),
+        ],
+    );
+    let out = profile_pid(workload.pid(), "5s", FREQUENCY, &[&pprof], &[]);
+    workload.finish(RUN_TIMEOUT).assert_success();
+    out.assert_success();
+    let truth = read_truth(&truth_path);
+    let profile = decode_pprof(&pprof);
+
+    // Samples per span work function, and the busiest span.
+    let mut per_function: BTreeMap<String, u64> = BTreeMap::new();
+    for sample in profile["samples"].as_array().expect("samples") {
+        let value = sample["values"][0].as_u64().expect("value");
+        if let Some(f) = sample_functions(sample)
+            .into_iter()
+            .find(|f| f.starts_with("span_work_"))
+        {
+            *per_function.entry(f).or_default() += value;
+        }
+    }
+    let (function, &count) = per_function
+        .iter()
+        .max_by_key(|(_, &n)| n)
+        .expect("samples in spans");
+    assert!(count >= 5, "the busiest span has only {count} samples");
+    let span = &truth[function];
+    let span_id = &span.labels["span_id"];
+    let trace_id = &span.labels["trace_id"];
+
+    let one = tmp.join("one.folded");
+    let pprof_arg = pprof.to_str().expect("UTF-8 temp path");
+    run_spanprof([
+        "report",
+        pprof_arg,
+        "--span-id",
+        span_id,
+        "-o",
+        one.to_str().unwrap(),
+    ])
+    .assert_success();
+    let stacks = read_folded(&one);
+    let total: u64 = stacks.iter().map(|s| s.count).sum();
+    let others: Vec<&FoldedStack> = stacks
+        .iter()
+        .filter(|s| {
+            !s.frames
+                .iter()
+                .any(|f| f.starts_with(&format!("{function} ")))
+        })
+        .collect();
+    assert_eq!(
+        (total, others.len()),
+        (count, 0),
+        "report --span-id {span_id} ({function}, {count} samples in the profile) kept {total} \
+         samples, {} stacks without {function}: {:?}",
+        others.len(),
+        others.iter().take(3).collect::<Vec<_>>()
+    );
+
+    // The trace: every span of the same trace id (parent and child spans), nothing else.
+    let expected: u64 = per_function
+        .iter()
+        .filter(|(f, _)| truth[*f].labels["trace_id"] == *trace_id)
+        .map(|(_, n)| n)
+        .sum();
+    let whole = tmp.join("trace.folded");
+    run_spanprof([
+        "report",
+        pprof_arg,
+        "--trace-id",
+        trace_id,
+        "-o",
+        whole.to_str().unwrap(),
+    ])
+    .assert_success();
+    let in_trace: u64 = read_folded(&whole)
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.starts_with("span_work_")))
+        .map(|s| s.count)
+        .sum();
+    assert_eq!(in_trace, expected, "report --trace-id {trace_id}");
+
+    // Grouped: each span_work stack under its own span's root frame.
+    let grouped = tmp.join("grouped.folded");
+    run_spanprof([
+        "report",
+        pprof_arg,
+        "--group-by",
+        "span",
+        "-o",
+        grouped.to_str().unwrap(),
+    ])
+    .assert_success();
+    for stack in read_folded(&grouped) {
+        let Some(f) = stack.frames.iter().find(|f| f.starts_with("span_work_")) else {
+            continue;
+        };
+        let name = f.split(' ').next().expect("a name");
+        let t = &truth[name];
+        let root = format!(
+            "[span {} trace {}]",
+            t.labels["span_id"], t.labels["trace_id"]
+        );
+        assert_eq!(stack.frames[0], root, "root of a stack of {name}");
+    }
 }
