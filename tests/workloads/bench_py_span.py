@@ -25,6 +25,10 @@
 # The tracing libraries come from target/span-libs/3.X (`cargo xtask deps`) through PYTHONPATH.
 # BENCH_SPAN_KINDS=otel or osprofiler (`cargo xtask bench --span-kinds`) sets up that one alone,
 # without importing the other library, to see what each costs; the default is both.
+# BENCH_SPAN_KINDS=published sets up both, as the default does, after
+# `spanprof_context.install()` (the opt-in publisher, python/spanprof-context, installed into
+# target/span-libs/3.X by `cargo xtask deps`): the thread's OTEP 4947 thread context record
+# holds both contexts, and that record is what spanprof reads instead of the libraries' objects.
 #
 # Like bench_py_stack.py it prints its pid on stdout, then waits for one byte (or EOF) on stdin
 # before it starts the work, so the profiler can attach first.
@@ -37,10 +41,11 @@ import sys
 import uuid
 
 KINDS = os.environ.get("BENCH_SPAN_KINDS", "both")
-if KINDS not in ("both", "otel", "osprofiler"):
-    sys.exit(f"BENCH_SPAN_KINDS={KINDS!r}: both, otel or osprofiler")
-OTEL = KINDS in ("both", "otel")
-OSPROFILER = KINDS in ("both", "osprofiler")
+if KINDS not in ("both", "otel", "osprofiler", "published"):
+    sys.exit(f"BENCH_SPAN_KINDS={KINDS!r}: both, otel, osprofiler or published")
+OTEL = KINDS in ("both", "otel", "published")
+OSPROFILER = KINDS in ("both", "osprofiler", "published")
+PUBLISHED = KINDS == "published"
 if OTEL:
     from opentelemetry import baggage, context, trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -263,6 +268,17 @@ span_scope = contextlib.nullcontext()
 if OTEL:
     trace.set_tracer_provider(TracerProvider())
     tracer = trace.get_tracer("spanprof-bench")
+
+if PUBLISHED:
+    # After the SDK setup (the process context carries its resource), before any span or trace
+    # is entered: every attach and OSProfiler start from here on updates the thread's record.
+    import spanprof_context
+
+    hooked = spanprof_context.install()
+    if not (hooked["otel"] and hooked["osprofiler"]):
+        sys.exit(f"spanprof_context.install() hooked nothing: {hooked!r}")
+
+if OTEL:
     # OpenTelemetry context entries besides the span: baggage and two keys of the application's
     # own.
     ctx = baggage.set_baggage("tenant", "bench-tenant")

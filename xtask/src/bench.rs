@@ -34,10 +34,15 @@
 //!   the difference with and without spans is the cost of reading the span contexts. The
 //!   summary's `spans:` line and the span-grouped folded output (`--group-by span`) prove the
 //!   spans were read: the samples of the work must carry both span contexts. `--span-kinds otel`
-//!   or `osprofiler` sets up one context alone (a breakdown: figures printed only).
+//!   or `osprofiler` sets up one context alone; `published` sets up both after
+//!   `spanprof_context.install()`, so spanprof reads the OTEP 4947 thread context record the
+//!   process publishes (the `spans:` line's `; N read from the thread context the process
+//!   publishes`) instead of the libraries' objects. Each kind has its own block in BENCHMARKS.md
+//!   (`bench-spans`, `bench-spans-otel`, `bench-spans-osprofiler`, `bench-spans-published`).
 //!
 //! `--only native|python|spans` runs one part. Each round's raw measurements go to
-//! `target/bench/{native,python,spans}_rounds.txt`.
+//! `target/bench/{native,python,spans}_rounds.txt` (`spans_KIND_rounds.txt` for a
+//! `--span-kinds` other than both).
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
 
@@ -82,12 +87,15 @@ pub struct Config {
 /// Which span contexts `bench_py_span.py` sets up (its `BENCH_SPAN_KINDS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpanKinds {
-    /// An OpenTelemetry span and an OSProfiler trace: the figures of BENCHMARKS.md.
+    /// An OpenTelemetry span and an OSProfiler trace, both walked (the `bench-spans` block).
     Both,
     /// Only an OpenTelemetry span (OSProfiler not imported).
     Otel,
     /// Only an OSProfiler trace (OpenTelemetry not imported).
     Osprofiler,
+    /// Both, published by `spanprof_context.install()` (OTEP 4947 thread context): spanprof
+    /// reads the thread's record instead of the libraries' objects.
+    Published,
 }
 
 impl SpanKinds {
@@ -96,6 +104,15 @@ impl SpanKinds {
             Self::Both => "both",
             Self::Otel => "otel",
             Self::Osprofiler => "osprofiler",
+            Self::Published => "published",
+        }
+    }
+
+    /// The BENCHMARKS.md block of its figures.
+    fn block(self) -> String {
+        match self {
+            Self::Both => "bench-spans".to_string(),
+            other => format!("bench-spans-{}", other.name()),
         }
     }
 }
@@ -317,16 +334,29 @@ struct SpanCounts {
     otel: u64,
     /// Samples in an OSProfiler trace.
     osp: u64,
+    /// Samples whose span context was read from the thread context the process publishes.
+    published: u64,
 }
 
 /// "spans: 1234 of 2000 samples in 12 OpenTelemetry spans (3 traces), 0 in OSProfiler traces"
-/// (or "…, 5 in 1 OSProfiler trace (2 trace points)").
+/// (or "…, 5 in 1 OSProfiler trace (2 trace points)"), with
+/// "; N read from the thread context the process publishes" at the end when N > 0.
 fn parse_spans_line(line: &str) -> Option<SpanCounts> {
-    let (otel, rest) = line.strip_prefix("spans: ")?.split_once(" of ")?;
+    const PUBLISHED: &str = " read from the thread context the process publishes";
+    let line = line.strip_prefix("spans: ")?;
+    let (line, published) = match line.strip_suffix(PUBLISHED) {
+        Some(rest) => {
+            let (rest, n) = rest.rsplit_once("; ")?;
+            (rest, n.parse().ok()?)
+        }
+        None => (line, 0),
+    };
+    let (otel, rest) = line.split_once(" of ")?;
     let (_, osp) = rest.rsplit_once(", ")?;
     Some(SpanCounts {
         otel: otel.parse().ok()?,
         osp: osp.split_once(" in ")?.0.parse().ok()?,
+        published,
     })
 }
 
@@ -885,6 +915,7 @@ fn span_config(runs: &[&SpanRun]) -> Result<SpanConfigFigures> {
         let c = r.run.spans.unwrap_or_default();
         f.counts.otel += c.otel;
         f.counts.osp += c.osp;
+        f.counts.published += c.published;
     }
     Ok(f)
 }
@@ -922,19 +953,22 @@ fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<S
             OsString::from(cfg.span_kinds.name()),
         ),
     ];
-    let lib_versions = Command::new(&cfg.python)
-        .args([
-            "-c",
-            "import importlib.metadata as m; \
-             print(m.version('opentelemetry-sdk'), m.version('osprofiler'))",
-        ])
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let (otel_version, osp_version) = lib_versions.split_once(' ').unwrap_or(("?", "?"));
+    // The versions of the packages in `libs`, "?" for one that is missing.
+    let lib_version = |package: &str| {
+        Command::new(&cfg.python)
+            .args([
+                "-c",
+                &format!("import importlib.metadata as m; print(m.version('{package}'))"),
+            ])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|| "?".to_string())
+    };
+    let otel_version = lib_version("opentelemetry-sdk");
+    let osp_version = lib_version("osprofiler");
     let inside = match cfg.span_kinds {
         SpanKinds::Both => format!(
             "inside an OpenTelemetry span of opentelemetry-sdk {otel_version} and an \
@@ -947,6 +981,12 @@ fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<S
         SpanKinds::Osprofiler => {
             format!("inside an OSProfiler {osp_version} trace only, `--span-kinds osprofiler`")
         }
+        SpanKinds::Published => format!(
+            "inside an OpenTelemetry span of opentelemetry-sdk {otel_version} and an \
+             OSProfiler {osp_version} trace published by spanprof-context {}'s `install()` as \
+             an OTEP 4947 thread context, `--span-kinds published`",
+            lib_version("spanprof-context")
+        ),
     };
     let target = Target {
         program: cfg.python.clone(),
@@ -987,9 +1027,14 @@ fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<S
         }
         Ok(r)
     })?;
-    std::fs::write(out_dir.join("spans_rounds.txt"), format!("{results:#?}\n"))?;
+    let rounds_file = match cfg.span_kinds {
+        SpanKinds::Both => "spans_rounds.txt".to_string(),
+        k => format!("spans_{}_rounds.txt", k.name()),
+    };
+    std::fs::write(out_dir.join(rounds_file), format!("{results:#?}\n"))?;
 
-    let mut rows: Vec<[String; 2]> = vec![Default::default(); 10];
+    let published = cfg.span_kinds == SpanKinds::Published;
+    let mut rows: Vec<[String; 2]> = vec![Default::default(); 11];
     for rate in 0..rates.len() {
         let with = span_config(&results.iter().map(|r| &r.spans[rate]).collect::<Vec<_>>())?;
         let without = span_config(
@@ -1049,6 +1094,14 @@ fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<S
                 without.counts.otel + without.counts.osp,
                 without.depth.whole_otel + without.depth.whole_osp
             ),
+            format!(
+                "{:.1}% / {:.1}% ({} / {} / {})",
+                percent(with.counts.published, with.samples),
+                percent(with.counts.published, with.depth.whole),
+                with.counts.published,
+                with.samples,
+                with.depth.whole
+            ),
         ];
         for (row, cell) in rows.iter_mut().zip(col) {
             row[rate] = cell;
@@ -1065,14 +1118,24 @@ fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<S
         "samples of the work (all 50 frames) with an OpenTelemetry span / an OSProfiler trace",
         "samples holding all 50 Python frames, spans read / `--no-spans`",
         "samples with a span context under `--no-spans` (`spans:` line / span-grouped output)",
+        "samples read from the thread context the process publishes (`spans:` line), share of \
+         all samples / of the work's samples (read / all / work)",
     ];
-    let goals = ["", "", "≤ 5 µs", "", "", "", "", "", "", ""];
+    let goals = ["", "", "≤ 5 µs", "", "", "", "", "", "", "", ""];
     let mut table = String::new();
-    for ((label, row), goal) in labels.iter().zip(&rows).zip(goals) {
+    for (i, ((label, row), goal)) in labels.iter().zip(&rows).zip(goals).enumerate() {
+        // The published share is a figure of `--span-kinds published` only (0 otherwise).
+        if i == labels.len() - 1 && !published {
+            continue;
+        }
         table += &format!("| {label} | {} | {} | {goal} |\n", row[0], row[1]);
     }
+    let kinds_arg = match cfg.span_kinds {
+        SpanKinds::Both => String::new(),
+        k => format!(" --span-kinds {}", k.name()),
+    };
     Ok(format!(
-        "Run of `cargo xtask bench --only spans --rounds {n} --py-work {work}` on {}: target \
+        "Run of `cargo xtask bench --only spans{kinds_arg} --rounds {n} --py-work {work}` on {}: target \
          `{SPAN_FILE}` (CPython {python_version}, {PY_DEPTH} Python frames, {inside}), spanprof reading spans and with `--no-spans`, at {HZ} Hz and at {HIGH_HZ} Hz, \
          the four runs interleaved in each of {n} rounds.\n\n\
          | figure | {HZ} Hz | {HIGH_HZ} Hz | goal |\n\
@@ -1138,25 +1201,18 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
     } else {
         None
     };
-    // One kind of span alone is a breakdown, not the figure BENCHMARKS.md keeps.
-    let (spans_table, spans_only_printed) = match spans_table {
-        Some(t) if cfg.span_kinds != SpanKinds::Both => (None, Some(t)),
-        t => (t, None),
-    };
     drop(stats_off);
+    // Each `--span-kinds` has its own block: `bench-spans` (both), `bench-spans-otel`, ….
+    let spans_block = cfg.span_kinds.block();
     for (table, name) in [
         (native_table, "bench"),
         (python_table, "bench-python"),
-        (spans_table, "bench-spans"),
+        (spans_table, spans_block.as_str()),
     ] {
         if let Some(table) = table {
             println!("{table}");
             write_block(root, name, &table)?;
         }
-    }
-    if let Some(table) = spans_only_printed {
-        println!("{table}");
-        step("figures of one kind of span only: printed, BENCHMARKS.md left as it is");
     }
     Ok(())
 }
@@ -1201,7 +1257,13 @@ mod tests {
              trace (1 trace point)",
         )
         .unwrap();
-        assert_eq!((c.otel, c.osp), (0, 131));
+        assert_eq!((c.otel, c.osp, c.published), (0, 131, 0));
+        let c = parse_spans_line(
+            "spans: 700 of 705 samples in 1 OpenTelemetry span (1 trace), 700 in 1 OSProfiler \
+             trace (1 trace point); 695 read from the thread context the process publishes",
+        )
+        .unwrap();
+        assert_eq!((c.otel, c.osp, c.published), (700, 700, 695));
         assert!(parse_spans_line("spanprof: 176 samples, 0 lost").is_none());
     }
 }

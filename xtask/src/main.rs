@@ -37,7 +37,8 @@ tasks:
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
-        [--only native|python|spans] [--span-kinds both|otel|osprofiler]
+        [--only native|python|spans]
+        [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
              interleaved rounds (default 8) of each part:
@@ -54,7 +55,9 @@ tasks:
                target/span-libs/3.X) under spanprof with and without
                --no-spans, at 99 and 999 Hz: the in-kernel cost of reading
                span contexts per sample (--span-kinds otel or osprofiler: only
-               that one, figures printed only);
+               that one; published: both, published by spanprof_context.install()
+               as an OTEP 4947 thread context, which spanprof reads instead;
+               each kind has its own block in BENCHMARKS.md);
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
@@ -255,7 +258,10 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "both" => bench::SpanKinds::Both,
                     "otel" => bench::SpanKinds::Otel,
                     "osprofiler" => bench::SpanKinds::Osprofiler,
-                    other => bail!("invalid --span-kinds `{other}` (both, otel or osprofiler)"),
+                    "published" => bench::SpanKinds::Published,
+                    other => bail!(
+                        "invalid --span-kinds `{other}` (both, otel, osprofiler or published)"
+                    ),
                 }
             }
             "--only" => {
