@@ -600,11 +600,13 @@ struct SpanDepth {
 fn span_depth(path: &Path) -> Result<SpanDepth> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("failed to read {}", path.display()))?;
-    let marker = format!("({SPAN_FILE}:");
+    // `<module>` is the span target's frame, f0..f48 bench_py_stack.py's (imported from it).
+    let markers = [format!("({SPAN_FILE}:"), format!("({PY_FILE}:")];
+    let ours = |f: &&str| markers.iter().any(|m| f.contains(m.as_str()));
     let mut d = SpanDepth::default();
     for (stack, n) in folded_stacks(&text) {
         d.all += n;
-        if stack.split(';').filter(|f| f.contains(&marker)).count() == PY_DEPTH {
+        if stack.split(';').filter(ours).count() == PY_DEPTH {
             d.whole += n;
             // `[span S trace T]`, `[osprofiler P base B]`, `[span S trace T osprofiler P]`.
             let root = stack.split(';').next().unwrap_or("");
