@@ -142,8 +142,6 @@ const CTX_LOOK_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 struct Spans {
     finder: SpanFinder,
-    /// Modules parsed for `otel_thread_ctx_v1`.
-    modules: ModuleCache,
     /// The thread context the process publishes, once found.
     thread_ctx: Option<ThreadCtxVar>,
     /// Its process context (the attribute key map of the thread context records).
@@ -160,8 +158,8 @@ struct Spans {
 
 impl Spans {
     /// Looks for the libraries again if it is time; the `span_procs` value when something new
-    /// was found.
-    fn look(&mut self, now: Instant) -> Option<SpanProc> {
+    /// was found. `modules` caches what module files say of `otel_thread_ctx_v1`.
+    fn look(&mut self, now: Instant, modules: &mut ModuleCache) -> Option<SpanProc> {
         if now < self.next {
             return None;
         }
@@ -176,7 +174,7 @@ impl Spans {
             self.next_ctx = now + CTX_LOOK_EVERY;
             let pid = self.mem.pid();
             if self.thread_ctx.is_none() {
-                if let Ok(Some(var)) = self.modules.find_thread_ctx(pid, &self.mem) {
+                if let Ok(Some(var)) = modules.find_thread_ctx(pid, &self.mem) {
                     self.thread_ctx = Some(var);
                     changed = true;
                 }
@@ -271,6 +269,8 @@ pub struct Python {
     span_writes: Vec<(u32, SpanProc)>,
     /// Processes whose span contexts the kernel reads (OpenTelemetry, OSProfiler found).
     with_spans: FxHashSet<u32>,
+    /// Module files parsed for a published thread context, shared by every process.
+    modules: ModuleCache,
 }
 
 impl Python {
@@ -289,6 +289,7 @@ impl Python {
             writes: Vec::new(),
             span_writes: Vec::new(),
             with_spans: FxHashSet::default(),
+            modules: ModuleCache::default(),
         }
     }
 
@@ -385,7 +386,11 @@ impl Python {
         }
         for (&pid, p) in &mut self.procs {
             if let Proc::Ready(r) = p {
-                if let Some(value) = r.spans.as_mut().and_then(|s| s.look(now)) {
+                if let Some(value) = r
+                    .spans
+                    .as_mut()
+                    .and_then(|s| s.look(now, &mut self.modules))
+                {
                     self.span_writes.push((pid, value));
                 }
             }
@@ -518,13 +523,12 @@ impl Python {
                 py: offsets,
                 objects,
                 next: Instant::now(),
-                modules: ModuleCache::default(),
                 thread_ctx: None,
                 process_ctx: None,
                 next_ctx: Instant::now(),
             });
             // At once, so a `--pid` target's spans are read from the first sample on.
-            if let Some(value) = spans.look(Instant::now()) {
+            if let Some(value) = spans.look(Instant::now(), &mut self.modules) {
                 self.span_writes.push((pid, value));
             }
             Some(spans)

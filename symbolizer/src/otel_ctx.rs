@@ -16,10 +16,13 @@
 //! are untrusted: sizes are bounded and anything unexpected is "not published".
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use object::elf::{R_X86_64_DTPMOD64, R_X86_64_TLSDESC, R_X86_64_TPOFF64};
 use object::read::elf::{ElfFile64, ProgramHeader};
+use object::read::ReadCache;
 use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
 
 use crate::python::detect::{load_bias, parse_maps};
@@ -31,8 +34,6 @@ pub const THREAD_CTX_SYMBOL: &str = "otel_thread_ctx_v1";
 pub const RECORD_HEADER: usize = 28;
 /// Largest process context payload read.
 const MAX_PAYLOAD: u32 = 1 << 16;
-/// Largest module file parsed for the symbol.
-const MAX_MODULE: u64 = 512 << 20;
 
 /// How a thread's copy of a TLS variable is found from its thread pointer (x86_64 FS base).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +55,7 @@ pub enum TlsAccess {
 }
 
 /// What a module's file says of the symbol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct TlsSymbol {
     /// `st_value`: offset in the module's TLS block.
     value: u64,
@@ -64,6 +65,8 @@ struct TlsSymbol {
     tls_size: Option<u64>,
     /// An executable (not a shared library).
     executable: bool,
+    /// `(p_offset, p_vaddr, p_filesz)` of each PT_LOAD, for the load bias.
+    loads: Vec<(u64, u64, u64)>,
 }
 
 /// Why the symbol could not be resolved.
@@ -91,18 +94,18 @@ pub struct ThreadCtxVar {
     pub access: TlsAccess,
 }
 
-/// Modules looked at for the symbol, by path, so each file is parsed once.
+/// Module files looked at for the symbol, by device and inode: each file is parsed once per
+/// session, whichever processes map it.
 #[derive(Debug, Default)]
 pub struct ModuleCache {
-    parsed: HashMap<PathBuf, Option<TlsSymbol>>,
+    parsed: HashMap<(u64, u64), Option<TlsSymbol>>,
 }
 
-fn parse_module(path: &Path) -> Option<TlsSymbol> {
-    if std::fs::metadata(path).ok()?.len() > MAX_MODULE {
-        return None;
-    }
-    let data = std::fs::read(path).ok()?;
-    let file = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+/// Reads only what it needs of the file (the ELF header, program headers, `.dynsym` and its
+/// strings, the dynamic relocations): a big libpython is not read whole.
+fn parse_module(file: File) -> Option<TlsSymbol> {
+    let cache = ReadCache::new(file);
+    let file = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let sym = file.dynamic_symbols().find(|s| {
         s.name() == Ok(THREAD_CTX_SYMBOL) && s.kind() == SymbolKind::Tls && s.size() == 8
     })?;
@@ -122,8 +125,8 @@ fn parse_module(path: &Path) -> Option<TlsSymbol> {
         })
     });
     let endian = file.endian();
-    let tls_size = file
-        .elf_program_headers()
+    let headers = file.elf_program_headers();
+    let tls_size = headers
         .iter()
         .find(|p| p.p_type(endian) == object::elf::PT_TLS)
         .map(|p| {
@@ -131,29 +134,21 @@ fn parse_module(path: &Path) -> Option<TlsSymbol> {
             p.p_memsz(endian).div_ceil(align) * align
         });
     let executable = file.elf_header().e_type.get(endian) == object::elf::ET_EXEC
-        || file
-            .elf_program_headers()
+        || headers
             .iter()
             .any(|p| p.p_type(endian) == object::elf::PT_INTERP);
+    let loads = headers
+        .iter()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
+        .collect();
     Some(TlsSymbol {
         value: sym.address(),
         reloc,
         tls_size,
         executable,
+        loads,
     })
-}
-
-fn loads(path: &Path) -> Option<Vec<(u64, u64, u64)>> {
-    let data = std::fs::read(path).ok()?;
-    let file = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
-    let endian = file.endian();
-    Some(
-        file.elf_program_headers()
-            .iter()
-            .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
-            .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
-            .collect(),
-    )
 }
 
 impl ModuleCache {
@@ -176,17 +171,23 @@ impl ModuleCache {
             seen.push(&m.path);
             let on_disk = PathBuf::from(format!("/proc/{pid}/root"))
                 .join(m.path.strip_prefix("/").unwrap_or(&m.path));
-            let sym = *self
+            let Ok(file) = File::open(&on_disk) else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else { continue };
+            let Some(sym) = self
                 .parsed
-                .entry(m.path.clone())
-                .or_insert_with(|| parse_module(&on_disk));
-            let Some(sym) = sym else { continue };
+                .entry((meta.dev(), meta.ino()))
+                .or_insert_with(|| parse_module(file))
+                .clone()
+            else {
+                continue;
+            };
             let bad = |reason| CtxError::Unsupported {
                 path: m.path.clone(),
                 reason,
             };
-            let bias = loads(&on_disk)
-                .and_then(|l| load_bias(&maps, &m.path, &l))
+            let bias = load_bias(&maps, &m.path, &sym.loads)
                 .ok_or_else(|| bad("no mapping matches a load segment"))?;
             let read = |addr: u64| mem.read_u64(addr).map_err(|e| CtxError::Mem(e.to_string()));
             let access = match sym.reloc {

@@ -732,8 +732,8 @@ fn publisher_unit_tests() {
 // ---------------------------------------------------------------------------
 
 /// The flamegraph of one span from a real profile: `spanprof report --span-id` keeps exactly
-/// the samples the profile has in that span (its work function, nothing else), `--trace-id`
-/// those of its trace, and `--group-by span` puts every sample under its span's root frame.
+/// the samples the profile labels with that span (all of its work function, no other span's),
+/// `--trace-id` those of its trace, and `--group-by span` puts every sample under its span's root frame.
 #[test]
 fn report_one_span_of_a_real_profile() {
     let interp = Interp::pyenv(12);
@@ -778,6 +778,15 @@ fn report_one_span_of_a_real_profile() {
     let span_id = &span.labels["span_id"];
     let trace_id = &span.labels["trace_id"];
 
+    // Every sample labelled with the span: its work, and the workload's own code in the span
+    // (e.g. writing the ground truth).
+    let labelled: u64 = profile["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .filter(|s| sample_str_labels(s).get("span_id") == Some(span_id))
+        .map(|s| s["values"][0].as_u64().expect("value"))
+        .sum();
     let one = tmp.join("one.folded");
     let pprof_arg = pprof.to_str().expect("UTF-8 temp path");
     run_spanprof([
@@ -791,19 +800,29 @@ fn report_one_span_of_a_real_profile() {
     .assert_success();
     let stacks = read_folded(&one);
     let total: u64 = stacks.iter().map(|s| s.count).sum();
-    let others: Vec<&FoldedStack> = stacks
+    let in_function: u64 = stacks
         .iter()
         .filter(|s| {
-            !s.frames
+            s.frames
                 .iter()
                 .any(|f| f.starts_with(&format!("{function} ")))
         })
+        .map(|s| s.count)
+        .sum();
+    let others: Vec<&FoldedStack> = stacks
+        .iter()
+        .filter(|s| {
+            s.frames
+                .iter()
+                .any(|f| f.starts_with("span_work_") && !f.starts_with(&format!("{function} ")))
+        })
         .collect();
     assert_eq!(
-        (total, others.len()),
-        (count, 0),
-        "report --span-id {span_id} ({function}, {count} samples in the profile) kept {total} \
-         samples, {} stacks without {function}: {:?}",
+        (total, in_function, others.len()),
+        (labelled, count, 0),
+        "report --span-id {span_id} ({function}: {count} samples, {labelled} labelled with the \
+         span in the profile) kept {total} samples, {in_function} in {function}, {} stacks of \
+         other spans: {:?}",
         others.len(),
         others.iter().take(3).collect::<Vec<_>>()
     );
