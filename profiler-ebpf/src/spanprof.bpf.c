@@ -1016,7 +1016,7 @@ static long ctx_attr_step(__u64 n, void *ctx)
 	if (off + len > size)
 		return 1;
 	w->q.i = off + len;
-	if (len != PY_UUID_LEN)
+	if (len != PY_UUID_LEN || key == SPANPROF_NO_KEY)
 		return 0;
 	if (key == w->scfg.osp_keys[0]) {
 		out = w->span.osp_base;
@@ -1041,17 +1041,24 @@ static __always_inline int published_ctx(struct scratch *w)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u64 fs = BPF_CORE_READ(task, thread.fsbase), addr, rec = 0, dtv = 0, block = 0;
+	__u64 fs = BPF_CORE_READ(task, thread.fsbase), addr, rec = 0, dtv = 0, block = 0, len = 0;
 	__u32 size, found;
 
 	if (c->tls_kind == SPANPROF_TLS_STATIC) {
 		addr = fs + c->tls_offset;
 	} else {
-		if (read_ptr(&dtv, fs + TCB_DTV) || !dtv ||
-		    read_ptr(&block, dtv + c->tls_module * DTV_ENTRY))
+		if (read_ptr(&dtv, fs + TCB_DTV) || !dtv || read_ptr(&len, dtv - DTV_ENTRY))
+			return SPAN_FAULT;
+		/*
+		 * dtv[-1] counts the slots: a thread whose DTV predates the module's dlopen has no
+		 * slot for it yet (its first access of the module's TLS makes one).
+		 */
+		if (c->tls_module > len)
+			return 0;
+		if (read_ptr(&block, dtv + c->tls_module * DTV_ENTRY))
 			return SPAN_FAULT;
 		/* The thread never touched the module's TLS: nothing published. */
-		if (!block || block == DTV_UNALLOCATED)
+		if (block < 4096 || block == DTV_UNALLOCATED)
 			return 0;
 		addr = block + c->tls_offset;
 	}
@@ -1092,7 +1099,7 @@ static __always_inline int published_ctx(struct scratch *w)
 static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
-	__u64 v = 0, ids[2] = {}, ts[3] = {}, var[3] = {};
+	__u64 v = 0, ids[2] = {}, ts[3] = {}, var[3] = {}, again[3] = {};
 
 	/* PyThreadState: context, context_ver, id; PyContextVar: var_cached, _tsid, _tsver. */
 	if (bpf_probe_read_user(ts, sizeof(ts), (const void *)(tstate + c->tstate_context)) ||
@@ -1100,11 +1107,16 @@ static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 		return SPAN_FAULT;
 	if (!ts[0]) /* the thread never used contextvars */
 		return 0;
-	if (var[0] && var[1] == ts[2] && var[2] == ts[1]) {
-		/*
-		 * The value the ContextVar cached for this thread at this version of its context,
-		 * which CPython's own ContextVar.get() returns: no HAMT walk.
-		 */
+	/*
+	 * The value the ContextVar cached for this thread at this version of its context, which
+	 * CPython's own ContextVar.get() returns: no HAMT walk. Another thread (holding the GIL
+	 * while this one may not) can be rewriting the three fields: they are read again, and used
+	 * only if nothing changed in between.
+	 */
+	if (var[0] && var[1] == ts[2] && var[2] == ts[1] &&
+	    !bpf_probe_read_user(again, sizeof(again),
+				 (const void *)(c->otel_var + CONTEXTVAR_CACHED)) &&
+	    again[0] == var[0] && again[1] == var[1] && again[2] == var[2]) {
 		v = var[0];
 	} else {
 		if (read_ptr(&v, ts[0] + c->context_vars) || !v || read_ptr(&v, v + c->hamt_root))

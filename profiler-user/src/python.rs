@@ -511,29 +511,30 @@ impl Python {
         }
         let value = py_proc(&process, offsets).map_err(|e| format!("python {version}: {e}"))?;
         self.writes.push((pid, value));
-        let objects = ObjectOffsets::for_version(version.major, version.minor)
-            .ok_or_else(|| format!("python {minor} is not supported (3.8 to 3.13 are)"))?;
-        let spans = if self.spans {
-            let mut spans = Box::new(Spans {
-                finder: SpanFinder::default(),
-                base: span_proc(&process, offsets, objects)
-                    .map_err(|e| format!("python {version}: {e}"))?,
-                mem,
-                runtime_addr: process.runtime_addr,
-                py: offsets,
-                objects,
-                next: Instant::now(),
-                thread_ctx: None,
-                process_ctx: None,
-                next_ctx: Instant::now(),
-            });
-            // At once, so a `--pid` target's spans are read from the first sample on.
-            if let Some(value) = spans.look(Instant::now(), &mut self.modules) {
-                self.span_writes.push((pid, value));
+        // Spans are an extra: a process whose span objects cannot be set up is still walked.
+        let objects = ObjectOffsets::for_version(version.major, version.minor);
+        let base = objects.and_then(|o| span_proc(&process, offsets, o).ok());
+        let spans = match (self.spans, objects, base) {
+            (true, Some(objects), Some(base)) => {
+                let mut spans = Box::new(Spans {
+                    finder: SpanFinder::default(),
+                    base,
+                    mem,
+                    runtime_addr: process.runtime_addr,
+                    py: offsets,
+                    objects,
+                    next: Instant::now(),
+                    thread_ctx: None,
+                    process_ctx: None,
+                    next_ctx: Instant::now(),
+                });
+                // At once, so a `--pid` target's spans are read from the first sample on.
+                if let Some(value) = spans.look(Instant::now(), &mut self.modules) {
+                    self.span_writes.push((pid, value));
+                }
+                Some(spans)
             }
-            Some(spans)
-        } else {
-            None
+            _ => None,
         };
         let types = TypeAddrs {
             code: process.code_type_addr,

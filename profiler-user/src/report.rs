@@ -65,13 +65,24 @@ pub enum ReportError {
     Damaged(String),
 }
 
+/// Largest uncompressed profile read.
+const MAX_PROFILE: u64 = 1 << 30;
+
 /// Reads a pprof profile that spanprof wrote, gzipped or not, back into a [`Profile`].
 pub fn read_pprof(bytes: &[u8]) -> Result<Profile, ReportError> {
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        // A bound against a gzip bomb: spanprof's profiles are far smaller.
         let mut raw = Vec::new();
         GzDecoder::new(bytes)
+            .take(MAX_PROFILE + 1)
             .read_to_end(&mut raw)
             .map_err(ReportError::Gzip)?;
+        if raw.len() as u64 > MAX_PROFILE {
+            return Err(ReportError::Damaged(format!(
+                "more than {} MiB uncompressed",
+                MAX_PROFILE >> 20
+            )));
+        }
         raw
     } else {
         bytes.to_vec()

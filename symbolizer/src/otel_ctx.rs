@@ -194,15 +194,17 @@ impl ModuleCache {
                 Some((R_X86_64_TLSDESC, off)) => {
                     // struct tlsdesc { entry; arg; }: arg is a TP offset (static) or points to
                     // { module, offset, generation } (dynamic).
+                    // glibc x86_64: a static argument is `st_value - l_tls_offset`, below the
+                    // thread pointer, so negative; a dynamic one is a heap pointer.
                     let arg = read(bias.wrapping_add(off).wrapping_add(8))?;
-                    if arg as i64 > 0xffff_ffff {
+                    if (arg as i64) < 0 {
+                        TlsAccess::Static {
+                            tp_offset: arg as i64,
+                        }
+                    } else {
                         TlsAccess::Dynamic {
                             module: read(arg)?,
                             offset: read(arg.wrapping_add(8))?,
-                        }
-                    } else {
-                        TlsAccess::Static {
-                            tp_offset: arg as i64,
                         }
                     }
                 }

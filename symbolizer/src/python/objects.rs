@@ -531,6 +531,10 @@ const OTEL_SPAN: &str = "opentelemetry.trace.span";
 const OSP_PROFILER: &str = "osprofiler.profiler";
 const WANTED: [&str; 4] = [OTEL_CONTEXT, OTEL_PROPAGATION, OTEL_SPAN, OSP_PROFILER];
 
+/// Every this many looks, the objects of modules found are looked for again even without new
+/// modules (20 looks: 1 s at spanprof's 50 ms).
+const RETRY_EVERY: u32 = 20;
+
 /// Looks for the tracing libraries in one process, again and again as it imports modules.
 #[derive(Debug, Default)]
 pub struct SpanFinder {
@@ -538,6 +542,8 @@ pub struct SpanFinder {
     scanned: (u64, u64),
     /// Module objects found, by [`WANTED`] index.
     modules: [u64; 4],
+    /// Calls of [`SpanFinder::look`].
+    looks: u32,
     /// Found so far.
     pub otel: Option<OtelObjects>,
     /// Found so far.
@@ -552,7 +558,11 @@ impl SpanFinder {
             return false;
         }
         let before = (self.otel, self.osp);
-        if self.scan_modules(o, runtime).unwrap_or(false) {
+        // New modules, or now and then a module found whose objects were not (a look in the
+        // middle of its import, or a read that raced with the process).
+        self.looks = self.looks.wrapping_add(1);
+        let retry = self.looks.is_multiple_of(RETRY_EVERY) && self.modules.iter().any(|&m| m != 0);
+        if self.scan_modules(o, runtime).unwrap_or(false) || retry {
             if self.otel.is_none() {
                 self.otel = self.find_otel(o).ok().flatten();
             }
@@ -580,7 +590,7 @@ impl SpanFinder {
         }
         // A new keys object (the dict grew) is read whole; otherwise only the entries added
         // since (entries are appended): the cost is reading their names.
-        let skip = if keys == self.scanned.0 {
+        let skip = if keys == self.scanned.0 && nentries >= self.scanned.1 {
             self.scanned.1 as usize
         } else {
             0
