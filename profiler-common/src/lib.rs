@@ -291,8 +291,8 @@ pub struct SpanProc {
     pub tls_offset: i64,
     /// The module's DTV index (DTV).
     pub tls_module: u64,
-    /// Attribute key indexes of `osprofiler.base_id`, `.trace_id`, `.parent_id` in the
-    /// thread context record, or [`NO_KEY`].
+    /// Attribute key indexes of `osprofiler.base_id`, `.trace_id`, `.parent_id` and
+    /// `spanprof.python_context` in the thread context record, or [`NO_KEY`].
     pub osp_keys: [u8; 4],
     /// Zero.
     pub _pad: u32,

@@ -306,8 +306,9 @@ struct spanprof_span_proc {
 	__u64 tls_module;
 	/*
 	 * Key indexes, in the thread context record's attributes, of osprofiler.base_id,
-	 * osprofiler.trace_id and osprofiler.parent_id (OTEP 4719 process context's key map), or
-	 * SPANPROF_NO_KEY.
+	 * osprofiler.trace_id, osprofiler.parent_id and spanprof.python_context (the PyContext the
+	 * OpenTelemetry ids were published in: 16 hex digits), from the OTEP 4719 process
+	 * context's key map, or SPANPROF_NO_KEY.
 	 */
 	__u8 osp_keys[4];
 	__u32 _pad;

@@ -992,10 +992,28 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 #define DTV_ENTRY 16
 #define DTV_UNALLOCATED ((__u64)-1)
 
+/* spanprof.python_context: the address of the thread's PyContext, 16 hex digits. */
+#define CTX_PY_CONTEXT_LEN 16
+
+/* 16 hex digits at `at` in w->win (garbage digits give garbage, never a fault). */
+static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
+{
+	__u64 v = 0;
+	__u32 i;
+	int d;
+
+	for (i = 0; i < CTX_PY_CONTEXT_LEN; i++) {
+		d = hex_nibble(load_u8(buf, at + i, SPANPROF_PY_WINDOW));
+		v = v << 4 | (__u64)(d < 0 ? 0 : d);
+	}
+	return v;
+}
+
 /*
  * One attribute of a thread context record (in w->win; w->q.i the offset, w->q.nentries the
  * size): an OSProfiler id is parsed into w->span, and its bit set in w->q.status (1 base,
- * 2 trace point, 4 parent). A key repeated: the last one wins, as OTEP 4947 says.
+ * 2 trace point, 4 parent); the Python context into w->q.result (bit 8). A key repeated: the
+ * last one wins, as OTEP 4947 says.
  */
 static long ctx_attr_step(__u64 n, void *ctx)
 {
@@ -1016,7 +1034,14 @@ static long ctx_attr_step(__u64 n, void *ctx)
 	if (off + len > size)
 		return 1;
 	w->q.i = off + len;
-	if (len != PY_UUID_LEN || key == SPANPROF_NO_KEY)
+	if (key == SPANPROF_NO_KEY)
+		return 0;
+	if (key == w->scfg.osp_keys[3] && len == CTX_PY_CONTEXT_LEN) {
+		w->q.result = parse_hex64(w->win, off);
+		w->q.status |= 8;
+		return 0;
+	}
+	if (len != PY_UUID_LEN)
 		return 0;
 	if (key == w->scfg.osp_keys[0]) {
 		out = w->span.osp_base;
@@ -1042,7 +1067,8 @@ static __always_inline int published_ctx(struct scratch *w)
 	const struct spanprof_span_proc *c = &w->scfg;
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u64 fs = BPF_CORE_READ(task, thread.fsbase), addr, rec = 0, dtv = 0, block = 0, len = 0;
-	__u32 size, found;
+	__u32 size, found, otel;
+	__u64 ctx = 0;
 
 	if (c->tls_kind == SPANPROF_TLS_STATIC) {
 		addr = fs + c->tls_offset;
@@ -1070,23 +1096,35 @@ static __always_inline int published_ctx(struct scratch *w)
 		return SPAN_FAULT;
 	if (w->buf[CTX_VALID] != 1) /* being written, or not valid */
 		return 0;
-	if (span_u64(w, 0) | span_u64(w, 8)) {
+	otel = (span_u64(w, 0) | span_u64(w, 8)) != 0;
+	if (otel) {
 		__builtin_memcpy(w->span.trace_id, w->buf, 16);
 		__builtin_memcpy(w->span.span_id, w->buf + 16, 8);
-		w->span.flags |= SPANPROF_SPAN_OTEL | SPANPROF_SPAN_PUBLISHED;
 	}
 	size = load_u32(w->buf, CTX_ATTRS_SIZE, SPAN_BUF) & 0xffff;
-	if (!size || c->osp_keys[1] == SPANPROF_NO_KEY)
-		return 0;
-	if (size > CTX_ATTRS_READ)
-		size = CTX_ATTRS_READ;
-	if (bpf_probe_read_user(w->win, size, (const void *)(rec + CTX_RECORD_HEADER)))
-		return SPAN_FAULT;
-	w->q.i = 0;
-	w->q.nentries = size;
-	w->q.status = 0;
-	bpf_loop(CTX_ATTRS_ENTRIES, ctx_attr_step, NULL, 0);
-	found = (__u32)w->q.status;
+	found = 0;
+	if (size && (c->osp_keys[1] != SPANPROF_NO_KEY || c->osp_keys[3] != SPANPROF_NO_KEY)) {
+		if (size > CTX_ATTRS_READ)
+			size = CTX_ATTRS_READ;
+		if (bpf_probe_read_user(w->win, size, (const void *)(rec + CTX_RECORD_HEADER)))
+			return SPAN_FAULT;
+		w->q.i = 0;
+		w->q.nentries = size;
+		w->q.status = 0;
+		w->q.result = 0;
+		bpf_loop(CTX_ATTRS_ENTRIES, ctx_attr_step, NULL, 0);
+		found = (__u32)w->q.status;
+	}
+	/*
+	 * The OpenTelemetry ids belong to the Python context they were published in: a thread now
+	 * in another one (an asyncio task switch, Context.run) has moved on without the publisher
+	 * knowing, and the span is read from the interpreter instead.
+	 */
+	if (otel && (found & 8) && w->tstate &&
+	    (read_ptr(&ctx, w->tstate + c->tstate_context) || ctx != w->q.result))
+		otel = 0;
+	if (otel)
+		w->span.flags |= SPANPROF_SPAN_OTEL | SPANPROF_SPAN_PUBLISHED;
 	if ((found & 3) == 3) {
 		w->span.flags |= SPANPROF_SPAN_OSP | SPANPROF_SPAN_PUBLISHED;
 		if (found & 4)

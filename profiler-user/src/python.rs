@@ -127,11 +127,14 @@ struct Ready {
 /// about this long after the import. A look that finds no new module costs four small reads.
 const SPAN_LOOK_EVERY: Duration = Duration::from_millis(50);
 
-/// The thread context record attributes of OSProfiler's ids, in `SpanProc::osp_keys` order.
-const OSP_ATTRIBUTES: [&str; 3] = [
+/// The thread context record attributes spanprof reads, in `SpanProc::osp_keys` order:
+/// OSProfiler's ids, and the Python context the OpenTelemetry ids were published in (written
+/// by python/spanprof-context).
+const OSP_ATTRIBUTES: [&str; 4] = [
     "osprofiler.base_id",
     "osprofiler.trace_id",
     "osprofiler.parent_id",
+    "spanprof.python_context",
 ];
 
 /// How often a process is looked at for a thread context it publishes (OTEP 4947: a module

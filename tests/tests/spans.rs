@@ -22,6 +22,8 @@
 //!   process then imports it and runs spans as in `otel_threads`: their samples carry their ids
 //!   (spans entered within 200 ms of the import are not checked: spanprof looks for newly
 //!   imported libraries every 50 ms);
+//! - `published_otel_asyncio_*`: `otel_asyncio` with the publisher: its per-thread record is
+//!   taken only while the Python context it was published in runs, so the thresholds hold;
 //! - `published_otel_threads_*`, `published_osprofiler_*`: `otel_threads` and `osprofiler` with
 //!   the opt-in publisher `spanprof_context.install()` (`python/spanprof-context`) run first: the
 //!   same thresholds, and at least 98% of the samples with span labels were read from the OTEP
@@ -672,6 +674,32 @@ per_version!(published_osprofiler:
     published_osprofiler_3_11 => 11,
     published_osprofiler_3_12 => 12,
     published_osprofiler_3_13 => 13,
+);
+
+/// asyncio tasks interleaving spans on one thread with the publisher installed: the thread's
+/// record holds the span of the task that attached last, which is not the running task's after
+/// a switch (no attach or detach happens then). The record carries the Python context it was
+/// published in, so spanprof takes it only while that context runs and reads the running
+/// task's span from the interpreter otherwise: the thresholds of `otel_asyncio` hold, and some
+/// samples come from the record.
+fn published_otel_asyncio(interp: &Interp) {
+    require_spanprof_context(&interp.path, &interp.libs);
+    let (out, _) = check_mode(interp, "published_otel_asyncio", &OTEL_KEYS);
+    let published = published_span_samples(&out.stderr).unwrap_or_else(|e| panic!("{e}\n{out}"));
+    assert!(
+        published > 0,
+        "{}: no sample read from the published thread context\n{out}",
+        interp.label
+    );
+}
+
+per_version!(published_otel_asyncio:
+    published_otel_asyncio_3_8 => 8,
+    published_otel_asyncio_3_9 => 9,
+    published_otel_asyncio_3_10 => 10,
+    published_otel_asyncio_3_11 => 11,
+    published_otel_asyncio_3_12 => 12,
+    published_otel_asyncio_3_13 => 13,
 );
 
 /// The package's own unit tests (`python -m unittest discover -s python/spanprof-context/tests`)

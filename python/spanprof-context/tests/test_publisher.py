@@ -35,7 +35,14 @@ except ImportError:  # pragma: no cover
     osp = None
 
 MAPPING_NAMES = ("[anon_shmem:OTEL_CTX]", "[anon:OTEL_CTX]", "/memfd:OTEL_CTX")
-KEY_MAP = ["osprofiler.base_id", "osprofiler.trace_id", "osprofiler.parent_id"]
+KEY_MAP = [
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+    "spanprof.python_context",
+]
+# The key of the Python context address published with the OpenTelemetry ids.
+KEY_PY_CONTEXT = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +84,16 @@ def current_record():
     (size,) = struct.unpack("=H", head[26:28])
     raw = read_memory(ptr, 28 + size)
     assert raw == _native.record_bytes(), "record_bytes() differs from the memory at address()"
-    return parse_record(raw)
+    trace_id, span_id, valid, flags, attrs = parse_record(raw)
+    # With OpenTelemetry ids (and room for it), the address of the thread's Python context; the
+    # tests compare the other attributes.
+    context = attrs.pop(KEY_PY_CONTEXT, None)
+    if span_id and valid == 1:
+        # (0 in a thread that never used contextvars)
+        assert context is not None and len(context) == 16 and int(context, 16) >= 0, context
+    else:
+        assert context is None, context
+    return trace_id, span_id, valid, flags, attrs
 
 
 def pb_fields(buf):
@@ -247,10 +263,13 @@ class Record(unittest.TestCase):
         _native.set(trace_id, span_id, 1)
         raw = _native.record_bytes()
         self.assertEqual(
-            raw,
-            bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736" "00f067aa0ba902b7") + b"\x01\x01\x00\x00",
+            raw[:28],
+            bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736" "00f067aa0ba902b7") + b"\x01\x01\x12\x00",
         )
-        self.assertEqual(len(raw), 28)
+        # One attribute: the Python context's address, 16 hex digits under key 3.
+        self.assertEqual(len(raw), 28 + 18)
+        self.assertEqual(raw[28:30], bytes([KEY_PY_CONTEXT, 16]))
+        int(raw[30:46].decode("ascii"), 16)
         self.assertEqual(_native.address() % 8, 0)
         self.assertEqual(current_record(), (trace_id, span_id, 1, 1, {}))
 
@@ -338,8 +357,13 @@ class Record(unittest.TestCase):
             # What an outside reader sees: each thread's TLS slot points to its own record.
             for n, (addr, slot, _) in results.items():
                 self.assertEqual(ctypes.c_uint64.from_address(slot).value, addr)
-                raw = read_memory(addr, 28 + 2 + len("base-%d" % n))
-                self.assertEqual(parse_record(raw), (1000 + n, 2000 + n, 1, n, {0: "base-%d" % n}))
+                raw = read_memory(addr, 28 + 2 + len("base-%d" % n) + 2 + 16)
+                trace_id, span_id, valid, flags, attrs = parse_record(raw)
+                self.assertEqual(len(attrs.pop(KEY_PY_CONTEXT)), 16)
+                self.assertEqual(
+                    (trace_id, span_id, valid, flags, attrs),
+                    (1000 + n, 2000 + n, 1, n, {0: "base-%d" % n}),
+                )
         finally:
             barrier.wait()
             for t in threads:

@@ -59,6 +59,13 @@
 #define KEY_OSP_BASE_ID 0
 #define KEY_OSP_TRACE_ID 1
 #define KEY_OSP_PARENT_ID 2
+/*
+ * The address (16 hex digits) of the Python context (`PyThreadState.context`) current when the
+ * OpenTelemetry half was published: a reader that sees the thread in another context (an
+ * asyncio task switch, Context.run) knows the published span is not the current one.
+ */
+#define KEY_PY_CONTEXT 3
+#define PY_CONTEXT_LEN 16
 
 /* The Thread-Local Context Record, byte-packed exactly as OTEP 4947 lays it out. */
 struct otel_thread_ctx_record {
@@ -90,8 +97,16 @@ _Static_assert(sizeof(otel_thread_ctx_v1) == 8, "8-byte TLS pointer");
  * Each half is rewritten without touching the other. The registry links let uninstall() clear
  * every thread's record, and let a thread's exit unlink it.
  */
+/* The OSProfiler half, encoded as attrs entries. */
+struct osp_attrs {
+    uint16_t size;
+    uint8_t data[ATTRS_MAX];
+};
+
 struct thread_state {
     struct otel_thread_ctx_record record;
+    struct osp_attrs osp;  /* the OSProfiler entries of the attrs */
+    uint64_t py_context;   /* PyThreadState.context when the OpenTelemetry half was written */
     uint8_t has_otel;
     uint8_t has_osp;
     uint8_t registered;
@@ -282,6 +297,29 @@ static int parse_otel(PyObject *trace_id, PyObject *span_id, PyObject *flags, st
     return 0;
 }
 
+/* The record's attrs: the OSProfiler entries, then the Python context of the OpenTelemetry half. */
+static void compose_attrs(struct thread_state *s)
+{
+    static const char digits[] = "0123456789abcdef";
+    uint16_t size = s->osp.size;
+    memcpy(s->record.attrs_data, s->osp.data, size);
+    if (s->has_otel && (size_t)size + 2 + PY_CONTEXT_LEN <= ATTRS_MAX) {
+        uint8_t *e = s->record.attrs_data + size;
+        e[0] = KEY_PY_CONTEXT;
+        e[1] = PY_CONTEXT_LEN;
+        for (int i = 0; i < PY_CONTEXT_LEN; i++)
+            e[2 + i] = (uint8_t)digits[(s->py_context >> (60 - 4 * i)) & 0xf];
+        size += 2 + PY_CONTEXT_LEN;
+    }
+    s->record.attrs_data_size = size;
+}
+
+/* The thread's current Python context (contextvars), as an address. */
+static inline uint64_t current_py_context(void)
+{
+    return (uint64_t)(uintptr_t)PyThreadState_Get()->context;
+}
+
 static inline void write_otel(struct thread_state *s, const struct otel_ids *o)
 {
     if (o->set) {
@@ -293,13 +331,10 @@ static inline void write_otel(struct thread_state *s, const struct otel_ids *o)
         s->record.trace_flags = 0;
     }
     s->has_otel = o->set;
+    s->py_context = o->set ? current_py_context() : 0;
+    compose_attrs(s);
 }
 
-/* The OSProfiler half, encoded as attrs entries but not yet published. */
-struct osp_attrs {
-    uint16_t size;
-    uint8_t data[ATTRS_MAX];
-};
 
 /* Appends [key][len][value] for a str/bytes value (None: nothing); -1 with an exception set. */
 static int add_attr(struct osp_attrs *a, uint8_t key, PyObject *v)
@@ -344,9 +379,10 @@ static int parse_osp(PyObject *base, PyObject *point, PyObject *parent, struct o
 
 static inline void write_osp(struct thread_state *s, const struct osp_attrs *a)
 {
-    memcpy(s->record.attrs_data, a->data, a->size);
-    s->record.attrs_data_size = a->size;
+    memcpy(s->osp.data, a->data, a->size);
+    s->osp.size = a->size;
     s->has_osp = a->size != 0;
+    compose_attrs(s);
 }
 
 static PyObject *native_set(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -467,7 +503,8 @@ static PyObject *native_publish_span(PyObject *self, PyObject *span)
         return NULL;
     if (o.set && s->has_otel && otel_thread_ctx_v1 != NULL &&
         memcmp(s->record.span_id, o.span_id, 8) == 0 &&
-        memcmp(s->record.trace_id, o.trace_id, 16) == 0 && s->record.trace_flags == o.flags)
+        memcmp(s->record.trace_id, o.trace_id, 16) == 0 && s->record.trace_flags == o.flags &&
+        s->py_context == current_py_context())
         Py_RETURN_NONE; /* unchanged */
     begin_update(s);
     write_otel(s, &o);
@@ -611,6 +648,8 @@ static void clear_state(struct thread_state *s)
     memset(s->record.trace_id, 0, 16 + 8);
     s->record.trace_flags = 0;
     s->record.attrs_data_size = 0;
+    s->osp.size = 0;
+    s->py_context = 0;
 }
 
 static PyObject *native_clear(PyObject *self, PyObject *unused)
@@ -905,7 +944,8 @@ PyMODINIT_FUNC PyInit__native(void)
         PyModule_AddIntConstant(m, "RECORD_HEADER", RECORD_HEADER) ||
         PyModule_AddIntConstant(m, "KEY_OSP_BASE_ID", KEY_OSP_BASE_ID) ||
         PyModule_AddIntConstant(m, "KEY_OSP_TRACE_ID", KEY_OSP_TRACE_ID) ||
-        PyModule_AddIntConstant(m, "KEY_OSP_PARENT_ID", KEY_OSP_PARENT_ID)) {
+        PyModule_AddIntConstant(m, "KEY_OSP_PARENT_ID", KEY_OSP_PARENT_ID) ||
+        PyModule_AddIntConstant(m, "KEY_PY_CONTEXT", KEY_PY_CONTEXT)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -17,7 +17,14 @@ import sys
 
 # OTEP 4947: the thread-local record's schema and its attribute keys, by index. Append only.
 THREADLOCAL_SCHEMA_VERSION = "tlsdesc_v1_dev"
-ATTRIBUTE_KEY_MAP = ("osprofiler.base_id", "osprofiler.trace_id", "osprofiler.parent_id")
+# Index i is the key index of the thread context records' attributes (_native.c KEY_*); the
+# last is spanprof's own: the Python context the OpenTelemetry ids belong to.
+ATTRIBUTE_KEY_MAP = (
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+    "spanprof.python_context",
+)
 
 _LEN = 2  # wire type: length-delimited
 _VARINT = 0
