@@ -531,8 +531,11 @@ const OTEL_SPAN: &str = "opentelemetry.trace.span";
 const OSP_PROFILER: &str = "osprofiler.profiler";
 const WANTED: [&str; 4] = [OTEL_CONTEXT, OTEL_PROPAGATION, OTEL_SPAN, OSP_PROFILER];
 
-/// Every this many looks, the objects of modules found are looked for again even without new
-/// modules (20 looks: 1 s at spanprof's 50 ms).
+/// A library's modules are in `sys.modules` from the start of their import, its objects only
+/// once it ran: after the modules appear, their objects are looked for at every look for this
+/// many looks (5 s at spanprof's 50 ms), then every [`RETRY_EVERY`] looks (a library that
+/// never binds them, or reads that keep racing with the process).
+const EAGER_LOOKS: u32 = 100;
 const RETRY_EVERY: u32 = 20;
 
 /// Looks for the tracing libraries in one process, again and again as it imports modules.
@@ -542,8 +545,8 @@ pub struct SpanFinder {
     scanned: (u64, u64),
     /// Module objects found, by [`WANTED`] index.
     modules: [u64; 4],
-    /// Calls of [`SpanFinder::look`].
-    looks: u32,
+    /// Looks since a library's module was seen without its objects being found.
+    unresolved_looks: u32,
     /// Found so far.
     pub otel: Option<OtelObjects>,
     /// Found so far.
@@ -558,10 +561,16 @@ impl SpanFinder {
             return false;
         }
         let before = (self.otel, self.osp);
-        // New modules, or now and then a module found whose objects were not (a look in the
-        // middle of its import, or a read that raced with the process).
-        self.looks = self.looks.wrapping_add(1);
-        let retry = self.looks.is_multiple_of(RETRY_EVERY) && self.modules.iter().any(|&m| m != 0);
+        // New modules, or a module found whose objects were not (a look in the middle of its
+        // import, or a read that raced with the process).
+        let unresolved = (self.otel.is_none() && self.modules[..3].iter().any(|&m| m != 0))
+            || (self.osp.is_none() && self.modules[3] != 0);
+        let retry = unresolved
+            && (self.unresolved_looks < EAGER_LOOKS
+                || self.unresolved_looks.is_multiple_of(RETRY_EVERY));
+        if unresolved {
+            self.unresolved_looks = self.unresolved_looks.saturating_add(1);
+        }
         if self.scan_modules(o, runtime).unwrap_or(false) || retry {
             if self.otel.is_none() {
                 self.otel = self.find_otel(o).ok().flatten();
