@@ -1005,6 +1005,12 @@ pub fn py_workload_source(name: &str) -> PathBuf {
 pub fn start_py_workload(python: &Path, script: &str, args: &[&str]) -> Background {
     let mut cmd = Command::new(python);
     cmd.arg(py_workload_source(script)).args(args);
+    start_ready(cmd, script)
+}
+
+/// Spawns a workload command and waits for its `ready PID` line on stderr.
+#[track_caller]
+fn start_ready(cmd: Command, script: &str) -> Background {
     let mut workload = Background::spawn(cmd);
     let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
     let pid: Option<u32> = line
@@ -1168,19 +1174,7 @@ pub fn start_py_workload_with_libs(
         .args(args)
         .env("PYTHONPATH", libs)
         .env("PYTHONNOUSERSITE", "1");
-    let mut workload = Background::spawn(cmd);
-    let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
-    let pid: Option<u32> = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok());
-    assert_eq!(
-        pid,
-        Some(workload.pid()),
-        "{script} printed {line:?} instead of `ready {}`",
-        workload.pid()
-    );
-    workload
+    start_ready(cmd, script)
 }
 
 /// The `spans: …` line of spanprof's end-of-session summary, if any.
