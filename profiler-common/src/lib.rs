@@ -128,7 +128,21 @@ pub struct Target {
 }
 
 /// Size of [`SampleHeader`], where the frames of a sample record begin.
-pub const SAMPLE_HEADER_SIZE: usize = 64;
+pub const SAMPLE_HEADER_SIZE: usize = 96;
+
+/// Most bytes of user stack one sample carries (`--unwind dwarf`).
+pub const MAX_STACK_COPY: usize = 32768;
+/// [`SampleHeader::ustack_copy_status`]: no copy was asked (`--unwind fp`).
+pub const USTACK_COPY_NONE: u32 = 0;
+/// [`SampleHeader::ustack_copy_status`]: `ustack_copy_len` bytes from `user_sp`.
+pub const USTACK_COPY_OK: u32 = 1;
+/// [`SampleHeader::ustack_copy_status`]: the page at `user_sp` could not be read.
+pub const USTACK_COPY_FAULT: u32 = 2;
+/// [`SampleHeader::ustack_copy_status`]: the thread had no user registers.
+pub const USTACK_COPY_NO_REGS: u32 = 3;
+/// Flag in [`SampleHeader::ustack_copy_status`]: the copy stopped at an unreadable page (the top
+/// of the stack) before the size asked.
+pub const USTACK_COPY_SHORT: u32 = 0x100;
 
 /// The fixed part of one on-CPU sample record (`struct spanprof_sample` up to `stack`).
 #[derive(Debug, Clone, Copy)]
@@ -156,6 +170,16 @@ pub struct SampleHeader {
     pub py_status: u32,
     /// Bytes of span context after the Python frames: 0 or the size of a [`SpanRecord`].
     pub span_len: u32,
+    /// Bytes of user stack after the span context, from `user_sp` upwards.
+    pub ustack_copy_len: u32,
+    /// The thread's user-mode instruction pointer.
+    pub user_ip: u64,
+    /// Its user-mode stack pointer: the address of the first byte of the stack copy.
+    pub user_sp: u64,
+    /// Its user-mode frame pointer register.
+    pub user_bp: u64,
+    /// `USTACK_COPY_*`, plus [`USTACK_COPY_SHORT`].
+    pub ustack_copy_status: u32,
     /// Zero.
     pub _pad: u32,
 }
@@ -444,6 +468,7 @@ pub struct Sample<'a> {
     user: &'a [u64],
     python: &'a [PyFrame],
     span: Option<&'a SpanRecord>,
+    ustack: &'a [u8],
 }
 
 /// A ring buffer record.
@@ -487,7 +512,7 @@ impl<'a> Sample<'a> {
             return None;
         }
         let frames_bytes = &bytes[SAMPLE_HEADER_SIZE..];
-        // SAFETY: the pointer is 8-aligned (the record is, and the header is 48 bytes) and the
+        // SAFETY: the pointer is 8-aligned (the record is, and the header is 96 bytes) and the
         // length covers whole u64s inside `bytes`; every bit pattern is a valid u64.
         let frames = unsafe {
             core::slice::from_raw_parts(frames_bytes.as_ptr() as *const u64, frames_bytes.len() / 8)
@@ -508,13 +533,25 @@ impl<'a> Sample<'a> {
             // SAFETY: 8-aligned (whole u64s and 24-byte frames before it), inside `bytes`, Pod.
             unsafe { &*(span_bytes.as_ptr() as *const SpanRecord) }
         });
+        let copy_bytes = &span_bytes[span.map_or(0, |_| core::mem::size_of::<SpanRecord>())..];
+        let c = (header.ustack_copy_len as usize)
+            .min(MAX_STACK_COPY)
+            .min(copy_bytes.len())
+            & !7;
         Some(Sample {
             header,
             kernel: &frames[..k],
             user: &frames[k..k + u],
             python,
             span,
+            ustack: &copy_bytes[..c],
         })
+    }
+
+    /// The copy of the user stack from `header.user_sp` upwards (empty unless `--unwind dwarf`;
+    /// a whole number of u64s, clamped to what the record holds).
+    pub fn user_stack_copy(&self) -> &'a [u8] {
+        self.ustack
     }
 
     /// The kernel stack, leaf first (empty on error or in user mode).

@@ -33,7 +33,8 @@ fn c_asserts() -> String {
         SAMPLE_HEADER_SIZE
             + 2 * MAX_STACK_DEPTH * 8
             + MAX_PY_FRAMES * PY_FRAME_SIZE
-            + size_of::<SpanRecord>(),
+            + size_of::<SpanRecord>()
+            + MAX_STACK_COPY,
         align_of::<SampleHeader>(),
         {
             let mut f = fields!(
@@ -50,6 +51,11 @@ fn c_asserts() -> String {
                 py_len,
                 py_status,
                 span_len,
+                ustack_copy_len,
+                user_ip,
+                user_sp,
+                user_bp,
+                ustack_copy_status,
                 _pad
             );
             f.push((
@@ -66,6 +72,14 @@ fn c_asserts() -> String {
                 "struct spanprof_sample, span".into(),
                 SAMPLE_HEADER_SIZE + 2 * MAX_STACK_DEPTH * 8 + MAX_PY_FRAMES * PY_FRAME_SIZE,
                 size_of::<SpanRecord>(),
+            ));
+            f.push((
+                "struct spanprof_sample, ustack".into(),
+                SAMPLE_HEADER_SIZE
+                    + 2 * MAX_STACK_DEPTH * 8
+                    + MAX_PY_FRAMES * PY_FRAME_SIZE
+                    + size_of::<SpanRecord>(),
+                MAX_STACK_COPY,
             ));
             f
         },
@@ -231,6 +245,12 @@ fn c_asserts() -> String {
         ("SPANPROF_PY_WINDOW", PY_WINDOW as u64),
         ("SPANPROF_PY_NAME_READ", PY_NAME_READ as u64),
         ("SPANPROF_SAMPLE_HEADER_SIZE", SAMPLE_HEADER_SIZE as u64),
+        ("SPANPROF_MAX_STACK_COPY", MAX_STACK_COPY as u64),
+        ("SPANPROF_USTACK_COPY_NONE", USTACK_COPY_NONE as u64),
+        ("SPANPROF_USTACK_COPY_OK", USTACK_COPY_OK as u64),
+        ("SPANPROF_USTACK_COPY_FAULT", USTACK_COPY_FAULT as u64),
+        ("SPANPROF_USTACK_COPY_NO_REGS", USTACK_COPY_NO_REGS as u64),
+        ("SPANPROF_USTACK_COPY_SHORT", USTACK_COPY_SHORT as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
         ("SPANPROF_ERR_COUNT", ERROR_COUNT as u64),

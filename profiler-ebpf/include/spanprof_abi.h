@@ -25,6 +25,21 @@ typedef uint64_t __u64;
 #define SPANPROF_MAX_STACK_DEPTH 127
 #define SPANPROF_TASK_COMM_LEN 16
 
+/*
+ * Most bytes of user stack one sample can carry (--unwind dwarf): the stack from the interrupted
+ * user sp upwards, unwound in user space with the modules' .eh_frame. The size copied is the
+ * `stack_copy_bytes` setting (--stack-copy), at most this.
+ */
+#define SPANPROF_MAX_STACK_COPY 32768
+
+/* spanprof_sample.ustack_copy_status */
+#define SPANPROF_USTACK_COPY_NONE 0   /* not asked (--unwind fp) */
+#define SPANPROF_USTACK_COPY_OK 1     /* ustack_copy_len bytes from user_sp */
+#define SPANPROF_USTACK_COPY_FAULT 2  /* the page at user_sp could not be read */
+#define SPANPROF_USTACK_COPY_NO_REGS 3 /* no user registers (a kernel thread) */
+/* Flag: the copy stopped at an unreadable page before stack_copy_bytes (the stack's top). */
+#define SPANPROF_USTACK_COPY_SHORT 0x100
+
 /* Python frames one sample can carry; a deeper stack is flagged SPANPROF_PY_TRUNCATED. */
 #define SPANPROF_MAX_PY_FRAMES 512
 
@@ -142,7 +157,7 @@ struct spanprof_span {
  * One on-CPU sample. The ring buffer record is variable-sized: the header, then only the frames
  * captured: k kernel frames and u user frames (8 bytes each, leaf first), then py_len Python
  * frames (struct spanprof_py_frame, innermost first), then span_len bytes of span context (0, or
- * a struct spanprof_span). k and u are kstack_len and ustack_len clamped to
+ * a struct spanprof_span), then ustack_copy_len bytes of user stack from user_sp upwards. k and u are kstack_len and ustack_len clamped to
  * [0, SPANPROF_MAX_STACK_DEPTH]; py_len is at most SPANPROF_MAX_PY_FRAMES.
  */
 struct spanprof_sample {
@@ -158,14 +173,22 @@ struct spanprof_sample {
 	__u32 py_len;	 /* Python frames that follow the native ones */
 	__u32 py_status; /* SPANPROF_PY_* */
 	__u32 span_len;	 /* 0, or sizeof(struct spanprof_span) */
+	__u32 ustack_copy_len; /* bytes of user stack after the span (a multiple of 8) */
+	/* The user registers an unwinder starts from (the thread's user-mode pt_regs). */
+	__u64 user_ip;
+	__u64 user_sp;
+	__u64 user_bp;
+	__u32 ustack_copy_status; /* SPANPROF_USTACK_COPY_*, with flags */
 	__u32 _pad;
 	/*
-	 * Kernel frames, then user frames, each leaf first, then the Python frames, then the span:
-	 * each part right after the one before, so `py` and `span` only reserve room.
+	 * Kernel frames, then user frames, each leaf first, then the Python frames, then the span,
+	 * then the user stack copy: each part right after the one before, so `py`, `span` and
+	 * `ustack` only reserve room.
 	 */
 	__u64 stack[2 * SPANPROF_MAX_STACK_DEPTH];
 	struct spanprof_py_frame py[SPANPROF_MAX_PY_FRAMES];
 	struct spanprof_span span;
+	__u8 ustack[SPANPROF_MAX_STACK_COPY];
 };
 
 /* A process called execve: what user space knew of its address space is stale. */
@@ -319,7 +342,7 @@ struct spanprof_span_proc {
 #define SPANPROF_PY_CODE_BLOCK 96
 #define SPANPROF_PY_WINDOW 1024
 
-#define SPANPROF_SAMPLE_HEADER_SIZE 64
+#define SPANPROF_SAMPLE_HEADER_SIZE 96
 #define SPANPROF_PY_FRAME_SIZE 24
 
 #endif /* SPANPROF_ABI_H */

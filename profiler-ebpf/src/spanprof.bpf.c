@@ -34,6 +34,17 @@ struct task_struct {
 	struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
+/*
+ * The registers a task entered the kernel with (bpf_task_pt_regs): its user-mode state. The
+ * kernel's own names (the uapi `struct pt_regs` of bpf_perf_event.h has others); CO-RE drops the
+ * `___kernel` flavor suffix when it matches the type.
+ */
+struct pt_regs___kernel {
+	unsigned long bp;
+	unsigned long ip;
+	unsigned long sp;
+} __attribute__((preserve_access_index));
+
 /* FRAME_OWNED_BY_CSTACK, Include/internal/pycore_frame.h (3.12, 3.13). */
 #define PY_OWNED_BY_CSTACK 3
 /* Steps of the frame walk: every frame, plus one C-stack shim per interpreter call at most. */
@@ -48,6 +59,12 @@ const volatile __u32 follow_children = 0;
  * bytes wait, so a sample does not cost a wake-up of user space (half the ring by default).
  */
 const volatile __u64 wakeup_bytes = 2 * 1024 * 1024;
+/*
+ * --unwind dwarf: bytes of user stack copied per sample (a multiple of 8, at most
+ * SPANPROF_MAX_STACK_COPY), unwound in user space; 0 (--unwind fp): the kernel's frame-pointer
+ * walk instead.
+ */
+const volatile __u32 stack_copy_bytes = 0;
 
 /* Processes to profile, by tgid. User space adds targets; on_fork adds their children. */
 struct {
@@ -142,6 +159,11 @@ struct lookup {
  */
 struct scratch {
 	struct spanprof_sample s;
+	/*
+	 * Room for the last page-sized read of the stack copy past `s.ustack`, so the verifier can
+	 * bound it by (start < end of ustack) + (length <= one page).
+	 */
+	__u8 ustack_slack[4096];
 	struct spanprof_py_proc cfg;
 	__u64 frame;  /* next frame to read; tstate during the thread search */
 	__u64 want;   /* thread search: the value that identifies the sampled thread */
@@ -170,8 +192,14 @@ struct scratch {
 	__u32 _pad3;
 };
 
+/*
+ * One scratch per CPU, indexed by CPU number: a plain array because a per-CPU array's value is
+ * limited to 32 KiB and a sample with its stack copy is more. User space sets max_entries to the
+ * number of possible CPUs. Programs using it do not nest on one CPU (the sampling program runs
+ * from the timer interrupt and the others do not touch it).
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct scratch);
@@ -195,9 +223,9 @@ static __always_inline void count_error(__u32 code)
 
 static __always_inline struct scratch *get_scratch(void)
 {
-	__u32 zero = 0;
+	__u32 cpu = bpf_get_smp_processor_id();
 
-	return bpf_map_lookup_elem(&scratch, &zero);
+	return bpf_map_lookup_elem(&scratch, &cpu);
 }
 
 /* A u64 at a user-given offset of a buffer read from the target (0 if out of bounds). */
@@ -1315,6 +1343,63 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 	return w->span.flags ? sizeof(struct spanprof_span) : 0;
 }
 
+/*
+ * --unwind dwarf: the thread's user registers, and its stack from the user sp upwards into the
+ * record at byte `off` of s->stack (right after the span context). One read when the whole size
+ * is mapped; at the top of a stack (the main thread's, whose last page is followed by nothing)
+ * page by page, up to the first unreadable page.
+ */
+static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off)
+{
+	struct pt_regs___kernel *regs =
+		(struct pt_regs___kernel *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	__u64 sp, want = stack_copy_bytes & ~7U, done = 0, len;
+	__u8 *dst;
+	int i;
+
+	if (want > SPANPROF_MAX_STACK_COPY)
+		want = SPANPROF_MAX_STACK_COPY;
+	if (!regs) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
+		return;
+	}
+	s->user_ip = BPF_CORE_READ(regs, ip);
+	sp = BPF_CORE_READ(regs, sp);
+	s->user_sp = sp;
+	s->user_bp = BPF_CORE_READ(regs, bp);
+	if (!sp || !s->user_ip) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
+		return;
+	}
+	if (off > sizeof(s->stack) + sizeof(s->py) + sizeof(s->span))
+		return;
+	dst = (__u8 *)s->stack + off;
+	if (want && bpf_probe_read_user(dst, want, (const void *)sp) == 0) {
+		done = want;
+	} else {
+		len = 4096 - (sp & 4095);
+		for (i = 0; i < SPANPROF_MAX_STACK_COPY / 4096 + 1; i++) {
+			if (done >= want || done >= SPANPROF_MAX_STACK_COPY)
+				break;
+			if (len > want - done)
+				len = want - done;
+			if (len > 4096)
+				len = 4096;
+			if (bpf_probe_read_user(dst + done, len, (const void *)(sp + done)))
+				break;
+			done += len;
+			len = 4096;
+		}
+	}
+	if (done == 0) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_FAULT;
+		return;
+	}
+	s->ustack_copy_status =
+		SPANPROF_USTACK_COPY_OK | (done < want ? SPANPROF_USTACK_COPY_SHORT : 0);
+	s->ustack_copy_len = done;
+}
+
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
@@ -1340,6 +1425,11 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	s->py_len = 0;
 	s->py_status = SPANPROF_PY_NONE;
 	s->span_len = 0;
+	s->ustack_copy_len = 0;
+	s->ustack_copy_status = SPANPROF_USTACK_COPY_NONE;
+	s->user_ip = 0;
+	s->user_sp = 0;
+	s->user_bp = 0;
 	w->tstate = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 
@@ -1352,8 +1442,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (k > SPANPROF_MAX_STACK_DEPTH)
 		k = SPANPROF_MAX_STACK_DEPTH;
 
-	n = bpf_get_stack(ctx, &s->stack[k], SPANPROF_MAX_STACK_DEPTH * sizeof(__u64),
-			  BPF_F_USER_STACK);
+	/* --unwind dwarf copies the stack instead (below), after the parts that go before it. */
+	n = stack_copy_bytes ? 0 :
+			       bpf_get_stack(ctx, &s->stack[k],
+					     SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), BPF_F_USER_STACK);
 	if (n < 0)
 		count_error(SPANPROF_ERR_USTACK);
 	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
@@ -1376,9 +1468,12 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		}
 	}
 
-	/* Only the frames captured travel: a 10-frame stack is 144 bytes, not 14 KiB. */
-	size = SPANPROF_SAMPLE_HEADER_SIZE + (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE +
-	       s->span_len;
+	off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE + s->span_len;
+	if (stack_copy_bytes)
+		copy_user_stack(s, off);
+
+	/* Only what was captured travels: a 10-frame stack is 176 bytes, not 47 KiB. */
+	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
 	if (size > sizeof(*s))
 		size = sizeof(*s);
 	if (bpf_ringbuf_output(&samples, s, size,

@@ -13,8 +13,10 @@ use std::collections::BTreeMap;
 use profiler_common::{
     Sample as SampleRecord, SpanRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NONE, PY_NO_THREAD,
     PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
+    USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
+use symbolizer::unwind::{FailedBy, StackCopy, UnwindStatus, Unwinders};
 use symbolizer::{Symbol, Symbolizer};
 
 use crate::profile::{
@@ -100,9 +102,10 @@ pub struct Aggregator {
     user: FxHashMap<u32, StackTable>,
     /// Python stacks as tokens ([`Python::tokens`]), innermost first; ids are global.
     python: StackTable,
-    /// By (pid, tid, kernel stack, user stack, Python stack, span): a tid can come back under
-    /// another pid. Span 0 is none, else an index into `spans` plus one.
-    counts: FxHashMap<(u32, u32, u32, u32, u32, u32), u64>,
+    /// By (pid, tid, kernel stack, user stack, Python stack, span, how the user stack was
+    /// unwound): a tid can come back under another pid. Span 0 is none, else an index into
+    /// `spans` plus one.
+    counts: FxHashMap<(u32, u32, u32, u32, u32, u32, UnwindStatus), u64>,
     /// Distinct span contexts, in order of appearance.
     spans: Vec<SpanContext>,
     span_ids: FxHashMap<SpanContext, u32>,
@@ -114,6 +117,9 @@ pub struct Aggregator {
     python_stats: PythonStats,
     scratch: [u64; MAX_STACK_DEPTH],
     py_scratch: Box<[u64; MAX_PY_FRAMES + 1]>,
+    /// User stacks unwound from the stack copy (`--unwind dwarf`).
+    unwinders: Unwinders,
+    unwound: [u64; MAX_STACK_DEPTH],
 }
 
 impl Aggregator {
@@ -134,6 +140,44 @@ impl Aggregator {
             python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
             py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
+            unwinders: Unwinders::new(),
+            unwound: [0; MAX_STACK_DEPTH],
+        }
+    }
+
+    /// A process exec'd or exited: the modules its stacks were unwound with are gone.
+    pub fn forget(&mut self, pid: u32) {
+        self.unwinders.forget(pid);
+    }
+
+    /// What the unwinders read.
+    pub fn unwind_stats(&self) -> symbolizer::unwind::UnwindStats {
+        self.unwinders.stats()
+    }
+
+    /// The sample's user stack, leaf first, and how it was unwound: the kernel's frame-pointer
+    /// walk as it came, or the stack copy unwound here.
+    fn user_stack<'s>(
+        unwinders: &mut Unwinders,
+        unwound: &'s mut [u64; MAX_STACK_DEPTH],
+        sample: &SampleRecord<'s>,
+    ) -> (&'s [u64], UnwindStatus) {
+        let h = sample.header;
+        match h.ustack_copy_status & 0xff {
+            USTACK_COPY_NONE => (sample.user_stack(), UnwindStatus::Unchecked),
+            USTACK_COPY_OK => {
+                let copy = StackCopy {
+                    ip: h.user_ip,
+                    sp: h.user_sp,
+                    bp: h.user_bp,
+                    bytes: sample.user_stack_copy(),
+                    reached_top: h.ustack_copy_status & USTACK_COPY_SHORT != 0,
+                };
+                let (n, status) = unwinders.unwind(h.pid, &copy, unwound);
+                (&unwound[..n], status)
+            }
+            USTACK_COPY_FAULT => (&[], UnwindStatus::Failed(FailedBy::StackUnreadable)),
+            _ => (&[], UnwindStatus::Failed(FailedBy::NoRegisters)),
         }
     }
 
@@ -184,7 +228,8 @@ impl Aggregator {
         // A sample taken in the kernel has a user "leaf" that is the return address of the
         // system call, so it is adjusted like every other return address.
         let in_kernel = !sample.kernel_stack().is_empty();
-        let n = to_lookup_addrs(sample.user_stack(), in_kernel, &mut self.scratch);
+        let (ustack, unwind) = Self::user_stack(&mut self.unwinders, &mut self.unwound, sample);
+        let n = to_lookup_addrs(ustack, in_kernel, &mut self.scratch);
         let table = self.user.entry(rec.pid).or_default();
         let (uid, new) = table.intern(&self.scratch[..n]);
         if new {
@@ -204,7 +249,7 @@ impl Aggregator {
         };
         *self
             .counts
-            .entry((rec.pid, rec.tid, kid, uid, pyid, span))
+            .entry((rec.pid, rec.tid, kid, uid, pyid, span, unwind))
             .or_insert(0) += 1;
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
@@ -306,12 +351,19 @@ impl Aggregator {
         let mut python_frame: FxHashMap<u64, u32> = FxHashMap::default();
         let mut pieces = Vec::new();
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
-        for (&(pid, tid, kid, uid, pyid, span), &count) in &self.counts {
+        for (&(pid, tid, kid, uid, pyid, span, unwind), &count) in &self.counts {
             let ustack = user_stacks[&pid][uid as usize];
             let kstack = kernel_stacks[kid as usize];
             let pystack = python_stacks[pyid as usize];
             pieces.clear();
-            merge(ustack, pystack, python.merge_info(pid), &mut pieces);
+            // A stack unwound with the unwind tables holds every interpreter frame up to where it
+            // stopped, frame pointers or not.
+            let info = python.merge_info(pid).map(|mut info| {
+                info.native_trusted |=
+                    matches!(unwind, UnwindStatus::Complete | UnwindStatus::Truncated(_));
+                info
+            });
+            merge(ustack, pystack, info, &mut pieces);
             // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
             let mut stack: Vec<u32> = Vec::with_capacity(pieces.len() + kstack.len());
             for piece in pieces.iter().rev() {
@@ -348,9 +400,12 @@ impl Aggregator {
                 thread: thread_index[&(pid, tid)],
                 count,
                 span: span.checked_sub(1),
+                unwind,
             });
         }
-        samples.sort_by(|a, b| (a.thread, &a.frames, a.span).cmp(&(b.thread, &b.frames, b.span)));
+        samples.sort_by(|a, b| {
+            (a.thread, &a.frames, a.span, a.unwind).cmp(&(b.thread, &b.frames, b.span, b.unwind))
+        });
 
         Profile {
             meta,

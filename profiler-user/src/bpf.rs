@@ -74,6 +74,10 @@ pub struct LoadOptions {
     pub ring_buffer_size: u32,
     /// Kernel BTF file.
     pub btf_path: PathBuf,
+    /// Bytes of user stack copied per sample for unwinding in user space (`--unwind dwarf`), a
+    /// multiple of 8 up to [`profiler_common::MAX_STACK_COPY`]; 0 for the kernel's
+    /// frame-pointer walk (`--unwind fp`).
+    pub stack_copy_bytes: u32,
 }
 
 /// Loaded, attached programs and the maps user space reads and writes.
@@ -142,6 +146,17 @@ impl Programs {
         };
         let follow: u32 = opts.follow_children.into();
         let wakeup_bytes = u64::from(opts.ring_buffer_size / 2);
+        let stack_copy_bytes = opts
+            .stack_copy_bytes
+            .min(profiler_common::MAX_STACK_COPY as u32)
+            & !7;
+        // The scratch map is indexed by CPU number (bpf_get_smp_processor_id).
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(what, e)| LoadError::Aya {
+                what: "count the possible CPUs",
+                detail: format!("{what}: {e}"),
+            })?
+            .max(1) as u32;
         let mut loader = EbpfLoader::new();
         if let Some(btf) = &custom_btf {
             loader.btf(Some(btf));
@@ -149,7 +164,9 @@ impl Programs {
         let mut ebpf = loader
             .override_global("follow_children", &follow, true)
             .override_global("wakeup_bytes", &wakeup_bytes, true)
+            .override_global("stack_copy_bytes", &stack_copy_bytes, true)
             .map_max_entries("samples", opts.ring_buffer_size)
+            .map_max_entries("scratch", cpus)
             .load(EBPF_OBJECT)
             .map_err(aya_err("load the eBPF programs"))?;
 

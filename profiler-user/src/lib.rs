@@ -39,5 +39,6 @@ pub mod profile;
 pub mod python;
 pub mod report;
 pub mod session;
+pub mod stats;
 pub mod summary;
 pub mod write;

@@ -14,7 +14,7 @@ use spanprof::profile::{GroupBy, Profile};
 use spanprof::report::{self, Filter};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
-use spanprof::{bpf, summary};
+use spanprof::{bpf, stats, summary};
 
 /// Exit status for bad command-line input.
 const EXIT_USAGE: u8 = 2;
@@ -80,8 +80,20 @@ struct ProfileArgs {
     #[arg(long)]
     children: bool,
     /// Size of the kernel-to-user sample ring buffer in bytes (a power of two, ≥ 4096).
-    #[arg(long, default_value_t = 4 << 20, value_name = "BYTES")]
+    #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
     ring_buffer_size: u32,
+    /// How native user stacks are unwound: `dwarf` (the kernel copies the stack, spanprof
+    /// unwinds it with the modules' .eh_frame, frame pointers where a module has none) or `fp`
+    /// (the kernel follows frame pointers: cheaper, but cut short in code built without them).
+    #[arg(long, default_value = "dwarf", value_name = "MODE")]
+    unwind: String,
+    /// With --unwind dwarf: bytes of user stack copied per sample (8 to 32768).
+    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
+    stack_copy: u32,
+    /// Write per-process statistics (how many stacks were complete, truncated or failed, and
+    /// why) as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
     /// Put every sample under a root frame named after its span: `span`.
     #[arg(long, value_name = "GROUP")]
     group_by: Option<String>,
@@ -240,6 +252,24 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             args.ring_buffer_size
         )));
     }
+    let stack_copy_bytes = match args.unwind.as_str() {
+        "dwarf" => {
+            if !(8..=profiler_common::MAX_STACK_COPY as u32).contains(&args.stack_copy) {
+                return Err(usage(format!(
+                    "invalid --stack-copy {}: expected 8 to {} bytes",
+                    args.stack_copy,
+                    profiler_common::MAX_STACK_COPY
+                )));
+            }
+            args.stack_copy.next_multiple_of(8)
+        }
+        "fp" => 0,
+        other => {
+            return Err(usage(format!(
+                "invalid --unwind {other}: expected dwarf or fp"
+            )))
+        }
+    };
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
@@ -251,6 +281,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         .iter()
         .map(|p| PendingOutput::create(p))
         .collect::<Result<_>>()
+        .map_err(fail)?;
+    let stats_out = args
+        .stats
+        .as_deref()
+        .map(PendingOutput::create)
+        .transpose()
         .map_err(fail)?;
 
     let opts = Options {
@@ -269,6 +305,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
         progress: !args.quiet,
         spans: !args.no_spans,
+        stack_copy_bytes,
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
     let profile = &outcome.profile;
@@ -298,6 +335,16 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
 
     eprint!("{}", summary::render(profile, &outcome.errors));
     let mut status = write_outputs(profile, group, pending.into_iter().zip(formats).collect());
+    if let Some(out) = stats_out {
+        let dest = out.dest().display().to_string();
+        match out.commit(stats::to_json(profile, stack_copy_bytes).as_bytes()) {
+            Ok(()) => eprintln!("wrote {dest} (stats)"),
+            Err(e) => {
+                eprintln!("error: cannot write stats {dest}: {e:#}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
     let overhead = &outcome.overhead;
     let after = session::process_cpu_time().saturating_sub(overhead.cpu_at_end_of_sampling);
     eprintln!("{}", summary::overhead_line(profile, overhead, after));

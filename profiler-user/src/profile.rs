@@ -6,6 +6,7 @@
 //! integers instead of strings.
 
 use std::time::{Duration, SystemTime};
+use symbolizer::unwind::UnwindStatus;
 
 /// What kind of code a frame belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,6 +102,9 @@ pub struct Sample {
     pub count: u64,
     /// Index into [`Profile::spans`]: the tracing context the thread was in; `None` outside any.
     pub span: Option<u32>,
+    /// How the native user stack was unwound: complete, truncated, failed (and why), or
+    /// unchecked (frame pointers).
+    pub unwind: UnwindStatus,
 }
 
 /// The tracing context a sample was taken in, read from the thread while it was stopped.

@@ -39,8 +39,11 @@ use std::{
 use ::pprof::protos::{Message, Profile as PprofProfile};
 use flate2::read::GzDecoder;
 
+use symbolizer::unwind::UnwindStatus;
+
 use crate::output::pprof::{
-    KERNEL_MAPPING, LOST_COMMENT, PROCESS_COMMENT, PYTHON_MAPPING, TARGET_COMMENT,
+    KERNEL_MAPPING, LOST_COMMENT, PROCESS_COMMENT, PYTHON_MAPPING, TARGET_COMMENT, UNWIND_LABEL,
+    UNWIND_REASON_LABEL,
 };
 use crate::profile::{
     hex, labels, uuid, Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, PythonStats,
@@ -191,7 +194,7 @@ impl Reader<'_> {
                 .collect::<Result<Vec<u32>, _>>()?;
             // pprof stacks are leaf first, ours root first.
             frames_of.reverse();
-            let (thread, span) = self.labels(i, s)?;
+            let (thread, span, unwind) = self.labels(i, s)?;
             let thread = *thread_ids.entry(thread).or_insert_with_key(|t| {
                 threads.push(t.clone());
                 threads.len() as u32 - 1
@@ -212,6 +215,7 @@ impl Reader<'_> {
                 thread,
                 count,
                 span,
+                unwind,
             });
         }
         if processes.is_empty() {
@@ -308,13 +312,14 @@ impl Reader<'_> {
         Ok((frames, of_location))
     }
 
-    /// The thread and the span context (if any) of sample `i`.
+    /// The thread, the span context (if any) and how the stack was unwound of sample `i`.
     fn labels(
         &self,
         i: usize,
         s: &::pprof::protos::Sample,
-    ) -> Result<(Thread, Option<SpanContext>), ReportError> {
+    ) -> Result<(Thread, Option<SpanContext>, UnwindStatus), ReportError> {
         let (mut tid, mut pid, mut name) = (None, None, None);
+        let (mut unwind, mut unwind_reason) = (None, None);
         let mut span = SpanContext::default();
         let mut osp: [Option<[u8; 16]>; 3] = [None; 3];
         for l in &s.label {
@@ -326,6 +331,8 @@ impl Reader<'_> {
                 "thread.id" => tid = Some(id(l.num)?),
                 "process.id" => pid = Some(id(l.num)?),
                 "thread.name" => name = Some(value()?.to_string()),
+                UNWIND_LABEL => unwind = Some(value()?),
+                UNWIND_REASON_LABEL => unwind_reason = Some(value()?),
                 labels::TRACE_ID => {
                     span.trace_id = Some(parse_hex(value()?).ok_or_else(|| bad("not 32 hex"))?)
                 }
@@ -365,7 +372,13 @@ impl Reader<'_> {
                 )))
             }
         };
-        Ok((thread, (!span.is_empty()).then_some(span)))
+        // Files written before the label (or by other writers) did not say: unchecked.
+        let unwind = match unwind {
+            None => UnwindStatus::Unchecked,
+            Some(kind) => UnwindStatus::from_label(kind, unwind_reason)
+                .ok_or_else(|| damaged(format!("sample {i}: unknown unwind status {kind}")))?,
+        };
+        Ok((thread, (!span.is_empty()).then_some(span), unwind))
     }
 }
 

@@ -59,6 +59,10 @@ pub struct Options {
     pub progress: bool,
     /// Read the span context (OpenTelemetry, OSProfiler) of Python threads. Default on.
     pub spans: bool,
+    /// Bytes of user stack the kernel copies per sample for unwinding with the modules' unwind
+    /// tables (`--unwind dwarf`, `--stack-copy`); 0 for the kernel's frame-pointer walk
+    /// (`--unwind fp`).
+    pub stack_copy_bytes: u32,
 }
 
 /// How a session ended.
@@ -359,6 +363,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         follow_children: opts.children || matches!(opts.target, Target::Command(_)),
         ring_buffer_size: opts.ring_buffer_size,
         btf_path: opts.btf_path.clone(),
+        stack_copy_bytes: opts.stack_copy_bytes,
     })?;
     let mut child = None;
     let mut pids = Vec::new();
@@ -507,7 +512,10 @@ fn drain(programs: &mut Programs, agg: &mut Aggregator, python: &mut Python) {
     while let Some(item) = programs.samples.next() {
         match Record::from_bytes(&item) {
             Some(Record::Sample(sample)) => agg.record(&sample, python),
-            Some(Record::Exec(e)) => python.exec(e.pid),
+            Some(Record::Exec(e)) => {
+                python.exec(e.pid);
+                agg.forget(e.pid);
+            }
             None => {}
         }
     }

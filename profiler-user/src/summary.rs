@@ -147,6 +147,9 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
             if py.processes == 1 { "" } else { "es" },
         );
     }
+    for line in crate::stats::summary_lines(profile) {
+        let _ = writeln!(out, "{line}");
+    }
     for note in &py.notes {
         let _ = writeln!(out, "warning: {note}");
     }

@@ -21,6 +21,7 @@
 
 pub mod otel_ctx;
 pub mod python;
+pub mod unwind;
 
 use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};

@@ -138,12 +138,14 @@ mod tests {
                 thread: 0,
                 count: 3,
                 span: None,
+                unwind: symbolizer::unwind::UnwindStatus::Unchecked,
             },
             Sample {
                 frames: vec![0],
                 thread: 1,
                 count: 0,
                 span: None,
+                unwind: symbolizer::unwind::UnwindStatus::Unchecked,
             },
         ];
         let out = String::from_utf8(render(&profile).unwrap()).unwrap();

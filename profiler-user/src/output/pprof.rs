@@ -58,6 +58,11 @@ pub const LOST_COMMENT: &str = "lost samples: ";
 pub const PROCESS_COMMENT: &str = "process: ";
 
 /// Renders the profile as a gzipped `profile.proto`.
+/// Sample label: how the native user stack was unwound ([`symbolizer::unwind::UnwindStatus::kind`]).
+pub const UNWIND_LABEL: &str = "unwind";
+/// Sample label: why it is not complete ([`symbolizer::unwind::UnwindStatus::reason`]).
+pub const UNWIND_REASON_LABEL: &str = "unwind.reason";
+
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
     let encoded = build(profile)?.encode_to_vec();
     let mut gz = GzEncoder::new(
@@ -134,6 +139,20 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
                 ..Label::default()
             },
         ];
+        // How the native stack was unwound: `unwind` = complete | truncated | failed | unchecked,
+        // and `unwind.reason` when it is not complete.
+        label.push(Label {
+            key: b.strings.intern(UNWIND_LABEL),
+            str: b.strings.intern(sample.unwind.kind()),
+            ..Label::default()
+        });
+        if let Some(reason) = sample.unwind.reason() {
+            label.push(Label {
+                key: b.strings.intern(UNWIND_REASON_LABEL),
+                str: b.strings.intern(reason),
+                ..Label::default()
+            });
+        }
         if let Some(span) = profile.span_of(sample) {
             for (key, value) in span.labels() {
                 label.push(Label {

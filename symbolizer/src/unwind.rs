@@ -1,0 +1,595 @@
+//! User-stack unwinding from a copy of the stack (`--unwind dwarf`), with the unwind tables
+//! (`.eh_frame`, `.eh_frame_hdr`, `.debug_frame`) of the modules a process maps.
+//!
+//! The kernel copies the sampled thread's user registers (ip, sp, bp) and up to
+//! `--stack-copy` bytes of its stack from sp upwards into the sample record. [`Unwinders::unwind`]
+//! turns that into return addresses with [`framehop`], during the drain, while the process is
+//! alive: its modules are found in `/proc/PID/maps` (again when an address falls outside the
+//! modules known, at most every [`REFRESH_EVERY`], which catches libraries loaded with dlopen),
+//! and each module file's unwind sections are read once per session by device and inode (the
+//! vDSO's from the process's memory). Code with no unwind information is unwound with the
+//! frame pointer, framehop's fallback rule.
+//!
+//! Every unwind ends with an [`UnwindStatus`]: the root was reached (`Complete`), a limit cut it
+//! (`Truncated`: the stack copy or the frame limit), or it failed, with the reason.
+//!
+//! The target's stack is untrusted: reads are bounded by the copy, every step must move the
+//! stack pointer up (framehop checks it), and the frames are capped by the caller's buffer.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{Error as FrameError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use object::{Object, ObjectSection, ObjectSegment};
+use rustc_hash::FxHashMap;
+
+use crate::python::memory::{LiveMemory, ProcessMemory};
+
+/// A process's modules are read again at most this often, when an address is in none of them.
+pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
+/// The vDSO is at most this big (two or three pages on x86_64).
+const MAX_VDSO: u64 = 64 << 10;
+
+/// How the unwinding of one sample's user stack ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnwindStatus {
+    /// The root of the stack was reached (the unwind tables say the return address is
+    /// undefined, as at `_start` and `clone3`, or the frame chain ends).
+    Complete,
+    /// A limit cut the stack short.
+    Truncated(TruncatedBy),
+    /// Unwinding stopped on an error.
+    Failed(FailedBy),
+    /// Not checked: the kernel's frame-pointer walk (`--unwind fp`) cannot tell.
+    Unchecked,
+}
+
+/// Why a stack was cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TruncatedBy {
+    /// A caller's frame is above the bytes copied (`--stack-copy` is too small for it).
+    StackCopy,
+    /// More frames than a sample keeps.
+    Depth,
+}
+
+/// Why unwinding failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FailedBy {
+    /// The kernel could not read the page at the stack pointer.
+    StackUnreadable,
+    /// The thread had no user registers.
+    NoRegisters,
+    /// A frame's address was past the top of the stack (the copy reached it), or below the
+    /// stack pointer: a wrong unwind rule or a frame pointer used as something else.
+    OutsideStack,
+    /// A frame pointer led down the stack instead of up.
+    FramePointerBackwards,
+    /// A step changed neither the address nor the stack pointer.
+    NoProgress,
+    /// An address computation overflowed.
+    Overflow,
+}
+
+impl UnwindStatus {
+    /// `complete`, `truncated`, `failed` or `unchecked`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            UnwindStatus::Complete => "complete",
+            UnwindStatus::Truncated(_) => "truncated",
+            UnwindStatus::Failed(_) => "failed",
+            UnwindStatus::Unchecked => "unchecked",
+        }
+    }
+
+    /// Why it is not complete, in a few words; `None` for complete and unchecked stacks.
+    pub fn reason(self) -> Option<&'static str> {
+        Some(match self {
+            UnwindStatus::Complete | UnwindStatus::Unchecked => return None,
+            UnwindStatus::Truncated(TruncatedBy::StackCopy) => "stack copy too small",
+            UnwindStatus::Truncated(TruncatedBy::Depth) => "more frames than kept",
+            UnwindStatus::Failed(FailedBy::StackUnreadable) => "user stack not readable",
+            UnwindStatus::Failed(FailedBy::NoRegisters) => "no user registers",
+            UnwindStatus::Failed(FailedBy::OutsideStack) => "frame outside the stack",
+            UnwindStatus::Failed(FailedBy::FramePointerBackwards) => "frame pointer went backwards",
+            UnwindStatus::Failed(FailedBy::NoProgress) => "unwinding made no progress",
+            UnwindStatus::Failed(FailedBy::Overflow) => "address overflow",
+        })
+    }
+
+    /// The status a [`UnwindStatus::reason`] or [`UnwindStatus::kind`] string names (for
+    /// profiles read back from a file).
+    pub fn from_label(kind: &str, reason: Option<&str>) -> Option<UnwindStatus> {
+        const ALL: [UnwindStatus; 10] = [
+            UnwindStatus::Complete,
+            UnwindStatus::Unchecked,
+            UnwindStatus::Truncated(TruncatedBy::StackCopy),
+            UnwindStatus::Truncated(TruncatedBy::Depth),
+            UnwindStatus::Failed(FailedBy::StackUnreadable),
+            UnwindStatus::Failed(FailedBy::NoRegisters),
+            UnwindStatus::Failed(FailedBy::OutsideStack),
+            UnwindStatus::Failed(FailedBy::FramePointerBackwards),
+            UnwindStatus::Failed(FailedBy::NoProgress),
+            UnwindStatus::Failed(FailedBy::Overflow),
+        ];
+        ALL.into_iter()
+            .find(|s| s.kind() == kind && s.reason() == reason)
+    }
+}
+
+/// The registers and stack bytes of one sample, as the kernel copied them.
+#[derive(Debug, Clone, Copy)]
+pub struct StackCopy<'a> {
+    /// User-mode instruction pointer.
+    pub ip: u64,
+    /// User-mode stack pointer: the address of `bytes[0]`.
+    pub sp: u64,
+    /// User-mode frame pointer register.
+    pub bp: u64,
+    /// The stack from `sp` upwards.
+    pub bytes: &'a [u8],
+    /// The copy ended at the top of the stack (an unreadable page), not at the size asked.
+    pub reached_top: bool,
+}
+
+/// Unwind sections of one module file, shared by every process that maps it.
+#[derive(Debug)]
+struct Sections {
+    /// (p_offset, p_vaddr, p_filesz) of each PT_LOAD, to find a mapping's load bias.
+    loads: Vec<(u64, u64, u64)>,
+    text: Option<std::ops::Range<u64>>,
+    eh_frame: Option<(std::ops::Range<u64>, Arc<[u8]>)>,
+    eh_frame_hdr: Option<(std::ops::Range<u64>, Arc<[u8]>)>,
+    debug_frame: Option<Arc<[u8]>>,
+    got: Option<std::ops::Range<u64>>,
+}
+
+impl Sections {
+    fn from_object<'d, O: Object<'d>>(obj: &O) -> Sections {
+        let section = |name: &str| {
+            let s = obj.section_by_name(name)?;
+            let data = s.uncompressed_data().ok()?;
+            let range = s.address()..s.address() + s.size();
+            Some((range, Arc::<[u8]>::from(&*data)))
+        };
+        let range = |name: &str| {
+            obj.section_by_name(name)
+                .map(|s| s.address()..s.address() + s.size())
+        };
+        let loads = obj
+            .segments()
+            .filter_map(|seg| {
+                let (off, size) = seg.file_range();
+                Some((off, seg.address(), size))
+            })
+            .collect();
+        Sections {
+            loads,
+            text: range(".text"),
+            eh_frame: section(".eh_frame"),
+            eh_frame_hdr: section(".eh_frame_hdr"),
+            debug_frame: section(".debug_frame").map(|(_, d)| d),
+            got: range(".got"),
+        }
+    }
+
+    fn module(&self, name: String, avma: std::ops::Range<u64>, bias: u64) -> Module<Arc<[u8]>> {
+        let info = ExplicitModuleSectionInfo {
+            base_svma: 0,
+            text_svma: self.text.clone(),
+            got_svma: self.got.clone(),
+            eh_frame_svma: self.eh_frame.as_ref().map(|(r, _)| r.clone()),
+            eh_frame: self.eh_frame.as_ref().map(|(_, d)| d.clone()),
+            eh_frame_hdr_svma: self.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
+            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
+            debug_frame: self.debug_frame.clone(),
+            ..Default::default()
+        };
+        Module::new(name, avma, bias, info)
+    }
+
+    /// The load bias of a mapping of file offset `offset` at `start`.
+    fn bias(&self, start: u64, offset: u64) -> Option<u64> {
+        let page = |x: u64| x & !0xfff;
+        // NB: the last segment that covers the offset: with lld's layout the code segment
+        // starts in the same page as the end of the read-only one.
+        let &(p_offset, p_vaddr, _) = self
+            .loads
+            .iter()
+            .filter(|&&(off, _, size)| {
+                page(off) <= offset && offset < off.saturating_add(size.max(1))
+            })
+            .max_by_key(|&&(off, _, _)| off)?;
+        let vaddr = page(p_vaddr).wrapping_add(offset - page(p_offset));
+        Some(start.wrapping_sub(vaddr))
+    }
+}
+
+/// An executable mapping of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ExecMapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    inode: u64,
+    path: String,
+}
+
+fn exec_mappings(text: &str) -> Vec<ExecMapping> {
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.split_ascii_whitespace();
+            let (start, end) = it.next()?.split_once('-')?;
+            let perms = it.next()?;
+            if perms.as_bytes().get(2) != Some(&b'x') {
+                return None;
+            }
+            let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+            let _dev = it.next()?;
+            let inode = it.next()?.parse().ok()?;
+            // NB: a path may hold spaces; it is the rest of the line.
+            let path = line
+                .splitn(6, |c: char| c.is_ascii_whitespace())
+                .nth(5)
+                .map(|p| p.trim_start().to_string())
+                .unwrap_or_default();
+            Some(ExecMapping {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                offset,
+                inode,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// One process's modules.
+struct Process {
+    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    /// Executable ranges known, sorted.
+    ranges: Vec<(u64, u64)>,
+    /// Mappings added (by start), so a refresh adds only new ones.
+    added: FxHashMap<u64, (u64, u64)>,
+    refreshed: Option<Instant>,
+}
+
+impl Process {
+    fn knows(&self, addr: u64) -> bool {
+        let i = self.ranges.partition_point(|&(s, _)| s <= addr);
+        i > 0 && addr < self.ranges[i - 1].1
+    }
+}
+
+/// Counts of what the unwinders did, for the summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Module files whose unwind sections were read.
+    pub modules_read: u64,
+    /// Module files that could not be read (or were no ELF file).
+    pub modules_unreadable: u64,
+    /// Reads of `/proc/PID/maps`.
+    pub maps_reads: u64,
+}
+
+/// The unwinders of every process of a session.
+pub struct Unwinders {
+    procs: FxHashMap<u32, Process>,
+    /// Unwind sections by (device, inode) of the module file; `None`: unreadable.
+    files: FxHashMap<(u64, u64), Option<Arc<Sections>>>,
+    cache: Box<CacheX86_64>,
+    stats: UnwindStats,
+}
+
+impl std::fmt::Debug for Unwinders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unwinders")
+            .field("processes", &self.procs.len())
+            .field("files", &self.files.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Unwinders {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Unwinders {
+    /// No process known yet.
+    pub fn new() -> Self {
+        Unwinders {
+            procs: FxHashMap::default(),
+            files: FxHashMap::default(),
+            cache: Box::new(CacheX86_64::new()),
+            stats: UnwindStats::default(),
+        }
+    }
+
+    /// What was read so far.
+    pub fn stats(&self) -> UnwindStats {
+        self.stats
+    }
+
+    /// Forgets a process (it exec'd or exited): its address space is not the one known.
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    /// Unwinds one sample of process `pid` into `out` (the leaf first: the instruction pointer,
+    /// then return addresses). Returns the frames written and how the unwinding ended.
+    pub fn unwind(
+        &mut self,
+        pid: u32,
+        copy: &StackCopy<'_>,
+        out: &mut [u64],
+    ) -> (usize, UnwindStatus) {
+        if !self.procs.contains_key(&pid) {
+            self.refresh(pid);
+        }
+        let (n, status, unknown) = self.unwind_once(pid, copy, out);
+        // An address outside every module known: a library loaded since (dlopen), or code
+        // that is no module's (JIT). Read the maps again, not more often than REFRESH_EVERY.
+        if unknown {
+            let due = self
+                .procs
+                .get(&pid)
+                .and_then(|p| p.refreshed)
+                .is_none_or(|t| t.elapsed() >= REFRESH_EVERY);
+            if due && self.refresh(pid) {
+                let (n, status, _) = self.unwind_once(pid, copy, out);
+                return (n, status);
+            }
+        }
+        (n, status)
+    }
+
+    fn unwind_once(
+        &mut self,
+        pid: u32,
+        copy: &StackCopy<'_>,
+        out: &mut [u64],
+    ) -> (usize, UnwindStatus, bool) {
+        let Some(proc_) = self.procs.get(&pid) else {
+            return (0, UnwindStatus::Failed(FailedBy::NoRegisters), false);
+        };
+        let sp = copy.sp;
+        let top = sp.saturating_add(copy.bytes.len() as u64);
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            if addr < sp || addr.checked_add(8).is_none_or(|end| end > top) {
+                return Err(());
+            }
+            let off = (addr - sp) as usize;
+            let b = copy.bytes.get(off..off + 8).ok_or(())?;
+            Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+        };
+        let regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
+        let mut frames = proc_
+            .unwinder
+            .iter_frames(copy.ip, regs, &mut self.cache, &mut read);
+        let mut n = 0;
+        let mut unknown = false;
+        let status = loop {
+            match frames.next() {
+                Ok(Some(frame)) => {
+                    let addr = match frame {
+                        FrameAddress::InstructionPointer(a) => a,
+                        FrameAddress::ReturnAddress(a) => a.get(),
+                    };
+                    if n == out.len() {
+                        break UnwindStatus::Truncated(TruncatedBy::Depth);
+                    }
+                    if !proc_.knows(addr) {
+                        unknown = true;
+                    }
+                    out[n] = addr;
+                    n += 1;
+                }
+                Ok(None) => break UnwindStatus::Complete,
+                Err(FrameError::CouldNotReadStack(addr)) => {
+                    break if addr >= top && !copy.reached_top {
+                        UnwindStatus::Truncated(TruncatedBy::StackCopy)
+                    } else {
+                        UnwindStatus::Failed(FailedBy::OutsideStack)
+                    };
+                }
+                Err(FrameError::FramepointerUnwindingMovedBackwards) => {
+                    break UnwindStatus::Failed(FailedBy::FramePointerBackwards)
+                }
+                Err(FrameError::DidNotAdvance) => break UnwindStatus::Failed(FailedBy::NoProgress),
+                Err(FrameError::IntegerOverflow) => break UnwindStatus::Failed(FailedBy::Overflow),
+                // A zero return address ends the chain: the root.
+                Err(FrameError::ReturnAddressIsNull) => break UnwindStatus::Complete,
+            }
+        };
+        (n, status, unknown)
+    }
+
+    /// Reads `/proc/PID/maps` and adds the executable mappings not known yet. Returns whether
+    /// a module was added.
+    fn refresh(&mut self, pid: u32) -> bool {
+        let proc_ = self.procs.entry(pid).or_insert_with(|| Process {
+            unwinder: UnwinderX86_64::new(),
+            ranges: Vec::new(),
+            added: FxHashMap::default(),
+            refreshed: None,
+        });
+        proc_.refreshed = Some(Instant::now());
+        self.stats.maps_reads += 1;
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        let maps = exec_mappings(&text);
+        let mut added = false;
+        // A mapping replaced by another at the same address (munmap, then dlopen) is dropped.
+        let live: FxHashMap<u64, (u64, u64)> =
+            maps.iter().map(|m| (m.start, (m.end, m.inode))).collect();
+        let stale: Vec<u64> = proc_
+            .added
+            .iter()
+            .filter(|(start, v)| live.get(start) != Some(v))
+            .map(|(&s, _)| s)
+            .collect();
+        for start in stale {
+            proc_.unwinder.remove_module(start);
+            proc_.added.remove(&start);
+            added = true;
+        }
+        for m in &maps {
+            if proc_.added.contains_key(&m.start) {
+                continue;
+            }
+            let module = if m.path == "[vdso]" {
+                vdso_sections(pid, m).map(|s| (s, m.start))
+            } else if m.path.starts_with('/') {
+                let sections = file_sections(pid, &m.path, &mut self.files, &mut self.stats);
+                sections.and_then(|s| s.bias(m.start, m.offset).map(|b| (s, b)))
+            } else {
+                None
+            };
+            // Mapped code without unwind tables (anonymous, JIT) is still "known", so it does
+            // not make every sample read the maps again; framehop unwinds it by frame pointer.
+            if let Some((sections, bias)) = module {
+                proc_
+                    .unwinder
+                    .add_module(sections.module(m.path.clone(), m.start..m.end, bias));
+            }
+            proc_.added.insert(m.start, (m.end, m.inode));
+            added = true;
+        }
+        proc_.ranges = maps.iter().map(|m| (m.start, m.end)).collect();
+        proc_.ranges.sort_unstable();
+        added
+    }
+}
+
+/// A module file's unwind sections, read once per (device, inode).
+fn file_sections(
+    pid: u32,
+    path: &str,
+    files: &mut FxHashMap<(u64, u64), Option<Arc<Sections>>>,
+    stats: &mut UnwindStats,
+) -> Option<Arc<Sections>> {
+    let on_disk = PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+    let file = File::open(&on_disk).ok()?;
+    let meta = file.metadata().ok()?;
+    files
+        .entry((meta.dev(), meta.ino()))
+        .or_insert_with(|| {
+            let cache = object::ReadCache::new(file);
+            let parsed = object::File::parse(&cache)
+                .ok()
+                .map(|obj| Arc::new(Sections::from_object(&obj)));
+            if parsed.is_some() {
+                stats.modules_read += 1;
+            } else {
+                stats.modules_unreadable += 1;
+            }
+            parsed
+        })
+        .clone()
+}
+
+/// The vDSO's unwind sections, from the process's memory (it is no file).
+fn vdso_sections(pid: u32, m: &ExecMapping) -> Option<Arc<Sections>> {
+    let len = (m.end - m.start).min(MAX_VDSO) as usize;
+    let mut image = vec![0u8; len];
+    LiveMemory::new(pid).read(m.start, &mut image).ok()?;
+    let obj = object::File::parse(&*image).ok()?;
+    let sections = Sections::from_object(&obj);
+    // The vDSO is linked at 0: its bias is where it is mapped, which the caller passes.
+    Some(Arc::new(sections))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_mappings_keeps_executable_lines_with_their_paths() {
+        let text = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 1234 /usr/bin/my prog\n\
+55d0c0a01000-55d0c0a02000 r-xp 00001000 fe:01 1234 /usr/bin/my prog\n\
+7ffd1e9f0000-7ffd1e9f2000 r-xp 00000000 00:00 0                          [vdso]\n\
+7f0000000000-7f0000001000 rwxp 00000000 00:00 0 \n";
+        let maps = exec_mappings(text);
+        assert_eq!(maps.len(), 3);
+        assert_eq!(maps[0].path, "/usr/bin/my prog");
+        assert_eq!(
+            (maps[0].start, maps[0].end, maps[0].offset),
+            (0x55d0c0a01000, 0x55d0c0a02000, 0x1000)
+        );
+        assert_eq!(maps[1].path, "[vdso]");
+        assert_eq!(maps[2].path, "");
+    }
+
+    #[test]
+    fn labels_name_every_status_once() {
+        let all = [
+            UnwindStatus::Complete,
+            UnwindStatus::Unchecked,
+            UnwindStatus::Truncated(TruncatedBy::StackCopy),
+            UnwindStatus::Failed(FailedBy::OutsideStack),
+        ];
+        for s in all {
+            assert_eq!(UnwindStatus::from_label(s.kind(), s.reason()), Some(s));
+        }
+        assert_eq!(UnwindStatus::from_label("complete", Some("x")), None);
+    }
+
+    /// This test process's own stack, copied as the kernel would, unwinds to the root with
+    /// the unwind tables of the test binary and libc.
+    #[test]
+    fn unwinds_this_threads_own_stack_to_the_root() {
+        let (n, status, names) = own_stack();
+        assert_eq!(status, UnwindStatus::Complete, "{n} frames");
+        assert!(n >= 5, "only {n} frames");
+        assert!(names > 0);
+    }
+
+    #[inline(never)]
+    fn own_stack() -> (usize, UnwindStatus, usize) {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: reads three registers, touches no memory.
+        unsafe {
+            std::arch::asm!("lea {ip}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp",
+                ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp);
+        }
+        // The test thread's stack, from sp up to its end (the maps say where).
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let end = maps
+            .lines()
+            .filter_map(|l| {
+                let (s, e) = l.split_whitespace().next()?.split_once('-')?;
+                Some((
+                    u64::from_str_radix(s, 16).ok()?,
+                    u64::from_str_radix(e, 16).ok()?,
+                ))
+            })
+            .find(|&(s, e)| s <= sp && sp < e)
+            .unwrap()
+            .1;
+        let len = ((end - sp) as usize).min(256 << 10);
+        let mut bytes = vec![0u8; len];
+        LiveMemory::new(std::process::id())
+            .read(sp, &mut bytes)
+            .unwrap();
+        let mut unwinders = Unwinders::new();
+        let mut out = [0u64; 256];
+        let copy = StackCopy {
+            ip,
+            sp,
+            bp,
+            bytes: &bytes,
+            reached_top: (end - sp) as usize == len,
+        };
+        let (n, status) = unwinders.unwind(std::process::id(), &copy, &mut out);
+        (n, status, unwinders.stats().modules_read as usize)
+    }
+}
