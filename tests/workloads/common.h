@@ -15,9 +15,17 @@
 /* NB: gcc -O2 omits the frame-pointer set-up of leaf functions that need no
  * stack, even with -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer. A
  * frame-pointer unwinder then skips the caller of such a leaf. Taking the
- * frame's address forces `push %rbp; mov %rsp,%rbp`. */
+ * frame's address forces `push %rbp; mov %rsp,%rbp`.
+ *
+ * Built with -DWORKLOAD_NO_FRAME_POINTER (the `_nofp` workloads, for the
+ * .eh_frame unwinding tests), it does nothing, so -fomit-frame-pointer really
+ * leaves every function without a frame pointer. */
+#ifndef WORKLOAD_NO_FRAME_POINTER
 static void *volatile workload_frame_sink;
 #define KEEP_FRAME_POINTER() (workload_frame_sink = __builtin_frame_address(0))
+#else
+#define KEEP_FRAME_POINTER() ((void)0)
+#endif
 
 static double workload_seconds(int argc, char **argv)
 {

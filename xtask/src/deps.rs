@@ -32,6 +32,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "reads the kernel's BPF run-time statistics in benchmarks",
     ),
     ("linux-perf", "the reference profiler in benchmarks"),
+    (
+        "python3.11-dev",
+        "headers of Debian's python3.11 for the C extension workload of the unwinding tests",
+    ),
     ("chromium", "renders the flamegraph SVG in tests"),
     ("python3-venv", "the venv of the pprof decoder"),
     (

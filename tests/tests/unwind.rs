@@ -1,0 +1,437 @@
+//! Native stacks of code built without frame pointers, unwound with `.eh_frame` (issue 5):
+//! the default `--unwind dwarf` copies the user stack in the kernel and unwinds it in user
+//! space with the modules' call frame information.
+//!
+//! Every workload here is built with `-fomit-frame-pointer -momit-leaf-frame-pointer`, and
+//! `cargo xtask workloads` checks that their hot paths set up no frame pointer; Debian's libc
+//! and python3.11 have none either. A frame-pointer walk (`perf record -g`, or
+//! `--unwind fp`) gets only the leaf of these stacks (0 of ~1000 cpu_split_nofp samples had
+//! main;dispatcher;hot_* with `perf record -g`), so the full paths checked here come from
+//! `.eh_frame`:
+//! - cpu_split (3:1 split) as a PIE and as a non-PIE executable: full paths, the split within
+//!   ±5 points, and `--stats` counting nearly every stack complete; with `--unwind fp` the
+//!   stats say every stack is unchecked and the full paths are lost;
+//! - a callback called by libc's `qsort` (libc frames between the caller and the callback);
+//! - a shared object `dlopen`ed after the session started (its `.eh_frame` is found late);
+//! - Debian's python3.11 calling a C extension: the native frames from the process's root
+//!   through the interpreter, the Python frames, then the extension's C frames.
+
+use std::path::{Path, PathBuf};
+
+use spanprof_tests::{
+    args, cext_dir, folded_count, folded_summary, folded_total, native_stacks_line, parse_py_frame,
+    profile_pid, profiling_lock, read_folded, read_unwind_stats, require_profiling,
+    run_with_timeout, spanprof_command, start_py_workload, system_python, workload_path,
+    FoldedStack, ProcessUnwindStats, RunOutput, TempDir, UnwindStats, Workload, RUN_TIMEOUT,
+    SYSTEM_PYTHON_3_11,
+};
+
+/// The outputs of one session: folded stacks, the `--stats` JSON, and the run itself.
+struct Session {
+    stacks: Vec<FoldedStack>,
+    stats: UnwindStats,
+    out: RunOutput,
+}
+
+impl Session {
+    /// Reads the outputs of a finished session; panics if it failed.
+    #[track_caller]
+    fn read(out: RunOutput, folded: &Path, stats: &Path) -> Self {
+        out.assert_success();
+        Self {
+            stacks: read_folded(folded),
+            stats: read_unwind_stats(stats),
+            out,
+        }
+    }
+
+    /// The heaviest stacks, the stats and the run, for failure messages.
+    fn context(&self) -> String {
+        format!(
+            "heaviest stacks:\n{}\nstats: {:?}\n{}",
+            folded_summary(&self.stacks, 12),
+            self.stats,
+            self.out
+        )
+    }
+
+    /// The stats of `pid`, which must be the only process in them.
+    #[track_caller]
+    fn only_process(&self, pid: u32) -> &ProcessUnwindStats {
+        assert_eq!(
+            self.stats.processes.len(),
+            1,
+            "expected the stats of one process, pid {pid}\n{}",
+            self.context()
+        );
+        self.stats
+            .process(pid)
+            .unwrap_or_else(|| panic!("the stats have no process {pid}\n{}", self.context()))
+    }
+
+    /// Checks what holds of any session's stats: the summary has a `native stacks:` line, the
+    /// stats name the `unwind` mode, and every sample of `pid` is counted in one kind of
+    /// stack, as many samples as the folded output has when `pid` is the only process.
+    #[track_caller]
+    fn check_stats(&self, pid: u32, unwind: &str) -> &ProcessUnwindStats {
+        assert!(
+            native_stacks_line(&self.out.stderr).is_some(),
+            "the summary has no `native stacks:` line\n{}",
+            self.context()
+        );
+        assert_eq!(
+            self.stats.unwind,
+            unwind,
+            "stats.unwind\n{}",
+            self.context()
+        );
+        let process = self
+            .stats
+            .process(pid)
+            .unwrap_or_else(|| panic!("the stats have no process {pid}\n{}", self.context()));
+        assert!(
+            process.samples > 0,
+            "no samples of {pid}\n{}",
+            self.context()
+        );
+        assert_eq!(
+            process.classified(),
+            process.samples,
+            "complete + truncated + failed + unchecked is not the sample count of {pid}\n{}",
+            self.context()
+        );
+        if self.stats.processes.len() == 1 {
+            assert_eq!(
+                process.samples,
+                folded_total(&self.stacks),
+                "the stats count other samples than the folded output\n{}",
+                self.context()
+            );
+        }
+        process
+    }
+}
+
+/// Profiles `pid` for 3 s at 499 Hz with `--stats` and `extra` arguments.
+#[track_caller]
+fn profile_with_stats(pid: u32, extra: &[&str]) -> Session {
+    let tmp = TempDir::new("unwind");
+    let folded = tmp.join("out.folded");
+    let stats = tmp.join("stats.json");
+    let stats_arg = stats.to_str().expect("temporary paths are UTF-8");
+    let mut args = vec!["--stats", stats_arg];
+    args.extend_from_slice(extra);
+    let out = profile_pid(pid, "3s", 499, &[&folded], &args);
+    Session::read(out, &folded, &stats)
+}
+
+/// The samples whose user leaf is `leaf`, and those of them for which `ok` holds.
+fn of_leaf(stacks: &[FoldedStack], leaf: &str, ok: impl Fn(&FoldedStack) -> bool) -> (u64, u64) {
+    let n = folded_count(stacks, |s| s.user_leaf() == Some(leaf));
+    let good = folded_count(stacks, |s| s.user_leaf() == Some(leaf) && ok(s));
+    (n, good)
+}
+
+// ---------------------------------------------------------------------------
+// a, b. cpu_split without frame pointers
+// ---------------------------------------------------------------------------
+
+/// `cpu_split` built without frame pointers (`workload`: PIE or not), default unwinding:
+/// the same truths as `shares.rs` checks with frame pointers, and nearly every stack
+/// complete in the stats.
+fn cpu_split_full_paths(workload: &str) {
+    require_profiling();
+    let _lock = profiling_lock();
+    let running = Workload::start(workload, 10.0);
+    let pid = running.pid();
+    let session = profile_with_stats(pid, &[]);
+    drop(running);
+    let stacks = &session.stacks;
+    let context = session.context();
+
+    let total = folded_total(stacks);
+    let dispatcher = folded_count(stacks, |s| s.contains("dispatcher"));
+    let alpha = folded_count(stacks, |s| {
+        s.contains_seq(&["main", "dispatcher", "hot_alpha"])
+    });
+    let beta = folded_count(stacks, |s| {
+        s.contains_seq(&["main", "dispatcher", "hot_beta"])
+    });
+
+    // ~1500 samples in 3 s at 499 Hz; half of that leaves room for a busy machine.
+    assert!(
+        dispatcher >= 700,
+        "{workload}: only {dispatcher} of {total} samples are under dispatcher\n{context}"
+    );
+    assert!(
+        (alpha + beta) as f64 >= 0.95 * dispatcher as f64,
+        "{workload}: {alpha} + {beta} of {dispatcher} dispatcher samples have the full path \
+         main;dispatcher;hot_*\n{context}"
+    );
+    assert!(
+        dispatcher as f64 >= 0.90 * total as f64,
+        "{workload}: {dispatcher} of {total} samples are under dispatcher\n{context}"
+    );
+    let alpha_share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
+    assert!(
+        (alpha_share - 75.0).abs() <= 5.0,
+        "{workload}: hot_alpha has {alpha_share:.1}% of the hot samples ({alpha} vs hot_beta \
+         {beta}), expected 75 ± 5\n{context}"
+    );
+
+    let process = session.check_stats(pid, "dwarf");
+    session.only_process(pid);
+    assert_eq!(
+        process.unchecked, 0,
+        "{workload}: unchecked stacks with --unwind dwarf\n{context}"
+    );
+    assert!(
+        process.complete_share() >= 95.0,
+        "{workload}: only {:.1}% of the stacks are complete ({} of {})\n{context}",
+        process.complete_share(),
+        process.complete,
+        process.samples
+    );
+}
+
+#[test]
+fn cpu_split_nofp_pie_full_paths() {
+    cpu_split_full_paths("cpu_split_nofp");
+}
+
+#[test]
+fn cpu_split_nofp_nopie_full_paths() {
+    cpu_split_full_paths("cpu_split_nofp_nopie");
+}
+
+/// `--unwind fp` on the same workload: the option exists, the stats count every stack as
+/// unchecked, and the frame-pointer walk loses the path (`perf record -g` gets only the leaf
+/// of every sample; below half is what is asserted).
+#[test]
+fn cpu_split_nofp_with_frame_pointer_walk() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let running = Workload::start("cpu_split_nofp", 10.0);
+    let pid = running.pid();
+    let session = profile_with_stats(pid, &["--unwind", "fp"]);
+    drop(running);
+    let stacks = &session.stacks;
+    let context = session.context();
+
+    let process = session.check_stats(pid, "fp");
+    session.only_process(pid);
+    assert_eq!(
+        process.unchecked, process.samples,
+        "--unwind fp: not every stack is unchecked\n{context}"
+    );
+    let hot = folded_count(stacks, |s| {
+        matches!(s.user_leaf(), Some("hot_alpha" | "hot_beta"))
+    });
+    let full = folded_count(stacks, |s| {
+        s.contains_seq(&["main", "dispatcher", "hot_alpha"])
+            || s.contains_seq(&["main", "dispatcher", "hot_beta"])
+    });
+    assert!(
+        hot >= 700,
+        "--unwind fp: only {hot} samples in hot_alpha or hot_beta\n{context}"
+    );
+    assert!(
+        (full as f64) < 0.5 * hot as f64,
+        "--unwind fp: {full} of {hot} hot samples have main;dispatcher;hot_*: the workload \
+         has frame pointers after all, so it cannot tell .eh_frame unwinding from a \
+         frame-pointer walk\n{context}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// c. A callback below libc's qsort
+// ---------------------------------------------------------------------------
+
+/// `qsort_callback`: of the samples in `cmp_items`, at least 90% have `main;sort_rounds`
+/// above it and at least one frame (libc's `qsort_r`, `msort_with_tmp`: Debian's libc has no
+/// frame pointers) between `sort_rounds` and `cmp_items`.
+#[test]
+fn callback_below_libc_qsort() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let running = Workload::start("qsort_callback", 10.0);
+    let pid = running.pid();
+    let session = profile_with_stats(pid, &[]);
+    drop(running);
+    let stacks = &session.stacks;
+    let context = session.context();
+
+    let through_libc = |s: &FoldedStack| {
+        let user = s.user_frames();
+        let Some(i) = user
+            .windows(2)
+            .position(|w| w[0] == "main" && w[1] == "sort_rounds")
+        else {
+            return false;
+        };
+        // `i + 1` is sort_rounds, the last frame cmp_items; something in between.
+        user.len() >= i + 4
+    };
+    let (n, good) = of_leaf(stacks, "cmp_items", through_libc);
+    // cmp_items has ~98% of the CPU time (983 of 996 samples in 2 s by hand), so ~1500 in
+    // 3 s at 499 Hz; fewer leaves room for a busy machine.
+    assert!(
+        n >= 500,
+        "only {n} of {} samples are in cmp_items\n{context}",
+        folded_total(stacks)
+    );
+    assert!(
+        good as f64 >= 0.9 * n as f64,
+        "{good} of {n} cmp_items samples have main;sort_rounds;…;cmp_items with libc's frames \
+         between\n{context}"
+    );
+    let process = session.check_stats(pid, "dwarf");
+    assert!(
+        process.complete_share() >= 90.0,
+        "only {:.1}% of the stacks are complete\n{context}",
+        process.complete_share()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// d. A shared object loaded after the session started
+// ---------------------------------------------------------------------------
+
+/// `dlopen_late` run by spanprof (`-- CMD`, so the session is attached before its first
+/// instruction): half a second in `warm_up`, then it dlopens `libspanprof_plugin.so` and
+/// spins in the plugin's static `plugin_hot`. At least 90% of the samples in `plugin_hot`
+/// have main;run_plugin;plugin_run;plugin_hot.
+#[test]
+fn shared_object_loaded_late() {
+    require_profiling();
+    let program = workload_path("dlopen_late");
+    workload_path("libspanprof_plugin.so");
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("unwind-dlopen");
+    let folded = tmp.join("out.folded");
+    let stats = tmp.join("stats.json");
+    let cmd = spanprof_command(args![
+        "profile",
+        "--duration",
+        "20s",
+        "--frequency",
+        "499",
+        "-o",
+        &folded,
+        "--stats",
+        &stats,
+        "--",
+        &program,
+        "3"
+    ]);
+    let out = run_with_timeout(cmd, RUN_TIMEOUT);
+    let session = Session::read(out, &folded, &stats);
+    let stacks = &session.stacks;
+    let context = session.context();
+    // The workload's pid is the first line of its stdout, which is spanprof's.
+    let pid: u32 = session
+        .out
+        .stdout
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("dlopen_late printed no pid first\n{context}"));
+
+    let warm_up = folded_count(stacks, |s| s.contains_seq(&["main", "warm_up"]));
+    assert!(
+        warm_up >= 100,
+        "only {warm_up} samples in main;warm_up: was the session attached before the \
+         dlopen?\n{context}"
+    );
+    let (n, good) = of_leaf(stacks, "plugin_hot", |s| {
+        s.contains_seq(&["main", "run_plugin", "plugin_run", "plugin_hot"])
+    });
+    // ~1250 samples in 2.5 s at 499 Hz; fewer leaves room for a busy machine.
+    assert!(n >= 500, "only {n} samples in plugin_hot\n{context}");
+    assert!(
+        good as f64 >= 0.9 * n as f64,
+        "{good} of {n} plugin_hot samples have main;run_plugin;plugin_run;plugin_hot\n{context}"
+    );
+    let process = session.check_stats(pid, "dwarf");
+    assert!(
+        process.complete_share() >= 90.0,
+        "only {:.1}% of the stacks are complete\n{context}",
+        process.complete_share()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// e. Debian's python3.11 calling a C extension
+// ---------------------------------------------------------------------------
+
+/// Native frames on the root side of Debian's python3.11, any of which shows the walk got
+/// through the interpreter to the process's start: libc's start-up and the interpreter's
+/// exported entry points (`Py_BytesMain`, `Py_RunMain` are in its `.dynsym`; its `main` is
+/// not, and is a tail call to `Py_BytesMain`). `perf record --call-graph dwarf` shows
+/// `_start;__libc_start_main_impl (inlined);__libc_start_call_main;Py_BytesMain;Py_RunMain;
+/// _PyRun_AnyFileObject;_PyRun_SimpleFileObject;[unknown]×3;PyEval_EvalCode;
+/// _PyEval_EvalFrameDefault;crunch;crunch_outer;crunch_inner`.
+const PYTHON_ROOT_FRAMES: &[&str] = &[
+    "__libc_start_main",
+    "__libc_start_main_impl",
+    "__libc_start_call_main",
+    "main",
+    "Py_BytesMain",
+    "Py_RunMain",
+];
+
+/// `py_cext.py` under Debian's `/usr/bin/python3.11` (no frame pointers), which calls
+/// `outer -> middle -> spanprof_cext.crunch -> crunch_outer -> crunch_inner`: at least 90%
+/// of the samples in `crunch_inner` have, root to leaf, a native frame of the process's
+/// start-up, then the Python frames `outer (py_cext.py:N);middle (py_cext.py:N)`, then the
+/// extension's `crunch_outer;crunch_inner` at the leaf.
+#[test]
+fn python_calling_a_c_extension() {
+    require_profiling();
+    let python = system_python(SYSTEM_PYTHON_3_11, "python3.11-dev");
+    let cext: PathBuf = cext_dir();
+    let cext_arg = cext.to_str().expect("workload paths are UTF-8");
+    let _lock = profiling_lock();
+    let workload = start_py_workload(&python, "py_cext.py", &["4.5", cext_arg]);
+    let pid = workload.pid();
+    let session = profile_with_stats(pid, &[]);
+    let workload_out = workload.finish(RUN_TIMEOUT);
+    workload_out.assert_success();
+    let stacks = &session.stacks;
+    let context = session.context();
+
+    let whole = |s: &FoldedStack| {
+        let user = s.user_frames();
+        let Some(first_py) = user.iter().position(|f| parse_py_frame(f).is_some()) else {
+            return false;
+        };
+        let root_side = user[..first_py]
+            .iter()
+            .any(|f| PYTHON_ROOT_FRAMES.contains(&f.as_str()));
+        let py_cext = |f: &String, name: &str| {
+            parse_py_frame(f).is_some_and(|p| p.qualname == name && p.file == "py_cext.py")
+        };
+        let Some(middle) = user
+            .windows(2)
+            .position(|w| py_cext(&w[0], "outer") && py_cext(&w[1], "middle"))
+            .map(|i| i + 1)
+        else {
+            return false;
+        };
+        let leaf_side = user.ends_with(&["crunch_outer".to_owned(), "crunch_inner".to_owned()])
+            && user.len() - 2 > middle;
+        root_side && leaf_side
+    };
+    let (n, good) = of_leaf(stacks, "crunch_inner", whole);
+    assert!(
+        n >= 500,
+        "only {n} of {} samples are in crunch_inner\n{context}",
+        folded_total(stacks)
+    );
+    assert!(
+        good as f64 >= 0.9 * n as f64,
+        "{good} of {n} crunch_inner samples have one of {PYTHON_ROOT_FRAMES:?}, then \
+         outer;middle (py_cext.py), then crunch_outer;crunch_inner\n{context}"
+    );
+    session.check_stats(pid, "dwarf");
+}
