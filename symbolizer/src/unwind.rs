@@ -31,6 +31,8 @@ use crate::python::memory::{LiveMemory, ProcessMemory};
 
 /// A process's modules are read again at most this often, when an address is in none of them.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
+/// A return address at most this far past an entry point is in `_start`'s first call.
+const ENTRY_CALL: u64 = 32;
 /// The vDSO is at most this big (two or three pages on x86_64).
 const MAX_VDSO: u64 = 64 << 10;
 
@@ -146,6 +148,8 @@ struct Sections {
     eh_frame_hdr: Option<(std::ops::Range<u64>, Arc<[u8]>)>,
     debug_frame: Option<Arc<[u8]>>,
     got: Option<std::ops::Range<u64>>,
+    /// The ELF entry point (`_start`), 0 for none.
+    entry: u64,
 }
 
 impl Sections {
@@ -174,6 +178,7 @@ impl Sections {
             eh_frame_hdr: section(".eh_frame_hdr"),
             debug_frame: section(".debug_frame").map(|(_, d)| d),
             got: range(".got"),
+            entry: obj.entry(),
         }
     }
 
@@ -255,6 +260,8 @@ struct Process {
     ranges: Vec<(u64, u64)>,
     /// Mappings added (by start), so a refresh adds only new ones.
     added: FxHashMap<u64, (u64, u64)>,
+    /// Run-time addresses of the modules' ELF entry points.
+    entries: Vec<u64>,
     refreshed: Option<Instant>,
 }
 
@@ -375,6 +382,10 @@ impl Unwinders {
             .iter_frames(copy.ip, regs, &mut self.cache, &mut read);
         let mut n = 0;
         let mut unknown = false;
+        // A frame in the first bytes of an ELF entry point (`_start`, which calls the first C
+        // function at once) is the root, whether or not its unwind tables say so (the dynamic
+        // loader's do not).
+        let at_entry = |a: u64| proc_.entries.iter().any(|&e| a > e && a - e <= ENTRY_CALL);
         let status = loop {
             match frames.next() {
                 Ok(Some(frame)) => {
@@ -392,6 +403,7 @@ impl Unwinders {
                     n += 1;
                 }
                 Ok(None) => break UnwindStatus::Complete,
+                Err(_) if n > 0 && at_entry(out[n - 1]) => break UnwindStatus::Complete,
                 Err(FrameError::CouldNotReadStack(addr)) => {
                     break if addr >= top && !copy.reached_top {
                         UnwindStatus::Truncated(TruncatedBy::StackCopy)
@@ -418,6 +430,7 @@ impl Unwinders {
             unwinder: UnwinderX86_64::new(),
             ranges: Vec::new(),
             added: FxHashMap::default(),
+            entries: Vec::new(),
             refreshed: None,
         });
         proc_.refreshed = Some(Instant::now());
@@ -456,6 +469,9 @@ impl Unwinders {
             // Mapped code without unwind tables (anonymous, JIT) is still "known", so it does
             // not make every sample read the maps again; framehop unwinds it by frame pointer.
             if let Some((sections, bias)) = module {
+                if sections.entry != 0 {
+                    proc_.entries.push(sections.entry.wrapping_add(bias));
+                }
                 proc_
                     .unwinder
                     .add_module(sections.module(m.path.clone(), m.start..m.end, bias));
