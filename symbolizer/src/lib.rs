@@ -11,6 +11,9 @@
 //!    names (demangled), source files and lines from DWARF when present, and the kernel from
 //!    `/proc/kallsyms`.
 //!
+//! Before both, [`unwind::Unwinders`] turns a sample's copy of the user stack into return
+//! addresses with the unwind tables of the process's modules (`--unwind dwarf`).
+//!
 //! An address that cannot be resolved is not an error: it is a [`Symbol`] with no function and
 //! an `unknown_reason`, so outputs can still name the module and offset.
 //!
