@@ -94,6 +94,9 @@ impl StackTable {
     }
 }
 
+/// (pid, tid, kernel stack, user stack, Python stack, span, how the user stack was unwound).
+type CountKey = (u32, u32, u32, u32, u32, u32, UnwindStatus);
+
 /// Counts samples by (thread, kernel stack, user stack, Python stack).
 #[derive(Debug)]
 pub struct Aggregator {
@@ -105,7 +108,7 @@ pub struct Aggregator {
     /// By (pid, tid, kernel stack, user stack, Python stack, span, how the user stack was
     /// unwound): a tid can come back under another pid. Span 0 is none, else an index into
     /// `spans` plus one.
-    counts: FxHashMap<(u32, u32, u32, u32, u32, u32, UnwindStatus), u64>,
+    counts: FxHashMap<CountKey, u64>,
     /// Distinct span contexts, in order of appearance.
     spans: Vec<SpanContext>,
     span_ids: FxHashMap<SpanContext, u32>,
@@ -148,6 +151,11 @@ impl Aggregator {
     /// A process exec'd or exited: the modules its stacks were unwound with are gone.
     pub fn forget(&mut self, pid: u32) {
         self.unwinders.forget(pid);
+    }
+
+    /// A drain of the ring buffer begins (the unwinders may read each process's maps again).
+    pub fn next_drain(&mut self) {
+        self.unwinders.next_drain();
     }
 
     /// What the unwinders read.
@@ -624,10 +632,16 @@ mod tests {
         assert_eq!(agg.samples(), 3);
         assert_eq!(agg.counts.len(), 2, "two threads");
         // In the kernel, the user leaf is the return address of the system call.
-        assert_eq!(agg.counts[&(10, 11, 1, 1, EMPTY, 0)], 2);
+        assert_eq!(
+            agg.counts[&(10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            2
+        );
         assert_eq!(agg.user[&10].by_id()[1], [0xfff, 0x1fff]);
         // In user mode the leaf is the interrupted instruction itself.
-        assert_eq!(agg.counts[&(10, 12, EMPTY, 2, EMPTY, 0)], 1);
+        assert_eq!(
+            agg.counts[&(10, 12, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked)],
+            1
+        );
         assert_eq!(agg.user[&10].by_id()[2], [0x1000, 0x1fff]);
         assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
     }
@@ -642,8 +656,14 @@ mod tests {
             &mut py,
         );
         assert_eq!(agg.threads.len(), 2);
-        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0)], 1);
-        assert_eq!(agg.counts[&(20, 11, EMPTY, 1, EMPTY, 0)], 1);
+        assert_eq!(
+            agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            1
+        );
+        assert_eq!(
+            agg.counts[&(20, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            1
+        );
     }
 
     const EVAL: &[(u64, u64)] = &[(0x5000, 0x6000)];
@@ -710,7 +730,10 @@ mod tests {
         });
         let mut py = Python::new(false, false);
         agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
-        assert_eq!(agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0)], 1);
+        assert_eq!(
+            agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            1
+        );
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
     }
 }

@@ -333,6 +333,13 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         );
     }
 
+    if outcome.unwind.modules_unreadable > 0 {
+        eprintln!(
+            "spanprof: {} module files could not be read for their unwind tables: their frames \
+             were unwound by frame pointer",
+            outcome.unwind.modules_unreadable
+        );
+    }
     eprint!("{}", summary::render(profile, &outcome.errors));
     let mut status = write_outputs(profile, group, pending.into_iter().zip(formats).collect());
     if let Some(out) = stats_out {

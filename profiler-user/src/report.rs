@@ -507,6 +507,9 @@ mod tests {
         });
         profile.samples[0].frames.extend([6, 5]);
         profile.samples[1].frames.insert(0, 7);
+        profile.samples[0].unwind = UnwindStatus::Complete;
+        profile.samples[1].unwind =
+            UnwindStatus::Truncated(symbolizer::unwind::TruncatedBy::StackCopy);
         profile
     }
 
@@ -532,12 +535,13 @@ mod tests {
         let mut frames = profile.frames.clone();
         frames[2].unknown_reason = Some("no function name in the pprof file".to_string());
         frames[3].module = Some(KERNEL_MAPPING.to_string());
-        let stacks = |p: &Profile, frames: &[Frame]| -> Vec<(Vec<Frame>, u32, u64, Option<u32>)> {
+        type Stack = (Vec<Frame>, u32, u64, Option<u32>, UnwindStatus);
+        let stacks = |p: &Profile, frames: &[Frame]| -> Vec<Stack> {
             p.samples
                 .iter()
                 .map(|s| {
                     let stack = s.frames.iter().map(|&f| frames[f as usize].clone());
-                    (stack.collect(), s.thread, s.count, s.span)
+                    (stack.collect(), s.thread, s.count, s.span, s.unwind)
                 })
                 .collect()
         };

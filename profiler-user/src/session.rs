@@ -93,6 +93,8 @@ pub struct Outcome {
     pub errors: [u64; ERROR_COUNT as usize],
     /// Symbolizer counters.
     pub symbolizer: symbolizer::Stats,
+    /// What the stack unwinders read (`--unwind dwarf`).
+    pub unwind: symbolizer::unwind::UnwindStats,
     /// spanprof's own CPU time, by phase.
     pub overhead: Overhead,
 }
@@ -490,6 +492,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     if opts.progress {
         eprintln!("spanprof: symbolizing {} samples", agg.samples());
     }
+    let unwind = agg.unwind_stats();
     let profile = agg.into_profile(&mut symbolizer, &python, meta);
     Ok(Outcome {
         profile,
@@ -498,6 +501,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         command: child,
         errors,
         symbolizer: symbolizer.stats(),
+        unwind,
         overhead: Overhead {
             setup: cpu_at_sampling.saturating_sub(cpu_at_start),
             sampling: cpu_at_end.saturating_sub(cpu_at_sampling),
@@ -509,6 +513,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
 /// Drains the ring buffer into the aggregate, then looks for the interpreters of processes
 /// that just appeared or exec'd.
 fn drain(programs: &mut Programs, agg: &mut Aggregator, python: &mut Python) {
+    agg.next_drain();
     while let Some(item) = programs.samples.next() {
         match Record::from_bytes(&item) {
             Some(Record::Sample(sample)) => agg.record(&sample, python),

@@ -5,7 +5,9 @@
 //! `--stack-copy` bytes of its stack from sp upwards into the sample record. [`Unwinders::unwind`]
 //! turns that into return addresses with [`framehop`], during the drain, while the process is
 //! alive: its modules are found in `/proc/PID/maps` (again when an address falls outside the
-//! modules known, at most every [`REFRESH_EVERY`], which catches libraries loaded with dlopen),
+//! modules known, at most once per drain of the ring buffer ([`Unwinders::next_drain`]), which
+//! catches libraries loaded with dlopen and those a process still in the dynamic loader had not
+//! mapped yet),
 //! and each module file's unwind sections are read once per session by device and inode (the
 //! vDSO's from the process's memory). Code with no unwind information is unwound with the
 //! frame pointer, framehop's fallback rule.
@@ -20,7 +22,6 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as FrameError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -29,8 +30,6 @@ use rustc_hash::FxHashMap;
 
 use crate::python::memory::{LiveMemory, ProcessMemory};
 
-/// A process's modules are read again at most this often, when an address is in none of them.
-pub const REFRESH_EVERY: Duration = Duration::from_millis(100);
 /// A return address at most this far past an entry point is in `_start`'s first call.
 const ENTRY_CALL: u64 = 32;
 /// The vDSO is at most this big (two or three pages on x86_64).
@@ -166,9 +165,9 @@ impl Sections {
         };
         let loads = obj
             .segments()
-            .filter_map(|seg| {
+            .map(|seg| {
                 let (off, size) = seg.file_range();
-                Some((off, seg.address(), size))
+                (off, seg.address(), size)
             })
             .collect();
         Sections {
@@ -262,7 +261,8 @@ struct Process {
     added: FxHashMap<u64, (u64, u64)>,
     /// Run-time addresses of the modules' ELF entry points.
     entries: Vec<u64>,
-    refreshed: Option<Instant>,
+    /// The drain ([`Unwinders::next_drain`]) in which the maps were last read.
+    refreshed: u64,
 }
 
 impl Process {
@@ -290,6 +290,7 @@ pub struct Unwinders {
     files: FxHashMap<(u64, u64), Option<Arc<Sections>>>,
     cache: Box<CacheX86_64>,
     stats: UnwindStats,
+    drain: u64,
 }
 
 impl std::fmt::Debug for Unwinders {
@@ -316,7 +317,13 @@ impl Unwinders {
             files: FxHashMap::default(),
             cache: Box::new(CacheX86_64::new()),
             stats: UnwindStats::default(),
+            drain: 1,
         }
+    }
+
+    /// A new drain of the ring buffer begins: each process's maps may be read once more.
+    pub fn next_drain(&mut self) {
+        self.drain += 1;
     }
 
     /// What was read so far.
@@ -341,14 +348,14 @@ impl Unwinders {
             self.refresh(pid);
         }
         let (n, status, unknown) = self.unwind_once(pid, copy, out);
-        // An address outside every module known: a library loaded since (dlopen), or code
-        // that is no module's (JIT). Read the maps again, not more often than REFRESH_EVERY.
+        // An address outside every module known: a library loaded since (dlopen, or the
+        // dynamic loader at start-up), or code that is no module's (JIT). Read the maps again,
+        // once per drain at most: they then hold what was mapped before every sample drained.
         if unknown {
             let due = self
                 .procs
                 .get(&pid)
-                .and_then(|p| p.refreshed)
-                .is_none_or(|t| t.elapsed() >= REFRESH_EVERY);
+                .is_none_or(|p| p.refreshed != self.drain);
             if due && self.refresh(pid) {
                 let (n, status, _) = self.unwind_once(pid, copy, out);
                 return (n, status);
@@ -431,9 +438,9 @@ impl Unwinders {
             ranges: Vec::new(),
             added: FxHashMap::default(),
             entries: Vec::new(),
-            refreshed: None,
+            refreshed: 0,
         });
-        proc_.refreshed = Some(Instant::now());
+        proc_.refreshed = self.drain;
         self.stats.maps_reads += 1;
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
             return false;

@@ -428,7 +428,8 @@ mod tests {
             [
                 ("thread.id", 101, "", 0),
                 ("thread.name", 0, "worker", 0),
-                ("process.id", 100, "", 0)
+                ("process.id", 100, "", 0),
+                ("unwind", 0, "unchecked", 0)
             ]
         );
     }
@@ -475,6 +476,7 @@ mod tests {
                 ("thread.id".to_string(), tid.to_string()),
                 ("thread.name".to_string(), name.to_string()),
                 ("process.id".to_string(), "100".to_string()),
+                ("unwind".to_string(), "unchecked".to_string()),
             ]
         };
         let with = |mut base: Vec<(String, String)>, extra: &[(&str, &str)]| {
