@@ -37,7 +37,7 @@ tasks:
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
-        [--only native|python|spans]
+        [--unwind-seconds S] [--only native|python|spans|unwind]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -58,6 +58,11 @@ tasks:
                that one; published: both, published by spanprof_context.install()
                as an OTEP 4947 thread context, which spanprof reads instead;
                each kind has its own block in BENCHMARKS.md);
+             unwind: cpu_split_nofp (no frame pointers) alone, under spanprof
+               --unwind dwarf, spanprof --unwind fp and perf record
+               --call-graph dwarf at 499 Hz, S seconds each (default 5):
+               stack completeness and depth, in-kernel and own CPU per
+               sample, perf script's CPU and perf.data bytes per sample;
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
@@ -225,12 +230,13 @@ fn demo(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH] [--only PART]
-/// [--span-kinds KINDS] [--spanprof BIN]`.
+/// `bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH] [--unwind-seconds S]
+/// [--only PART] [--span-kinds KINDS] [--spanprof BIN]`.
 fn bench(root: &Path, args: &[String]) -> Result<()> {
     let mut rounds: usize = 8;
     let mut work: u64 = 60_000;
     let mut py_work: u64 = 450;
+    let mut unwind_seconds: u64 = 5;
     let mut python: Option<PathBuf> = None;
     let mut spanprof: Option<PathBuf> = None;
     let mut span_kinds = bench::SpanKinds::Both;
@@ -251,6 +257,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             "--rounds" => rounds = positive(flag, value)? as usize,
             "--work" => work = positive(flag, value)?,
             "--py-work" => py_work = positive(flag, value)?,
+            "--unwind-seconds" => unwind_seconds = positive(flag, value)?,
             "--python" => python = Some(PathBuf::from(value)),
             "--spanprof" => spanprof = Some(PathBuf::from(value)),
             "--span-kinds" => {
@@ -269,11 +276,15 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "native" => bench::Part::Native,
                     "python" => bench::Part::Python,
                     "spans" => bench::Part::Spans,
-                    other => bail!("invalid --only `{other}` (native, python or spans)"),
+                    "unwind" => bench::Part::Unwind,
+                    other => bail!("invalid --only `{other}` (native, python, spans or unwind)"),
                 }
             }
             other => bail!("unknown bench option `{other}`\n{USAGE}"),
         }
+    }
+    if unwind_seconds > 3600 {
+        bail!("invalid --unwind-seconds `{unwind_seconds}` (1 to 3600)");
     }
     if !is_root() {
         bail!("`cargo xtask bench` needs root (eBPF, perf, kernel.bpf_stats_enabled)");
@@ -284,9 +295,11 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             .context("no pyenv CPython 3.12 (~/.pyenv/versions/3.12.*); pass --python PATH")?,
     };
     let env = deps::ensure(root)?;
-    // Only the native part runs a C workload.
+    // Only the native and unwind parts run C workloads.
     let workloads = match part {
-        bench::Part::All | bench::Part::Native => Some(workloads::build(root)?),
+        bench::Part::All | bench::Part::Native | bench::Part::Unwind => {
+            Some(workloads::build(root)?)
+        }
         bench::Part::Python | bench::Part::Spans => None,
     };
     let bin = match spanprof {
@@ -299,6 +312,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         part,
         work,
         py_work,
+        unwind_seconds,
         python,
         py_spy: env.py_spy,
         span_libs: env.span_libs,
