@@ -123,7 +123,11 @@ pub struct Aggregator {
     /// User stacks unwound from the stack copy (`--unwind dwarf`).
     unwinders: Unwinders,
     unwound: [u64; MAX_STACK_DEPTH],
+    last_sweep: std::time::Instant,
 }
+
+/// How often the unwinders of processes that exited are dropped.
+const UNWINDERS_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Aggregator {
     /// An empty aggregate; what `opts` drops is dropped at the door.
@@ -145,6 +149,7 @@ impl Aggregator {
             py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
             unwinders: Unwinders::new(),
             unwound: [0; MAX_STACK_DEPTH],
+            last_sweep: std::time::Instant::now(),
         }
     }
 
@@ -156,6 +161,10 @@ impl Aggregator {
     /// A drain of the ring buffer begins (the unwinders may read each process's maps again).
     pub fn next_drain(&mut self) {
         self.unwinders.next_drain();
+        if self.last_sweep.elapsed() >= UNWINDERS_SWEEP_EVERY {
+            self.last_sweep = std::time::Instant::now();
+            self.unwinders.sweep();
+        }
     }
 
     /// What the unwinders read.
@@ -185,7 +194,9 @@ impl Aggregator {
                 (&unwound[..n], status)
             }
             USTACK_COPY_FAULT => (&[], UnwindStatus::Failed(FailedBy::StackUnreadable)),
-            _ => (&[], UnwindStatus::Failed(FailedBy::NoRegisters)),
+            // A thread with no user state (an io_uring worker of the process): its empty user
+            // stack is the whole of it.
+            _ => (&[], UnwindStatus::Complete),
         }
     }
 

@@ -16,6 +16,13 @@ use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
 use spanprof::{bpf, stats, summary};
 
+/// Bytes of a sample record besides its stack copy, at most (header, frames, Python frames,
+/// span context).
+const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeader>()
+    + 2 * profiler_common::MAX_STACK_DEPTH * 8
+    + profiler_common::MAX_PY_FRAMES * profiler_common::PY_FRAME_SIZE
+    + std::mem::size_of::<profiler_common::SpanRecord>()) as u32;
+
 /// Exit status for bad command-line input.
 const EXIT_USAGE: u8 = 2;
 /// Exit status for a failed session.
@@ -259,6 +266,17 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
                     "invalid --stack-copy {}: expected 8 to {} bytes",
                     args.stack_copy,
                     profiler_common::MAX_STACK_COPY
+                )));
+            }
+            // A ring that cannot hold a few records of the largest size loses every sample.
+            let record = SAMPLE_RECORD_MAX + args.stack_copy;
+            if args.ring_buffer_size < 8 * record {
+                return Err(usage(format!(
+                    "--ring-buffer-size {} is too small for --unwind dwarf with --stack-copy {}: \
+                     give at least {} bytes (8 records of up to {record} bytes)",
+                    args.ring_buffer_size,
+                    args.stack_copy,
+                    (8 * record).next_power_of_two()
                 )));
             }
             args.stack_copy.next_multiple_of(8)

@@ -372,12 +372,11 @@ impl Reader<'_> {
                 )))
             }
         };
-        // Files written before the label (or by other writers) did not say: unchecked.
-        let unwind = match unwind {
-            None => UnwindStatus::Unchecked,
-            Some(kind) => UnwindStatus::from_label(kind, unwind_reason)
-                .ok_or_else(|| damaged(format!("sample {i}: unknown unwind status {kind}")))?,
-        };
+        // Files written before the label, by other writers, or with a reason this version does
+        // not know: not checked by this version.
+        let unwind = unwind
+            .and_then(|kind| UnwindStatus::from_label(kind, unwind_reason))
+            .unwrap_or(UnwindStatus::Unchecked);
         Ok((thread, (!span.is_empty()).then_some(span), unwind))
     }
 }

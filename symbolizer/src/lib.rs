@@ -35,6 +35,22 @@ use blazesym::symbolize::{Input, Symbolized};
 use blazesym::Pid;
 use rustc_hash::FxHashMap;
 
+/// Opens a file a process maps, through `/proc/PID/root` (its mount namespace), for reading
+/// its ELF headers and sections. `None` unless it is a regular file, and, when `inode` is given
+/// (from `/proc/PID/maps`), that very file: the path of a mapping may since name another file,
+/// or a FIFO, whose opening would block.
+pub fn open_module(pid: u32, path: &str, inode: Option<u64>) -> Option<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let on_disk = PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(on_disk)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && inode.is_none_or(|i| i == meta.ino())).then_some(file)
+}
+
 /// Module name used for kernel frames.
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 

@@ -169,9 +169,12 @@ impl ModuleCache {
                 continue;
             }
             seen.push(&m.path);
-            let on_disk = PathBuf::from(format!("/proc/{pid}/root"))
-                .join(m.path.strip_prefix("/").unwrap_or(&m.path));
-            let Ok(file) = File::open(&on_disk) else {
+            // NB: not File::open: a FIFO at a mapping's path would block the session.
+            let Some(file) = m
+                .path
+                .to_str()
+                .and_then(|p| crate::open_module(pid, p, None))
+            else {
                 continue;
             };
             let Ok(meta) = file.metadata() else { continue };

@@ -18,9 +18,7 @@
 //! The target's stack is untrusted: reads are bounded by the copy, every step must move the
 //! stack pointer up (framehop checks it), and the frames are capped by the caller's buffer.
 
-use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -32,6 +30,8 @@ use crate::python::memory::{LiveMemory, ProcessMemory};
 
 /// A return address at most this far past an entry point is in `_start`'s first call.
 const ENTRY_CALL: u64 = 32;
+/// A read this far above the stack copy is no stack frame (8 MiB: glibc's default stack).
+const MAX_STACK_SIZE: u64 = 8 << 20;
 /// The vDSO is at most this big (two or three pages on x86_64).
 const MAX_VDSO: u64 = 64 << 10;
 
@@ -63,8 +63,6 @@ pub enum TruncatedBy {
 pub enum FailedBy {
     /// The kernel could not read the page at the stack pointer.
     StackUnreadable,
-    /// The thread had no user registers.
-    NoRegisters,
     /// A frame's address was past the top of the stack (the copy reached it), or below the
     /// stack pointer: a wrong unwind rule or a frame pointer used as something else.
     OutsideStack,
@@ -72,8 +70,13 @@ pub enum FailedBy {
     FramePointerBackwards,
     /// A step changed neither the address nor the stack pointer.
     NoProgress,
-    /// An address computation overflowed.
+    /// An address computation overflowed, or a return address was null.
     Overflow,
+    /// The last frame is in code without unwind tables (or in no module), whose frame pointer
+    /// ended the walk: nothing says it is the root.
+    NoUnwindInfo,
+    /// The process exited before its stack was unwound (its modules could not be read).
+    ProcessGone,
 }
 
 impl UnwindStatus {
@@ -94,28 +97,30 @@ impl UnwindStatus {
             UnwindStatus::Truncated(TruncatedBy::StackCopy) => "stack copy too small",
             UnwindStatus::Truncated(TruncatedBy::Depth) => "more frames than kept",
             UnwindStatus::Failed(FailedBy::StackUnreadable) => "user stack not readable",
-            UnwindStatus::Failed(FailedBy::NoRegisters) => "no user registers",
             UnwindStatus::Failed(FailedBy::OutsideStack) => "frame outside the stack",
             UnwindStatus::Failed(FailedBy::FramePointerBackwards) => "frame pointer went backwards",
             UnwindStatus::Failed(FailedBy::NoProgress) => "unwinding made no progress",
             UnwindStatus::Failed(FailedBy::Overflow) => "address overflow",
+            UnwindStatus::Failed(FailedBy::NoUnwindInfo) => "no unwind tables for the last frame",
+            UnwindStatus::Failed(FailedBy::ProcessGone) => "process exited before unwinding",
         })
     }
 
     /// The status a [`UnwindStatus::reason`] or [`UnwindStatus::kind`] string names (for
     /// profiles read back from a file).
     pub fn from_label(kind: &str, reason: Option<&str>) -> Option<UnwindStatus> {
-        const ALL: [UnwindStatus; 10] = [
+        const ALL: [UnwindStatus; 11] = [
             UnwindStatus::Complete,
             UnwindStatus::Unchecked,
             UnwindStatus::Truncated(TruncatedBy::StackCopy),
             UnwindStatus::Truncated(TruncatedBy::Depth),
             UnwindStatus::Failed(FailedBy::StackUnreadable),
-            UnwindStatus::Failed(FailedBy::NoRegisters),
             UnwindStatus::Failed(FailedBy::OutsideStack),
             UnwindStatus::Failed(FailedBy::FramePointerBackwards),
             UnwindStatus::Failed(FailedBy::NoProgress),
             UnwindStatus::Failed(FailedBy::Overflow),
+            UnwindStatus::Failed(FailedBy::NoUnwindInfo),
+            UnwindStatus::Failed(FailedBy::ProcessGone),
         ];
         ALL.into_iter()
             .find(|s| s.kind() == kind && s.reason() == reason)
@@ -137,11 +142,21 @@ pub struct StackCopy<'a> {
     pub reached_top: bool,
 }
 
+/// Most bytes of one unwind section read from a module file (libpython's `.eh_frame` is about
+/// 300 KiB; a larger one is no genuine module's).
+const MAX_UNWIND_SECTION: u64 = 64 << 20;
+
+/// A PT_LOAD segment: (p_offset, p_vaddr, p_filesz, executable).
+type Load = (u64, u64, u64, bool);
+
 /// Unwind sections of one module file, shared by every process that maps it.
 #[derive(Debug)]
 struct Sections {
-    /// (p_offset, p_vaddr, p_filesz) of each PT_LOAD, to find a mapping's load bias.
-    loads: Vec<(u64, u64, u64)>,
+    /// Every PT_LOAD, to find a mapping's load bias.
+    loads: Vec<Load>,
+    /// The lowest PT_LOAD address, page-aligned: framehop's addresses are relative to it, in
+    /// 32 bits.
+    base: u64,
     text: Option<std::ops::Range<u64>>,
     eh_frame: Option<(std::ops::Range<u64>, Arc<[u8]>)>,
     eh_frame_hdr: Option<(std::ops::Range<u64>, Arc<[u8]>)>,
@@ -149,41 +164,75 @@ struct Sections {
     got: Option<std::ops::Range<u64>>,
     /// The ELF entry point (`_start`), 0 for none.
     entry: u64,
+    /// The unwind tables hold an expression that can loop (a backward branch), which framehop
+    /// would evaluate without a bound: they were dropped, and the module is unwound by frame
+    /// pointer.
+    rejected: bool,
 }
 
 impl Sections {
     fn from_object<'d, O: Object<'d>>(obj: &O) -> Sections {
+        let range = |s: &O::Section<'_>| Some(s.address()..s.address().checked_add(s.size())?);
         let section = |name: &str| {
             let s = obj.section_by_name(name)?;
+            // NB: checked before reading: object's ReadCache allocates the size it is asked.
+            if s.size() > MAX_UNWIND_SECTION {
+                return None;
+            }
             let data = s.uncompressed_data().ok()?;
-            let range = s.address()..s.address() + s.size();
-            Some((range, Arc::<[u8]>::from(&*data)))
+            if data.len() as u64 > MAX_UNWIND_SECTION {
+                return None;
+            }
+            Some((range(&s)?, Arc::<[u8]>::from(&*data)))
         };
-        let range = |name: &str| {
-            obj.section_by_name(name)
-                .map(|s| s.address()..s.address() + s.size())
-        };
-        let loads = obj
+        let range_of = |name: &str| obj.section_by_name(name).and_then(|s| range(&s));
+        let loads: Vec<Load> = obj
             .segments()
             .map(|seg| {
                 let (off, size) = seg.file_range();
-                (off, seg.address(), size)
+                let exec = matches!(seg.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+                (off, seg.address(), size, exec)
             })
             .collect();
-        Sections {
-            loads,
-            text: range(".text"),
-            eh_frame: section(".eh_frame"),
-            eh_frame_hdr: section(".eh_frame_hdr"),
-            debug_frame: section(".debug_frame").map(|(_, d)| d),
-            got: range(".got"),
-            entry: obj.entry(),
+        let mut eh_frame = section(".eh_frame");
+        let mut eh_frame_hdr = section(".eh_frame_hdr");
+        // framehop reads .debug_frame only for a module without .eh_frame.
+        let mut debug_frame = if eh_frame.is_none() {
+            section(".debug_frame").map(|(_, d)| d)
+        } else {
+            None
+        };
+        let rejected = eh_frame
+            .as_ref()
+            .is_some_and(|(r, d)| may_loop(gimli::EhFrame::new(d, gimli::LittleEndian), r.start))
+            || debug_frame
+                .as_ref()
+                .is_some_and(|d| may_loop(gimli::DebugFrame::new(d, gimli::LittleEndian), 0));
+        if rejected {
+            eh_frame = None;
+            eh_frame_hdr = None;
+            debug_frame = None;
         }
+        Sections {
+            base: loads.iter().map(|l| l.1).min().unwrap_or(0) & !0xfff,
+            loads,
+            text: range_of(".text"),
+            eh_frame,
+            eh_frame_hdr,
+            debug_frame,
+            got: range_of(".got"),
+            entry: obj.entry(),
+            rejected,
+        }
+    }
+
+    fn has_tables(&self) -> bool {
+        self.eh_frame.is_some() || self.debug_frame.is_some()
     }
 
     fn module(&self, name: String, avma: std::ops::Range<u64>, bias: u64) -> Module<Arc<[u8]>> {
         let info = ExplicitModuleSectionInfo {
-            base_svma: 0,
+            base_svma: self.base,
             text_svma: self.text.clone(),
             got_svma: self.got.clone(),
             eh_frame_svma: self.eh_frame.as_ref().map(|(r, _)| r.clone()),
@@ -193,23 +242,96 @@ impl Sections {
             debug_frame: self.debug_frame.clone(),
             ..Default::default()
         };
-        Module::new(name, avma, bias, info)
+        // NB: framehop takes an address relative to the module base in 32 bits, so the base is
+        // the module's lowest address, not 0 (prelinked and high-linked modules).
+        Module::new(name, avma, self.base.wrapping_add(bias), info)
     }
 
     /// The load bias of a mapping of file offset `offset` at `start`.
     fn bias(&self, start: u64, offset: u64) -> Option<u64> {
         let page = |x: u64| x & !0xfff;
-        // NB: the last segment that covers the offset: with lld's layout the code segment
-        // starts in the same page as the end of the read-only one.
-        let &(p_offset, p_vaddr, _) = self
+        // NB: of the segments whose pages cover the offset, an executable one (this is an
+        // executable mapping), then the last: with lld's layout the code segment starts in the
+        // same page as the end of the read-only one.
+        let &(p_offset, p_vaddr, _, _) = self
             .loads
             .iter()
-            .filter(|&&(off, _, size)| {
+            .filter(|&&(off, _, size, _)| {
                 page(off) <= offset && offset < off.saturating_add(size.max(1))
             })
-            .max_by_key(|&&(off, _, _)| off)?;
+            .max_by_key(|&&(off, _, _, exec)| (exec, off))?;
         let vaddr = page(p_vaddr).wrapping_add(offset - page(p_offset));
         Some(start.wrapping_sub(vaddr))
+    }
+}
+
+/// Whether any DWARF expression of the unwind tables branches backwards: framehop evaluates
+/// expressions (PLT entries use one for the CFA) without an iteration limit, so such a table,
+/// which no compiler emits, could hang the unwinder. A malformed table also counts.
+fn may_loop<'a, S>(section: S, svma: u64) -> bool
+where
+    S: gimli::UnwindSection<gimli::EndianSlice<'a, gimli::LittleEndian>>,
+{
+    use gimli::{CallFrameInstruction as I, CieOrFde, Operation};
+    let encoding = gimli::Encoding {
+        address_size: 8,
+        format: gimli::Format::Dwarf32,
+        version: 4,
+    };
+    let bases = gimli::BaseAddresses::default().set_eh_frame(svma);
+    let expression_loops = |e: &gimli::UnwindExpression<usize>| -> bool {
+        let Ok(expr) = e.get(&section) else {
+            return true;
+        };
+        let mut ops = expr.0;
+        while !ops.is_empty() {
+            match Operation::parse(&mut ops, encoding) {
+                Ok(Operation::Skip { target } | Operation::Bra { target }) if target < 0 => {
+                    return true
+                }
+                Ok(_) => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    };
+    let check = |mut ins: gimli::CallFrameInstructionIter<'_, _>| -> bool {
+        loop {
+            match ins.next() {
+                Ok(None) => return false,
+                Err(_) => return true,
+                Ok(Some(
+                    I::DefCfaExpression { expression }
+                    | I::Expression { expression, .. }
+                    | I::ValExpression { expression, .. },
+                )) => {
+                    if expression_loops(&expression) {
+                        return true;
+                    }
+                }
+                Ok(Some(_)) => {}
+            }
+        }
+    };
+    let mut entries = section.entries(&bases);
+    loop {
+        match entries.next() {
+            Ok(None) => return false,
+            Err(_) => return true,
+            Ok(Some(CieOrFde::Cie(cie))) => {
+                if check(cie.instructions(&section, &bases)) {
+                    return true;
+                }
+            }
+            Ok(Some(CieOrFde::Fde(partial))) => {
+                let Ok(fde) = partial.parse(|s, b, o| s.cie_from_offset(b, o)) else {
+                    return true;
+                };
+                if check(fde.instructions(&section, &bases)) {
+                    return true;
+                }
+            }
+        }
     }
 }
 
@@ -252,23 +374,39 @@ fn exec_mappings(text: &str) -> Vec<ExecMapping> {
         .collect()
 }
 
+/// One executable mapping of a process, as added to its unwinder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Known {
+    end: u64,
+    inode: u64,
+    /// Its module has unwind tables (frames in it end with the tables' say-so).
+    tables: bool,
+    /// Run-time address of its module's ELF entry point, 0 for none.
+    entry: u64,
+}
+
 /// One process's modules.
 struct Process {
     unwinder: UnwinderX86_64<Arc<[u8]>>,
-    /// Executable ranges known, sorted.
-    ranges: Vec<(u64, u64)>,
-    /// Mappings added (by start), so a refresh adds only new ones.
-    added: FxHashMap<u64, (u64, u64)>,
-    /// Run-time addresses of the modules' ELF entry points.
-    entries: Vec<u64>,
+    /// Executable mappings by start address, as last read from the maps.
+    known: Vec<(u64, Known)>,
     /// The drain ([`Unwinders::next_drain`]) in which the maps were last read.
     refreshed: u64,
+    /// Its maps could not be read: it exited (or is not ours to read).
+    gone: bool,
 }
 
 impl Process {
-    fn knows(&self, addr: u64) -> bool {
-        let i = self.ranges.partition_point(|&(s, _)| s <= addr);
-        i > 0 && addr < self.ranges[i - 1].1
+    fn mapping(&self, addr: u64) -> Option<&Known> {
+        let i = self.known.partition_point(|&(s, _)| s <= addr);
+        let (_, k) = self.known.get(i.checked_sub(1)?)?;
+        (addr < k.end).then_some(k)
+    }
+
+    /// `addr` is a return address into the first bytes of an ELF entry point (`_start`).
+    fn at_entry(&self, addr: u64) -> bool {
+        self.mapping(addr)
+            .is_some_and(|k| k.entry != 0 && addr > k.entry && addr - k.entry <= ENTRY_CALL)
     }
 }
 
@@ -279,6 +417,8 @@ pub struct UnwindStats {
     pub modules_read: u64,
     /// Module files that could not be read (or were no ELF file).
     pub modules_unreadable: u64,
+    /// Module files whose unwind tables were dropped: an expression in them could loop.
+    pub modules_rejected: u64,
     /// Reads of `/proc/PID/maps`.
     pub maps_reads: u64,
 }
@@ -336,6 +476,13 @@ impl Unwinders {
         self.procs.remove(&pid);
     }
 
+    /// Forgets the processes that exited (no `/proc/PID`), so a reused pid starts afresh and
+    /// memory does not grow with short-lived processes.
+    pub fn sweep(&mut self) {
+        self.procs
+            .retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+
     /// Unwinds one sample of process `pid` into `out` (the leaf first: the instruction pointer,
     /// then return addresses). Returns the frames written and how the unwinding ended.
     pub fn unwind(
@@ -348,10 +495,11 @@ impl Unwinders {
             self.refresh(pid);
         }
         let (n, status, unknown) = self.unwind_once(pid, copy, out);
-        // An address outside every module known: a library loaded since (dlopen, or the
-        // dynamic loader at start-up), or code that is no module's (JIT). Read the maps again,
-        // once per drain at most: they then hold what was mapped before every sample drained.
-        if unknown {
+        // An address outside every module known (a library loaded since: dlopen, or the dynamic
+        // loader at start-up; or code that is no module's: JIT), or a failure (a library
+        // replaced by another at the same place): read the maps again, once per drain at most:
+        // they then hold what was mapped before every sample drained.
+        if unknown || matches!(status, UnwindStatus::Failed(_)) {
             let due = self
                 .procs
                 .get(&pid)
@@ -371,8 +519,11 @@ impl Unwinders {
         out: &mut [u64],
     ) -> (usize, UnwindStatus, bool) {
         let Some(proc_) = self.procs.get(&pid) else {
-            return (0, UnwindStatus::Failed(FailedBy::NoRegisters), false);
+            return (0, UnwindStatus::Failed(FailedBy::ProcessGone), false);
         };
+        if proc_.gone {
+            return (0, UnwindStatus::Failed(FailedBy::ProcessGone), false);
+        }
         let sp = copy.sp;
         let top = sp.saturating_add(copy.bytes.len() as u64);
         let mut read = |addr: u64| -> Result<u64, ()> {
@@ -389,12 +540,18 @@ impl Unwinders {
             .iter_frames(copy.ip, regs, &mut self.cache, &mut read);
         let mut n = 0;
         let mut unknown = false;
-        // A frame in the first bytes of an ELF entry point (`_start`, which calls the first C
-        // function at once) is the root, whether or not its unwind tables say so (the dynamic
-        // loader's do not).
-        let at_entry = |a: u64| proc_.entries.iter().any(|&e| a > e && a - e <= ENTRY_CALL);
+        // The end of the stack, by the unwind tables (an undefined return address), or by a
+        // frame pointer or return address of 0: trusted only in a module with unwind tables,
+        // since code without them may keep anything in rbp.
+        let ended = |n: usize, out: &[u64]| {
+            if n > 0 && proc_.mapping(out[n - 1]).is_some_and(|k| k.tables) {
+                UnwindStatus::Complete
+            } else {
+                UnwindStatus::Failed(FailedBy::NoUnwindInfo)
+            }
+        };
         let status = loop {
-            match frames.next() {
+            let err = match frames.next() {
                 Ok(Some(frame)) => {
                     let addr = match frame {
                         FrameAddress::InstructionPointer(a) => a,
@@ -403,104 +560,123 @@ impl Unwinders {
                     if n == out.len() {
                         break UnwindStatus::Truncated(TruncatedBy::Depth);
                     }
-                    if !proc_.knows(addr) {
+                    if proc_.mapping(addr).is_none() {
                         unknown = true;
                     }
                     out[n] = addr;
                     n += 1;
+                    continue;
                 }
-                Ok(None) => break UnwindStatus::Complete,
-                Err(_) if n > 0 && at_entry(out[n - 1]) => break UnwindStatus::Complete,
-                Err(FrameError::CouldNotReadStack(addr)) => {
-                    break if addr >= top && !copy.reached_top {
-                        UnwindStatus::Truncated(TruncatedBy::StackCopy)
-                    } else {
-                        UnwindStatus::Failed(FailedBy::OutsideStack)
-                    };
-                }
-                Err(FrameError::FramepointerUnwindingMovedBackwards) => {
-                    break UnwindStatus::Failed(FailedBy::FramePointerBackwards)
-                }
-                Err(FrameError::DidNotAdvance) => break UnwindStatus::Failed(FailedBy::NoProgress),
-                Err(FrameError::IntegerOverflow) => break UnwindStatus::Failed(FailedBy::Overflow),
-                // A zero return address ends the chain: the root.
-                Err(FrameError::ReturnAddressIsNull) => break UnwindStatus::Complete,
+                Ok(None) | Err(FrameError::ReturnAddressIsNull) => break ended(n, out),
+                Err(e) => e,
+            };
+            // A frame in the first bytes of an ELF entry point (`_start`, which calls the first C
+            // function at once) is the root, whatever came after it (the dynamic loader's
+            // `_start` has no end-of-stack rule).
+            if n > 0 && proc_.at_entry(out[n - 1]) {
+                break UnwindStatus::Complete;
             }
+            break match err {
+                // Above the copy, but not past the stack's top, nor wildly far (a garbage frame
+                // pointer): a bigger copy would have held it.
+                FrameError::CouldNotReadStack(addr)
+                    if addr >= top && !copy.reached_top && addr - top < MAX_STACK_SIZE =>
+                {
+                    UnwindStatus::Truncated(TruncatedBy::StackCopy)
+                }
+                FrameError::CouldNotReadStack(_) => UnwindStatus::Failed(FailedBy::OutsideStack),
+                FrameError::FramepointerUnwindingMovedBackwards => {
+                    UnwindStatus::Failed(FailedBy::FramePointerBackwards)
+                }
+                FrameError::DidNotAdvance => UnwindStatus::Failed(FailedBy::NoProgress),
+                FrameError::IntegerOverflow | FrameError::ReturnAddressIsNull => {
+                    UnwindStatus::Failed(FailedBy::Overflow)
+                }
+            };
         };
         (n, status, unknown)
     }
 
-    /// Reads `/proc/PID/maps` and adds the executable mappings not known yet. Returns whether
-    /// a module was added.
+    /// Reads `/proc/PID/maps` and brings the unwinder up to date: mappings gone or replaced are
+    /// dropped, new ones added. Returns whether anything changed.
     fn refresh(&mut self, pid: u32) -> bool {
         let proc_ = self.procs.entry(pid).or_insert_with(|| Process {
             unwinder: UnwinderX86_64::new(),
-            ranges: Vec::new(),
-            added: FxHashMap::default(),
-            entries: Vec::new(),
+            known: Vec::new(),
             refreshed: 0,
+            gone: false,
         });
         proc_.refreshed = self.drain;
         self.stats.maps_reads += 1;
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            proc_.gone = true;
             return false;
         };
         let maps = exec_mappings(&text);
-        let mut added = false;
-        // A mapping replaced by another at the same address (munmap, then dlopen) is dropped.
-        let live: FxHashMap<u64, (u64, u64)> =
-            maps.iter().map(|m| (m.start, (m.end, m.inode))).collect();
-        let stale: Vec<u64> = proc_
-            .added
-            .iter()
-            .filter(|(start, v)| live.get(start) != Some(v))
-            .map(|(&s, _)| s)
-            .collect();
-        for start in stale {
-            proc_.unwinder.remove_module(start);
-            proc_.added.remove(&start);
-            added = true;
-        }
+        let mut changed = false;
+        let mut known: Vec<(u64, Known)> = Vec::with_capacity(maps.len());
+        let old: FxHashMap<u64, Known> = proc_.known.drain(..).collect();
         for m in &maps {
-            if proc_.added.contains_key(&m.start) {
+            if let Some(k) = old
+                .get(&m.start)
+                .filter(|k| k.end == m.end && k.inode == m.inode)
+            {
+                known.push((m.start, *k));
                 continue;
+            }
+            if old.contains_key(&m.start) {
+                // Replaced (munmap, then another mapping at the same place).
+                proc_.unwinder.remove_module(m.start);
             }
             let module = if m.path == "[vdso]" {
                 vdso_sections(pid, m).map(|s| (s, m.start))
             } else if m.path.starts_with('/') {
-                let sections = file_sections(pid, &m.path, &mut self.files, &mut self.stats);
+                let sections = file_sections(pid, m, &mut self.files, &mut self.stats);
                 sections.and_then(|s| s.bias(m.start, m.offset).map(|b| (s, b)))
             } else {
                 None
             };
             // Mapped code without unwind tables (anonymous, JIT) is still "known", so it does
             // not make every sample read the maps again; framehop unwinds it by frame pointer.
+            let mut k = Known {
+                end: m.end,
+                inode: m.inode,
+                tables: false,
+                entry: 0,
+            };
             if let Some((sections, bias)) = module {
+                k.tables = sections.has_tables();
                 if sections.entry != 0 {
-                    proc_.entries.push(sections.entry.wrapping_add(bias));
+                    k.entry = sections.entry.wrapping_add(bias);
                 }
                 proc_
                     .unwinder
                     .add_module(sections.module(m.path.clone(), m.start..m.end, bias));
             }
-            proc_.added.insert(m.start, (m.end, m.inode));
-            added = true;
+            known.push((m.start, k));
+            changed = true;
         }
-        proc_.ranges = maps.iter().map(|m| (m.start, m.end)).collect();
-        proc_.ranges.sort_unstable();
-        added
+        for start in old.keys() {
+            if !known.iter().any(|(s, _)| s == start) {
+                proc_.unwinder.remove_module(*start);
+                changed = true;
+            }
+        }
+        known.sort_unstable_by_key(|&(s, _)| s);
+        proc_.known = known;
+        proc_.gone = false;
+        changed
     }
 }
 
 /// A module file's unwind sections, read once per (device, inode).
 fn file_sections(
     pid: u32,
-    path: &str,
+    m: &ExecMapping,
     files: &mut FxHashMap<(u64, u64), Option<Arc<Sections>>>,
     stats: &mut UnwindStats,
 ) -> Option<Arc<Sections>> {
-    let on_disk = PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
-    let file = File::open(&on_disk).ok()?;
+    let file = crate::open_module(pid, &m.path, Some(m.inode))?;
     let meta = file.metadata().ok()?;
     files
         .entry((meta.dev(), meta.ino()))
@@ -509,10 +685,10 @@ fn file_sections(
             let parsed = object::File::parse(&cache)
                 .ok()
                 .map(|obj| Arc::new(Sections::from_object(&obj)));
-            if parsed.is_some() {
-                stats.modules_read += 1;
-            } else {
-                stats.modules_unreadable += 1;
+            match &parsed {
+                Some(s) if s.rejected => stats.modules_rejected += 1,
+                Some(_) => stats.modules_read += 1,
+                None => stats.modules_unreadable += 1,
             }
             parsed
         })
@@ -525,9 +701,8 @@ fn vdso_sections(pid: u32, m: &ExecMapping) -> Option<Arc<Sections>> {
     let mut image = vec![0u8; len];
     LiveMemory::new(pid).read(m.start, &mut image).ok()?;
     let obj = object::File::parse(&*image).ok()?;
-    let sections = Sections::from_object(&obj);
     // The vDSO is linked at 0: its bias is where it is mapped, which the caller passes.
-    Some(Arc::new(sections))
+    Some(Arc::new(Sections::from_object(&obj)))
 }
 
 #[cfg(test)]
@@ -550,6 +725,49 @@ mod tests {
         );
         assert_eq!(maps[1].path, "[vdso]");
         assert_eq!(maps[2].path, "");
+    }
+
+    /// A CIE, then an FDE whose CFA is the expression `DW_OP_skip target` (no compiler writes
+    /// a backward one, which would loop), then the terminator.
+    fn eh_frame_with_skip(target: i16) -> Vec<u8> {
+        let mut v = Vec::new();
+        // CIE: length 20, id 0, version 1, "zR", code align 1, data align -8, RA r16,
+        // augmentation data: pcrel sdata4; def_cfa r7+8, offset r16 at cfa-8; 2 nops.
+        v.extend_from_slice(&20u32.to_le_bytes());
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v.extend_from_slice(&[1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b]);
+        v.extend_from_slice(&[0x0c, 7, 8, 0x90, 1, 0, 0]);
+        // FDE: length 20, CIE pointer (back to offset 0), pc_begin, pc_range, no augmentation
+        // data, def_cfa_expression of 3 bytes: DW_OP_skip target; 2 nops.
+        v.extend_from_slice(&20u32.to_le_bytes());
+        v.extend_from_slice(&28u32.to_le_bytes());
+        v.extend_from_slice(&0x100i32.to_le_bytes());
+        v.extend_from_slice(&0x10u32.to_le_bytes());
+        v.extend_from_slice(&[0, 0x0f, 3, 0x2f]);
+        v.extend_from_slice(&target.to_le_bytes());
+        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn tables_with_a_backward_branch_are_rejected() {
+        let looping = eh_frame_with_skip(-3);
+        assert!(may_loop(
+            gimli::EhFrame::new(&looping, gimli::LittleEndian),
+            0x1000
+        ));
+        let forward = eh_frame_with_skip(0);
+        assert!(!may_loop(
+            gimli::EhFrame::new(&forward, gimli::LittleEndian),
+            0x1000
+        ));
+        // Garbage is refused too.
+        let garbage = [0xffu8; 64];
+        assert!(may_loop(
+            gimli::EhFrame::new(&garbage, gimli::LittleEndian),
+            0x1000
+        ));
     }
 
     #[test]

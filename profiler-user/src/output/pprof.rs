@@ -57,12 +57,12 @@ pub const LOST_COMMENT: &str = "lost samples: ";
 /// Prefix of the comment that names a process: `process: PID (name)`.
 pub const PROCESS_COMMENT: &str = "process: ";
 
-/// Renders the profile as a gzipped `profile.proto`.
 /// Sample label: how the native user stack was unwound ([`symbolizer::unwind::UnwindStatus::kind`]).
 pub const UNWIND_LABEL: &str = "unwind";
 /// Sample label: why it is not complete ([`symbolizer::unwind::UnwindStatus::reason`]).
 pub const UNWIND_REASON_LABEL: &str = "unwind.reason";
 
+/// Renders the profile as a gzipped `profile.proto`.
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
     let encoded = build(profile)?.encode_to_vec();
     let mut gz = GzEncoder::new(
