@@ -280,3 +280,31 @@ fn target_exiting_mid_session_keeps_what_was_gathered() {
     let total = folded_total(&read_folded(&folded));
     assert!(total > 0, "no samples were kept\n{out}");
 }
+
+#[test]
+fn unwind_arguments_are_checked() {
+    let tmp = TempDir::new("err-unwind");
+    let out = tmp.join("out.folded");
+    for (extra, words) in [
+        (
+            &["--unwind", "lbr"][..],
+            &["invalid --unwind lbr", "dwarf or fp"][..],
+        ),
+        (
+            &["--stack-copy", "65536"][..],
+            &["invalid --stack-copy 65536", "8 to 32768"][..],
+        ),
+        (&["--stack-copy", "0"][..], &["invalid --stack-copy 0"][..]),
+        (
+            &["--ring-buffer-size", "8192"][..],
+            &[
+                "--ring-buffer-size 8192 is too small for --unwind dwarf",
+                "262144",
+            ][..],
+        ),
+    ] {
+        let result = run_spanprof(profile_args("1", "1s", &out, extra));
+        assert_error(&result, USAGE, words);
+    }
+    assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
+}

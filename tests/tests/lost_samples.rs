@@ -19,6 +19,9 @@ fn ring_buffer_overflow_is_counted_and_reported() {
         "profile",
         "--frequency",
         "1000",
+        // Frame pointers: with --unwind dwarf a record is ~16 KiB and so small a ring is refused.
+        "--unwind",
+        "fp",
         "--ring-buffer-size",
         "8192",
         "--duration",

@@ -730,11 +730,11 @@ fn native(spanprof: &Path, workloads: &Path, out_dir: &Path, cfg: &Config) -> Re
         // Alternate the order so drift in the machine's speed does not favour one configuration.
         if i % 2 == 0 {
             r.alone = run_alone(&target, work)?;
-            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &[], &sp_out)?;
+            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &["--unwind", "fp"], &sp_out)?;
             r.perf = run_perf(&target, work, HZ, &["-g"], &perf_out)?;
         } else {
             r.perf = run_perf(&target, work, HZ, &["-g"], &perf_out)?;
-            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &[], &sp_out)?;
+            r.spanprof = run_spanprof(spanprof, &target, work, HZ, &["--unwind", "fp"], &sp_out)?;
             r.alone = run_alone(&target, work)?;
         }
         Ok(r)
@@ -759,7 +759,7 @@ fn native(spanprof: &Path, workloads: &Path, out_dir: &Path, cfg: &Config) -> Re
     Ok(format!(
         "Run of `cargo xtask bench --rounds {n} --work {work}` on {}: \
          target `fixed_work` alone {alone:.2} s CPU in {alone_wall:.2} s (medians), {samples:.0} samples per spanprof run.\n\n\
-         | figure | spanprof | perf record -g | goal |\n\
+         | figure | spanprof --unwind fp | perf record -g | goal |\n\
          |---|---|---|---|\n\
          | target CPU time, profiled / alone (median of {n} interleaved rounds) | {sp_ratio:.4} | {perf_ratio:.4} | ≤ 1.005 |\n\
          | profiler's own CPU per sample, whole process (median) | {sp_us:.1} µs | {perf_us:.1} µs | ≤ 20 µs |\n\
