@@ -1225,11 +1225,17 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
                 }
             }
         }
+        // The next Python frame: with whole native stacks the interpreter's C frames of the
+        // call (function_code_fastcall, …) come in between.
         let called = stack
             .frames
             .iter()
             .rposition(|f| parse_py_frame(f).is_some_and(|p| p.qualname == "nest"))
-            .and_then(|at| stack.frames.get(at + 1));
+            .and_then(|at| {
+                stack.frames[at + 1..]
+                    .iter()
+                    .find(|f| *f == UNKNOWN_PY_CODE || parse_py_frame(f).is_some())
+            });
         match called {
             Some(frame) if frame == UNKNOWN_PY_CODE => counts.unknown += stack.count,
             Some(frame) => match parse_py_frame(frame).and_then(|p| gen_iteration(p.qualname)) {
