@@ -3,8 +3,8 @@
 //! reports it.
 
 use spanprof_tests::{
-    folded_count, folded_summary, folded_total, parse_summary, profile_pid, profiling_lock,
-    read_folded, require_profiling, TempDir, Workload,
+    assert_cpu_split_truth, folded_summary, folded_total, parse_summary, profile_pid,
+    profiling_lock, read_folded, require_profiling, TempDir, Workload,
 };
 
 #[test]
@@ -21,39 +21,9 @@ fn cpu_split_shares_match_the_3_to_1_truth() {
     let total = folded_total(&stacks);
     let top = folded_summary(&stacks, 15);
 
-    let dispatcher = folded_count(&stacks, |s| s.contains("dispatcher"));
-    let alpha = folded_count(&stacks, |s| {
-        s.contains_seq(&["main", "dispatcher", "hot_alpha"])
-    });
-    let beta = folded_count(&stacks, |s| {
-        s.contains_seq(&["main", "dispatcher", "hot_beta"])
-    });
-
     // 499 Hz for 3 s is ~1500 samples of a process that is always on CPU;
     // half of that leaves room for a busy machine.
-    assert!(
-        dispatcher >= 700,
-        "only {dispatcher} of {total} samples are under dispatcher:\n{top}\n{out}"
-    );
-    // Every sample under dispatcher should be in one of the two hot
-    // functions, reached through main -> dispatcher (the full path).
-    assert!(
-        (alpha + beta) as f64 >= 0.95 * dispatcher as f64,
-        "{alpha} + {beta} of {dispatcher} dispatcher samples have the full path \
-         main;dispatcher;hot_*:\n{top}"
-    );
-    // The process does little but dispatch.
-    assert!(
-        dispatcher as f64 >= 0.90 * total as f64,
-        "{dispatcher} of {total} samples are under dispatcher:\n{top}"
-    );
-
-    let alpha_share = 100.0 * alpha as f64 / (alpha + beta) as f64;
-    assert!(
-        (alpha_share - 75.0).abs() <= 5.0,
-        "hot_alpha has {alpha_share:.1}% of the hot samples ({alpha} vs hot_beta {beta}), \
-         expected 75 ± 5:\n{top}"
-    );
+    assert_cpu_split_truth(&stacks, 700, "cpu_split", &format!("{top}\n{out}"));
 
     // The summary at the end: samples and lost samples as in the output,
     // then the top functions.

@@ -19,11 +19,11 @@
 use std::path::{Path, PathBuf};
 
 use spanprof_tests::{
-    args, cext_dir, folded_count, folded_summary, folded_total, native_stacks_line, parse_py_frame,
-    profile_pid, profiling_lock, read_folded, read_unwind_stats, require_profiling,
-    run_with_timeout, spanprof_command, start_py_workload, system_python, workload_path,
-    FoldedStack, ProcessUnwindStats, RunOutput, TempDir, UnwindStats, Workload, RUN_TIMEOUT,
-    SYSTEM_PYTHON_3_11,
+    args, assert_cpu_split_truth, cext_dir, folded_count, folded_summary, folded_total,
+    native_stacks_line, parse_py_frame, profile_pid, profiling_lock, read_folded,
+    read_unwind_stats, require_profiling, run_with_timeout, spanprof_command, start_py_workload,
+    system_python, workload_path, FoldedStack, ProcessUnwindStats, RunOutput, TempDir, UnwindStats,
+    Workload, RUN_TIMEOUT, SYSTEM_PYTHON_3_11,
 };
 
 /// The outputs of one session: folded stacks, the `--stats` JSON, and the run itself.
@@ -149,35 +149,8 @@ fn cpu_split_full_paths(workload: &str) {
     let stacks = &session.stacks;
     let context = session.context();
 
-    let total = folded_total(stacks);
-    let dispatcher = folded_count(stacks, |s| s.contains("dispatcher"));
-    let alpha = folded_count(stacks, |s| {
-        s.contains_seq(&["main", "dispatcher", "hot_alpha"])
-    });
-    let beta = folded_count(stacks, |s| {
-        s.contains_seq(&["main", "dispatcher", "hot_beta"])
-    });
-
     // ~1500 samples in 3 s at 499 Hz; half of that leaves room for a busy machine.
-    assert!(
-        dispatcher >= 700,
-        "{workload}: only {dispatcher} of {total} samples are under dispatcher\n{context}"
-    );
-    assert!(
-        (alpha + beta) as f64 >= 0.95 * dispatcher as f64,
-        "{workload}: {alpha} + {beta} of {dispatcher} dispatcher samples have the full path \
-         main;dispatcher;hot_*\n{context}"
-    );
-    assert!(
-        dispatcher as f64 >= 0.90 * total as f64,
-        "{workload}: {dispatcher} of {total} samples are under dispatcher\n{context}"
-    );
-    let alpha_share = 100.0 * alpha as f64 / (alpha + beta).max(1) as f64;
-    assert!(
-        (alpha_share - 75.0).abs() <= 5.0,
-        "{workload}: hot_alpha has {alpha_share:.1}% of the hot samples ({alpha} vs hot_beta \
-         {beta}), expected 75 ± 5\n{context}"
-    );
+    assert_cpu_split_truth(stacks, 700, workload, &context);
 
     let process = session.check_stats(pid, "dwarf");
     session.only_process(pid);
