@@ -97,6 +97,17 @@ struct {
 } span_procs SEC(".maps");
 
 /*
+ * Bytes of stack copied for a process, when not stack_copy_bytes: user space raises it for a
+ * process whose stacks the default copy truncates. Copied on fork, dropped on exec and exit.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+} stack_copy_sizes SEC(".maps");
+
+/*
  * The PyThreadState found for a thread, checked before each use (it may have been freed); 0 when
  * the search found none (a C thread), which is trusted for PY_NO_THREAD_RETRY units.
  */
@@ -1349,11 +1360,12 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
  * is mapped; at the top of a stack (the main thread's, whose last page is followed by nothing)
  * page by page, up to the first unreadable page.
  */
-static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off)
+static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off, __u32 tgid)
 {
 	struct pt_regs___kernel *regs =
 		(struct pt_regs___kernel *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	__u64 sp, want = stack_copy_bytes & ~7U, done = 0, len;
+	const __u32 *size = bpf_map_lookup_elem(&stack_copy_sizes, &tgid);
+	__u64 sp, want = (size ? *size : stack_copy_bytes) & ~7U, done = 0, len;
 	__u8 *dst;
 	int i;
 
@@ -1470,7 +1482,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 
 	off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE + s->span_len;
 	if (stack_copy_bytes)
-		copy_user_stack(s, off);
+		copy_user_stack(s, off, tgid);
 
 	/* Only what was captured travels: a 10-frame stack is 176 bytes, not 47 KiB. */
 	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
@@ -1498,6 +1510,7 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 		return 0;
 	bpf_map_delete_elem(&py_procs, &tgid);
 	bpf_map_delete_elem(&span_procs, &tgid);
+	bpf_map_delete_elem(&stack_copy_sizes, &tgid);
 	/*
 	 * What was found of the thread's Python thread state belongs to the old program (a fork
 	 * child of a Python process, sampled before its exec, found none): forget it. The thread
@@ -1527,6 +1540,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 		bpf_map_delete_elem(&target_pids, &tgid);
 		bpf_map_delete_elem(&py_procs, &tgid);
 		bpf_map_delete_elem(&span_procs, &tgid);
+		bpf_map_delete_elem(&stack_copy_sizes, &tgid);
 	}
 	return 0;
 }
@@ -1542,6 +1556,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	struct spanprof_target t = {};
 	const struct spanprof_py_proc *py;
 	const struct spanprof_span_proc *spans;
+	const __u32 *copy;
 
 	if (!follow_children)
 		return 0;
@@ -1570,5 +1585,11 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		bpf_map_update_elem(&span_procs, &ctgid, spans, BPF_ANY);
 	else
 		bpf_map_delete_elem(&span_procs, &ctgid);
+	/* And its stack as deep: a size raised for the parent holds for the child. */
+	copy = bpf_map_lookup_elem(&stack_copy_sizes, &ptgid);
+	if (copy)
+		bpf_map_update_elem(&stack_copy_sizes, &ctgid, copy, BPF_ANY);
+	else
+		bpf_map_delete_elem(&stack_copy_sizes, &ctgid);
 	return 0;
 }

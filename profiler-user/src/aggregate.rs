@@ -16,7 +16,7 @@ use profiler_common::{
     USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
-use symbolizer::unwind::{FailedBy, StackCopy, UnwindStatus, Unwinders};
+use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
 use symbolizer::{Symbol, Symbolizer};
 
 use crate::profile::{
@@ -124,6 +124,10 @@ pub struct Aggregator {
     unwinders: Unwinders,
     unwound: [u64; MAX_STACK_DEPTH],
     last_sweep: std::time::Instant,
+    /// Processes whose stacks the copy truncated, for the session to give a bigger copy (each
+    /// pid once until it execs).
+    truncated_by_copy: Vec<u32>,
+    raised: rustc_hash::FxHashSet<u32>,
 }
 
 /// How often the unwinders of processes that exited are dropped.
@@ -150,12 +154,20 @@ impl Aggregator {
             unwinders: Unwinders::new(),
             unwound: [0; MAX_STACK_DEPTH],
             last_sweep: std::time::Instant::now(),
+            truncated_by_copy: Vec::new(),
+            raised: Default::default(),
         }
     }
 
     /// A process exec'd or exited: the modules its stacks were unwound with are gone.
     pub fn forget(&mut self, pid: u32) {
         self.unwinders.forget(pid);
+        self.raised.remove(&pid);
+    }
+
+    /// Processes whose stacks the copy truncated since the last call, each once.
+    pub fn take_truncated_by_copy(&mut self) -> std::vec::Drain<'_, u32> {
+        self.truncated_by_copy.drain(..)
     }
 
     /// A drain of the ring buffer begins (the unwinders may read each process's maps again).
@@ -248,6 +260,10 @@ impl Aggregator {
         // system call, so it is adjusted like every other return address.
         let in_kernel = !sample.kernel_stack().is_empty();
         let (ustack, unwind) = Self::user_stack(&mut self.unwinders, &mut self.unwound, sample);
+        if unwind == UnwindStatus::Truncated(TruncatedBy::StackCopy) && self.raised.insert(rec.pid)
+        {
+            self.truncated_by_copy.push(rec.pid);
+        }
         let n = to_lookup_addrs(ustack, in_kernel, &mut self.scratch);
         let table = self.user.entry(rec.pid).or_default();
         let (uid, new) = table.intern(&self.scratch[..n]);

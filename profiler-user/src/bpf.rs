@@ -89,6 +89,7 @@ pub struct Programs {
     targets: HashMap<MapData, u32, Target>,
     py_procs: HashMap<MapData, u32, PyProc>,
     span_procs: HashMap<MapData, u32, SpanProc>,
+    stack_copy_sizes: HashMap<MapData, u32, u32>,
     errors: PerCpuArray<MapData, u64>,
 }
 
@@ -230,6 +231,11 @@ impl Programs {
             .map_err(aya_err("open the python process map"))?;
         let span_procs = HashMap::try_from(ebpf.take_map("span_procs").expect("span_procs map"))
             .map_err(aya_err("open the span context map"))?;
+        let stack_copy_sizes = HashMap::try_from(
+            ebpf.take_map("stack_copy_sizes")
+                .expect("stack_copy_sizes map"),
+        )
+        .map_err(aya_err("open the stack copy size map"))?;
         let errors = PerCpuArray::try_from(ebpf.take_map("errors").expect("errors map"))
             .map_err(aya_err("open the error counters"))?;
         Ok(Programs {
@@ -238,6 +244,7 @@ impl Programs {
             targets,
             py_procs,
             span_procs,
+            stack_copy_sizes,
             errors,
         })
     }
@@ -271,6 +278,13 @@ impl Programs {
         self.span_procs
             .insert(pid, *value, 0)
             .map_err(aya_err("add a process to the span context map"))
+    }
+
+    /// Sets how many bytes of user stack the kernel copies for a process (`--unwind dwarf`).
+    pub fn set_stack_copy(&mut self, pid: u32, bytes: u32) -> Result<(), LoadError> {
+        self.stack_copy_sizes
+            .insert(pid, bytes, 0)
+            .map_err(aya_err("set a process's stack copy size"))
     }
 
     /// Whether any process is still in the profiled set (targets and the children the kernel

@@ -351,6 +351,33 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         );
     }
 
+    if !outcome.stack_copy.raised.is_empty() {
+        let pids: Vec<String> = outcome
+            .stack_copy
+            .raised
+            .iter()
+            .take(10)
+            .map(u32::to_string)
+            .collect();
+        eprintln!(
+            "spanprof: {} bytes of stack cut short the stacks of {} process{} ({}{}): \
+             {} bytes were copied from then on",
+            outcome.stack_copy.default,
+            outcome.stack_copy.raised.len(),
+            if outcome.stack_copy.raised.len() == 1 {
+                ""
+            } else {
+                "es"
+            },
+            pids.join(", "),
+            if outcome.stack_copy.raised.len() > 10 {
+                ", …"
+            } else {
+                ""
+            },
+            profiler_common::MAX_STACK_COPY
+        );
+    }
     if outcome.unwind.modules_unreadable > 0 {
         eprintln!(
             "spanprof: {} module files could not be read for their unwind tables: their frames \

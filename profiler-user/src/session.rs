@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use profiler_common::{ErrorCode, Record, ERROR_COUNT};
+use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::{self, Aggregator};
@@ -93,6 +93,8 @@ pub struct Outcome {
     pub errors: [u64; ERROR_COUNT as usize],
     /// Symbolizer counters.
     pub symbolizer: symbolizer::Stats,
+    /// Stack copy sizes, and the processes whose copy was raised.
+    pub stack_copy: StackCopySizes,
     /// What the stack unwinders read (`--unwind dwarf`).
     pub unwind: symbolizer::unwind::UnwindStats,
     /// spanprof's own CPU time, by phase.
@@ -412,6 +414,10 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let mut agg = Aggregator::new(opts.aggregate);
+    let mut copy = StackCopySizes {
+        default: opts.stack_copy_bytes,
+        raised: Vec::new(),
+    };
     let mut symbolizer = Symbolizer::new();
     let mut progress = Progress::new(
         opts.progress,
@@ -430,7 +436,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             .map(|d| d.saturating_sub(start.elapsed()))
             .unwrap_or(TICK);
         waiter.wait(remaining.min(TICK));
-        drain(&mut programs, &mut agg, &mut python);
+        drain(&mut programs, &mut agg, &mut python, &mut copy);
         agg.normalize_pending(&mut symbolizer);
         // One bpf() call a second is enough for the live count; the final one is exact.
         let once_a_second = last_check.elapsed() >= Duration::from_secs(1);
@@ -475,7 +481,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     };
     let duration = start.elapsed();
     let cpu_at_end = process_cpu_time();
-    drain(&mut programs, &mut agg, &mut python);
+    drain(&mut programs, &mut agg, &mut python, &mut copy);
     progress.finish();
     let errors = programs.error_counts();
     // Stop sampling before the (slower) symbolization.
@@ -502,6 +508,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         errors,
         symbolizer: symbolizer.stats(),
         unwind,
+        stack_copy: copy,
         overhead: Overhead {
             setup: cpu_at_sampling.saturating_sub(cpu_at_start),
             sampling: cpu_at_end.saturating_sub(cpu_at_sampling),
@@ -512,7 +519,12 @@ pub fn run(opts: &Options) -> Result<Outcome> {
 
 /// Drains the ring buffer into the aggregate, then looks for the interpreters of processes
 /// that just appeared or exec'd.
-fn drain(programs: &mut Programs, agg: &mut Aggregator, python: &mut Python) {
+fn drain(
+    programs: &mut Programs,
+    agg: &mut Aggregator,
+    python: &mut Python,
+    copy: &mut StackCopySizes,
+) {
     agg.next_drain();
     while let Some(item) = programs.samples.next() {
         match Record::from_bytes(&item) {
@@ -525,6 +537,24 @@ fn drain(programs: &mut Programs, agg: &mut Aggregator, python: &mut Python) {
         }
     }
     python.detect_pending(programs);
+    // A process whose stacks the copy cut short gets the largest copy from the next sample on
+    // (its children too, in the kernel): deep C recursion, e.g. CPython 3.8-3.10's.
+    if copy.default != 0 && copy.default < MAX_STACK_COPY as u32 {
+        for pid in agg.take_truncated_by_copy() {
+            if programs.set_stack_copy(pid, MAX_STACK_COPY as u32).is_ok() {
+                copy.raised.push(pid);
+            }
+        }
+    }
+}
+
+/// The stack copy sizes of a session: `--stack-copy`, and the processes given the largest.
+#[derive(Debug, Clone, Default)]
+pub struct StackCopySizes {
+    /// Bytes copied per sample by default (0: frame pointers).
+    pub default: u32,
+    /// Processes raised to [`MAX_STACK_COPY`] because the default truncated their stacks.
+    pub raised: Vec<u32>,
 }
 
 /// Exit code a shell would report for a command's status (128+signal when killed).

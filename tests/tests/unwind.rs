@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use spanprof_tests::{
     args, assert_cpu_split_truth, cext_dir, folded_count, folded_summary, folded_total,
-    native_stacks_line, parse_py_frame, profile_pid, profiling_lock, read_folded,
+    native_stacks_line, parse_py_frame, profile_pid, profiling_lock, pyenv_python, read_folded,
     read_unwind_stats, require_profiling, run_with_timeout, spanprof_command, start_py_workload,
     system_python, workload_path, FoldedStack, ProcessUnwindStats, RunOutput, TempDir, UnwindStats,
     Workload, RUN_TIMEOUT, SYSTEM_PYTHON_3_11,
@@ -407,4 +407,58 @@ fn python_calling_a_c_extension() {
          outer;middle (py_cext.py), then crunch_outer;crunch_inner\n{context}"
     );
     session.check_stats(pid, "dwarf");
+}
+
+// ---------------------------------------------------------------------------
+// f. A stack deeper than the default copy
+// ---------------------------------------------------------------------------
+
+/// CPython 3.9 recursing 50 Python calls deep uses about 20 KiB of C stack (every Python call
+/// is a C call of the interpreter there), more than the default 16 KiB copy: spanprof says so,
+/// copies 32 KiB for that process from then on, and nearly every stack is complete, from
+/// `_start` through the 51 Python frames.
+#[test]
+fn a_stack_deeper_than_the_copy_gets_a_bigger_one() {
+    require_profiling();
+    let python = pyenv_python(9);
+    let _lock = profiling_lock();
+    let workload = start_py_workload(&python, "py_recurse.py", &["50", "4.5"]);
+    let pid = workload.pid();
+    let session = profile_with_stats(pid, &[]);
+    workload.finish(RUN_TIMEOUT).assert_success();
+    let context = session.context();
+    assert!(
+        session.out.stderr.contains(&format!(
+            "16384 bytes of stack cut short the stacks of 1 process ({pid}): 32768 bytes"
+        )),
+        "no word of the bigger copy\n{context}"
+    );
+    let process = session.check_stats(pid, "dwarf");
+    // The samples before the first drain (≤ 50 ms) are cut short: they say why.
+    assert!(
+        process.truncated > 0
+            && process.reasons.get("stack copy too small") == Some(&process.truncated),
+        "the first stacks are truncated by the copy\n{context}"
+    );
+    assert!(
+        process.complete_share() >= 90.0,
+        "only {:.1}% of the stacks are complete ({} of {})\n{context}",
+        process.complete_share(),
+        process.complete,
+        process.samples
+    );
+    let whole = folded_count(&session.stacks, |s| {
+        let user = s.user_frames();
+        user.first().map(String::as_str) == Some("_start")
+            && user
+                .iter()
+                .filter(|f| parse_py_frame(f).is_some_and(|p| p.qualname == "f"))
+                .count()
+                == 51
+    });
+    let total = folded_total(&session.stacks);
+    assert!(
+        whole as f64 >= 0.85 * total as f64,
+        "{whole} of {total} samples go from _start through 51 frames of f\n{context}"
+    );
 }
