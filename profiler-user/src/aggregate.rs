@@ -11,9 +11,10 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    Sample as SampleRecord, SpanRecord, MAX_PY_FRAMES, MAX_STACK_DEPTH, PY_NONE, PY_NO_THREAD,
-    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
-    USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_OK, USTACK_COPY_SHORT,
+    Sample as SampleRecord, SpanRecord, MAX_PY_FRAMES, MAX_STACK_COPY, MAX_STACK_DEPTH, PY_NONE,
+    PY_NO_THREAD, PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED,
+    TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK,
+    USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
@@ -163,6 +164,7 @@ impl Aggregator {
     pub fn forget(&mut self, pid: u32) {
         self.unwinders.forget(pid);
         self.raised.remove(&pid);
+        self.truncated_by_copy.retain(|&p| p != pid);
     }
 
     /// Processes whose stacks the copy truncated since the last call, each once.
@@ -176,6 +178,9 @@ impl Aggregator {
         if self.last_sweep.elapsed() >= UNWINDERS_SWEEP_EVERY {
             self.last_sweep = std::time::Instant::now();
             self.unwinders.sweep();
+            // A pid that comes back is another process: it may need a bigger copy again.
+            self.raised
+                .retain(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
         }
     }
 
@@ -208,7 +213,9 @@ impl Aggregator {
             USTACK_COPY_FAULT => (&[], UnwindStatus::Failed(FailedBy::StackUnreadable)),
             // A thread with no user state (an io_uring worker of the process): its empty user
             // stack is the whole of it.
-            _ => (&[], UnwindStatus::Complete),
+            USTACK_COPY_NO_REGS => (&[], UnwindStatus::Complete),
+            // A status this build does not know.
+            _ => (&[], UnwindStatus::Unchecked),
         }
     }
 
@@ -260,7 +267,10 @@ impl Aggregator {
         // system call, so it is adjusted like every other return address.
         let in_kernel = !sample.kernel_stack().is_empty();
         let (ustack, unwind) = Self::user_stack(&mut self.unwinders, &mut self.unwound, sample);
-        if unwind == UnwindStatus::Truncated(TruncatedBy::StackCopy) && self.raised.insert(rec.pid)
+        // Only a copy smaller than the largest can be made bigger.
+        if unwind == UnwindStatus::Truncated(TruncatedBy::StackCopy)
+            && sample.user_stack_copy().len() < MAX_STACK_COPY
+            && self.raised.insert(rec.pid)
         {
             self.truncated_by_copy.push(rec.pid);
         }

@@ -280,6 +280,11 @@ impl Programs {
             .map_err(aya_err("add a process to the span context map"))
     }
 
+    /// Whether a process is in the profiled set (a target, or a child the kernel added).
+    pub fn is_target(&self, pid: u32) -> bool {
+        self.targets.get(&pid, 0).is_ok()
+    }
+
     /// Sets how many bytes of user stack the kernel copies for a process (`--unwind dwarf`).
     pub fn set_stack_copy(&mut self, pid: u32, bytes: u32) -> Result<(), LoadError> {
         self.stack_copy_sizes

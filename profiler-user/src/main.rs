@@ -268,8 +268,9 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
                     profiler_common::MAX_STACK_COPY
                 )));
             }
-            // A ring that cannot hold a few records of the largest size loses every sample.
-            let record = SAMPLE_RECORD_MAX + args.stack_copy;
+            // A ring that cannot hold a few records of the largest size loses every sample (a
+            // process whose stacks the copy cuts short gets the largest copy).
+            let record = SAMPLE_RECORD_MAX + profiler_common::MAX_STACK_COPY as u32;
             if args.ring_buffer_size < 8 * record {
                 return Err(usage(format!(
                     "--ring-buffer-size {} is too small for --unwind dwarf with --stack-copy {}: \

@@ -539,11 +539,10 @@ fn drain(
     python.detect_pending(programs);
     // A process whose stacks the copy cut short gets the largest copy from the next sample on
     // (its children too, in the kernel): deep C recursion, e.g. CPython 3.8-3.10's.
-    if copy.default != 0 && copy.default < MAX_STACK_COPY as u32 {
-        for pid in agg.take_truncated_by_copy() {
-            if programs.set_stack_copy(pid, MAX_STACK_COPY as u32).is_ok() {
-                copy.raised.push(pid);
-            }
+    for pid in agg.take_truncated_by_copy() {
+        // Not for a process that exited meanwhile (the kernel dropped its entries already).
+        if programs.is_target(pid) && programs.set_stack_copy(pid, MAX_STACK_COPY as u32).is_ok() {
+            copy.raised.push(pid);
         }
     }
 }

@@ -38,17 +38,27 @@ use rustc_hash::FxHashMap;
 /// Opens a file a process maps, through `/proc/PID/root` (its mount namespace), for reading
 /// its ELF headers and sections. `None` unless it is a regular file, and, when `inode` is given
 /// (from `/proc/PID/maps`), that very file: the path of a mapping may since name another file,
-/// or a FIFO, whose opening would block.
+/// a FIFO (whose opening would block) or a device (whose opening may act). So the path is
+/// first opened with `O_PATH`, which opens nothing, checked, then reopened through
+/// `/proc/self/fd`.
 pub fn open_module(pid: u32, path: &str, inode: Option<u64>) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let on_disk = PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
-    let file = std::fs::OpenOptions::new()
+    let handle = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .custom_flags(libc::O_PATH)
         .open(on_disk)
         .ok()?;
-    let meta = file.metadata().ok()?;
-    (meta.is_file() && inode.is_none_or(|i| i == meta.ino())).then_some(file)
+    let meta = handle.metadata().ok()?;
+    if !meta.is_file() || inode.is_some_and(|i| i != meta.ino()) {
+        return None;
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
+        .ok()
 }
 
 /// Module name used for kernel frames.

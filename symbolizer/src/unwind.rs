@@ -30,6 +30,9 @@ use crate::python::memory::{LiveMemory, ProcessMemory};
 
 /// A return address at most this far past an entry point is in `_start`'s first call.
 const ENTRY_CALL: u64 = 32;
+/// After a failed unwind, a process's maps are read again at most once in this many drains
+/// (about a second).
+const FAILED_REFRESH_DRAINS: u64 = 20;
 /// A read this far above the stack copy is no stack frame (8 MiB: glibc's default stack).
 const MAX_STACK_SIZE: u64 = 8 << 20;
 /// The vDSO is at most this big (two or three pages on x86_64).
@@ -202,12 +205,25 @@ impl Sections {
         } else {
             None
         };
-        let rejected = eh_frame
-            .as_ref()
-            .is_some_and(|(r, d)| may_loop(gimli::EhFrame::new(d, gimli::LittleEndian), r.start))
-            || debug_frame
-                .as_ref()
-                .is_some_and(|d| may_loop(gimli::DebugFrame::new(d, gimli::LittleEndian), 0));
+        let mut rejected = false;
+        if let Some((r, d)) = &eh_frame {
+            match scan(gimli::EhFrame::new(d, gimli::LittleEndian), r.start) {
+                None => rejected = true,
+                // framehop finds FDEs through the header's table when there is one: it must
+                // point only at FDEs the scan checked, else framehop indexes them itself.
+                Some(fdes) => {
+                    if eh_frame_hdr
+                        .as_ref()
+                        .is_some_and(|(hr, hd)| !hdr_points_at(hd, hr.start, r.start, &fdes))
+                    {
+                        eh_frame_hdr = None;
+                    }
+                }
+            }
+        }
+        if let Some(d) = &debug_frame {
+            rejected |= scan(gimli::DebugFrame::new(d, gimli::LittleEndian), 0).is_none();
+        }
         if rejected {
             eh_frame = None;
             eh_frame_hdr = None;
@@ -265,10 +281,12 @@ impl Sections {
     }
 }
 
-/// Whether any DWARF expression of the unwind tables branches backwards: framehop evaluates
-/// expressions (PLT entries use one for the CFA) without an iteration limit, so such a table,
-/// which no compiler emits, could hang the unwinder. A malformed table also counts.
-fn may_loop<'a, S>(section: S, svma: u64) -> bool
+/// Checks every DWARF expression of the unwind tables, the FDEs' and their CIEs' initial
+/// instructions: framehop evaluates expressions (PLT entries use one for the CFA) without an
+/// iteration limit, so one that branches backwards, which no compiler emits, could hang the
+/// unwinder. `None`: such an expression, or a malformed table; else the offsets of the FDEs
+/// checked, sorted.
+fn scan<'a, S>(section: S, svma: u64) -> Option<Vec<usize>>
 where
     S: gimli::UnwindSection<gimli::EndianSlice<'a, gimli::LittleEndian>>,
 {
@@ -295,7 +313,7 @@ where
         }
         false
     };
-    let check = |mut ins: gimli::CallFrameInstructionIter<'_, _>| -> bool {
+    let loops = |mut ins: gimli::CallFrameInstructionIter<'_, _>| -> bool {
         loop {
             match ins.next() {
                 Ok(None) => return false,
@@ -313,24 +331,64 @@ where
             }
         }
     };
+    let mut fdes = Vec::new();
+    // CIEs checked, by offset: an FDE's CIE may be anywhere (even where the walk does not go).
+    let mut cies = rustc_hash::FxHashSet::default();
     let mut entries = section.entries(&bases);
     loop {
         match entries.next() {
-            Ok(None) => return false,
-            Err(_) => return true,
+            Ok(None) => break,
+            Err(_) => return None,
             Ok(Some(CieOrFde::Cie(cie))) => {
-                if check(cie.instructions(&section, &bases)) {
-                    return true;
+                if cies.insert(cie.offset()) && loops(cie.instructions(&section, &bases)) {
+                    return None;
                 }
             }
             Ok(Some(CieOrFde::Fde(partial))) => {
-                let Ok(fde) = partial.parse(|s, b, o| s.cie_from_offset(b, o)) else {
-                    return true;
-                };
-                if check(fde.instructions(&section, &bases)) {
-                    return true;
+                let offset = partial.offset();
+                let fde = partial.parse(|s, b, o| s.cie_from_offset(b, o)).ok()?;
+                let cie = fde.cie();
+                if cies.insert(cie.offset()) && loops(cie.instructions(&section, &bases)) {
+                    return None;
+                }
+                if loops(fde.instructions(&section, &bases)) {
+                    return None;
+                }
+                fdes.push(offset);
+            }
+        }
+    }
+    fdes.sort_unstable();
+    Some(fdes)
+}
+
+/// Whether every entry of an `.eh_frame_hdr` search table points at one of `fdes` (offsets in
+/// the `.eh_frame` at `eh_svma`).
+fn hdr_points_at(hdr: &[u8], hdr_svma: u64, eh_svma: u64, fdes: &[usize]) -> bool {
+    let bases = gimli::BaseAddresses::default()
+        .set_eh_frame_hdr(hdr_svma)
+        .set_eh_frame(eh_svma);
+    let Ok(parsed) = gimli::EhFrameHdr::new(hdr, gimli::LittleEndian).parse(&bases, 8) else {
+        return false;
+    };
+    let Some(table) = parsed.table() else {
+        // No table: framehop indexes the FDEs with the same walk as the scan.
+        return true;
+    };
+    let mut rows = table.iter(&bases);
+    loop {
+        match rows.next() {
+            Ok(None) => return true,
+            Ok(Some((_, gimli::Pointer::Direct(addr)))) => {
+                let ok = addr
+                    .checked_sub(eh_svma)
+                    .and_then(|o| usize::try_from(o).ok())
+                    .is_some_and(|o| fdes.binary_search(&o).is_ok());
+                if !ok {
+                    return false;
                 }
             }
+            _ => return false,
         }
     }
 }
@@ -499,11 +557,13 @@ impl Unwinders {
         // loader at start-up; or code that is no module's: JIT), or a failure (a library
         // replaced by another at the same place): read the maps again, once per drain at most:
         // they then hold what was mapped before every sample drained.
+        // (After a failure, at most once a second: code that fails every time, JIT or without
+        // tables, would make every drain read the maps.)
         if unknown || matches!(status, UnwindStatus::Failed(_)) {
-            let due = self
-                .procs
-                .get(&pid)
-                .is_none_or(|p| p.refreshed != self.drain);
+            let due = self.procs.get(&pid).is_none_or(|p| {
+                p.refreshed != self.drain
+                    && (unknown || self.drain.saturating_sub(p.refreshed) >= FAILED_REFRESH_DRAINS)
+            });
             if due && self.refresh(pid) {
                 let (n, status, _) = self.unwind_once(pid, copy, out);
                 return (n, status);
@@ -544,7 +604,9 @@ impl Unwinders {
         // frame pointer or return address of 0: trusted only in a module with unwind tables,
         // since code without them may keep anything in rbp.
         let ended = |n: usize, out: &[u64]| {
-            if n > 0 && proc_.mapping(out[n - 1]).is_some_and(|k| k.tables) {
+            let last = out[..n].last().copied();
+            if last.is_some_and(|a| proc_.mapping(a).is_some_and(|k| k.tables) || proc_.at_entry(a))
+            {
                 UnwindStatus::Complete
             } else {
                 UnwindStatus::Failed(FailedBy::NoUnwindInfo)
@@ -676,7 +738,10 @@ fn file_sections(
     files: &mut FxHashMap<(u64, u64), Option<Arc<Sections>>>,
     stats: &mut UnwindStats,
 ) -> Option<Arc<Sections>> {
-    let file = crate::open_module(pid, &m.path, Some(m.inode))?;
+    let Some(file) = crate::open_module(pid, &m.path, Some(m.inode)) else {
+        stats.modules_unreadable += 1;
+        return None;
+    };
     let meta = file.metadata().ok()?;
     files
         .entry((meta.dev(), meta.ino()))
@@ -727,47 +792,79 @@ mod tests {
         assert_eq!(maps[2].path, "");
     }
 
-    /// A CIE, then an FDE whose CFA is the expression `DW_OP_skip target` (no compiler writes
-    /// a backward one, which would loop), then the terminator.
-    fn eh_frame_with_skip(target: i16) -> Vec<u8> {
+    /// A CIE, then an FDE, one of them (`in_cie`) setting the CFA to the expression
+    /// `DW_OP_skip target` (no compiler writes a backward one, which would loop), then the
+    /// terminator. The FDE is at offset 24.
+    fn eh_frame_with_skip(target: i16, in_cie: bool) -> Vec<u8> {
+        let t = target.to_le_bytes();
+        let expression = [0x0f, 3, 0x2f, t[0], t[1]];
         let mut v = Vec::new();
-        // CIE: length 20, id 0, version 1, "zR", code align 1, data align -8, RA r16,
-        // augmentation data: pcrel sdata4; def_cfa r7+8, offset r16 at cfa-8; 2 nops.
+        // CIE: id 0, version 1, "zR", code align 1, data align -8, RA r16, augmentation data:
+        // pcrel sdata4; then the CFA rule (the expression, or r7+8), r16 at cfa-8, nops.
+        let mut cie = vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b];
+        if in_cie {
+            cie.extend_from_slice(&expression);
+        } else {
+            cie.extend_from_slice(&[0x0c, 7, 8]);
+        }
+        cie.extend_from_slice(&[0x90, 1]);
+        cie.resize(20, 0);
         v.extend_from_slice(&20u32.to_le_bytes());
-        v.extend_from_slice(&0u32.to_le_bytes());
-        v.extend_from_slice(&[1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b]);
-        v.extend_from_slice(&[0x0c, 7, 8, 0x90, 1, 0, 0]);
-        // FDE: length 20, CIE pointer (back to offset 0), pc_begin, pc_range, no augmentation
-        // data, def_cfa_expression of 3 bytes: DW_OP_skip target; 2 nops.
-        v.extend_from_slice(&20u32.to_le_bytes());
-        v.extend_from_slice(&28u32.to_le_bytes());
-        v.extend_from_slice(&0x100i32.to_le_bytes());
-        v.extend_from_slice(&0x10u32.to_le_bytes());
-        v.extend_from_slice(&[0, 0x0f, 3, 0x2f]);
-        v.extend_from_slice(&target.to_le_bytes());
-        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(&cie);
+        // FDE: CIE pointer (back to offset 0 from offset 28), pc_begin, pc_range, no
+        // augmentation data, the expression unless the CIE has it, nops.
+        let mut fde = Vec::new();
+        fde.extend_from_slice(&28u32.to_le_bytes());
+        fde.extend_from_slice(&0x100i32.to_le_bytes());
+        fde.extend_from_slice(&0x10u32.to_le_bytes());
+        fde.push(0);
+        if !in_cie {
+            fde.extend_from_slice(&expression);
+        }
+        fde.resize(fde.len().next_multiple_of(4), 0);
+        v.extend_from_slice(&(fde.len() as u32).to_le_bytes());
+        v.extend_from_slice(&fde);
         v.extend_from_slice(&0u32.to_le_bytes());
         v
     }
 
     #[test]
     fn tables_with_a_backward_branch_are_rejected() {
-        let looping = eh_frame_with_skip(-3);
-        assert!(may_loop(
-            gimli::EhFrame::new(&looping, gimli::LittleEndian),
-            0x1000
-        ));
-        let forward = eh_frame_with_skip(0);
-        assert!(!may_loop(
-            gimli::EhFrame::new(&forward, gimli::LittleEndian),
-            0x1000
-        ));
+        let eh = |v: &[u8]| scan(gimli::EhFrame::new(v, gimli::LittleEndian), 0x1000);
+        for in_cie in [false, true] {
+            assert_eq!(
+                eh(&eh_frame_with_skip(-3, in_cie)),
+                None,
+                "in CIE: {in_cie}"
+            );
+            assert_eq!(
+                eh(&eh_frame_with_skip(0, in_cie)),
+                Some(vec![24]),
+                "in CIE: {in_cie}"
+            );
+        }
         // Garbage is refused too.
-        let garbage = [0xffu8; 64];
-        assert!(may_loop(
-            gimli::EhFrame::new(&garbage, gimli::LittleEndian),
-            0x1000
-        ));
+        assert_eq!(eh(&[0xffu8; 64]), None);
+    }
+
+    /// An `.eh_frame_hdr` at 0x2000 for an `.eh_frame` at 0x1000 whose one table row points at
+    /// `fde` (an offset in the `.eh_frame`).
+    fn eh_frame_hdr(fde: i32) -> Vec<u8> {
+        let mut v = vec![1, 0x1b, 0x03, 0x3b];
+        // eh_frame_ptr, pc-relative from its own address (0x2004).
+        v.extend_from_slice(&(0x1000i32 - 0x2004).to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        // (initial location, FDE address), relative to the header's start.
+        v.extend_from_slice(&(0x100i32 - 0x2000).to_le_bytes());
+        v.extend_from_slice(&(0x1000 + fde - 0x2000).to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn a_header_pointing_past_the_fdes_checked_is_not_used() {
+        assert!(hdr_points_at(&eh_frame_hdr(24), 0x2000, 0x1000, &[24]));
+        assert!(!hdr_points_at(&eh_frame_hdr(8), 0x2000, 0x1000, &[24]));
+        assert!(!hdr_points_at(&[0xff; 8], 0x2000, 0x1000, &[24]));
     }
 
     #[test]

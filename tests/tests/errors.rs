@@ -299,7 +299,7 @@ fn unwind_arguments_are_checked() {
             &["--ring-buffer-size", "8192"][..],
             &[
                 "--ring-buffer-size 8192 is too small for --unwind dwarf",
-                "262144",
+                "524288",
             ][..],
         ),
     ] {
