@@ -785,6 +785,8 @@ struct PyRound {
     spanprof_depth: (u64, u64),
     pyspy: OtherRun,
     pyspy_depth: (u64, u64),
+    /// spanprof with `--unwind fp`, for the cost of the default stack copy.
+    spanprof_fp: SpanprofRun,
 }
 
 /// The first line `program args…` prints, e.g. "3.12.1" or "py-spy 0.4.3".
@@ -827,22 +829,31 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
         r.pyspy_depth = python_depth(&pyspy_out)?;
         Ok(())
     };
+    let fp_out = out_dir.join("bench_py_fp.folded");
+    let fp_run = |r: &mut PyRound| -> Result<()> {
+        r.spanprof_fp = run_spanprof(spanprof, &target, work, HZ, &["--unwind", "fp"], &fp_out)?;
+        Ok(())
+    };
     let results = rounds("python", n, |i| {
         let mut r = PyRound::default();
         if i % 2 == 0 {
             r.alone = run_alone(&target, work)?;
             spanprof_run(&mut r)?;
             pyspy_run(&mut r)?;
+            fp_run(&mut r)?;
         } else {
+            fp_run(&mut r)?;
             pyspy_run(&mut r)?;
             spanprof_run(&mut r)?;
             r.alone = run_alone(&target, work)?;
         }
         Ok(r)
     })?;
-    let high = rounds(&format!("python at {HIGH_HZ} Hz"), HIGH_RUNS, |_| {
+    // At the higher rate, the default and --unwind fp alternate.
+    let high = rounds(&format!("python at {HIGH_HZ} Hz"), 2 * HIGH_RUNS, |i| {
         let out = out_dir.join("bench_py_high.folded");
-        let run = run_spanprof(spanprof, &target, work, HIGH_HZ, &[], &out)?;
+        let extra: &[&str] = if i % 2 == 0 { &[] } else { &["--unwind", "fp"] };
+        let run = run_spanprof(spanprof, &target, work, HIGH_HZ, extra, &out)?;
         Ok((run, python_depth(&out)?))
     })?;
     std::fs::write(
@@ -873,9 +884,22 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
     let ps_whole = share(&|r| r.pyspy_depth);
     let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.spanprof.bpf).collect();
     let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
-    let high_windows: Vec<BpfWindow> = high.iter().filter_map(|(r, _)| r.bpf).collect();
+    let fp_windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.spanprof_fp.bpf).collect();
+    let fp_bpf = bpf_figures(&fp_windows).context("no in-kernel statistics were read")?;
+    let fp_loop_us = med(&|r| r.spanprof_fp.loop_us);
+    let high_windows: Vec<BpfWindow> = high.iter().step_by(2).filter_map(|(r, _)| r.bpf).collect();
     let high_bpf = bpf_figures(&high_windows).context("no in-kernel statistics were read")?;
-    let (high_all, high_whole) = high.iter().fold((0, 0), |a, (_, d)| (a.0 + d.0, a.1 + d.1));
+    let high_fp_windows: Vec<BpfWindow> = high
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .filter_map(|(r, _)| r.bpf)
+        .collect();
+    let high_fp_bpf = bpf_figures(&high_fp_windows).context("no in-kernel statistics were read")?;
+    let high_default: Vec<&(SpanprofRun, (u64, u64))> = high.iter().step_by(2).collect();
+    let (high_all, high_whole) = high_default
+        .iter()
+        .fold((0, 0), |a, (_, d)| (a.0 + d.0, a.1 + d.1));
     let high_whole = 100.0 * high_whole as f64 / high_all.max(1) as f64;
 
     Ok(format!(
@@ -895,7 +919,9 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
          | in-kernel time per run for other processes (target blocked, 1 s per run) | {:.2} µs | n/a | |\n\
          | in-kernel time per target sample, all runs charged to the target ({} samples) | {:.2} µs | n/a | |\n\
          | **in-kernel time per target sample**, net of the runs for other processes | **{:.2} µs** | n/a | ≤ 10 µs |\n\
-         | the same at {HIGH_HZ} Hz ({HIGH_RUNS} runs, {} samples, {high_whole:.1}% with all {PY_DEPTH} frames) | {:.2} µs | n/a | ≤ 10 µs |\n",
+         | the same at {HIGH_HZ} Hz ({HIGH_RUNS} runs, {} samples, {high_whole:.1}% with all {PY_DEPTH} frames) | {:.2} µs | n/a | ≤ 10 µs |\n\
+         | the same with `--unwind fp` (frame-pointer walk instead of the {STACK_COPY_BYTES}-byte stack copy: this interpreter has no frame pointers, so its native frames are cut), same rounds, at {HZ} Hz; at {HIGH_HZ} Hz | {:.2} µs; {:.2} µs | n/a | |\n\
+         | spanprof's own CPU per sample in its sampling loop with `--unwind fp` (median) | {fp_loop_us:.1} µs | n/a | |\n",
         machine(),
         mb(sp_rss.unwrap_or(0)),
         mb(ps_rss.unwrap_or(0)),
@@ -907,8 +933,13 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
         bpf.net_ns / 1000.0,
         high_bpf.target_samples,
         high_bpf.net_ns / 1000.0,
+        fp_bpf.net_ns / 1000.0,
+        high_fp_bpf.net_ns / 1000.0,
     ))
 }
+
+/// spanprof's default `--stack-copy`.
+const STACK_COPY_BYTES: u32 = 16384;
 
 /// One run of the span target under spanprof, and its span-grouped folded output.
 #[derive(Debug, Default)]
