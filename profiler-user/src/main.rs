@@ -379,6 +379,13 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             profiler_common::MAX_STACK_COPY
         );
     }
+    if outcome.unwind.modules_rejected > 0 {
+        eprintln!(
+            "spanprof: {} module files have unwind tables with a DWARF expression that could loop: \
+             their frames were unwound by frame pointer",
+            outcome.unwind.modules_rejected
+        );
+    }
     if outcome.unwind.modules_unreadable > 0 {
         eprintln!(
             "spanprof: {} module files could not be read for their unwind tables: their frames \

@@ -188,6 +188,42 @@ mod tests {
     use symbolizer::unwind::{FailedBy, TruncatedBy};
 
     #[test]
+    fn several_processes_get_a_line_each_and_the_json_all() {
+        let mut profile = crate::output::fixture::profile();
+        profile.threads[1].pid = 200;
+        profile.processes.push(crate::profile::Process {
+            pid: 200,
+            name: "other".to_string(),
+        });
+        for s in &mut profile.samples {
+            s.unwind = if s.thread == 0 {
+                UnwindStatus::Complete
+            } else {
+                UnwindStatus::Truncated(TruncatedBy::StackCopy)
+            };
+        }
+        // Thread 0 (pid 100): 5 + 2 samples; thread 1 (pid 200): 3 + 1.
+        assert_eq!(
+            summary_lines(&profile),
+            [
+                "native stacks: 63.6% complete, 36.4% truncated, 0.0% failed \
+                 (stack copy too small: 4)",
+                "  100 (app), 7 samples: 100.0% complete, 0.0% truncated, 0.0% failed",
+                "  200 (other), 4 samples: 0.0% complete, 100.0% truncated, 0.0% failed \
+                 (stack copy too small: 4)",
+            ]
+        );
+        let json: serde_json::Value = serde_json::from_str(&to_json(&profile, 16384)).unwrap();
+        assert_eq!(json["unwind"], "dwarf");
+        assert_eq!(json["processes"][1]["pid"], 200);
+        assert_eq!(json["processes"][1]["stacks"]["truncated"], 4);
+        assert_eq!(
+            json["processes"][1]["stacks"]["reasons"]["stack copy too small"],
+            4
+        );
+    }
+
+    #[test]
     fn counts_describe_shares_and_reasons() {
         let mut c = StackCounts::default();
         c.add(UnwindStatus::Complete, 97);
