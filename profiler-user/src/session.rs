@@ -517,6 +517,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     })
 }
 
+/// How often a long drain stops to look for new interpreters.
+const DETECT_DURING_DRAIN: Duration = Duration::from_millis(10);
+
 /// Drains the ring buffer into the aggregate, then looks for the interpreters of processes
 /// that just appeared or exec'd.
 fn drain(
@@ -526,7 +529,12 @@ fn drain(
     copy: &mut StackCopySizes,
 ) {
     agg.next_drain();
-    while let Some(item) = programs.samples.next() {
+    let mut looked = Instant::now();
+    let mut n = 0u32;
+    loop {
+        let Some(item) = programs.samples.next() else {
+            break;
+        };
         match Record::from_bytes(&item) {
             Some(Record::Sample(sample)) => agg.record(&sample, python),
             Some(Record::Exec(e)) => {
@@ -534,6 +542,14 @@ fn drain(
                 agg.forget(e.pid);
             }
             None => {}
+        }
+        // A long drain (a backlog, cold module tables) still hands new interpreters to the
+        // kernel every few ms: a short-lived child must be found while it runs.
+        n = n.wrapping_add(1);
+        if n % 64 == 0 && looked.elapsed() >= DETECT_DURING_DRAIN {
+            drop(item);
+            python.detect_pending(programs);
+            looked = Instant::now();
         }
     }
     python.detect_pending(programs);
