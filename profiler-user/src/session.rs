@@ -546,7 +546,7 @@ fn drain(
         // A long drain (a backlog, cold module tables) still hands new interpreters to the
         // kernel every few ms: a short-lived child must be found while it runs.
         n = n.wrapping_add(1);
-        if n % 64 == 0 && looked.elapsed() >= DETECT_DURING_DRAIN {
+        if n.is_multiple_of(64) && looked.elapsed() >= DETECT_DURING_DRAIN {
             drop(item);
             python.detect_pending(programs);
             looked = Instant::now();
