@@ -444,6 +444,8 @@ impl Aggregator {
                 frames: stack,
                 thread: thread_index[&(pid, tid)],
                 count,
+                off_cpu_ns: 0,
+                off_cpu: None,
                 span: span.checked_sub(1),
                 unwind,
             });

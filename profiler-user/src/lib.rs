@@ -33,6 +33,7 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod command;
+pub mod offcpu;
 pub mod output;
 pub mod preflight;
 pub mod profile;

@@ -8,6 +8,8 @@
 use std::time::{Duration, SystemTime};
 use symbolizer::unwind::UnwindStatus;
 
+use crate::offcpu::OffCpuReason;
+
 /// What kind of code a frame belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameKind {
@@ -98,8 +100,14 @@ pub struct Sample {
     pub frames: Vec<u32>,
     /// Index into [`Profile::threads`].
     pub thread: u32,
-    /// Number of perf events that hit this stack on this thread.
+    /// Number of on-CPU perf events that hit this stack on this thread (0 for off-CPU samples).
     pub count: u64,
+    /// Nanoseconds this thread spent blocked in this stack (0 for on-CPU samples), an unbiased
+    /// estimate from sampled intervals ([`crate::offcpu`]).
+    pub off_cpu_ns: u64,
+    /// Why the thread was blocked: `Some` exactly for off-CPU samples, whose first frame is the
+    /// reason's pseudo-frame ([`OffCpuReason::frame_name`]).
+    pub off_cpu: Option<OffCpuReason>,
     /// Index into [`Profile::spans`]: the tracing context the thread was in; `None` outside any.
     pub span: Option<u32>,
     /// How the native user stack was unwound: complete, truncated, failed (and why), or
@@ -215,10 +223,45 @@ pub struct Meta {
     pub duration: Duration,
     /// Sampling frequency in Hz; the period of one sample is `1e9 / frequency` nanoseconds.
     pub frequency: u64,
+    /// What was sampled (`--event`).
+    pub events: Events,
     /// Samples the kernel could not hand over (ring buffer full), never silently dropped.
     pub lost_samples: u64,
     /// What the CPython walker found.
     pub python: PythonStats,
+}
+
+/// What a profile measures (`--event`).
+///
+/// `cpu` alone is an on-CPU profile whose samples count timer events. With `off_cpu`, samples
+/// also carry nanoseconds blocked, and every output weighs stacks in nanoseconds (an on-CPU
+/// sample is worth [`Meta::period_ns`]). `wall` is `cpu` and `off_cpu` shown as one wall-clock
+/// time per thread (`wall/nanoseconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Events {
+    /// On-CPU samples (`--event cpu`, the default).
+    pub cpu: bool,
+    /// Off-CPU intervals (`--event offcpu`).
+    pub off_cpu: bool,
+    /// Both, as one wall-clock profile (`--event wall`).
+    pub wall: bool,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            cpu: true,
+            off_cpu: false,
+            wall: false,
+        }
+    }
+}
+
+impl Events {
+    /// Whether sample weights are nanoseconds (anything but a plain on-CPU profile).
+    pub fn in_nanoseconds(&self) -> bool {
+        self.off_cpu || self.wall
+    }
 }
 
 /// What the CPython walker found over a session, for the summary.
@@ -270,9 +313,27 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Total number of samples.
+    /// Total number of on-CPU samples.
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// A sample's weight in the profile's unit: its count for an on-CPU profile, else
+    /// nanoseconds (on-CPU time `count * period` plus off-CPU time).
+    pub fn weight(&self, sample: &Sample) -> u64 {
+        if self.meta.events.in_nanoseconds() {
+            sample
+                .count
+                .saturating_mul(self.meta.period_ns())
+                .saturating_add(sample.off_cpu_ns)
+        } else {
+            sample.count
+        }
+    }
+
+    /// Total off-CPU nanoseconds.
+    pub fn total_off_cpu_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.off_cpu_ns).sum()
     }
 }
 

@@ -172,6 +172,7 @@ impl Reader<'_> {
             start: UNIX_EPOCH + Duration::from_nanos(u64::try_from(p.time_nanos).unwrap_or(0)),
             duration: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
             frequency: ((1e9 / period as f64).round() as u64).max(1),
+            events: Default::default(),
             lost_samples,
             python: PythonStats::default(),
         };
@@ -214,6 +215,8 @@ impl Reader<'_> {
                 frames: frames_of,
                 thread,
                 count,
+                off_cpu_ns: 0,
+                off_cpu: None,
                 span,
                 unwind,
             });

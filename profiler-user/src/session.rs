@@ -492,6 +492,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         start: start_wall,
         duration,
         frequency: opts.frequency,
+        events: Default::default(),
         lost_samples: errors[ErrorCode::RingbufFull as usize],
         python: Default::default(),
     };
