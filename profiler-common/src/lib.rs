@@ -88,6 +88,11 @@ pub enum ErrorCode {
     PythonRead = 4,
     /// A thread's span context could not be read (a failed read, or garbage).
     SpanRead = 5,
+    /// A sampled off-CPU interval was dropped (blocked outside a system call, then again
+    /// elsewhere before the next system call).
+    OffCpuDropped = 6,
+    /// A thread's off-CPU state could not be allocated: an interval was not seen.
+    OffCpuStorage = 7,
 }
 
 /// Number of slots in the `errors` map.
@@ -95,13 +100,15 @@ pub const ERROR_COUNT: u32 = 8;
 
 impl ErrorCode {
     /// Every code, for reporting.
-    pub const ALL: [ErrorCode; 6] = [
+    pub const ALL: [ErrorCode; 8] = [
         ErrorCode::RingbufFull,
         ErrorCode::KernelStack,
         ErrorCode::UserStack,
         ErrorCode::PidMapFull,
         ErrorCode::PythonRead,
         ErrorCode::SpanRead,
+        ErrorCode::OffCpuDropped,
+        ErrorCode::OffCpuStorage,
     ];
 
     /// What the counter means, for summaries.
@@ -113,6 +120,10 @@ impl ErrorCode {
             ErrorCode::PidMapFull => "child processes not followed: pid map full",
             ErrorCode::PythonRead => "python stacks cut by a failed read of interpreter memory",
             ErrorCode::SpanRead => "span contexts not read: a failed read or unexpected objects",
+            ErrorCode::OffCpuDropped => {
+                "off-CPU intervals dropped: blocked outside a system call, then again elsewhere"
+            }
+            ErrorCode::OffCpuStorage => "off-CPU intervals not seen: no per-thread state",
         }
     }
 }
@@ -128,7 +139,7 @@ pub struct Target {
 }
 
 /// Size of [`SampleHeader`], where the frames of a sample record begin.
-pub const SAMPLE_HEADER_SIZE: usize = 96;
+pub const SAMPLE_HEADER_SIZE: usize = 128;
 
 /// Most bytes of user stack one sample carries (`--unwind dwarf`).
 pub const MAX_STACK_COPY: usize = 32768;
@@ -180,9 +191,30 @@ pub struct SampleHeader {
     pub user_bp: u64,
     /// `USTACK_COPY_*`, plus [`USTACK_COPY_SHORT`].
     pub ustack_copy_status: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// [`EVENT_CPU`] or [`EVENT_OFFCPU`].
+    pub event: u32,
+    /// [`EVENT_OFFCPU`]: nanoseconds the sample stands for (unbiased estimate of the sampled
+    /// blocked intervals).
+    pub weight_ns: u64,
+    /// [`EVENT_OFFCPU`]: blocked nanoseconds measured in the intervals sampled.
+    pub blocked_ns: u64,
+    /// [`EVENT_OFFCPU`]: the system call the thread blocked in, or -1.
+    pub syscall_nr: i32,
+    /// [`EVENT_OFFCPU`]: `OFFCPU_*` flags.
+    pub offcpu_flags: u32,
+    /// [`EVENT_OFFCPU`]: the system call's first argument.
+    pub syscall_arg0: u64,
 }
+
+/// [`SampleHeader::event`]: a cpu-clock timer sample.
+pub const EVENT_CPU: u32 = 0;
+/// [`SampleHeader::event`]: blocked intervals of the thread, sent when it returned to user mode.
+pub const EVENT_OFFCPU: u32 = 1;
+/// [`SampleHeader::offcpu_flags`]: the thread was marked as waiting for I/O.
+pub const OFFCPU_IOWAIT: u32 = 1;
+/// [`SampleHeader::offcpu_flags`]: blocked outside a system call, or back in user mode elsewhere:
+/// the record holds the kernel stack only.
+pub const OFFCPU_NO_USER: u32 = 2;
 
 /// [`SpanRecord::flags`]: `trace_id` and `span_id` hold OpenTelemetry's current span.
 pub const SPAN_OTEL: u32 = 1;
@@ -512,7 +544,7 @@ impl<'a> Sample<'a> {
             return None;
         }
         let frames_bytes = &bytes[SAMPLE_HEADER_SIZE..];
-        // SAFETY: the pointer is 8-aligned (the record is, and the header is 96 bytes) and the
+        // SAFETY: the pointer is 8-aligned (the record is, and the header is 128 bytes) and the
         // length covers whole u64s inside `bytes`; every bit pattern is a valid u64.
         let frames = unsafe {
             core::slice::from_raw_parts(frames_bytes.as_ptr() as *const u64, frames_bytes.len() / 8)

@@ -56,7 +56,12 @@ fn c_asserts() -> String {
                 user_sp,
                 user_bp,
                 ustack_copy_status,
-                _pad
+                event,
+                weight_ns,
+                blocked_ns,
+                syscall_nr,
+                offcpu_flags,
+                syscall_arg0
             );
             f.push((
                 "struct spanprof_sample, stack".into(),
@@ -251,6 +256,10 @@ fn c_asserts() -> String {
         ("SPANPROF_USTACK_COPY_FAULT", USTACK_COPY_FAULT as u64),
         ("SPANPROF_USTACK_COPY_NO_REGS", USTACK_COPY_NO_REGS as u64),
         ("SPANPROF_USTACK_COPY_SHORT", USTACK_COPY_SHORT as u64),
+        ("SPANPROF_EVENT_CPU", EVENT_CPU as u64),
+        ("SPANPROF_EVENT_OFFCPU", EVENT_OFFCPU as u64),
+        ("SPANPROF_OFFCPU_IOWAIT", OFFCPU_IOWAIT as u64),
+        ("SPANPROF_OFFCPU_NO_USER", OFFCPU_NO_USER as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
         ("SPANPROF_ERR_COUNT", ERROR_COUNT as u64),
@@ -260,6 +269,14 @@ fn c_asserts() -> String {
         ("SPANPROF_ERR_PID_MAP_FULL", ErrorCode::PidMapFull as u64),
         ("SPANPROF_ERR_PY_READ", ErrorCode::PythonRead as u64),
         ("SPANPROF_ERR_SPAN_READ", ErrorCode::SpanRead as u64),
+        (
+            "SPANPROF_ERR_OFFCPU_DROPPED",
+            ErrorCode::OffCpuDropped as u64,
+        ),
+        (
+            "SPANPROF_ERR_OFFCPU_STORAGE",
+            ErrorCode::OffCpuStorage as u64,
+        ),
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),

@@ -61,6 +61,13 @@ enum spanprof_error {
 	SPANPROF_ERR_PY_READ = 4,
 	/* A thread's span context could not be read: a read faulted or found garbage. */
 	SPANPROF_ERR_SPAN_READ = 5,
+	/*
+	 * A sampled off-CPU interval was dropped: a thread blocked outside a system call and
+	 * blocked again elsewhere before it made one (the first interval is the one dropped).
+	 */
+	SPANPROF_ERR_OFFCPU_DROPPED = 6,
+	/* A thread that blocked could not get its off-CPU state (task storage): interval not seen. */
+	SPANPROF_ERR_OFFCPU_STORAGE = 7,
 	SPANPROF_ERR_COUNT = 8,
 };
 
@@ -154,7 +161,7 @@ struct spanprof_span {
 };
 
 /*
- * One on-CPU sample. The ring buffer record is variable-sized: the header, then only the frames
+ * One sample: on-CPU (a timer event) or off-CPU (blocked intervals). The ring buffer record is variable-sized: the header, then only the frames
  * captured: k kernel frames and u user frames (8 bytes each, leaf first), then py_len Python
  * frames (struct spanprof_py_frame, innermost first), then span_len bytes of span context (0, or
  * a struct spanprof_span), then ustack_copy_len bytes of user stack from user_sp upwards. k and u are kstack_len and ustack_len clamped to
@@ -179,7 +186,16 @@ struct spanprof_sample {
 	__u64 user_sp;
 	__u64 user_bp;
 	__u32 ustack_copy_status; /* SPANPROF_USTACK_COPY_*, with flags */
-	__u32 _pad;
+	__u32 event;		  /* SPANPROF_EVENT_* */
+	/*
+	 * SPANPROF_EVENT_OFFCPU: the nanoseconds this sample stands for (the unbiased estimate of
+	 * the sampled blocked intervals), and the blocked time actually measured in them.
+	 */
+	__u64 weight_ns;
+	__u64 blocked_ns;
+	__s32 syscall_nr;    /* the system call it blocked in and returned from, or -1 */
+	__u32 offcpu_flags;  /* SPANPROF_OFFCPU_* */
+	__u64 syscall_arg0;  /* its first argument */
 	/*
 	 * Kernel frames, then user frames, each leaf first, then the Python frames, then the span,
 	 * then the user stack copy: each part right after the one before, so `py`, `span` and
@@ -190,6 +206,18 @@ struct spanprof_sample {
 	struct spanprof_span span;
 	__u8 ustack[SPANPROF_MAX_STACK_COPY];
 };
+
+/* spanprof_sample.event */
+#define SPANPROF_EVENT_CPU 0	/* a cpu-clock timer sample */
+#define SPANPROF_EVENT_OFFCPU 1 /* blocked intervals, sent when the thread returns to user mode */
+
+/* spanprof_sample.offcpu_flags */
+#define SPANPROF_OFFCPU_IOWAIT 1  /* the thread was marked as waiting for I/O (in_iowait) */
+/*
+ * The thread was blocked outside a system call (a page fault) or came back to user mode
+ * elsewhere: the record holds its kernel stack only.
+ */
+#define SPANPROF_OFFCPU_NO_USER 2
 
 /* A process called execve: what user space knew of its address space is stale. */
 struct spanprof_exec {
@@ -342,7 +370,7 @@ struct spanprof_span_proc {
 #define SPANPROF_PY_CODE_BLOCK 96
 #define SPANPROF_PY_WINDOW 1024
 
-#define SPANPROF_SAMPLE_HEADER_SIZE 96
+#define SPANPROF_SAMPLE_HEADER_SIZE 128
 #define SPANPROF_PY_FRAME_SIZE 24
 
 #endif /* SPANPROF_ABI_H */

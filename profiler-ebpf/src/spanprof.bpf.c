@@ -31,6 +31,7 @@ struct thread_struct {
 struct task_struct {
 	int pid;
 	int tgid;
+	unsigned int in_iowait : 1; /* set by io_schedule() around a wait for I/O */
 	struct thread_struct thread;
 } __attribute__((preserve_access_index));
 
@@ -41,9 +42,14 @@ struct task_struct {
  */
 struct pt_regs___kernel {
 	unsigned long bp;
+	unsigned long di;
+	unsigned long orig_ax; /* in a system call: its number */
 	unsigned long ip;
 	unsigned long sp;
 } __attribute__((preserve_access_index));
+
+/* include/linux/sched.h: a task leaving the CPU for good. */
+#define TASK_DEAD 0x80
 
 /* FRAME_OWNED_BY_CSTACK, Include/internal/pycore_frame.h (3.12, 3.13). */
 #define PY_OWNED_BY_CSTACK 3
@@ -65,6 +71,13 @@ const volatile __u64 wakeup_bytes = 2 * 1024 * 1024;
  * walk instead.
  */
 const volatile __u32 stack_copy_bytes = 0;
+/*
+ * Off-CPU sampling (--event offcpu): a blocked interval of d ns, d >= offcpu_min_ns, is kept
+ * with weight d when d >= offcpu_period_ns, else with probability d / period and weight period
+ * (an unbiased estimate of the time blocked in each stack, at about the cost of on-CPU samples).
+ */
+const volatile __u64 offcpu_period_ns = 10101010;
+const volatile __u64 offcpu_min_ns = 5000;
 
 /* Processes to profile, by tgid. User space adds targets; on_fork adds their children. */
 struct {
@@ -183,7 +196,7 @@ struct scratch {
 	__u32 py_base; /* byte offset of the Python frames in s.stack */
 	__u32 n;       /* Python frames recorded */
 	__u32 status;  /* SPANPROF_PY_* */
-	__u32 _pad;
+	__u32 slot;    /* SCRATCH_*: which of the CPU's scratches this is */
 	__u64 win_base; /* target address of win[0] */
 	__u32 win_len;  /* bytes of win that hold target memory */
 	__u32 _pad2;
@@ -204,10 +217,11 @@ struct scratch {
 };
 
 /*
- * One scratch per CPU, indexed by CPU number: a plain array because a per-CPU array's value is
- * limited to 32 KiB and a sample with its stack copy is more. User space sets max_entries to the
- * number of possible CPUs. Programs using it do not nest on one CPU (the sampling program runs
- * from the timer interrupt and the others do not touch it).
+ * Two scratches per CPU (SCRATCH_SLOTS), at CPU * 2 + slot: a plain array because a per-CPU
+ * array's value is limited to 32 KiB and a sample with its stack copy is more. User space sets
+ * max_entries to twice the number of possible CPUs. The timer sample (slot 0) may interrupt the
+ * sys_exit program (slot 1); neither nests with itself on one CPU (a perf event program does
+ * not run inside another, and a tracing program that would nest with itself is skipped).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -232,11 +246,22 @@ static __always_inline void count_error(__u32 code)
 		*n += 1;
 }
 
-static __always_inline struct scratch *get_scratch(void)
-{
-	__u32 cpu = bpf_get_smp_processor_id();
+/* Scratch slots per CPU: the timer sample, and the off-CPU sample the sys_exit program sends. */
+#define SCRATCH_CPU 0
+#define SCRATCH_OFFCPU 1
+#define SCRATCH_SLOTS 2
 
-	return bpf_map_lookup_elem(&scratch, &cpu);
+static __always_inline struct scratch *get_scratch(__u32 slot)
+{
+	__u32 key = bpf_get_smp_processor_id() * SCRATCH_SLOTS + slot;
+
+	return bpf_map_lookup_elem(&scratch, &key);
+}
+
+/* The scratch of a bpf_loop callback: its caller passes the slot (w->slot) as the context. */
+static __always_inline struct scratch *loop_scratch(void *ctx)
+{
+	return get_scratch(ctx ? *(__u32 *)ctx : SCRATCH_CPU);
 }
 
 /* A u64 at a user-given offset of a buffer read from the target (0 if out of bounds). */
@@ -269,7 +294,7 @@ static __always_inline int read_ptr(__u64 *out, __u64 addr)
 /* One step of the thread-state search: is w->frame the sampled thread's? */
 static long py_thread_step(__u64 i, void *ctx)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = loop_scratch(ctx);
 	__u64 v = 0;
 
 	if (!w || w->frame == 0)
@@ -293,7 +318,7 @@ static long py_thread_step(__u64 i, void *ctx)
 /* One step of the frame walk: records w->frame (unless it is a shim) and moves to its caller. */
 static long py_frame_step(__u64 i, void *ctx)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = loop_scratch(ctx);
 	__u32 size, off, flags = 0, d, len, rel, version;
 	__u64 page, rel64;
 	__u64 code, ip, start, filename, name, table;
@@ -471,7 +496,11 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 	w->status = SPANPROF_PY_NO_THREAD;
 	if (!interp)
 		return 0;
-	bpf_loop(PY_THREAD_LOOPS, py_thread_step, NULL, 0);
+	{
+		__u32 slot = w->slot;
+
+		bpf_loop(PY_THREAD_LOOPS, py_thread_step, &slot, 0);
+	}
 	fresh.tgid = tgid;
 	if (w->status != SPANPROF_PY_OK) {
 		/*
@@ -516,7 +545,11 @@ static __always_inline void py_walk(struct scratch *w, const struct spanprof_py_
 	    read_ptr(&frame, frame + w->cfg.cframe_current))
 		goto fault;
 	w->frame = frame;
-	bpf_loop(PY_FRAME_LOOPS, py_frame_step, NULL, 0);
+	{
+		__u32 slot = w->slot;
+
+		bpf_loop(PY_FRAME_LOOPS, py_frame_step, &slot, 0);
+	}
 	/* Steps ran out with frames left: a cycle, or shims beyond the bound. */
 	if (w->frame && !(w->s.py_status & SPANPROF_PY_TRUNCATED))
 		w->s.py_status |= SPANPROF_PY_TRUNCATED;
@@ -594,7 +627,7 @@ static __always_inline int keys_read(struct scratch *w, __u64 addr, __u64 *out, 
 /* One probe of a dict lookup (CPython's open addressing: i = i*5 + perturb + 1). */
 static long dict_probe_step(__u64 n, void *ctx)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = loop_scratch(ctx);
 	struct lookup *q;
 	__u64 v = 0, kv[2] = {};
 	__s64 ix;
@@ -706,7 +739,11 @@ static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 value
 	q->i = hash & q->mask;
 	q->perturb = hash;
 	q->status = 0;
-	bpf_loop(DICT_PROBES, dict_probe_step, NULL, 0);
+	{
+		__u32 slot = w->slot;
+
+		bpf_loop(DICT_PROBES, dict_probe_step, &slot, 0);
+	}
 	return q->status == 1 ? q->result : 0;
 }
 
@@ -818,7 +855,7 @@ static __always_inline __u32 hamt_kind(struct scratch *w, __u64 type)
 /* One level of a HAMT lookup (Python/hamt.c: 5 bits of the hash per level). */
 static long hamt_step(__u64 n, void *ctx)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = loop_scratch(ctx);
 	struct lookup *q;
 	__u64 hdr[4] = {}, kv[2] = {}, type, node = 0;
 	__u32 bitmap, bit, idx, slots, i, kind;
@@ -897,7 +934,11 @@ static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, 
 	q->shift = 0;
 	q->result = 0;
 	q->status = SPAN_FAULT;
-	bpf_loop(HAMT_LEVELS, hamt_step, NULL, 0);
+	{
+		__u32 slot = w->slot;
+
+		bpf_loop(HAMT_LEVELS, hamt_step, &slot, 0);
+	}
 	return q->status == 1 ? q->result : 0;
 }
 
@@ -1056,7 +1097,7 @@ static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
  */
 static long ctx_attr_step(__u64 n, void *ctx)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = loop_scratch(ctx);
 	__u32 off, key, len, size;
 	__u8 *out = 0;
 	int bit = 0;
@@ -1151,7 +1192,11 @@ static __always_inline int published_ctx(struct scratch *w)
 		w->q.nentries = size;
 		w->q.status = 0;
 		w->q.result = 0;
-		bpf_loop(CTX_ATTRS_ENTRIES, ctx_attr_step, NULL, 0);
+		{
+			__u32 slot = w->slot;
+
+			bpf_loop(CTX_ATTRS_ENTRIES, ctx_attr_step, &slot, 0);
+		}
 		found = (__u32)w->q.status;
 	}
 	/*
@@ -1307,23 +1352,23 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
  * once per path through the sampling program (together, inlined, they took 800k of its 1M
  * instructions and 17 s to load). They find their state in the scratch map; 0 or SPAN_FAULT.
  */
-__attribute__((noinline)) int span_published(void)
+__attribute__((noinline)) int span_published(__u32 slot)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = get_scratch(slot);
 
 	return w ? published_ctx(w) : 0;
 }
 
-__attribute__((noinline)) int span_otel(void)
+__attribute__((noinline)) int span_otel(__u32 slot)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = get_scratch(slot);
 
 	return w && w->tstate ? otel_span(w, w->tstate) : 0;
 }
 
-__attribute__((noinline)) int span_osp(void)
+__attribute__((noinline)) int span_osp(__u32 slot)
 {
-	struct scratch *w = get_scratch();
+	struct scratch *w = get_scratch(slot);
 
 	return w && w->tstate ? osp_trace(w, w->tstate) : 0;
 }
@@ -1343,11 +1388,11 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 	w->scfg = *cfg;
 	__builtin_memset(&w->span, 0, sizeof(w->span));
 	/* What the process publishes itself is the cheapest to read, and read first. */
-	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published())
+	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot))
 		bad = 1;
-	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel())
+	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel(w->slot))
 		bad = 1;
-	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp())
+	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot))
 		bad = 1;
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);
@@ -1412,26 +1457,16 @@ static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off
 	s->ustack_copy_len = done;
 }
 
-SEC("perf_event")
-int on_cpu_sample(struct bpf_perf_event_data *ctx)
+/* Starts the sample of the current thread in w: the header, up to its stacks. */
+static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, __u64 id,
+							    __u32 slot)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32;
-	const struct spanprof_py_proc *py;
-	struct spanprof_sample *s;
-	struct scratch *w;
-	__u64 k, u, p, size, off;
-	long n;
+	struct spanprof_sample *s = &w->s;
 
-	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
-		return 0;
-	w = get_scratch();
-	if (!w)
-		return 0;
-	s = &w->s;
+	w->slot = slot;
 	s->kind = SPANPROF_RECORD_SAMPLE;
 	s->cpu = bpf_get_smp_processor_id();
-	s->pid = tgid;
+	s->pid = id >> 32;
 	s->tid = (__u32)id;
 	s->time_ns = bpf_ktime_get_ns();
 	s->py_len = 0;
@@ -1442,22 +1477,37 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	s->user_ip = 0;
 	s->user_sp = 0;
 	s->user_bp = 0;
+	s->event = SPANPROF_EVENT_CPU;
+	s->weight_ns = 0;
+	s->blocked_ns = 0;
+	s->syscall_nr = -1;
+	s->offcpu_flags = 0;
+	s->syscall_arg0 = 0;
 	w->tstate = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
+	return s;
+}
 
-	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
-	n = bpf_get_stack(ctx, s->stack, SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), 0);
-	if (n < 0 && n != -EFAULT)
-		count_error(SPANPROF_ERR_KSTACK);
-	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
-	k = n > 0 ? (__u64)n / sizeof(__u64) : 0;
+/*
+ * Finishes and sends the sample in w, whose k kernel frames are in place: the user stack (frame
+ * pointers, or the stack copy), the Python frames and the span context when `user` is set, then
+ * one ring buffer record of only what was captured (a 10-frame stack is 176 bytes, not 47 KiB).
+ * `ctx` is the program's context, for bpf_get_stack.
+ */
+static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, int user)
+{
+	struct spanprof_sample *s = &w->s;
+	const struct spanprof_py_proc *py = 0;
+	__u32 tgid = s->pid;
+	__u64 u, p, size, off;
+	long n = 0;
+
 	if (k > SPANPROF_MAX_STACK_DEPTH)
 		k = SPANPROF_MAX_STACK_DEPTH;
-
 	/* --unwind dwarf copies the stack instead (below), after the parts that go before it. */
-	n = stack_copy_bytes ? 0 :
-			       bpf_get_stack(ctx, &s->stack[k],
-					     SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), BPF_F_USER_STACK);
+	if (user && !stack_copy_bytes)
+		n = bpf_get_stack(ctx, &s->stack[k], SPANPROF_MAX_STACK_DEPTH * sizeof(__u64),
+				  BPF_F_USER_STACK);
 	if (n < 0)
 		count_error(SPANPROF_ERR_USTACK);
 	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
@@ -1465,9 +1515,10 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	if (u > SPANPROF_MAX_STACK_DEPTH)
 		u = SPANPROF_MAX_STACK_DEPTH;
 
-	py = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (user)
+		py = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (py)
-		py_walk(w, py, tgid, (__u32)id, k + u);
+		py_walk(w, py, tgid, s->tid, k + u);
 	p = s->py_len;
 	if (p > SPANPROF_MAX_PY_FRAMES)
 		p = SPANPROF_MAX_PY_FRAMES;
@@ -1481,10 +1532,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	}
 
 	off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE + s->span_len;
-	if (stack_copy_bytes)
+	if (user && stack_copy_bytes)
 		copy_user_stack(s, off, tgid);
 
-	/* Only what was captured travels: a 10-frame stack is 176 bytes, not 47 KiB. */
 	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
 	if (size > sizeof(*s))
 		size = sizeof(*s);
@@ -1493,6 +1543,173 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 				       BPF_RB_FORCE_WAKEUP :
 				       BPF_RB_NO_WAKEUP))
 		count_error(SPANPROF_ERR_RINGBUF_FULL);
+}
+
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct spanprof_sample *s;
+	struct scratch *w;
+	long n;
+
+	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
+		return 0;
+	w = get_scratch(SCRATCH_CPU);
+	if (!w)
+		return 0;
+	s = begin_sample(w, id, SCRATCH_CPU);
+
+	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
+	n = bpf_get_stack(ctx, s->stack, SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), 0);
+	if (n < 0 && n != -EFAULT)
+		count_error(SPANPROF_ERR_KSTACK);
+	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+	send_sample(ctx, w, n > 0 ? (__u64)n / sizeof(__u64) : 0, 1);
+	return 0;
+}
+
+/*
+ * Off-CPU state of a thread of a profiled process (task storage: created the first time it
+ * blocks, freed with the task). An interval runs from the switch out of the blocked thread to
+ * its switch back in; one chosen by the sampling waits here ("pending") until the thread is
+ * back in user mode, where its user and Python stacks can be read: at the exit of the system
+ * call it blocked in, on_sys_exit sends it. Intervals chosen within one system call add up (the
+ * user stack cannot change meanwhile); the kernel stack is the first one's.
+ */
+struct offcpu_task {
+	__u64 off_ts;	  /* bpf_ktime_get_ns() of the switch out; 0 when not blocked */
+	__u64 off_ip;	  /* user ip and sp when it blocked (its user-mode registers) */
+	__u64 off_sp;
+	__u64 weight_ns;  /* pending weight; 0 when nothing is pending */
+	__u64 blocked_ns; /* pending measured time */
+	__u64 pending_ip; /* user ip and sp of the pending intervals */
+	__u64 pending_sp;
+	__u32 off_flags;  /* SPANPROF_OFFCPU_IOWAIT of the current interval */
+	__u32 flags;	  /* of the pending ones */
+	__s32 kstack_len; /* frames (or -errno) of the pending kernel stack */
+	__u32 _pad;
+	__u64 kstack[SPANPROF_MAX_STACK_DEPTH];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct offcpu_task);
+} offcpu_tasks SEC(".maps");
+
+/*
+ * Every context switch (--event offcpu): `prev` of a profiled process blocking starts an
+ * interval; `next` coming back ends its interval, which the sampling keeps or not. Bounded: two
+ * storage lookups, a hash lookup, and for a kept interval that starts a pending sample one
+ * bpf_get_task_stack of `next` (still switched out: its saved stack is where it blocked).
+ */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns(), d, weight;
+	struct pt_regs___kernel *regs;
+	struct offcpu_task *t;
+	__u32 tgid;
+	long n;
+
+	/* Blocked, not preempted: waiting for something, not for a CPU. */
+	if (!preempt && prev_state && !(prev_state & TASK_DEAD)) {
+		tgid = BPF_CORE_READ(prev, tgid);
+		if (tgid && bpf_map_lookup_elem(&target_pids, &tgid)) {
+			t = bpf_task_storage_get(&offcpu_tasks, prev, 0,
+						 BPF_LOCAL_STORAGE_GET_F_CREATE);
+			if (t) {
+				regs = (struct pt_regs___kernel *)bpf_task_pt_regs(prev);
+				t->off_ts = now;
+				t->off_flags = BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait) ?
+						       SPANPROF_OFFCPU_IOWAIT :
+						       0;
+				t->off_ip = regs ? BPF_CORE_READ(regs, ip) : 0;
+				t->off_sp = regs ? BPF_CORE_READ(regs, sp) : 0;
+			} else {
+				count_error(SPANPROF_ERR_OFFCPU_STORAGE);
+			}
+		}
+	}
+
+	t = bpf_task_storage_get(&offcpu_tasks, next, 0, 0);
+	if (!t || !t->off_ts)
+		return 0;
+	d = now - t->off_ts;
+	t->off_ts = 0;
+	if (d < offcpu_min_ns)
+		return 0;
+	if (d >= offcpu_period_ns)
+		weight = d;
+	/* Kept with probability d / period: d < period <= 1e9 < 2^30, so neither side overflows. */
+	else if ((__u64)bpf_get_prandom_u32() * offcpu_period_ns < (d << 32))
+		weight = offcpu_period_ns;
+	else
+		return 0;
+	if (t->weight_ns && (t->pending_ip != t->off_ip || t->pending_sp != t->off_sp)) {
+		/* Blocked outside a system call, and now elsewhere: the older one cannot be sent. */
+		count_error(SPANPROF_ERR_OFFCPU_DROPPED);
+		t->weight_ns = 0;
+	}
+	if (!t->weight_ns) {
+		n = bpf_get_task_stack(next, t->kstack, sizeof(t->kstack), 0);
+		if (n < 0)
+			count_error(SPANPROF_ERR_KSTACK);
+		t->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+		t->pending_ip = t->off_ip;
+		t->pending_sp = t->off_sp;
+		t->blocked_ns = 0;
+		t->flags = 0;
+	}
+	t->weight_ns += weight;
+	t->blocked_ns += d;
+	t->flags |= t->off_flags;
+	return 0;
+}
+
+/*
+ * Every system call's exit: a thread with pending off-CPU intervals is back, in its own context
+ * with the user registers it blocked with, so its stacks are read as a timer sample's are. A
+ * thread that blocked outside a system call (a page fault) and is now elsewhere gets a record
+ * of its kernel stack only (SPANPROF_OFFCPU_NO_USER).
+ */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
+{
+	struct offcpu_task *t;
+	struct spanprof_sample *s;
+	struct scratch *w;
+	__u64 k;
+	int user;
+
+	t = bpf_task_storage_get(&offcpu_tasks, bpf_get_current_task_btf(), 0, 0);
+	if (!t || !t->weight_ns)
+		return 0;
+	w = get_scratch(SCRATCH_OFFCPU);
+	if (!w)
+		return 0;
+	s = begin_sample(w, bpf_get_current_pid_tgid(), SCRATCH_OFFCPU);
+	user = BPF_CORE_READ(regs, ip) == t->pending_ip && BPF_CORE_READ(regs, sp) == t->pending_sp;
+	s->event = SPANPROF_EVENT_OFFCPU;
+	s->weight_ns = t->weight_ns;
+	s->blocked_ns = t->blocked_ns;
+	s->offcpu_flags = t->flags | (user ? 0 : SPANPROF_OFFCPU_NO_USER);
+	if (user) {
+		s->syscall_nr = (__s32)BPF_CORE_READ(regs, orig_ax);
+		s->syscall_arg0 = BPF_CORE_READ(regs, di);
+	}
+	t->weight_ns = 0;
+	s->kstack_len = t->kstack_len;
+	k = t->kstack_len > 0 ? (__u64)t->kstack_len : 0;
+	if (k > SPANPROF_MAX_STACK_DEPTH)
+		k = SPANPROF_MAX_STACK_DEPTH;
+	if (k && bpf_probe_read_kernel(s->stack, k * sizeof(__u64), t->kstack))
+		k = 0;
+	send_sample(ctx, w, k, user);
 	return 0;
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{PerfEvent, ProgramType, RawTracePoint};
+use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{ErrorCode, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT};
 
@@ -78,6 +78,20 @@ pub struct LoadOptions {
     /// multiple of 8 up to [`profiler_common::MAX_STACK_COPY`]; 0 for the kernel's
     /// frame-pointer walk (`--unwind fp`).
     pub stack_copy_bytes: u32,
+    /// Sample on-CPU stacks from the cpu-clock event (`--event cpu`).
+    pub cpu: bool,
+    /// Record off-CPU intervals (`--event offcpu`).
+    pub off_cpu: Option<OffCpuOptions>,
+}
+
+/// How blocked intervals are sampled ([`crate::offcpu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpuOptions {
+    /// Intervals at least this long weigh what they last; shorter ones are kept with probability
+    /// `length / period` and weigh `period` (the on-CPU sampling period, `1e9 / frequency`).
+    pub period_ns: u64,
+    /// Shorter intervals are not counted.
+    pub min_ns: u64,
 }
 
 /// Loaded, attached programs and the maps user space reads and writes.
@@ -162,12 +176,21 @@ impl Programs {
         if let Some(btf) = &custom_btf {
             loader.btf(Some(btf));
         }
+        let (offcpu_period_ns, offcpu_min_ns) = opts.off_cpu.map_or((1_000_000_000, 0), |o| {
+            (o.period_ns.clamp(1, 1_000_000_000), o.min_ns)
+        });
         let mut ebpf = loader
+            // The off-CPU state is task storage, which aya creates but has no wrapper for; only
+            // the BPF programs use it.
+            .allow_unsupported_maps()
             .override_global("follow_children", &follow, true)
             .override_global("wakeup_bytes", &wakeup_bytes, true)
             .override_global("stack_copy_bytes", &stack_copy_bytes, true)
+            .override_global("offcpu_period_ns", &offcpu_period_ns, true)
+            .override_global("offcpu_min_ns", &offcpu_min_ns, true)
             .map_max_entries("samples", opts.ring_buffer_size)
-            .map_max_entries("scratch", cpus)
+            // Two scratches per CPU: the timer sample's and the off-CPU sample's.
+            .map_max_entries("scratch", 2 * cpus)
             .load(EBPF_OBJECT)
             .map_err(aya_err("load the eBPF programs"))?;
 
@@ -184,7 +207,7 @@ impl Programs {
             detail: format!("{what}: {e}"),
         })?;
         let period_ns = 1_000_000_000 / opts.frequency.max(1);
-        for cpu in cpus {
+        for cpu in cpus.into_iter().filter(|_| opts.cpu) {
             sampler
                 .attach(
                     PerfEventConfig::Software(SoftwareEvent::CpuClock),
@@ -222,6 +245,33 @@ impl Programs {
         exec.load().map_err(aya_err("load the exec program"))?;
         exec.attach("sched_process_exec")
             .map_err(aya_err("attach to sched_process_exec"))?;
+
+        if opts.off_cpu.is_some() {
+            // tp_btf programs need the kernel's BTF for their attach point.
+            let btf = match custom_btf {
+                Some(btf) => btf,
+                None => Btf::from_sys_fs().map_err(|source| LoadError::BadBtf {
+                    path: PathBuf::from(DEFAULT_BTF_PATH),
+                    source,
+                })?,
+            };
+            for (name, tracepoint, what) in [
+                ("on_switch", "sched_switch", "the off-CPU switch program"),
+                (
+                    "on_sys_exit",
+                    "sys_exit",
+                    "the off-CPU system call exit program",
+                ),
+            ] {
+                let program: &mut BtfTracePoint = ebpf
+                    .program_mut(name)
+                    .expect("off-CPU programs are in the object")
+                    .try_into()
+                    .map_err(aya_err("find an off-CPU program"))?;
+                program.load(tracepoint, &btf).map_err(aya_err(what))?;
+                program.attach().map_err(aya_err(what))?;
+            }
+        }
 
         let samples = RingBuf::try_from(ebpf.take_map("samples").expect("samples map"))
             .map_err(aya_err("open the sample ring buffer"))?;

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use spanprof::aggregate;
 use spanprof::command::CannotRun;
 use spanprof::output::{self, Format};
-use spanprof::profile::{GroupBy, Profile};
+use spanprof::profile::{Events, GroupBy, Profile};
 use spanprof::report::{self, Filter};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
@@ -62,7 +62,15 @@ struct ProfileArgs {
     /// How long to profile (e.g. 30s, 500ms, 2m). Default: until the targets exit or Ctrl-C.
     #[arg(short, long, value_name = "DURATION")]
     duration: Option<String>,
-    /// Samples per second on each CPU.
+    /// What to sample, comma-separated or repeated: `cpu` (on-CPU stacks), `offcpu` (time
+    /// blocked, with its reason: sleep, lock, io, gil, other), `wall` (both, as wall-clock time).
+    #[arg(short, long, value_name = "EVENT[,EVENT…]", default_value = "cpu")]
+    event: Vec<String>,
+    /// With offcpu or wall: blocked intervals shorter than this are not counted.
+    #[arg(long, default_value = "5us", value_name = "DURATION")]
+    offcpu_min: String,
+    /// Samples per second on each CPU; off-CPU intervals are sampled at the same rate of time
+    /// (an interval of 1/HZ or more is always kept).
     #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
     frequency: u64,
     /// Output file; repeat for several formats of the same profile.
@@ -162,6 +170,35 @@ fn parse_duration(s: &str) -> Result<Duration, Failure> {
             "invalid duration '{s}' for --duration: expected e.g. 30s, 500ms, 2m"
         ))),
     }
+}
+
+/// `--event` values: `cpu`, `offcpu`, `wall`, comma-separated or repeated.
+fn parse_events(values: &[String]) -> Result<Events, Failure> {
+    let mut events = Events {
+        cpu: false,
+        off_cpu: false,
+        wall: false,
+    };
+    for name in values.iter().flat_map(|v| v.split(',')) {
+        match name.trim() {
+            "cpu" => events.cpu = true,
+            "offcpu" | "off-cpu" => events.off_cpu = true,
+            "wall" => {
+                events.cpu = true;
+                events.off_cpu = true;
+                events.wall = true;
+            }
+            other => {
+                return Err(usage(format!(
+                    "invalid --event {other:?}: expected cpu, offcpu or wall"
+                )))
+            }
+        }
+    }
+    if !events.cpu && !events.off_cpu {
+        return Err(usage("--event needs cpu, offcpu or wall"));
+    }
+    Ok(events)
 }
 
 fn parse_pids(s: &str) -> Result<Vec<u32>, Failure> {
@@ -289,6 +326,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             )))
         }
     };
+    let events = parse_events(&args.event)?;
+    let offcpu_min = parse_duration(&args.offcpu_min)?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
@@ -325,6 +364,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         progress: !args.quiet,
         spans: !args.no_spans,
         stack_copy_bytes,
+        events,
+        offcpu_min_ns: u64::try_from(offcpu_min.as_nanos()).unwrap_or(u64::MAX),
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
     let profile = &outcome.profile;

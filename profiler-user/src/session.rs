@@ -20,10 +20,10 @@ use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::{self, Aggregator};
-use crate::bpf::{LoadOptions, Programs};
+use crate::bpf::{LoadOptions, OffCpuOptions, Programs};
 use crate::command::GatedCommand;
 use crate::preflight;
-use crate::profile::{Meta, Profile};
+use crate::profile::{Events, Meta, Profile};
 use crate::python::Python;
 
 /// How often the loop wakes up when no sample arrives.
@@ -63,6 +63,10 @@ pub struct Options {
     /// tables (`--unwind dwarf`, `--stack-copy`); 0 for the kernel's frame-pointer walk
     /// (`--unwind fp`).
     pub stack_copy_bytes: u32,
+    /// What to sample (`--event`).
+    pub events: Events,
+    /// Off-CPU intervals shorter than this are not counted (`--offcpu-min`).
+    pub offcpu_min_ns: u64,
 }
 
 /// How a session ended.
@@ -368,6 +372,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         ring_buffer_size: opts.ring_buffer_size,
         btf_path: opts.btf_path.clone(),
         stack_copy_bytes: opts.stack_copy_bytes,
+        cpu: opts.events.cpu,
+        off_cpu: opts.events.off_cpu.then_some(OffCpuOptions {
+            period_ns: 1_000_000_000 / opts.frequency.max(1),
+            min_ns: opts.offcpu_min_ns,
+        }),
     })?;
     let mut child = None;
     let mut pids = Vec::new();
@@ -492,7 +501,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         start: start_wall,
         duration,
         frequency: opts.frequency,
-        events: Default::default(),
+        events: opts.events,
         lost_samples: errors[ErrorCode::RingbufFull as usize],
         python: Default::default(),
     };
