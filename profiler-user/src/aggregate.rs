@@ -11,15 +11,16 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    Sample as SampleRecord, SpanRecord, MAX_PY_FRAMES, MAX_STACK_COPY, MAX_STACK_DEPTH, PY_NONE,
-    PY_NO_THREAD, PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED,
-    TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK,
-    USTACK_COPY_SHORT,
+    Sample as SampleRecord, SpanRecord, EVENT_OFFCPU, MAX_PY_FRAMES, MAX_STACK_COPY,
+    MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE, PY_NO_THREAD, PY_READ_FAILED,
+    SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN, USTACK_COPY_FAULT,
+    USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
 use symbolizer::{Symbol, Symbolizer};
 
+use crate::offcpu::{classify, BlockFacts};
 use crate::profile::{
     Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample, SpanContext,
     Thread,
@@ -95,8 +96,38 @@ impl StackTable {
     }
 }
 
-/// (pid, tid, kernel stack, user stack, Python stack, span, how the user stack was unwound).
-type CountKey = (u32, u32, u32, u32, u32, u32, UnwindStatus);
+/// (pid, tid, kernel stack, user stack, Python stack, span, how the user stack was unwound,
+/// off-CPU facts: 0 for on-CPU samples, else [`off_cpu_key`]).
+type CountKey = (u32, u32, u32, u32, u32, u32, UnwindStatus, u32);
+
+/// What one count key holds: on-CPU samples, off-CPU nanoseconds.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    samples: u64,
+    off_cpu_ns: u64,
+}
+
+/// The facts of an off-CPU record that its reason depends on, packed: bit 0 set (off-CPU),
+/// bit 1 in I/O wait, bit 2 the first argument was 0, bits 16.. the system call number + 1
+/// (0: none).
+fn off_cpu_key(h: &profiler_common::SampleHeader) -> u32 {
+    let syscall = u32::try_from(h.syscall_nr)
+        .ok()
+        .filter(|&nr| nr < 0xffff && h.offcpu_flags & OFFCPU_NO_USER == 0)
+        .map_or(0, |nr| nr + 1);
+    1 | u32::from(h.offcpu_flags & OFFCPU_IOWAIT != 0) << 1
+        | u32::from(h.syscall_arg0 == 0) << 2
+        | syscall << 16
+}
+
+/// The inverse of [`off_cpu_key`].
+fn block_facts(key: u32) -> BlockFacts {
+    BlockFacts {
+        syscall: (key >> 16).checked_sub(1),
+        arg0_zero: key & 4 != 0,
+        iowait: key & 2 != 0,
+    }
+}
 
 /// Counts samples by (thread, kernel stack, user stack, Python stack).
 #[derive(Debug)]
@@ -109,7 +140,7 @@ pub struct Aggregator {
     /// By (pid, tid, kernel stack, user stack, Python stack, span, how the user stack was
     /// unwound): a tid can come back under another pid. Span 0 is none, else an index into
     /// `spans` plus one.
-    counts: FxHashMap<CountKey, u64>,
+    counts: FxHashMap<CountKey, Counts>,
     /// Distinct span contexts, in order of appearance.
     spans: Vec<SpanContext>,
     span_ids: FxHashMap<SpanContext, u32>,
@@ -121,6 +152,8 @@ pub struct Aggregator {
     python_stats: PythonStats,
     scratch: [u64; MAX_STACK_DEPTH],
     py_scratch: Box<[u64; MAX_PY_FRAMES + 1]>,
+    /// Off-CPU records counted.
+    off_cpu_samples: u64,
     /// User stacks unwound from the stack copy (`--unwind dwarf`).
     unwinders: Unwinders,
     unwound: [u64; MAX_STACK_DEPTH],
@@ -149,6 +182,7 @@ impl Aggregator {
             processes: BTreeMap::new(),
             pending: FxHashMap::default(),
             samples: 0,
+            off_cpu_samples: 0,
             python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
             py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
@@ -292,10 +326,21 @@ impl Aggregator {
             }
             None => 0,
         };
-        *self
+        let off = if rec.event == EVENT_OFFCPU {
+            off_cpu_key(rec)
+        } else {
+            0
+        };
+        let counts = self
             .counts
-            .entry((rec.pid, rec.tid, kid, uid, pyid, span, unwind))
-            .or_insert(0) += 1;
+            .entry((rec.pid, rec.tid, kid, uid, pyid, span, unwind, off))
+            .or_default();
+        if off == 0 {
+            counts.samples += 1;
+        } else {
+            self.off_cpu_samples += 1;
+            counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight_ns);
+        }
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
         self.processes
@@ -396,7 +441,7 @@ impl Aggregator {
         let mut python_frame: FxHashMap<u64, u32> = FxHashMap::default();
         let mut pieces = Vec::new();
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
-        for (&(pid, tid, kid, uid, pyid, span, unwind), &count) in &self.counts {
+        for (&(pid, tid, kid, uid, pyid, span, unwind, off), &counts) in &self.counts {
             let ustack = user_stacks[&pid][uid as usize];
             let kstack = kernel_stacks[kid as usize];
             let pystack = python_stacks[pyid as usize];
@@ -433,6 +478,19 @@ impl Aggregator {
             if !self.opts.python_only {
                 stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
             }
+            // Off-CPU: the reason, from the kernel and native frames, as a root pseudo-frame.
+            let reason = (off != 0).then(|| {
+                let name = |id: u32| frames.frames[id as usize].function.as_deref().unwrap_or("");
+                let kernel: Vec<&str> = kstack.iter().map(|a| name(kernel_frame[a])).collect();
+                let native: Vec<&str> = ustack
+                    .iter()
+                    .map(|a| name(user_frame[&(pid, *a)]))
+                    .collect();
+                classify(&block_facts(off), &kernel, &native)
+            });
+            if let Some(reason) = reason {
+                stack.insert(0, frames.placeholder(&reason.frame_name()));
+            }
             if stack.is_empty() {
                 stack.push(frames.placeholder(if self.opts.python_only {
                     NO_PYTHON_FRAMES
@@ -443,15 +501,26 @@ impl Aggregator {
             samples.push(Sample {
                 frames: stack,
                 thread: thread_index[&(pid, tid)],
-                count,
-                off_cpu_ns: 0,
-                off_cpu: None,
+                count: counts.samples,
+                off_cpu_ns: counts.off_cpu_ns,
+                off_cpu: reason,
                 span: span.checked_sub(1),
                 unwind,
             });
         }
         samples.sort_by(|a, b| {
-            (a.thread, &a.frames, a.span, a.unwind).cmp(&(b.thread, &b.frames, b.span, b.unwind))
+            (a.thread, &a.frames, a.span, a.unwind, a.off_cpu)
+                .cmp(&(b.thread, &b.frames, b.span, b.unwind, b.off_cpu))
+        });
+        // Off-CPU keys that differ only in facts the reason did not depend on are one sample.
+        samples.dedup_by(|b, a| {
+            let same = (a.thread, &a.frames, a.span, a.unwind, a.off_cpu)
+                == (b.thread, &b.frames, b.span, b.unwind, b.off_cpu);
+            if same {
+                a.count += b.count;
+                a.off_cpu_ns = a.off_cpu_ns.saturating_add(b.off_cpu_ns);
+            }
+            same
         });
 
         Profile {
@@ -672,17 +741,60 @@ mod tests {
         assert_eq!(agg.counts.len(), 2, "two threads");
         // In the kernel, the user leaf is the return address of the system call.
         assert_eq!(
-            agg.counts[&(10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            agg.counts[&(10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
             2
         );
         assert_eq!(agg.user[&10].by_id()[1], [0xfff, 0x1fff]);
         // In user mode the leaf is the interrupted instruction itself.
         assert_eq!(
-            agg.counts[&(10, 12, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked)],
+            agg.counts[&(10, 12, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
             1
         );
         assert_eq!(agg.user[&10].by_id()[2], [0x1000, 0x1fff]);
         assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
+    }
+
+    #[test]
+    fn off_cpu_records_add_their_weight_under_their_facts() {
+        let mut agg = Aggregator::new(Options::default());
+        let mut py = Python::new(false, false);
+        let mut r = record(10, 11, &[0xffff_0010], &[0x1000]);
+        // SAFETY: the buffer holds the header; SampleHeader is plain old data.
+        let h = unsafe { &mut *(r.as_mut_ptr() as *mut SampleHeader) };
+        h.event = EVENT_OFFCPU;
+        h.weight_ns = 10_000_000;
+        h.syscall_nr = 230;
+        h.syscall_arg0 = 1;
+        agg.record(&sample(&r), &mut py);
+        agg.record(&sample(&r), &mut py);
+        agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
+        let off = off_cpu_key(unsafe { &*(r.as_ptr() as *const SampleHeader) });
+        assert_eq!(
+            block_facts(off),
+            BlockFacts {
+                syscall: Some(230),
+                arg0_zero: false,
+                iowait: false
+            }
+        );
+        let key = (10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, off);
+        assert_eq!(agg.counts[&key].off_cpu_ns, 20_000_000);
+        assert_eq!(agg.counts[&key].samples, 0);
+        // The timer sample of the same stack is counted apart.
+        let key = (10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0);
+        assert_eq!(agg.counts[&key].samples, 1);
+        assert_eq!(agg.counts[&key].off_cpu_ns, 0);
+        // A record without its user stack has no system call to go by.
+        h.offcpu_flags = OFFCPU_NO_USER | OFFCPU_IOWAIT;
+        h.syscall_arg0 = 0;
+        assert_eq!(
+            block_facts(off_cpu_key(h)),
+            BlockFacts {
+                syscall: None,
+                arg0_zero: true,
+                iowait: true
+            }
+        );
     }
 
     #[test]
@@ -696,11 +808,11 @@ mod tests {
         );
         assert_eq!(agg.threads.len(), 2);
         assert_eq!(
-            agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
             1
         );
         assert_eq!(
-            agg.counts[&(20, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            agg.counts[&(20, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
             1
         );
     }
@@ -770,7 +882,7 @@ mod tests {
         let mut py = Python::new(false, false);
         agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
         assert_eq!(
-            agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked)],
+            agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
             1
         );
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
