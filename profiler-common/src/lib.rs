@@ -93,14 +93,16 @@ pub enum ErrorCode {
     OffCpuDropped = 6,
     /// A thread's off-CPU state could not be allocated: an interval was not seen.
     OffCpuStorage = 7,
+    /// A sampled allocation was not tracked for the heap profile: the live table was full.
+    HeapFull = 8,
 }
 
 /// Number of slots in the `errors` map.
-pub const ERROR_COUNT: u32 = 8;
+pub const ERROR_COUNT: u32 = 16;
 
 impl ErrorCode {
     /// Every code, for reporting.
-    pub const ALL: [ErrorCode; 8] = [
+    pub const ALL: [ErrorCode; 9] = [
         ErrorCode::RingbufFull,
         ErrorCode::KernelStack,
         ErrorCode::UserStack,
@@ -109,6 +111,7 @@ impl ErrorCode {
         ErrorCode::SpanRead,
         ErrorCode::OffCpuDropped,
         ErrorCode::OffCpuStorage,
+        ErrorCode::HeapFull,
     ];
 
     /// What the counter means, for summaries.
@@ -124,6 +127,7 @@ impl ErrorCode {
                 "off-CPU intervals dropped: blocked outside a system call, then again elsewhere"
             }
             ErrorCode::OffCpuStorage => "off-CPU intervals not seen: no per-thread state",
+            ErrorCode::HeapFull => "sampled allocations left out of the heap profile: table full",
         }
     }
 }
@@ -139,7 +143,7 @@ pub struct Target {
 }
 
 /// Size of [`SampleHeader`], where the frames of a sample record begin.
-pub const SAMPLE_HEADER_SIZE: usize = 128;
+pub const SAMPLE_HEADER_SIZE: usize = 136;
 
 /// Most bytes of user stack one sample carries (`--unwind dwarf`).
 pub const MAX_STACK_COPY: usize = 32768;
@@ -194,8 +198,8 @@ pub struct SampleHeader {
     /// [`EVENT_CPU`] or [`EVENT_OFFCPU`].
     pub event: u32,
     /// [`EVENT_OFFCPU`]: nanoseconds the sample stands for (unbiased estimate of the sampled
-    /// blocked intervals).
-    pub weight_ns: u64,
+    /// blocked intervals); [`EVENT_ALLOC`]: bytes asked for.
+    pub weight: u64,
     /// [`EVENT_OFFCPU`]: blocked nanoseconds measured in the intervals sampled.
     pub blocked_ns: u64,
     /// [`EVENT_OFFCPU`]: the system call the thread blocked in, or -1.
@@ -204,12 +208,26 @@ pub struct SampleHeader {
     pub offcpu_flags: u32,
     /// [`EVENT_OFFCPU`]: the system call's first argument.
     pub syscall_arg0: u64,
+    /// [`EVENT_ALLOC`]: the allocation's id, its key in the heap's live table ([`LiveAlloc`]).
+    pub alloc_id: u64,
+}
+
+/// Value of the `alloc_live` map (key: address): a sampled allocation not freed yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct LiveAlloc {
+    /// [`SampleHeader::alloc_id`] of its sample.
+    pub alloc_id: u64,
+    /// Bytes asked for.
+    pub size: u64,
 }
 
 /// [`SampleHeader::event`]: a cpu-clock timer sample.
 pub const EVENT_CPU: u32 = 0;
 /// [`SampleHeader::event`]: blocked intervals of the thread, sent when it returned to user mode.
 pub const EVENT_OFFCPU: u32 = 1;
+/// [`SampleHeader::event`]: a sampled allocation.
+pub const EVENT_ALLOC: u32 = 2;
 /// [`SampleHeader::offcpu_flags`]: the thread was marked as waiting for I/O.
 pub const OFFCPU_IOWAIT: u32 = 1;
 /// [`SampleHeader::offcpu_flags`]: blocked outside a system call, or back in user mode elsewhere:
@@ -544,7 +562,7 @@ impl<'a> Sample<'a> {
             return None;
         }
         let frames_bytes = &bytes[SAMPLE_HEADER_SIZE..];
-        // SAFETY: the pointer is 8-aligned (the record is, and the header is 128 bytes) and the
+        // SAFETY: the pointer is 8-aligned (the record is, and the header is 136 bytes) and the
         // length covers whole u64s inside `bytes`; every bit pattern is a valid u64.
         let frames = unsafe {
             core::slice::from_raw_parts(frames_bytes.as_ptr() as *const u64, frames_bytes.len() / 8)

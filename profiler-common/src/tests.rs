@@ -57,11 +57,12 @@ fn c_asserts() -> String {
                 user_bp,
                 ustack_copy_status,
                 event,
-                weight_ns,
+                weight,
                 blocked_ns,
                 syscall_nr,
                 offcpu_flags,
-                syscall_arg0
+                syscall_arg0,
+                alloc_id
             );
             f.push((
                 "struct spanprof_sample, stack".into(),
@@ -148,6 +149,12 @@ fn c_asserts() -> String {
             osp_keys,
             _pad
         ),
+    ));
+    structs.push((
+        "struct spanprof_live_alloc",
+        size_of::<LiveAlloc>(),
+        align_of::<LiveAlloc>(),
+        fields!(LiveAlloc, "struct spanprof_live_alloc", alloc_id, size),
     ));
     structs.push((
         "struct spanprof_target",
@@ -258,6 +265,7 @@ fn c_asserts() -> String {
         ("SPANPROF_USTACK_COPY_SHORT", USTACK_COPY_SHORT as u64),
         ("SPANPROF_EVENT_CPU", EVENT_CPU as u64),
         ("SPANPROF_EVENT_OFFCPU", EVENT_OFFCPU as u64),
+        ("SPANPROF_EVENT_ALLOC", EVENT_ALLOC as u64),
         ("SPANPROF_OFFCPU_IOWAIT", OFFCPU_IOWAIT as u64),
         ("SPANPROF_OFFCPU_NO_USER", OFFCPU_NO_USER as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
@@ -277,6 +285,7 @@ fn c_asserts() -> String {
             "SPANPROF_ERR_OFFCPU_STORAGE",
             ErrorCode::OffCpuStorage as u64,
         ),
+        ("SPANPROF_ERR_HEAP_FULL", ErrorCode::HeapFull as u64),
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),

@@ -68,7 +68,9 @@ enum spanprof_error {
 	SPANPROF_ERR_OFFCPU_DROPPED = 6,
 	/* A thread that blocked could not get its off-CPU state (task storage): interval not seen. */
 	SPANPROF_ERR_OFFCPU_STORAGE = 7,
-	SPANPROF_ERR_COUNT = 8,
+	/* A sampled allocation could not be tracked for --event heap: `alloc_live` was full. */
+	SPANPROF_ERR_HEAP_FULL = 8,
+	SPANPROF_ERR_COUNT = 16,
 };
 
 /* Value of `target_pids`: why a process is profiled. */
@@ -189,13 +191,18 @@ struct spanprof_sample {
 	__u32 event;		  /* SPANPROF_EVENT_* */
 	/*
 	 * SPANPROF_EVENT_OFFCPU: the nanoseconds this sample stands for (the unbiased estimate of
-	 * the sampled blocked intervals), and the blocked time actually measured in them.
+	 * the sampled blocked intervals); SPANPROF_EVENT_ALLOC: the bytes asked for.
 	 */
-	__u64 weight_ns;
-	__u64 blocked_ns;
+	__u64 weight;
+	__u64 blocked_ns; /* SPANPROF_EVENT_OFFCPU: the blocked time measured in the intervals */
 	__s32 syscall_nr;    /* the system call it blocked in and returned from, or -1 */
 	__u32 offcpu_flags;  /* SPANPROF_OFFCPU_* */
 	__u64 syscall_arg0;  /* its first argument */
+	/*
+	 * SPANPROF_EVENT_ALLOC: the allocation's id (CPU << 56 | a per-CPU counter), the key under
+	 * which --event heap finds it in `alloc_live` while it is not freed.
+	 */
+	__u64 alloc_id;
 	/*
 	 * Kernel frames, then user frames, each leaf first, then the Python frames, then the span,
 	 * then the user stack copy: each part right after the one before, so `py`, `span` and
@@ -210,6 +217,13 @@ struct spanprof_sample {
 /* spanprof_sample.event */
 #define SPANPROF_EVENT_CPU 0	/* a cpu-clock timer sample */
 #define SPANPROF_EVENT_OFFCPU 1 /* blocked intervals, sent when the thread returns to user mode */
+#define SPANPROF_EVENT_ALLOC 2	/* a sampled allocation (malloc family, CPython arenas) */
+
+/* Value of `alloc_live` (key: address): a sampled allocation not freed yet (--event heap). */
+struct spanprof_live_alloc {
+	__u64 alloc_id; /* spanprof_sample.alloc_id of its sample */
+	__u64 size;
+};
 
 /* spanprof_sample.offcpu_flags */
 #define SPANPROF_OFFCPU_IOWAIT 1  /* the thread was marked as waiting for I/O (in_iowait) */
@@ -370,7 +384,7 @@ struct spanprof_span_proc {
 #define SPANPROF_PY_CODE_BLOCK 96
 #define SPANPROF_PY_WINDOW 1024
 
-#define SPANPROF_SAMPLE_HEADER_SIZE 128
+#define SPANPROF_SAMPLE_HEADER_SIZE 136
 #define SPANPROF_PY_FRAME_SIZE 24
 
 #endif /* SPANPROF_ABI_H */

@@ -217,11 +217,12 @@ struct scratch {
 };
 
 /*
- * Two scratches per CPU (SCRATCH_SLOTS), at CPU * 2 + slot: a plain array because a per-CPU
- * array's value is limited to 32 KiB and a sample with its stack copy is more. User space sets
- * max_entries to twice the number of possible CPUs. The timer sample (slot 0) may interrupt the
- * sys_exit program (slot 1); neither nests with itself on one CPU (a perf event program does
- * not run inside another, and a tracing program that would nest with itself is skipped).
+ * SCRATCH_SLOTS scratches per CPU, at CPU * SCRATCH_SLOTS + slot: a plain array because a
+ * per-CPU array's value is limited to 32 KiB and a sample with its stack copy is more. User space
+ * sets max_entries to SCRATCH_SLOTS times the number of possible CPUs. The timer sample (slot 0)
+ * may interrupt the sys_exit program (slot 1); a uprobe (slot 2) keeps perf event programs off
+ * its CPU while it runs; none nests with itself on one CPU (a perf event or kprobe-type program
+ * does not run inside another, and a tracing program that would nest with itself is skipped).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -246,10 +247,14 @@ static __always_inline void count_error(__u32 code)
 		*n += 1;
 }
 
-/* Scratch slots per CPU: the timer sample, and the off-CPU sample the sys_exit program sends. */
+/*
+ * Scratch slots per CPU: the timer sample, the off-CPU sample the sys_exit program sends, and
+ * the allocation sample of a uprobe.
+ */
 #define SCRATCH_CPU 0
 #define SCRATCH_OFFCPU 1
-#define SCRATCH_SLOTS 2
+#define SCRATCH_ALLOC 2
+#define SCRATCH_SLOTS 3
 
 static __always_inline struct scratch *get_scratch(__u32 slot)
 {
@@ -1478,7 +1483,8 @@ static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, _
 	s->user_sp = 0;
 	s->user_bp = 0;
 	s->event = SPANPROF_EVENT_CPU;
-	s->weight_ns = 0;
+	s->weight = 0;
+	s->alloc_id = 0;
 	s->blocked_ns = 0;
 	s->syscall_nr = -1;
 	s->offcpu_flags = 0;
@@ -1695,7 +1701,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
 	s = begin_sample(w, bpf_get_current_pid_tgid(), SCRATCH_OFFCPU);
 	user = BPF_CORE_READ(regs, ip) == t->pending_ip && BPF_CORE_READ(regs, sp) == t->pending_sp;
 	s->event = SPANPROF_EVENT_OFFCPU;
-	s->weight_ns = t->weight_ns;
+	s->weight = t->weight_ns;
 	s->blocked_ns = t->blocked_ns;
 	s->offcpu_flags = t->flags | (user ? 0 : SPANPROF_OFFCPU_NO_USER);
 	if (user) {
@@ -1710,6 +1716,211 @@ int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
 	if (k && bpf_probe_read_kernel(s->stack, k * sizeof(__u64), t->kstack))
 		k = 0;
 	send_sample(ctx, w, k, user);
+	return 0;
+}
+
+/*
+ * Allocations (--event alloc, heap): uprobes on the malloc family of the C library and on
+ * CPython's arena allocator. Sampled by bytes: a per-CPU countdown of bytes to the next sample,
+ * reset after each sample to a gap drawn from an exponential distribution whose mean is the
+ * sampling rate (alloc_gaps, filled by user space), so each byte allocated has the same chance
+ * to be sampled and an allocation of s bytes is sampled with probability 1 - exp(-s / rate);
+ * user space scales by its inverse. alloc_rate <= 1 samples every allocation.
+ */
+const volatile __u64 alloc_rate = 524288;
+/* --event heap: sampled allocations are tracked to their free (uretprobes and free uprobes). */
+const volatile __u32 alloc_heap = 0;
+
+#define ALLOC_GAPS 256
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ALLOC_GAPS);
+	__type(key, __u32);
+	__type(value, __u64);
+} alloc_gaps SEC(".maps");
+
+struct alloc_cpu {
+	__s64 until;  /* bytes to allocate before the next sample */
+	__u64 serial; /* allocations sampled on this CPU */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct alloc_cpu);
+} alloc_cpus SEC(".maps");
+
+/* A sampled allocation whose call has not returned yet (--event heap), by thread. */
+struct alloc_call {
+	__u64 alloc_id;
+	__u64 size;
+	__u64 memptr; /* posix_memalign: where the address will be written; else 0 */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); /* tid */
+	__type(value, struct alloc_call);
+} alloc_calls SEC(".maps");
+
+/* Sampled allocations not freed yet, by address (--event heap); read by user space at the end. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct spanprof_live_alloc);
+} alloc_live SEC(".maps");
+
+/*
+ * One allocation of `size` bytes by the current thread: counted down, and when the countdown
+ * runs out, sent as a sample with its user and Python stacks and span context. In user mode (a
+ * uprobe), so there is no kernel stack.
+ */
+static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 memptr)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, zero = 0, gap;
+	struct alloc_cpu *cpu;
+	struct alloc_call call = {};
+	struct spanprof_sample *s;
+	struct scratch *w;
+	__u64 *next;
+
+	if (!bpf_map_lookup_elem(&target_pids, &tgid))
+		return 0;
+	cpu = bpf_map_lookup_elem(&alloc_cpus, &zero);
+	if (!cpu)
+		return 0;
+	if (alloc_rate > 1) {
+		cpu->until -= (__s64)size;
+		if (cpu->until > 0)
+			return 0;
+		gap = bpf_get_prandom_u32() % ALLOC_GAPS;
+		next = bpf_map_lookup_elem(&alloc_gaps, &gap);
+		cpu->until = next ? (__s64)*next : (__s64)alloc_rate;
+	}
+	cpu->serial++;
+	w = get_scratch(SCRATCH_ALLOC);
+	if (!w)
+		return 0;
+	s = begin_sample(w, id, SCRATCH_ALLOC);
+	s->event = SPANPROF_EVENT_ALLOC;
+	s->weight = size;
+	s->alloc_id = ((__u64)s->cpu << 56) | (cpu->serial & ((1ULL << 56) - 1));
+	s->kstack_len = 0;
+	if (alloc_heap) {
+		call.alloc_id = s->alloc_id;
+		call.size = size;
+		call.memptr = memptr;
+		bpf_map_update_elem(&alloc_calls, &s->tid, &call, BPF_ANY);
+	}
+	send_sample(ctx, w, 0, 1);
+	return 0;
+}
+
+/* A free of `addr` (--event heap): a sampled allocation leaves the live table. */
+static __always_inline void free_event(__u64 addr)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	if (addr && bpf_map_lookup_elem(&target_pids, &tgid))
+		bpf_map_delete_elem(&alloc_live, &addr);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_malloc, __u64 size)
+{
+	return alloc_event(ctx, size, 0);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_calloc, __u64 n, __u64 size)
+{
+	__u64 limit;
+
+	/* calloc fails on overflow: nothing is allocated. (The barrier keeps clang from turning
+	 * the division into a 128-bit multiplication, which BPF does not have.) */
+	if (size) {
+		limit = ~0ULL / size;
+		asm volatile("" : "+r"(limit));
+		if (n > limit)
+			return 0;
+	}
+	return alloc_event(ctx, n * size, 0);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_realloc, __u64 ptr, __u64 size)
+{
+	if (alloc_heap)
+		free_event(ptr);
+	return alloc_event(ctx, size, 0);
+}
+
+/* aligned_alloc(alignment, size), memalign(alignment, size). */
+SEC("uprobe")
+int BPF_KPROBE(on_memalign, __u64 align, __u64 size)
+{
+	return alloc_event(ctx, size, 0);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_posix_memalign, __u64 memptr, __u64 align, __u64 size)
+{
+	return alloc_event(ctx, size, memptr);
+}
+
+/* CPython's _PyObject_ArenaMmap(void *ctx, size_t size): a new arena of small objects. */
+SEC("uprobe")
+int BPF_KPROBE(on_arena_alloc, __u64 unused, __u64 size)
+{
+	return alloc_event(ctx, size, 0);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(on_free, __u64 ptr)
+{
+	free_event(ptr);
+	return 0;
+}
+
+/* _PyObject_ArenaMunmap(void *ctx, void *ptr, size_t size). */
+SEC("uprobe")
+int BPF_KPROBE(on_arena_free, __u64 unused, __u64 ptr)
+{
+	free_event(ptr);
+	return 0;
+}
+
+/*
+ * The return of every allocation function (--event heap): a sampled call's address, now known,
+ * goes into the live table. Cheap for the others: one lookup by thread id.
+ */
+SEC("uretprobe")
+int BPF_KRETPROBE(on_alloc_return, __u64 ret)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct spanprof_live_alloc live = {};
+	struct alloc_call *call;
+	__u64 addr = ret;
+
+	call = bpf_map_lookup_elem(&alloc_calls, &tid);
+	if (!call)
+		return 0;
+	live.alloc_id = call->alloc_id;
+	live.size = call->size;
+	if (call->memptr) {
+		/* posix_memalign returns 0 on success and writes the address. */
+		addr = 0;
+		if (ret != 0 || bpf_probe_read_user(&addr, sizeof(addr), (void *)call->memptr))
+			addr = 0;
+	}
+	bpf_map_delete_elem(&alloc_calls, &tid);
+	if (addr && bpf_map_update_elem(&alloc_live, &addr, &live, BPF_ANY))
+		count_error(SPANPROF_ERR_HEAP_FULL);
 	return 0;
 }
 

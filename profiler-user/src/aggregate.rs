@@ -339,7 +339,7 @@ impl Aggregator {
             counts.samples += 1;
         } else {
             self.off_cpu_samples += 1;
-            counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight_ns);
+            counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight);
         }
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
@@ -762,7 +762,7 @@ mod tests {
         // SAFETY: the buffer holds the header; SampleHeader is plain old data.
         let h = unsafe { &mut *(r.as_mut_ptr() as *mut SampleHeader) };
         h.event = EVENT_OFFCPU;
-        h.weight_ns = 10_000_000;
+        h.weight = 10_000_000;
         h.syscall_nr = 230;
         h.syscall_arg0 = 1;
         agg.record(&sample(&r), &mut py);

@@ -63,6 +63,9 @@ fn aya_err<E: std::error::Error>(what: &'static str) -> impl FnOnce(E) -> LoadEr
     }
 }
 
+/// Scratches per CPU (`SCRATCH_SLOTS` of the BPF program).
+const SCRATCH_SLOTS: u32 = 3;
+
 /// What to load and how.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -189,8 +192,8 @@ impl Programs {
             .override_global("offcpu_period_ns", &offcpu_period_ns, true)
             .override_global("offcpu_min_ns", &offcpu_min_ns, true)
             .map_max_entries("samples", opts.ring_buffer_size)
-            // Two scratches per CPU: the timer sample's and the off-CPU sample's.
-            .map_max_entries("scratch", 2 * cpus)
+            // Three scratches per CPU: the timer sample's, the off-CPU and the allocation ones.
+            .map_max_entries("scratch", SCRATCH_SLOTS * cpus)
             .load(EBPF_OBJECT)
             .map_err(aya_err("load the eBPF programs"))?;
 

@@ -513,21 +513,28 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
             format!("{path}: {:#}", anyhow::Error::from(e)),
         )
     })?;
-    let (total, spans) = (profile.total_samples(), profile.spans.len());
+    // Weights: samples of an on-CPU profile, nanoseconds once off-CPU time is in it.
+    let (total, spans) = (summary::total_weight(&profile), profile.spans.len());
     let in_spans: u64 = profile
         .samples
         .iter()
         .filter(|s| s.span.is_some())
-        .map(|s| s.count)
+        .map(|s| profile.weight(s))
         .sum();
     filter.apply(&mut profile);
-    let kept = profile.total_samples();
+    let kept = summary::total_weight(&profile);
+    let unit = if profile.meta.events.in_nanoseconds() {
+        ""
+    } else {
+        " samples"
+    };
     if !filter.is_empty() && kept == 0 {
         return Err(Failure(
             EXIT_FAILURE,
             format!(
-                "no samples match {filter}: {path} has {total} samples, {in_spans} of them in \
-                 {spans} spans"
+                "no samples match {filter}: {path} has {}{unit}, {} of them in {spans} spans",
+                summary::amount(&profile, total),
+                summary::amount(&profile, in_spans),
             ),
         ));
     }
@@ -566,9 +573,15 @@ fn report_line(
         filter.to_string()
     };
     format!(
-        "spanprof report: kept {} of {total} samples, {} of {spans} spans ({filter}) from {}: \
+        "spanprof report: kept {} of {}{}, {} of {spans} spans ({filter}) from {}: \
          {}, {:.1} s at {} Hz",
-        profile.total_samples(),
+        summary::amount(profile, summary::total_weight(profile)),
+        summary::amount(profile, total),
+        if m.events.in_nanoseconds() {
+            ""
+        } else {
+            " samples"
+        },
         profile.spans.len(),
         file.display(),
         m.target,

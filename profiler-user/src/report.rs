@@ -17,6 +17,17 @@
 //! - threads from the `thread.id`, `thread.name` and `process.id` labels, processes from the
 //!   `process: PID (name)` comments (from the threads for files without them), span contexts from
 //!   the span labels ([`crate::profile::labels`]);
+//! - what was profiled ([`Meta::events`]) from the sample types, by name ([`Shape`], in any
+//!   order): `samples/count` alone is an on-CPU profile (every file written before off-CPU
+//!   profiling), `off_cpu/nanoseconds` alone `--event offcpu`, `samples/count`,
+//!   `cpu/nanoseconds`, `off_cpu/nanoseconds` `--event cpu,offcpu`, `wall/nanoseconds` alone
+//!   `--event wall` (which implies both);
+//! - each sample's count and off-CPU nanoseconds from its values, and why it was off CPU from
+//!   its `off_cpu.reason` label ([`OFF_CPU_REASON_LABEL`]): a sample with the label is off-CPU,
+//!   one without on-CPU. A single `…/nanoseconds` value is the sample's [`Profile::weight`]:
+//!   blocked time for an off-CPU sample, `count * period` for an on-CPU one. A reason this
+//!   version does not know reads as [`OffCpuReason::Other`], as an unknown `unwind` label reads
+//!   as unchecked: the stack's `[off-cpu: …]` root frame still names it;
 //! - the session's target and lost samples from the comments, its start and length from
 //!   `time_nanos` and `duration_nanos`, the frequency from the period (`1e9 / period`, rounded:
 //!   exact for 1–10000 Hz).
@@ -26,8 +37,11 @@
 //! # Design constraints
 //!
 //! A file spanprof did not write (another profiler's pprof, any other file) is refused with a
-//! one-line reason rather than half read: the sample type must be `samples/count`, the period
-//! type `cpu/nanoseconds`, and a `target:` comment must be there.
+//! one-line reason rather than half read: the sample types must be one of the [`Shape`]s, the
+//! period type `cpu/nanoseconds`, and a `target:` comment must be there. Values that contradict
+//! each other are refused as damaged: a `cpu/nanoseconds` value other than `count * period`, an
+//! off-CPU sample with on-CPU samples, off-CPU time without a reason, on-CPU time that is not a
+//! whole number of periods.
 
 use std::{
     collections::HashMap,
@@ -41,8 +55,10 @@ use flate2::read::GzDecoder;
 
 use symbolizer::unwind::UnwindStatus;
 
+use crate::offcpu::OffCpuReason;
 use crate::output::pprof::{
-    KERNEL_MAPPING, LOST_COMMENT, PROCESS_COMMENT, PYTHON_MAPPING, TARGET_COMMENT, UNWIND_LABEL,
+    Shape, CPU_TYPE, KERNEL_MAPPING, LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE,
+    PROCESS_COMMENT, PYTHON_MAPPING, SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL,
     UNWIND_REASON_LABEL,
 };
 use crate::profile::{
@@ -119,11 +135,25 @@ impl Reader<'_> {
             .iter()
             .map(|t| Ok((self.string(t.ty)?, self.string(t.unit)?)))
             .collect::<Result<_, ReportError>>()?;
-        if types != [("samples", "count")] {
-            return Err(ReportError::Foreign(format!(
-                "its sample types are {types:?}, not samples/count"
-            )));
-        }
+        let shape = Shape::from_sample_types(&types).ok_or_else(|| {
+            let known: Vec<String> = Shape::ALL
+                .iter()
+                .map(|s| {
+                    let types: Vec<String> = s
+                        .sample_types()
+                        .iter()
+                        .map(|(t, u)| format!("{t}/{u}"))
+                        .collect();
+                    types.join(", ")
+                })
+                .collect();
+            ReportError::Foreign(format!(
+                "its sample types are {types:?}, not one of: {}",
+                known.join("; ")
+            ))
+        })?;
+        // Where each value is, by the type's name.
+        let index = |ty: (&str, &str)| types.iter().position(|&t| t == ty);
         let period_type = match &p.period_type {
             Some(t) => (self.string(t.ty)?, self.string(t.unit)?),
             None => ("", ""),
@@ -172,7 +202,7 @@ impl Reader<'_> {
             start: UNIX_EPOCH + Duration::from_nanos(u64::try_from(p.time_nanos).unwrap_or(0)),
             duration: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
             frequency: ((1e9 / period as f64).round() as u64).max(1),
-            events: Default::default(),
+            events: shape.events(),
             lost_samples,
             python: PythonStats::default(),
         };
@@ -195,7 +225,12 @@ impl Reader<'_> {
                 .collect::<Result<Vec<u32>, _>>()?;
             // pprof stacks are leaf first, ours root first.
             frames_of.reverse();
-            let (thread, span, unwind) = self.labels(i, s)?;
+            let SampleLabels {
+                thread,
+                span,
+                unwind,
+                off_cpu,
+            } = self.labels(i, s)?;
             let thread = *thread_ids.entry(thread).or_insert_with_key(|t| {
                 threads.push(t.clone());
                 threads.len() as u32 - 1
@@ -206,17 +241,63 @@ impl Reader<'_> {
                     spans.len() as u32 - 1
                 })
             });
-            let count = match s.value.as_slice() {
-                [v] => u64::try_from(*v)
-                    .map_err(|_| damaged(format!("sample {i} has a negative count")))?,
-                _ => return Err(damaged(format!("sample {i} has not one value"))),
+            if s.value.len() != types.len() {
+                return Err(damaged(format!(
+                    "sample {i} has {} values for {} sample types",
+                    s.value.len(),
+                    types.len()
+                )));
+            }
+            let value = |ty| -> Result<u64, ReportError> {
+                let v = index(ty).map_or(0, |k| s.value[k]);
+                u64::try_from(v).map_err(|_| damaged(format!("sample {i} has a negative value")))
             };
+            let (count, off_cpu_ns) = match shape {
+                Shape::Cpu => (value(SAMPLES_TYPE)?, 0),
+                Shape::CpuAndOffCpu => {
+                    let count = value(SAMPLES_TYPE)?;
+                    if value(CPU_TYPE)? != count.saturating_mul(period) {
+                        return Err(damaged(format!(
+                            "sample {i}: its cpu/nanoseconds is not its count times the period"
+                        )));
+                    }
+                    (count, value(OFF_CPU_TYPE)?)
+                }
+                // One value, the sample's weight: blocked time, or count * period on CPU.
+                Shape::OffCpu | Shape::Wall => {
+                    let ns = u64::try_from(s.value[0])
+                        .map_err(|_| damaged(format!("sample {i} has a negative value")))?;
+                    match off_cpu {
+                        Some(_) => (0, ns),
+                        None if ns % period == 0 => (ns / period, 0),
+                        None => {
+                            return Err(damaged(format!(
+                                "sample {i}: {ns} ns on CPU is not a whole number of periods \
+                                 ({period} ns)"
+                            )))
+                        }
+                    }
+                }
+            };
+            match off_cpu {
+                Some(_) if count > 0 => {
+                    return Err(damaged(format!(
+                        "sample {i} has an {OFF_CPU_REASON_LABEL} label and on-CPU samples"
+                    )))
+                }
+                None if off_cpu_ns > 0 => {
+                    return Err(damaged(format!(
+                        "sample {i} has off-CPU time but no {OFF_CPU_REASON_LABEL} label"
+                    )))
+                }
+                _ => {}
+            }
             samples.push(Sample {
                 frames: frames_of,
                 thread,
                 count,
-                off_cpu_ns: 0,
-                off_cpu: None,
+                off_cpu_ns,
+                off_cpu,
                 span,
                 unwind,
             });
@@ -315,14 +396,11 @@ impl Reader<'_> {
         Ok((frames, of_location))
     }
 
-    /// The thread, the span context (if any) and how the stack was unwound of sample `i`.
-    fn labels(
-        &self,
-        i: usize,
-        s: &::pprof::protos::Sample,
-    ) -> Result<(Thread, Option<SpanContext>, UnwindStatus), ReportError> {
+    /// What the labels of sample `i` say.
+    fn labels(&self, i: usize, s: &::pprof::protos::Sample) -> Result<SampleLabels, ReportError> {
         let (mut tid, mut pid, mut name) = (None, None, None);
         let (mut unwind, mut unwind_reason) = (None, None);
+        let mut off_cpu = None;
         let mut span = SpanContext::default();
         let mut osp: [Option<[u8; 16]>; 3] = [None; 3];
         for l in &s.label {
@@ -336,6 +414,11 @@ impl Reader<'_> {
                 "thread.name" => name = Some(value()?.to_string()),
                 UNWIND_LABEL => unwind = Some(value()?),
                 UNWIND_REASON_LABEL => unwind_reason = Some(value()?),
+                // NB: a reason this version does not know is still off-CPU time, and its
+                // `[off-cpu: …]` root frame names it; like `unwind`, it is not refused.
+                OFF_CPU_REASON_LABEL => {
+                    off_cpu = Some(OffCpuReason::from_name(value()?).unwrap_or(OffCpuReason::Other))
+                }
                 labels::TRACE_ID => {
                     span.trace_id = Some(parse_hex(value()?).ok_or_else(|| bad("not 32 hex"))?)
                 }
@@ -380,8 +463,24 @@ impl Reader<'_> {
         let unwind = unwind
             .and_then(|kind| UnwindStatus::from_label(kind, unwind_reason))
             .unwrap_or(UnwindStatus::Unchecked);
-        Ok((thread, (!span.is_empty()).then_some(span), unwind))
+        Ok(SampleLabels {
+            thread,
+            span: (!span.is_empty()).then_some(span),
+            unwind,
+            off_cpu,
+        })
     }
+}
+
+/// What a sample's labels say.
+struct SampleLabels {
+    thread: Thread,
+    /// The span context, if any.
+    span: Option<SpanContext>,
+    /// How the native stack was unwound.
+    unwind: UnwindStatus,
+    /// Why the thread was off CPU, for an off-CPU sample.
+    off_cpu: Option<OffCpuReason>,
 }
 
 /// Parses exactly `2 * N` hex digits (either case) into bytes.
@@ -551,6 +650,172 @@ mod tests {
         // Grouped, too.
         let grouped = profile.grouped(crate::profile::GroupBy::Span);
         assert_eq!(folded(&round_trip(&grouped)), folded(&grouped));
+    }
+
+    #[test]
+    fn off_cpu_round_trips_in_every_shape() {
+        for profile in [fixture::off_cpu(), fixture::off_cpu_only(), fixture::wall()] {
+            let back = round_trip(&profile);
+            let events = profile.meta.events;
+            assert_eq!(back.meta, profile.meta, "{events:?}");
+            for format in Format::ALL {
+                assert_eq!(
+                    output::render(&back, format).unwrap(),
+                    output::render(&profile, format).unwrap(),
+                    "{format} {events:?}"
+                );
+            }
+            type Values = (
+                u32,
+                u64,
+                u64,
+                Option<OffCpuReason>,
+                Option<u32>,
+                UnwindStatus,
+            );
+            let values = |p: &Profile| -> Vec<Values> {
+                p.samples
+                    .iter()
+                    .map(|s| (s.thread, s.count, s.off_cpu_ns, s.off_cpu, s.span, s.unwind))
+                    .collect()
+            };
+            assert_eq!(values(&back), values(&profile), "{events:?}");
+            assert_eq!(back.spans, profile.spans);
+            assert_eq!(back.total_off_cpu_ns(), 295_500_000);
+            // The pseudo-frame comes back as the placeholder it was.
+            let root = &back.frames[back.samples.last().unwrap().frames[0] as usize];
+            assert_eq!(root, &profile.frames[5]);
+        }
+    }
+
+    #[test]
+    fn filters_keep_off_cpu_samples() {
+        let back = round_trip(&fixture::off_cpu());
+        let span = Filter {
+            span_id: parse_hex("00f067aa0ba902b7"),
+            ..Filter::default()
+        };
+        let mut kept = back.clone();
+        span.apply(&mut kept);
+        // Span 0: 5 samples on CPU, 30 ms on a lock.
+        assert_eq!(
+            folded(&kept),
+            "[off-cpu: lock];main;compute;do_syscall_64_[k] 30000000\nmain;compute 50000000\n"
+        );
+        let mut only = round_trip(&fixture::off_cpu_only());
+        let base = Filter {
+            base_id: Some(fixture::BASE),
+            ..Filter::default()
+        };
+        base.apply(&mut only);
+        assert_eq!(folded(&only), "[off-cpu: lock];main;compute 15500000\n");
+        assert_eq!(only.total_samples(), 0);
+    }
+
+    /// `profile`'s pprof message, changed by `edit`, read back.
+    fn read_edited(
+        profile: &Profile,
+        edit: impl FnOnce(&mut PprofProfile),
+    ) -> Result<Profile, String> {
+        let mut message = output::pprof::build(profile).unwrap();
+        edit(&mut message);
+        read_pprof(&message.encode_to_vec()).map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+    }
+
+    /// The string table index of `s`, added when missing.
+    fn intern(p: &mut PprofProfile, s: &str) -> i64 {
+        match p.string_table.iter().position(|t| t == s) {
+            Some(i) => i as i64,
+            None => {
+                p.string_table.push(s.to_string());
+                p.string_table.len() as i64 - 1
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_reasons_read_as_other() {
+        let back = read_edited(&fixture::off_cpu(), |p| {
+            let newer = intern(p, "page-fault");
+            let key = intern(p, OFF_CPU_REASON_LABEL);
+            for l in p.sample[5].label.iter_mut().filter(|l| l.key == key) {
+                l.str = newer;
+            }
+        })
+        .unwrap();
+        assert_eq!(back.samples[5].off_cpu, Some(OffCpuReason::Other));
+        assert_eq!(back.samples[5].off_cpu_ns, fixture::SLEEP_NS);
+        // Its frame still says what the file said.
+        assert_eq!(folded(&back), folded(&fixture::off_cpu()));
+    }
+
+    #[test]
+    fn sample_types_in_another_order() {
+        let back = read_edited(&fixture::off_cpu(), |p| {
+            p.sample_type.swap(0, 2);
+            for s in &mut p.sample {
+                s.value.swap(0, 2);
+            }
+        })
+        .unwrap();
+        assert_eq!(folded(&back), folded(&fixture::off_cpu()));
+    }
+
+    #[test]
+    fn refuses_contradictory_values() {
+        let key = |p: &mut PprofProfile| intern(p, OFF_CPU_REASON_LABEL);
+        let err = read_edited(&fixture::off_cpu(), |p| p.sample[0].value[1] += 1).unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 0: its cpu/nanoseconds is not its count times the \
+             period"
+        );
+        let err = read_edited(&fixture::off_cpu(), |p| {
+            let key = key(p);
+            p.sample[4].label.retain(|l| l.key != key);
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 4 has off-CPU time but no off_cpu.reason label"
+        );
+        let err = read_edited(&fixture::off_cpu(), |p| {
+            p.sample[4].value[..2].copy_from_slice(&[1, 10_000_000]);
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 4 has an off_cpu.reason label and on-CPU samples"
+        );
+        let err = read_edited(&fixture::wall(), |p| p.sample[0].value[0] += 1).unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 0: 50000001 ns on CPU is not a whole number of \
+             periods (10000000 ns)"
+        );
+        let err = read_edited(&fixture::off_cpu(), |p| {
+            p.sample[0].value.pop();
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 0 has 2 values for 3 sample types"
+        );
+        let err = read_edited(&fixture::off_cpu(), |p| {
+            p.sample_type.pop();
+            for s in &mut p.sample {
+                s.value.pop();
+            }
+        })
+        .unwrap_err();
+        assert!(
+            err.starts_with(
+                "not a spanprof profile: its sample types are [(\"samples\", \"count\"), \
+                 (\"cpu\", \"nanoseconds\")], not one of: samples/count; off_cpu/nanoseconds; \
+                 samples/count, cpu/nanoseconds, off_cpu/nanoseconds; wall/nanoseconds"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

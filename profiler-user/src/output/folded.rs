@@ -1,9 +1,12 @@
 //! Folded (collapsed) stacks, the input format of `flamegraph.pl` and inferno.
 //!
 //! One line per distinct stack: frame names root first, separated by `;`, then a space and the
-//! number of samples, e.g. `main;compute;do_syscall_64_[k] 2`. Samples with the same stack on
-//! different threads are merged, stacks whose total is zero are left out, and lines are sorted by
-//! stack in byte order so the output is deterministic.
+//! stack's weight ([`Profile::weight`]), e.g. `main;compute;do_syscall_64_[k] 2`: the number of
+//! samples for an on-CPU profile, nanoseconds as soon as off-CPU time is in it (an on-CPU sample
+//! then weighs `count * period`, an off-CPU one its blocked time, under its `[off-cpu: REASON]`
+//! root frame). Samples with the same stack on different threads are merged, stacks whose total
+//! is zero are left out, and lines are sorted by stack in byte order so the output is
+//! deterministic.
 //!
 //! Frame names are [`Frame::display_name`]. Because `;` separates frames and a newline ends the
 //! line, those characters (and other control characters) are replaced in names; see
@@ -52,8 +55,8 @@ pub fn frame_name(frame: &Frame) -> String {
 
 /// Merges the profile's samples by stack.
 ///
-/// Returns `(stack, count)` pairs sorted by stack, where `stack` is the `;`-joined frame names,
-/// root first. Stacks with a zero total are omitted.
+/// Returns `(stack, weight)` pairs sorted by stack, where `stack` is the `;`-joined frame names,
+/// root first, and `weight` the sum of [`Profile::weight`]. Stacks with a zero total are omitted.
 pub fn collapse(profile: &Profile) -> Result<Vec<(String, u64)>, OutputError> {
     validate(profile)?;
     // Name each frame once; samples share frames heavily.
@@ -71,10 +74,11 @@ pub fn collapse(profile: &Profile) -> Result<Vec<(String, u64)>, OutputError> {
             }
             stack.push_str(&names[frame as usize]);
         }
+        let weight = profile.weight(sample);
         match stacks.get_mut(stack.as_str()) {
-            Some(count) => *count = count.saturating_add(sample.count),
+            Some(total) => *total = total.saturating_add(weight),
             None => {
-                stacks.insert(stack.clone(), sample.count);
+                stacks.insert(stack.clone(), weight);
             }
         }
     }
@@ -154,5 +158,29 @@ mod tests {
         ];
         let out = String::from_utf8(render(&profile).unwrap()).unwrap();
         assert_eq!(out, "[no stack] 3\n");
+    }
+
+    #[test]
+    fn off_cpu_weights_are_nanoseconds() {
+        // 100 Hz: an on-CPU sample weighs 10 ms; off-CPU ones their time, under their reason.
+        let out = String::from_utf8(render(&fixture::off_cpu()).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "[off-cpu: lock];main;compute 15500000\n\
+             [off-cpu: lock];main;compute;do_syscall_64_[k] 30000000\n\
+             [off-cpu: sleep];main 250000000\n\
+             main;[unknown] (libfoo.so+0x1234) 10000000\n\
+             main;compute 80000000\n\
+             main;compute;do_syscall_64_[k] 20000000\n"
+        );
+        // Wall: the same weights.
+        assert_eq!(render(&fixture::wall()).unwrap(), out.as_bytes());
+        let only = String::from_utf8(render(&fixture::off_cpu_only()).unwrap()).unwrap();
+        assert_eq!(
+            only,
+            "[off-cpu: lock];main;compute 15500000\n\
+             [off-cpu: lock];main;compute;do_syscall_64_[k] 30000000\n\
+             [off-cpu: sleep];main 250000000\n"
+        );
     }
 }

@@ -9,28 +9,50 @@
 //!
 //! | Format | Extension | Value and unit |
 //! |--------|-----------|----------------|
-//! | [`Format::Folded`] | `.folded` | sample count per distinct stack |
-//! | [`Format::Svg`] | `.svg` | sample count (frame width) |
-//! | [`Format::Pprof`] | `.pb.gz`, `.pprof` | `samples/count`, period `cpu/nanoseconds` |
-//! | [`Format::Speedscope`] | `.speedscope.json` | weight in `nanoseconds` of CPU time |
+//! | [`Format::Folded`] | `.folded` | [`Profile::weight`] per stack: samples or nanoseconds |
+//! | [`Format::Svg`] | `.svg` | the same (frame width) |
+//! | [`Format::Pprof`] | `.pb.gz`, `.pprof` | by events (below), period `cpu/nanoseconds` |
+//! | [`Format::Speedscope`] | `.speedscope.json` | weight in `nanoseconds` (CPU, off-CPU or both) |
+//!
+//! What a weight is depends on what was profiled ([`Events`], `--event`): a plain on-CPU profile
+//! counts samples (each worth `1e9 / frequency` ns of CPU); as soon as off-CPU time is in it,
+//! every weight is nanoseconds, an on-CPU sample counting `count * period` and an off-CPU one its
+//! blocked time ([`Profile::weight`]). pprof keeps them apart in its sample types:
+//!
+//! | `--event` | pprof sample types | on-CPU sample | off-CPU sample |
+//! |-----------|--------------------|---------------|----------------|
+//! | `cpu` (default) | `samples/count` | `[n]` | (none) |
+//! | `offcpu` | `off_cpu/nanoseconds` | (none) | `[ns]` |
+//! | `cpu,offcpu` | `samples/count`, `cpu/nanoseconds`, `off_cpu/nanoseconds` | `[n, n * period, 0]` | `[0, 0, ns]` |
+//! | `wall` | `wall/nanoseconds` | `[n * period]` | `[ns]` |
+//!
+//! Off-CPU samples start with a root pseudo-frame naming why the thread was blocked
+//! (`[off-cpu: lock]`, [`OffCpuReason::frame_name`](crate::offcpu::OffCpuReason::frame_name)),
+//! so every format separates the reasons; pprof also gives them the string label
+//! [`pprof::OFF_CPU_REASON_LABEL`] (`off_cpu.reason` = `sleep`, `lock`, `io`, `gil` or `other`).
 //!
 //! # Formats
 //!
 //! - **Folded** ([`folded`]): Brendan Gregg's collapsed stacks. One line per distinct stack, frames
-//!   root first and `;`-separated, then a space and the number of samples. Samples with the same
+//!   root first and `;`-separated, then a space and the weight (the number of samples, or
+//!   nanoseconds when off-CPU time is in the profile). Samples with the same
 //!   stack on different threads are merged; lines are sorted by stack (byte order). Frame names are
 //!   [`Frame::display_name`](crate::profile::Frame::display_name), so kernel frames end in `_[k]`.
 //! - **SVG** ([`svg`]): an interactive flame graph drawn by inferno from the folded stacks. The
-//!   width of a frame is its number of samples; the subtitle gives duration, frequency, total and
-//!   lost samples. Colors are a deterministic function of the frame name; kernel frames are orange.
+//!   width of a frame is its weight (samples, or nanoseconds: the title then says of what, e.g.
+//!   `spanprof: off-CPU time of …`); the subtitle gives duration, frequency, total (samples, ms
+//!   on-CPU and off-CPU) and lost samples. Colors are a deterministic function of the frame name;
+//!   kernel frames are orange.
 //! - **pprof** ([`pprof`]): gzipped `profile.proto` as read by `go tool pprof` and most profiling
-//!   back ends. One sample type, `samples/count`; the period type is `cpu/nanoseconds` with period
-//!   `1e9 / frequency`, so CPU time is `count * period`. Each sample carries the labels
-//!   `thread.id`, `thread.name` and `process.id`, and, when it was taken inside a tracing span,
+//!   back ends. Sample types by events (table above); the period type is always
+//!   `cpu/nanoseconds` with period `1e9 / frequency`, so CPU time is `count * period`. Each sample
+//!   carries the labels `thread.id`, `thread.name` and `process.id`, an off-CPU one
+//!   `off_cpu.reason`, and, when it was taken inside a tracing span,
 //!   the span's ids (`trace_id`, `span_id`, `osprofiler.*`: see [`crate::profile::labels`]).
 //!   `spanprof report` reads these files back ([`crate::report`]).
 //! - **speedscope** ([`speedscope`]): the JSON file format of <https://www.speedscope.app>. One
-//!   sampled profile per thread with weights in nanoseconds of CPU time (`count * period`).
+//!   sampled profile per thread with weights in nanoseconds: CPU time (`count * period`) plus
+//!   off-CPU time.
 //!
 //! # Grouping
 //!
@@ -41,11 +63,41 @@
 //! # Units
 //!
 //! Units follow the project's output conventions: time is always nanoseconds, counts are plain
-//! sample counts, and a format's unit never changes once released.
+//! sample counts, and a format's unit never changes once released. A plain on-CPU profile is
+//! written exactly as before off-CPU profiling existed.
 
 use std::{fmt, io, path::Path};
 
-use crate::profile::Profile;
+use crate::profile::{Events, Profile};
+
+/// What the weights of a profile with these events measure, for titles and units: `None` for a
+/// plain on-CPU profile (sample counts), else `off-CPU time`, `CPU + off-CPU time` or
+/// `wall-clock time` (nanoseconds).
+pub fn measure(events: Events) -> Option<&'static str> {
+    if events.wall {
+        Some("wall-clock time")
+    } else if events.off_cpu && events.cpu {
+        Some("CPU + off-CPU time")
+    } else if events.off_cpu {
+        Some("off-CPU time")
+    } else {
+        None
+    }
+}
+
+/// Nanoseconds as milliseconds with one decimal: `1234.5 ms`.
+pub fn millis(ns: u64) -> String {
+    format!("{:.1} ms", ns as f64 / 1e6)
+}
+
+/// What an empty profile means, for the summary and the empty flame graph.
+pub fn no_samples_text(events: Events) -> &'static str {
+    match (events.cpu || events.wall, events.off_cpu || events.wall) {
+        (_, false) => "no samples: the target did not run on a CPU while profiled",
+        (false, true) => "no samples: the target did not block while profiled",
+        (true, true) => "no samples: the target neither ran on a CPU nor blocked while profiled",
+    }
+}
 
 pub mod folded;
 pub mod pprof;
@@ -225,8 +277,10 @@ fn validate(profile: &Profile) -> Result<(), OutputError> {
 pub(crate) mod fixture {
     use std::time::{Duration, SystemTime};
 
+    use crate::offcpu::OffCpuReason;
     use crate::profile::{
-        Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, Sample, SpanContext, Thread,
+        Events, Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, Sample, SpanContext,
+        Thread,
     };
 
     fn native(function: &str, address: u64, line: u32) -> Frame {
@@ -379,6 +433,75 @@ pub(crate) mod fixture {
         for (sample, span) in p.samples.iter_mut().zip([Some(0), Some(1), Some(2), None]) {
             sample.span = span;
         }
+        p
+    }
+
+    /// Nanoseconds thread 0 was blocked on a lock in `main;compute;do_syscall_64`, in span 0.
+    pub(crate) const LOCK_NS: u64 = 30_000_000;
+    /// Nanoseconds thread 1 slept in `main`, in no span.
+    pub(crate) const SLEEP_NS: u64 = 250_000_000;
+    /// Nanoseconds thread 1 was blocked on a lock in `main;compute` (frame 4), in span 1.
+    pub(crate) const LOCK2_NS: u64 = 15_500_000;
+
+    /// [`with_spans`] profiled with `--event cpu,offcpu`: its 4 on-CPU samples (11 at 100 Hz,
+    /// 110 ms), then 3 off-CPU samples under the pseudo-frames 5 `[off-cpu: lock]` and 6
+    /// `[off-cpu: sleep]`: [`LOCK_NS`] (thread 0, span 0), [`SLEEP_NS`] (thread 1, no span),
+    /// [`LOCK2_NS`] (thread 1, span 1); 295.5 ms off-CPU in all.
+    pub(crate) fn off_cpu() -> Profile {
+        let mut p = with_spans();
+        p.meta.events = Events {
+            cpu: true,
+            off_cpu: true,
+            wall: false,
+        };
+        for reason in [OffCpuReason::Lock, OffCpuReason::Sleep] {
+            p.frames.push(Frame {
+                kind: FrameKind::Native,
+                function: Some(reason.frame_name()),
+                module: None,
+                address: 0,
+                file: None,
+                line: None,
+                unknown_reason: None,
+            });
+        }
+        let blocked = |frames: Vec<u32>, thread, ns, reason, span| Sample {
+            frames,
+            thread,
+            count: 0,
+            off_cpu_ns: ns,
+            off_cpu: Some(reason),
+            span,
+            unwind: symbolizer::unwind::UnwindStatus::Complete,
+        };
+        p.samples.extend([
+            blocked(vec![5, 0, 1, 3], 0, LOCK_NS, OffCpuReason::Lock, Some(0)),
+            blocked(vec![6, 0], 1, SLEEP_NS, OffCpuReason::Sleep, None),
+            blocked(vec![5, 0, 4], 1, LOCK2_NS, OffCpuReason::Lock, Some(1)),
+        ]);
+        p
+    }
+
+    /// [`off_cpu`] profiled with `--event offcpu`: its off-CPU samples alone.
+    pub(crate) fn off_cpu_only() -> Profile {
+        let mut p = off_cpu();
+        p.meta.events = Events {
+            cpu: false,
+            off_cpu: true,
+            wall: false,
+        };
+        p.retain_samples(|_, s| s.off_cpu.is_some());
+        p
+    }
+
+    /// [`off_cpu`] profiled with `--event wall`.
+    pub(crate) fn wall() -> Profile {
+        let mut p = off_cpu();
+        p.meta.events = Events {
+            cpu: true,
+            off_cpu: true,
+            wall: true,
+        };
         p
     }
 }

@@ -2,12 +2,31 @@
 //!
 //! # Layout
 //!
-//! - Sample type: one value per sample, `samples/count` (the number of perf events that hit the
-//!   stack). Period type `cpu/nanoseconds`, period `1e9 / frequency`, so a sample's CPU time is
-//!   `count * period`; no second `cpu/nanoseconds` value is stored, as it would only repeat that.
+//! - Sample types: by what was profiled ([`Events`], `--event`), one of the [`Shape`]s:
+//!
+//!   | `--event` | `sample_type` | on-CPU sample | off-CPU sample | default |
+//!   |-----------|---------------|---------------|----------------|---------|
+//!   | `cpu` (default) | `samples/count` | `[n]` | (none) | (unset: the only one) |
+//!   | `offcpu` | `off_cpu/nanoseconds` | (none) | `[ns]` | (unset: the only one) |
+//!   | `cpu,offcpu` | `samples/count`, `cpu/nanoseconds`, `off_cpu/nanoseconds` | `[n, n * period, 0]` | `[0, 0, ns]` | `off_cpu` |
+//!   | `wall` | `wall/nanoseconds` | `[n * period]` | `[ns]` | (unset: the only one) |
+//!
+//!   `n` is the number of perf events that hit the stack, `ns` the nanoseconds the thread was
+//!   blocked in it ([`Sample::off_cpu_ns`](crate::profile::Sample::off_cpu_ns)). The period type
+//!   is always `cpu/nanoseconds`, period `1e9 / frequency`, so a sample's CPU time is
+//!   `count * period`; a plain on-CPU profile stores no `cpu/nanoseconds` value, as it would
+//!   only repeat that. With `cpu,offcpu` it does, so that `cpu` and `off_cpu` compare in one
+//!   unit (`go tool pprof -sample_index=cpu`).
+//! - An off-CPU sample's stack starts (at its root) with the pseudo-frame of its reason,
+//!   `[off-cpu: lock]`, and it carries the string label [`OFF_CPU_REASON_LABEL`]
+//!   (`off_cpu.reason`): `sleep`, `lock`, `io`, `gil` or `other`
+//!   ([`OffCpuReason::name`](crate::offcpu::OffCpuReason::name)); `go tool pprof -tagfocus
+//!   off_cpu.reason=lock` keeps the lock waits.
 //! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread), with
 //!   `location_id` leaf first as pprof requires (the reverse of our root-first frames) and the
-//!   labels `thread.id` (num, tid), `thread.name` (str, `comm`) and `process.id` (num, pid).
+//!   labels `thread.id` (num, tid), `thread.name` (str, `comm`) and `process.id` (num, pid), then
+//!   `unwind` and `unwind.reason` ([`UNWIND_LABEL`], [`UNWIND_REASON_LABEL`]), then
+//!   `off_cpu.reason` for an off-CPU sample.
 //! - A sample taken inside a tracing span also carries the span's string labels, after those,
 //!   in this order and only those known: `trace_id` and `span_id` (OpenTelemetry, lower-case
 //!   hex, 32 and 16 digits), `osprofiler.base_id`, `osprofiler.trace_id` and
@@ -42,7 +61,7 @@ use ::pprof::protos::{
 use flate2::{write::GzEncoder, Compression};
 
 use super::{validate, OutputError};
-use crate::profile::{Frame, FrameKind, Profile};
+use crate::profile::{Events, Frame, FrameKind, Profile};
 
 /// The mapping that holds every kernel frame.
 pub const KERNEL_MAPPING: &str = symbolizer::KERNEL_MODULE;
@@ -61,6 +80,108 @@ pub const PROCESS_COMMENT: &str = "process: ";
 pub const UNWIND_LABEL: &str = "unwind";
 /// Sample label: why it is not complete ([`symbolizer::unwind::UnwindStatus::reason`]).
 pub const UNWIND_REASON_LABEL: &str = "unwind.reason";
+/// Sample label of an off-CPU sample: why the thread was blocked
+/// ([`OffCpuReason::name`](crate::offcpu::OffCpuReason::name)).
+pub const OFF_CPU_REASON_LABEL: &str = "off_cpu.reason";
+
+/// Sample type: on-CPU perf events.
+pub const SAMPLES_TYPE: (&str, &str) = ("samples", "count");
+/// Sample type (and the period type): CPU time.
+pub const CPU_TYPE: (&str, &str) = ("cpu", "nanoseconds");
+/// Sample type: time blocked.
+pub const OFF_CPU_TYPE: (&str, &str) = ("off_cpu", "nanoseconds");
+/// Sample type: CPU and blocked time in one value.
+pub const WALL_TYPE: (&str, &str) = ("wall", "nanoseconds");
+
+/// The sample types of a profile, chosen by its [`Events`] (see the module docs' table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `--event cpu`: `[samples/count]`.
+    Cpu,
+    /// `--event offcpu`: `[off_cpu/nanoseconds]`, each value [`Profile::weight`].
+    OffCpu,
+    /// `--event cpu,offcpu`: `[samples/count, cpu/nanoseconds, off_cpu/nanoseconds]`.
+    CpuAndOffCpu,
+    /// `--event wall`: `[wall/nanoseconds]`, each value [`Profile::weight`].
+    Wall,
+}
+
+impl Shape {
+    /// Every shape.
+    pub const ALL: [Shape; 4] = [Shape::Cpu, Shape::OffCpu, Shape::CpuAndOffCpu, Shape::Wall];
+
+    /// The shape that holds a profile of these events: `wall` wins over the others.
+    pub fn of(events: Events) -> Shape {
+        match events {
+            Events { wall: true, .. } => Shape::Wall,
+            Events {
+                cpu: true,
+                off_cpu: true,
+                ..
+            } => Shape::CpuAndOffCpu,
+            Events { off_cpu: true, .. } => Shape::OffCpu,
+            _ => Shape::Cpu,
+        }
+    }
+
+    /// The events of a profile read back from a file of this shape (`wall` implies both).
+    pub fn events(self) -> Events {
+        let (cpu, off_cpu, wall) = match self {
+            Shape::Cpu => (true, false, false),
+            Shape::OffCpu => (false, true, false),
+            Shape::CpuAndOffCpu => (true, true, false),
+            Shape::Wall => (true, true, true),
+        };
+        Events { cpu, off_cpu, wall }
+    }
+
+    /// The `(type, unit)` of each sample value, in order.
+    pub fn sample_types(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Shape::Cpu => &[SAMPLES_TYPE],
+            Shape::OffCpu => &[OFF_CPU_TYPE],
+            Shape::CpuAndOffCpu => &[SAMPLES_TYPE, CPU_TYPE, OFF_CPU_TYPE],
+            Shape::Wall => &[WALL_TYPE],
+        }
+    }
+
+    /// The shape with exactly these sample types, in any order.
+    pub fn from_sample_types(types: &[(&str, &str)]) -> Option<Shape> {
+        let mut types = types.to_vec();
+        types.sort_unstable();
+        Shape::ALL.into_iter().find(|shape| {
+            let mut own = shape.sample_types().to_vec();
+            own.sort_unstable();
+            own == types
+        })
+    }
+
+    /// The type whose name `default_sample_type` gives, if any.
+    ///
+    /// NB: with one value there is nothing to choose. With `cpu,offcpu` the user asked for the
+    /// off-CPU time on top of the default on-CPU profile, so that is what they want to see first
+    /// (`-sample_index=cpu` gives the CPU time in the same unit); it is also the last type, the
+    /// one that clients ignoring the field show, so every tool opens the same view.
+    pub fn default_sample_type(self) -> Option<&'static str> {
+        match self {
+            Shape::CpuAndOffCpu => Some(OFF_CPU_TYPE.0),
+            Shape::Cpu | Shape::OffCpu | Shape::Wall => None,
+        }
+    }
+
+    /// The values of one sample, in [`Shape::sample_types`] order.
+    fn values(self, profile: &Profile, sample: &crate::profile::Sample) -> Vec<i64> {
+        match self {
+            Shape::Cpu => vec![saturating_i64(sample.count)],
+            Shape::CpuAndOffCpu => vec![
+                saturating_i64(sample.count),
+                saturating_i64(sample.count.saturating_mul(profile.meta.period_ns())),
+                saturating_i64(sample.off_cpu_ns),
+            ],
+            Shape::OffCpu | Shape::Wall => vec![saturating_i64(profile.weight(sample))],
+        }
+    }
+}
 
 /// Renders the profile as a gzipped `profile.proto`.
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
@@ -81,13 +202,22 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     // NB: profile.proto requires string_table[0] == "", and index 0 means "unset" everywhere.
     b.strings.intern("");
 
-    let sample_type = vec![ValueType {
-        ty: b.strings.intern("samples"),
-        unit: b.strings.intern("count"),
-    }];
+    let shape = Shape::of(meta.events);
+    let sample_type: Vec<ValueType> = shape
+        .sample_types()
+        .iter()
+        .map(|&(ty, unit)| ValueType {
+            ty: b.strings.intern(ty),
+            unit: b.strings.intern(unit),
+        })
+        .collect();
+    let default_sample_type = shape
+        .default_sample_type()
+        .map_or(0, |ty| b.strings.intern(ty));
+    // NB: every shape keeps the on-CPU period, so counts convert to time in any of them.
     let period_type = Some(ValueType {
-        ty: b.strings.intern("cpu"),
-        unit: b.strings.intern("nanoseconds"),
+        ty: b.strings.intern(CPU_TYPE.0),
+        unit: b.strings.intern(CPU_TYPE.1),
     });
     let thread_id = b.strings.intern("thread.id");
     let thread_name = b.strings.intern("thread.name");
@@ -153,6 +283,13 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
                 ..Label::default()
             });
         }
+        if let Some(reason) = sample.off_cpu {
+            label.push(Label {
+                key: b.strings.intern(OFF_CPU_REASON_LABEL),
+                str: b.strings.intern(reason.name()),
+                ..Label::default()
+            });
+        }
         if let Some(span) = profile.span_of(sample) {
             for (key, value) in span.labels() {
                 label.push(Label {
@@ -164,7 +301,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
         }
         samples.push(Sample {
             location_id,
-            value: vec![saturating_i64(sample.count)],
+            value: shape.values(profile, sample),
             label,
         });
     }
@@ -187,7 +324,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
         period_type,
         period: saturating_i64(meta.period_ns()),
         comment,
-        default_sample_type: 0,
+        default_sample_type,
     })
 }
 
@@ -515,6 +652,200 @@ mod tests {
             )
         );
         assert_eq!(labels(&p, &p.sample[3]), thread("101", "worker"));
+    }
+
+    /// A type's `(name, unit)`.
+    type Type<'a> = (&'a str, &'a str);
+
+    /// Each sample type, the default sample type's name, the period type and the period.
+    fn types(p: &PprofProfile) -> (Vec<Type<'_>>, &str, Type<'_>, i64) {
+        let period_type = p.period_type.as_ref().unwrap();
+        (
+            p.sample_type
+                .iter()
+                .map(|t| (string(p, t.ty), string(p, t.unit)))
+                .collect(),
+            string(p, p.default_sample_type),
+            (string(p, period_type.ty), string(p, period_type.unit)),
+            p.period,
+        )
+    }
+
+    /// The `off_cpu.reason` label of each sample, if any.
+    fn reasons(p: &PprofProfile) -> Vec<Option<String>> {
+        p.sample
+            .iter()
+            .map(|s| {
+                let reasons: Vec<String> = labels(p, s)
+                    .into_iter()
+                    .filter(|(k, _)| k == OFF_CPU_REASON_LABEL)
+                    .map(|(_, v)| v)
+                    .collect();
+                assert!(reasons.len() <= 1);
+                reasons.into_iter().next()
+            })
+            .collect()
+    }
+
+    fn values(p: &PprofProfile) -> Vec<Vec<i64>> {
+        p.sample.iter().map(|s| s.value.clone()).collect()
+    }
+
+    const PERIOD: (&str, &str) = ("cpu", "nanoseconds");
+
+    #[test]
+    fn on_cpu_shape() {
+        let p = decode(&render(&fixture::with_spans()).unwrap());
+        assert_eq!(
+            types(&p),
+            (vec![("samples", "count")], "", PERIOD, 10_000_000)
+        );
+        assert_eq!(values(&p), [[5], [3], [2], [1]]);
+        assert_eq!(reasons(&p), [None, None, None, None]);
+        // The strings of an on-CPU profile start as they always did.
+        assert_eq!(
+            p.string_table[..8],
+            [
+                "",
+                "samples",
+                "count",
+                "cpu",
+                "nanoseconds",
+                "thread.id",
+                "thread.name",
+                "process.id"
+            ]
+        );
+    }
+
+    #[test]
+    fn cpu_and_off_cpu_shape() {
+        let profile = fixture::off_cpu();
+        let p = decode(&render(&profile).unwrap());
+        assert_eq!(
+            types(&p),
+            (
+                vec![
+                    ("samples", "count"),
+                    ("cpu", "nanoseconds"),
+                    ("off_cpu", "nanoseconds")
+                ],
+                "off_cpu",
+                PERIOD,
+                10_000_000
+            )
+        );
+        assert_eq!(
+            values(&p),
+            [
+                [5, 50_000_000, 0],
+                [3, 30_000_000, 0],
+                [2, 20_000_000, 0],
+                [1, 10_000_000, 0],
+                [0, 0, 30_000_000],
+                [0, 0, 250_000_000],
+                [0, 0, 15_500_000],
+            ]
+        );
+        let lock = Some("lock".to_string());
+        assert_eq!(
+            reasons(&p),
+            [
+                None,
+                None,
+                None,
+                None,
+                lock.clone(),
+                Some("sleep".to_string()),
+                lock
+            ]
+        );
+        // Root pseudo-frame last (pprof stacks are leaf first), without a mapping.
+        assert_eq!(
+            stack(&p, &p.sample[4]),
+            ["do_syscall_64", "compute", "main", "[off-cpu: lock]"]
+        );
+        let root = &p.location[usize::try_from(p.sample[4].location_id[3] - 1).unwrap()];
+        assert_eq!((root.mapping_id, root.address), (0, 0));
+        // The reason follows the unwind labels, the span labels follow it.
+        let keys: Vec<String> = labels(&p, &p.sample[4])
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "thread.id",
+                "thread.name",
+                "process.id",
+                "unwind",
+                OFF_CPU_REASON_LABEL,
+                "trace_id",
+                "span_id"
+            ]
+        );
+        // Totals per type: samples, CPU time, off-CPU time.
+        let total = |k: usize| p.sample.iter().map(|s| s.value[k]).sum::<i64>();
+        assert_eq!(
+            (total(0), total(1), total(2)),
+            (11, 110_000_000, 295_500_000)
+        );
+    }
+
+    #[test]
+    fn off_cpu_and_wall_shapes() {
+        let p = decode(&render(&fixture::off_cpu_only()).unwrap());
+        assert_eq!(
+            types(&p),
+            (vec![("off_cpu", "nanoseconds")], "", PERIOD, 10_000_000)
+        );
+        assert_eq!(values(&p), [[30_000_000], [250_000_000], [15_500_000]]);
+        assert_eq!(
+            reasons(&p),
+            ["lock", "sleep", "lock"].map(|r| Some(r.to_string()))
+        );
+
+        let p = decode(&render(&fixture::wall()).unwrap());
+        assert_eq!(
+            types(&p),
+            (vec![("wall", "nanoseconds")], "", PERIOD, 10_000_000)
+        );
+        // On-CPU samples weigh count * period.
+        assert_eq!(
+            values(&p),
+            [
+                [50_000_000],
+                [30_000_000],
+                [20_000_000],
+                [10_000_000],
+                [30_000_000],
+                [250_000_000],
+                [15_500_000]
+            ]
+        );
+        assert_eq!(reasons(&p)[3..5], [None, Some("lock".to_string())]);
+    }
+
+    #[test]
+    fn shapes_by_events() {
+        use crate::profile::Events;
+        let events = |cpu, off_cpu, wall| Events { cpu, off_cpu, wall };
+        assert_eq!(Shape::of(Events::default()), Shape::Cpu);
+        assert_eq!(Shape::of(events(false, true, false)), Shape::OffCpu);
+        assert_eq!(Shape::of(events(true, true, false)), Shape::CpuAndOffCpu);
+        assert_eq!(Shape::of(events(true, true, true)), Shape::Wall);
+        assert_eq!(Shape::of(events(false, false, true)), Shape::Wall);
+        for shape in Shape::ALL {
+            assert_eq!(Shape::of(shape.events()), shape);
+            assert_eq!(Shape::from_sample_types(shape.sample_types()), Some(shape));
+        }
+        assert_eq!(
+            Shape::from_sample_types(&[OFF_CPU_TYPE, SAMPLES_TYPE, CPU_TYPE]),
+            Some(Shape::CpuAndOffCpu)
+        );
+        assert_eq!(Shape::from_sample_types(&[SAMPLES_TYPE, CPU_TYPE]), None);
+        assert_eq!(Shape::from_sample_types(&[("cpu", "count")]), None);
+        assert_eq!(Shape::from_sample_types(&[]), None);
     }
 
     #[test]

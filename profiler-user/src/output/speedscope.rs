@@ -9,18 +9,20 @@
 //!   (speedscope shows it as the function's location, not a sample's).
 //! - `profiles`: one `sampled` profile per thread that has samples, in thread-table order, named
 //!   `comm (tid N)`. `samples` are arrays of frame indexes, root first (speedscope builds its call
-//!   tree from the first element down); `weights` are nanoseconds of CPU time,
-//!   `count * 1e9 / frequency`, with `unit` `nanoseconds`, `startValue` 0 and `endValue` the sum
-//!   of the weights. Samples are aggregated, so the "time order" view shows stacks in profile
-//!   order, not in time.
-//! - `name` is the target, `exporter` `spanprof@<version>` (the spec's recommended form) and
-//!   `activeProfileIndex` the thread with the most samples.
+//!   tree from the first element down); `weights` are nanoseconds: CPU time,
+//!   `count * 1e9 / frequency`, plus off-CPU time (an off-CPU sample, under its `[off-cpu:
+//!   REASON]` root frame, weighs the time its thread was blocked), with `unit` `nanoseconds`,
+//!   `startValue` 0 and `endValue` the sum of the weights. Samples are aggregated, so the "time
+//!   order" view shows stacks in profile order, not in time.
+//! - `name` is the target (`off-CPU time of <target>`, `CPU + off-CPU time of …` or `wall-clock
+//!   time of …` when off-CPU time is in the profile), `exporter` `spanprof@<version>` (the spec's
+//!   recommended form) and `activeProfileIndex` the thread with the most weight.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{validate, OutputError};
+use super::{measure, validate, OutputError};
 use crate::profile::Profile;
 
 /// The `$schema` value that identifies a speedscope file.
@@ -82,7 +84,7 @@ pub struct SampledProfile {
     pub end_value: u64,
     /// Stacks as indexes into [`Shared::frames`], root first.
     pub samples: Vec<Vec<usize>>,
-    /// Weight of each stack in nanoseconds of CPU time.
+    /// Weight of each stack in nanoseconds (CPU time plus off-CPU time).
     pub weights: Vec<u64>,
 }
 
@@ -108,7 +110,13 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
     let mut per_thread: Vec<(Vec<Vec<usize>>, Vec<u64>)> =
         vec![(Vec::new(), Vec::new()); profile.threads.len()];
     for sample in &profile.samples {
-        if sample.count == 0 {
+        // NB: the same as `Profile::weight` when off-CPU time is in the profile; an on-CPU
+        // profile's weights are nanoseconds here too (its off_cpu_ns are 0).
+        let weight = sample
+            .count
+            .saturating_mul(period)
+            .saturating_add(sample.off_cpu_ns);
+        if weight == 0 {
             // NB: speedscope ignores zero weights; leave them out rather than send noise.
             continue;
         }
@@ -137,7 +145,7 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
             .collect();
         let (samples, weights) = &mut per_thread[sample.thread as usize];
         samples.push(stack);
-        weights.push(sample.count.saturating_mul(period));
+        weights.push(weight);
     }
     for (frame, conflict) in frames.iter_mut().zip(line_conflict) {
         if conflict {
@@ -172,7 +180,10 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
         schema: SCHEMA.to_string(),
         shared: Shared { frames },
         profiles,
-        name: profile.meta.target.clone(),
+        name: match measure(profile.meta.events) {
+            None => profile.meta.target.clone(),
+            Some(what) => format!("{what} of {}", profile.meta.target),
+        },
         active_profile_index,
         exporter: concat!("spanprof@", env!("CARGO_PKG_VERSION")).to_string(),
     })
@@ -266,5 +277,40 @@ mod tests {
         profile.samples[1].count = 100;
         let file = build(&profile).unwrap();
         assert_eq!(file.active_profile_index, 1);
+    }
+
+    #[test]
+    fn off_cpu_samples_weigh_their_blocked_time() {
+        let file = build(&fixture::off_cpu()).unwrap();
+        assert_eq!(file.name, "CPU + off-CPU time of pid 100 (app)");
+        let app = &file.profiles[0];
+        assert_eq!(
+            names(&file, &app.samples[2]),
+            ["[off-cpu: lock]", "main", "compute", "do_syscall_64_[k]"]
+        );
+        assert_eq!(app.weights, [50_000_000, 20_000_000, fixture::LOCK_NS]);
+        let worker = &file.profiles[1];
+        assert_eq!(
+            names(&file, &worker.samples[2]),
+            ["[off-cpu: sleep]", "main"]
+        );
+        assert_eq!(
+            worker.weights,
+            [30_000_000, 10_000_000, fixture::SLEEP_NS, fixture::LOCK2_NS]
+        );
+        assert_eq!(worker.end_value, 40_000_000 + 265_500_000);
+        // The sleeper weighs most.
+        assert_eq!(file.active_profile_index, 1);
+
+        let only = build(&fixture::off_cpu_only()).unwrap();
+        assert_eq!(only.name, "off-CPU time of pid 100 (app)");
+        assert_eq!(only.profiles[0].weights, [fixture::LOCK_NS]);
+        assert_eq!(
+            only.profiles[1].weights,
+            [fixture::SLEEP_NS, fixture::LOCK2_NS]
+        );
+        let wall = build(&fixture::wall()).unwrap();
+        assert_eq!(wall.name, "wall-clock time of pid 100 (app)");
+        assert_eq!(wall.profiles, file.profiles);
     }
 }

@@ -1,9 +1,16 @@
-//! Interactive SVG flame graph, drawn by inferno from the [folded](super::folded) stacks.
+//! Interactive SVG flame graph, drawn by inferno from the [folded stacks](super::folded).
 //!
-//! The width of a frame is its number of samples (the count name is "samples"). The title names
-//! the target (`spanprof: pid 1234 (cpu_split)`); the subtitle gives the session's duration,
-//! frequency, total samples and, when there were any, lost samples
-//! (`30.0 s at 99 Hz, 2970 samples (12 lost)`).
+//! The width of a frame is its weight ([`Profile::weight`]). For an on-CPU profile that is its
+//! number of samples (the count name is "samples"), the title names the target (`spanprof: pid
+//! 1234 (cpu_split)`) and the subtitle gives the session's duration, frequency, total samples
+//! and, when there were any, lost samples (`30.0 s at 99 Hz, 2970 samples (12 lost)`).
+//!
+//! When off-CPU time is in the profile, widths are nanoseconds and the title and the count name
+//! say of what ([`super::measure`]): `spanprof: off-CPU time of pid 1234 (app)` and tooltips
+//! such as `read (1,500,000 ns of off-CPU time, 12.5%)`; likewise `CPU + off-CPU time`
+//! (`--event cpu,offcpu`) and `wall-clock time` (`--event wall`). The subtitle then gives the
+//! on-CPU samples and time, and the off-CPU time: `30.0 s at 99 Hz, 2970 samples (30000.0 ms
+//! on-CPU), 81234.5 ms off-CPU (12 lost)`.
 //!
 //! Colors depend only on the frame name, so the same profile always gives the same bytes.
 
@@ -13,23 +20,48 @@ use inferno::flamegraph::{
     Options,
 };
 
-use super::{folded, OutputError};
+use super::{folded, measure, millis, no_samples_text, OutputError};
 use crate::profile::{Meta, Profile};
 
-/// The flame graph's title: `spanprof: <target>`.
+/// The flame graph's title: `spanprof: <target>`, or `spanprof: <what> of <target>` when the
+/// widths are nanoseconds (`spanprof: off-CPU time of pid 1234 (app)`).
 pub fn title(meta: &Meta) -> String {
-    format!("spanprof: {}", meta.target)
+    match measure(meta.events) {
+        None => format!("spanprof: {}", meta.target),
+        Some(what) => format!("spanprof: {what} of {}", meta.target),
+    }
 }
 
-/// The flame graph's subtitle, e.g. `30.0 s at 99 Hz, 2970 samples (12 lost)`.
+/// The unit of a frame's width in tooltips: `samples`, or e.g. `ns of off-CPU time`.
+pub fn count_name(meta: &Meta) -> String {
+    match measure(meta.events) {
+        None => "samples".to_string(),
+        Some(what) => format!("ns of {what}"),
+    }
+}
+
+/// The flame graph's subtitle, e.g. `30.0 s at 99 Hz, 2970 samples (12 lost)`, or with off-CPU
+/// time `30.0 s at 99 Hz, 2970 samples (30000.0 ms on-CPU), 81234.5 ms off-CPU (12 lost)`.
 pub fn subtitle(profile: &Profile) -> String {
     let meta = &profile.meta;
     let mut subtitle = format!(
-        "{:.1} s at {} Hz, {} samples",
+        "{:.1} s at {} Hz",
         meta.duration.as_secs_f64(),
         meta.frequency,
-        profile.total_samples()
     );
+    let events = meta.events;
+    if !events.in_nanoseconds() {
+        subtitle.push_str(&format!(", {} samples", profile.total_samples()));
+    } else {
+        if events.cpu || events.wall {
+            let samples = profile.total_samples();
+            subtitle.push_str(&format!(
+                ", {samples} samples ({} on-CPU)",
+                millis(samples.saturating_mul(meta.period_ns()))
+            ));
+        }
+        subtitle.push_str(&format!(", {} off-CPU", millis(profile.total_off_cpu_ns())));
+    }
     if meta.lost_samples > 0 {
         subtitle.push_str(&format!(" ({} lost)", meta.lost_samples));
     }
@@ -50,10 +82,11 @@ fn empty_svg(profile: &Profile) -> String {
          <rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"#eeeeee\"/>\n\
          <text x=\"600\" y=\"24\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">{}</text>\n\
          <text x=\"600\" y=\"48\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"12\">{}</text>\n\
-         <text x=\"600\" y=\"90\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"14\">no samples: the target did not run on a CPU while profiled</text>\n\
+         <text x=\"600\" y=\"90\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"14\">{}</text>\n\
          </svg>\n",
         esc(&title(&profile.meta)),
         esc(&subtitle(profile)),
+        no_samples_text(profile.meta.events),
     )
 }
 
@@ -73,7 +106,7 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
     let mut options = Options::default();
     options.title = title(&profile.meta);
     options.subtitle = Some(subtitle(profile));
-    options.count_name = "samples".to_string();
+    options.count_name = count_name(&profile.meta);
     // NB: inferno's "perl" palette is the plain perf one: `_[k]` frames orange, names with `::`
     // (C++, Rust) yellow, everything else red. The java palette would color C functions that start
     // with a capital letter as Java.
@@ -132,5 +165,42 @@ mod tests {
         let svg = String::from_utf8(render(&profile).unwrap()).unwrap();
         assert!(svg.contains("Vec&lt;T&gt;::push"));
         assert!(!svg.contains("<fast>"));
+    }
+
+    #[test]
+    fn off_cpu_titles_and_units() {
+        let svg = String::from_utf8(render(&fixture::off_cpu()).unwrap()).unwrap();
+        assert!(svg.contains("spanprof: CPU + off-CPU time of pid 100 (app)"));
+        assert!(svg
+            .contains("2.5 s at 100 Hz, 11 samples (110.0 ms on-CPU), 295.5 ms off-CPU (4 lost)"));
+        // Of 405.5 ms: 10 on-CPU samples in `compute` (100 ms), 45.5 ms in it blocked on locks.
+        assert!(
+            svg.contains("<title>compute (100,000,000 ns of CPU + off-CPU time, 24.66%)</title>")
+        );
+        assert!(
+            svg.contains("<title>compute (45,500,000 ns of CPU + off-CPU time, 11.22%)</title>")
+        );
+        assert!(svg.contains("[off-cpu: sleep] (250,000,000 ns of CPU + off-CPU time"));
+
+        let wall = fixture::wall();
+        assert_eq!(
+            title(&wall.meta),
+            "spanprof: wall-clock time of pid 100 (app)"
+        );
+        assert_eq!(count_name(&wall.meta), "ns of wall-clock time");
+        assert_eq!(subtitle(&wall), subtitle(&fixture::off_cpu()));
+
+        let mut only = fixture::off_cpu_only();
+        assert_eq!(title(&only.meta), "spanprof: off-CPU time of pid 100 (app)");
+        assert_eq!(count_name(&only.meta), "ns of off-CPU time");
+        assert_eq!(
+            subtitle(&only),
+            "2.5 s at 100 Hz, 295.5 ms off-CPU (4 lost)"
+        );
+        let svg = String::from_utf8(render(&only).unwrap()).unwrap();
+        assert!(svg.contains("<title>all (295,500,000 ns of off-CPU time, 100%)</title>"));
+        only.samples.clear();
+        let svg = String::from_utf8(render(&only).unwrap()).unwrap();
+        assert!(svg.contains("no samples: the target did not block while profiled"));
     }
 }
