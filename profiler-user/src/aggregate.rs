@@ -504,6 +504,8 @@ impl Aggregator {
                 count: counts.samples,
                 off_cpu_ns: counts.off_cpu_ns,
                 off_cpu: reason,
+                alloc: Default::default(),
+                inuse: Default::default(),
                 span: span.checked_sub(1),
                 unwind,
             });

@@ -176,8 +176,7 @@ fn parse_duration(s: &str) -> Result<Duration, Failure> {
 fn parse_events(values: &[String]) -> Result<Events, Failure> {
     let mut events = Events {
         cpu: false,
-        off_cpu: false,
-        wall: false,
+        ..Events::default()
     };
     for name in values.iter().flat_map(|v| v.split(',')) {
         match name.trim() {

@@ -108,11 +108,32 @@ pub struct Sample {
     /// Why the thread was blocked: `Some` exactly for off-CPU samples, whose first frame is the
     /// reason's pseudo-frame ([`OffCpuReason::frame_name`]).
     pub off_cpu: Option<OffCpuReason>,
+    /// Allocations made in this stack (`--event alloc`), scaled from the sampled ones: an
+    /// allocation of `s` bytes sampled at rate `R` counts `1 / (1 - exp(-s / R))` times.
+    pub alloc: Memory,
+    /// Allocations of this stack still not freed at the end (`--event heap`), scaled alike.
+    pub inuse: Memory,
     /// Index into [`Profile::spans`]: the tracing context the thread was in; `None` outside any.
     pub span: Option<u32>,
     /// How the native user stack was unwound: complete, truncated, failed (and why), or
     /// unchecked (frame pointers).
     pub unwind: UnwindStatus,
+}
+
+/// Allocated memory: how many allocations and how many bytes (estimates, rounded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Memory {
+    /// Allocations.
+    pub objects: u64,
+    /// Bytes asked for.
+    pub bytes: u64,
+}
+
+impl Memory {
+    /// Whether nothing was allocated.
+    pub fn is_empty(&self) -> bool {
+        self.objects == 0 && self.bytes == 0
+    }
 }
 
 /// The tracing context a sample was taken in, read from the thread while it was stopped.
@@ -245,6 +266,13 @@ pub struct Events {
     pub off_cpu: bool,
     /// Both, as one wall-clock profile (`--event wall`).
     pub wall: bool,
+    /// Sampled allocations (`--event alloc`): `alloc_objects/count`, `alloc_space/bytes`.
+    pub alloc: bool,
+    /// Sampled allocations not freed at the end (`--event heap`): `inuse_objects/count`,
+    /// `inuse_space/bytes`. Memory events do not combine with time events.
+    pub heap: bool,
+    /// Bytes between two sampled allocations on average (`--alloc-rate`; 1: every allocation).
+    pub alloc_rate: u64,
 }
 
 impl Default for Events {
@@ -253,14 +281,25 @@ impl Default for Events {
             cpu: true,
             off_cpu: false,
             wall: false,
+            alloc: false,
+            heap: false,
+            alloc_rate: DEFAULT_ALLOC_RATE,
         }
     }
 }
 
+/// `--alloc-rate` default: one sample per 512 KiB allocated on average, as Go and tcmalloc do.
+pub const DEFAULT_ALLOC_RATE: u64 = 512 * 1024;
+
 impl Events {
-    /// Whether sample weights are nanoseconds (anything but a plain on-CPU profile).
+    /// Whether sample weights are nanoseconds (a time profile with off-CPU time in it).
     pub fn in_nanoseconds(&self) -> bool {
         self.off_cpu || self.wall
+    }
+
+    /// Whether this is a memory profile (`alloc`, `heap`): weights are bytes.
+    pub fn in_bytes(&self) -> bool {
+        self.alloc || self.heap
     }
 }
 
@@ -318,10 +357,16 @@ impl Profile {
         self.samples.iter().map(|s| s.count).sum()
     }
 
-    /// A sample's weight in the profile's unit: its count for an on-CPU profile, else
-    /// nanoseconds (on-CPU time `count * period` plus off-CPU time).
+    /// A sample's weight in the profile's unit: bytes in use (`heap`) or allocated (`alloc`) for
+    /// a memory profile; its count for an on-CPU profile; else nanoseconds (on-CPU time
+    /// `count * period` plus off-CPU time).
     pub fn weight(&self, sample: &Sample) -> u64 {
-        if self.meta.events.in_nanoseconds() {
+        let events = &self.meta.events;
+        if events.heap {
+            sample.inuse.bytes
+        } else if events.alloc {
+            sample.alloc.bytes
+        } else if events.in_nanoseconds() {
             sample
                 .count
                 .saturating_mul(self.meta.period_ns())

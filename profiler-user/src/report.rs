@@ -298,6 +298,8 @@ impl Reader<'_> {
                 count,
                 off_cpu_ns,
                 off_cpu,
+                alloc: Default::default(),
+                inuse: Default::default(),
                 span,
                 unwind,
             });

@@ -357,6 +357,8 @@ pub(crate) mod fixture {
                     count: 5,
                     off_cpu_ns: 0,
                     off_cpu: None,
+                    alloc: Default::default(),
+                    inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
                 },
@@ -366,6 +368,8 @@ pub(crate) mod fixture {
                     count: 3,
                     off_cpu_ns: 0,
                     off_cpu: None,
+                    alloc: Default::default(),
+                    inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
                 },
@@ -375,6 +379,8 @@ pub(crate) mod fixture {
                     count: 2,
                     off_cpu_ns: 0,
                     off_cpu: None,
+                    alloc: Default::default(),
+                    inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
                 },
@@ -384,6 +390,8 @@ pub(crate) mod fixture {
                     count: 1,
                     off_cpu_ns: 0,
                     off_cpu: None,
+                    alloc: Default::default(),
+                    inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
                 },
@@ -453,6 +461,7 @@ pub(crate) mod fixture {
             cpu: true,
             off_cpu: true,
             wall: false,
+            ..Events::default()
         };
         for reason in [OffCpuReason::Lock, OffCpuReason::Sleep] {
             p.frames.push(Frame {
@@ -471,6 +480,8 @@ pub(crate) mod fixture {
             count: 0,
             off_cpu_ns: ns,
             off_cpu: Some(reason),
+            alloc: Default::default(),
+            inuse: Default::default(),
             span,
             unwind: symbolizer::unwind::UnwindStatus::Complete,
         };
@@ -489,6 +500,7 @@ pub(crate) mod fixture {
             cpu: false,
             off_cpu: true,
             wall: false,
+            ..Events::default()
         };
         p.retain_samples(|_, s| s.off_cpu.is_some());
         p
@@ -501,6 +513,7 @@ pub(crate) mod fixture {
             cpu: true,
             off_cpu: true,
             wall: true,
+            ..Events::default()
         };
         p
     }

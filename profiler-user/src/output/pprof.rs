@@ -132,7 +132,12 @@ impl Shape {
             Shape::CpuAndOffCpu => (true, true, false),
             Shape::Wall => (true, true, true),
         };
-        Events { cpu, off_cpu, wall }
+        Events {
+            cpu,
+            off_cpu,
+            wall,
+            ..Events::default()
+        }
     }
 
     /// The `(type, unit)` of each sample value, in order.
@@ -829,7 +834,12 @@ mod tests {
     #[test]
     fn shapes_by_events() {
         use crate::profile::Events;
-        let events = |cpu, off_cpu, wall| Events { cpu, off_cpu, wall };
+        let events = |cpu, off_cpu, wall| Events {
+            cpu,
+            off_cpu,
+            wall,
+            ..Events::default()
+        };
         assert_eq!(Shape::of(Events::default()), Shape::Cpu);
         assert_eq!(Shape::of(events(false, true, false)), Shape::OffCpu);
         assert_eq!(Shape::of(events(true, true, false)), Shape::CpuAndOffCpu);
