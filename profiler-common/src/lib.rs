@@ -659,6 +659,9 @@ unsafe impl aya::Pod for PyProc {}
 // SAFETY: as above, for SpanProc.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for SpanProc {}
+// SAFETY: as above, for LiveAlloc.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for LiveAlloc {}
 
 #[cfg(test)]
 mod tests;

@@ -11,10 +11,10 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    Sample as SampleRecord, SpanRecord, EVENT_OFFCPU, MAX_PY_FRAMES, MAX_STACK_COPY,
-    MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE, PY_NO_THREAD, PY_READ_FAILED,
-    SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN, USTACK_COPY_FAULT,
-    USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
+    LiveAlloc, Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_OFFCPU, MAX_PY_FRAMES,
+    MAX_STACK_COPY, MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE, PY_NO_THREAD,
+    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
+    USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
@@ -22,8 +22,8 @@ use symbolizer::{Symbol, Symbolizer};
 
 use crate::offcpu::{classify, BlockFacts};
 use crate::profile::{
-    Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample, SpanContext,
-    Thread,
+    Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample,
+    SpanContext, Thread,
 };
 use crate::python::{split_token, MergeInfo, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 
@@ -43,6 +43,11 @@ pub struct Options {
     pub lines: bool,
     /// Keep only Python frames (`--python-only`).
     pub python_only: bool,
+    /// Bytes between two sampled allocations on average (`--alloc-rate`), to scale them.
+    pub alloc_rate: u64,
+    /// Remember each sampled allocation's stack until the end, for the memory in use
+    /// (`--event heap`).
+    pub heap: bool,
 }
 
 impl Default for Options {
@@ -51,6 +56,8 @@ impl Default for Options {
             kernel: true,
             lines: true,
             python_only: false,
+            alloc_rate: crate::profile::DEFAULT_ALLOC_RATE,
+            heap: false,
         }
     }
 }
@@ -100,11 +107,36 @@ impl StackTable {
 /// off-CPU facts: 0 for on-CPU samples, else [`off_cpu_key`]).
 type CountKey = (u32, u32, u32, u32, u32, u32, UnwindStatus, u32);
 
-/// What one count key holds: on-CPU samples, off-CPU nanoseconds.
+/// What one count key holds: on-CPU samples, off-CPU nanoseconds, allocations (scaled).
 #[derive(Debug, Clone, Copy, Default)]
 struct Counts {
     samples: u64,
     off_cpu_ns: u64,
+    alloc_objects: f64,
+    alloc_bytes: f64,
+    inuse_objects: f64,
+    inuse_bytes: f64,
+}
+
+/// The facts key of allocation samples (off-CPU keys are odd).
+const ALLOC_KEY: u32 = 2;
+
+/// Sampled allocations whose stacks are remembered for the heap profile, at most (about 50
+/// MiB); later ones still count as allocated, and as unattributed if still in use at the end.
+const MAX_HEAP_SITES: usize = 1 << 20;
+
+/// How many allocations and bytes one sampled allocation of `size` bytes stands for, sampled
+/// at `rate` bytes on average (Poisson sampling by bytes: it was sampled with probability
+/// `1 - exp(-size / rate)`); `rate <= 1` samples every allocation.
+pub fn scale_allocation(size: u64, rate: u64) -> (f64, f64) {
+    if rate <= 1 {
+        return (1.0, size as f64);
+    }
+    let p = -(-(size as f64) / rate as f64).exp_m1();
+    if p <= 0.0 {
+        return (0.0, 0.0);
+    }
+    (1.0 / p, size as f64 / p)
 }
 
 /// The facts of an off-CPU record that its reason depends on, packed: bit 0 set (off-CPU),
@@ -113,7 +145,7 @@ struct Counts {
 fn off_cpu_key(h: &profiler_common::SampleHeader) -> u32 {
     let syscall = u32::try_from(h.syscall_nr)
         .ok()
-        .filter(|&nr| nr < 0xffff && h.offcpu_flags & OFFCPU_NO_USER == 0)
+        .filter(|&nr| nr < 0x7fff && h.offcpu_flags & OFFCPU_NO_USER == 0)
         .map_or(0, |nr| nr + 1);
     1 | u32::from(h.offcpu_flags & OFFCPU_IOWAIT != 0) << 1
         | u32::from(h.syscall_arg0 == 0) << 2
@@ -154,6 +186,12 @@ pub struct Aggregator {
     py_scratch: Box<[u64; MAX_PY_FRAMES + 1]>,
     /// Off-CPU records counted.
     off_cpu_samples: u64,
+    /// Allocation records counted.
+    alloc_samples: u64,
+    /// `--event heap`: the count key of each sampled allocation, by its id.
+    alloc_keys: FxHashMap<u64, CountKey>,
+    /// Sampled allocations still in use at the end whose stack was not remembered.
+    unattributed_inuse: u64,
     /// User stacks unwound from the stack copy (`--unwind dwarf`).
     unwinders: Unwinders,
     unwound: [u64; MAX_STACK_DEPTH],
@@ -183,6 +221,9 @@ impl Aggregator {
             pending: FxHashMap::default(),
             samples: 0,
             off_cpu_samples: 0,
+            alloc_samples: 0,
+            alloc_keys: FxHashMap::default(),
+            unattributed_inuse: 0,
             python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
             py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
@@ -326,20 +367,28 @@ impl Aggregator {
             }
             None => 0,
         };
-        let off = if rec.event == EVENT_OFFCPU {
-            off_cpu_key(rec)
-        } else {
-            0
+        let off = match rec.event {
+            EVENT_OFFCPU => off_cpu_key(rec),
+            EVENT_ALLOC => ALLOC_KEY,
+            _ => 0,
         };
-        let counts = self
-            .counts
-            .entry((rec.pid, rec.tid, kid, uid, pyid, span, unwind, off))
-            .or_default();
-        if off == 0 {
-            counts.samples += 1;
-        } else {
-            self.off_cpu_samples += 1;
-            counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight);
+        let key = (rec.pid, rec.tid, kid, uid, pyid, span, unwind, off);
+        let counts = self.counts.entry(key).or_default();
+        match rec.event {
+            EVENT_OFFCPU => {
+                self.off_cpu_samples += 1;
+                counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight);
+            }
+            EVENT_ALLOC => {
+                self.alloc_samples += 1;
+                let (objects, bytes) = scale_allocation(rec.weight, self.opts.alloc_rate);
+                counts.alloc_objects += objects;
+                counts.alloc_bytes += bytes;
+                if self.opts.heap && self.alloc_keys.len() < MAX_HEAP_SITES {
+                    self.alloc_keys.insert(rec.alloc_id, key);
+                }
+            }
+            _ => counts.samples += 1,
         }
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
@@ -361,6 +410,27 @@ impl Aggregator {
         let id = self.spans.len() as u32;
         self.span_ids.insert(span, id);
         id
+    }
+
+    /// The sampled allocations not freed at the end (`--event heap`): each adds to the memory in
+    /// use of the stack it was allocated in.
+    pub fn set_live(&mut self, live: Vec<(u64, LiveAlloc)>) {
+        for (_, alloc) in live {
+            let Some(key) = self.alloc_keys.get(&alloc.alloc_id) else {
+                self.unattributed_inuse += 1;
+                continue;
+            };
+            let (objects, bytes) = scale_allocation(alloc.size, self.opts.alloc_rate);
+            let counts = self.counts.entry(*key).or_default();
+            counts.inuse_objects += objects;
+            counts.inuse_bytes += bytes;
+        }
+    }
+
+    /// Allocation records counted, and sampled allocations in use at the end whose stack was
+    /// not remembered (more than [`MAX_HEAP_SITES`]).
+    pub fn alloc_stats(&self) -> (u64, u64) {
+        (self.alloc_samples, self.unattributed_inuse)
     }
 
     /// Normalizes the user addresses of stacks seen since the last call, while their processes
@@ -479,7 +549,7 @@ impl Aggregator {
                 stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
             }
             // Off-CPU: the reason, from the kernel and native frames, as a root pseudo-frame.
-            let reason = (off != 0).then(|| {
+            let reason = (off & 1 == 1).then(|| {
                 let name = |id: u32| frames.frames[id as usize].function.as_deref().unwrap_or("");
                 let kernel: Vec<&str> = kstack.iter().map(|a| name(kernel_frame[a])).collect();
                 let native: Vec<&str> = ustack
@@ -504,8 +574,14 @@ impl Aggregator {
                 count: counts.samples,
                 off_cpu_ns: counts.off_cpu_ns,
                 off_cpu: reason,
-                alloc: Default::default(),
-                inuse: Default::default(),
+                alloc: Memory {
+                    objects: counts.alloc_objects.round() as u64,
+                    bytes: counts.alloc_bytes.round() as u64,
+                },
+                inuse: Memory {
+                    objects: counts.inuse_objects.round() as u64,
+                    bytes: counts.inuse_bytes.round() as u64,
+                },
                 span: span.checked_sub(1),
                 unwind,
             });
@@ -521,6 +597,10 @@ impl Aggregator {
             if same {
                 a.count += b.count;
                 a.off_cpu_ns = a.off_cpu_ns.saturating_add(b.off_cpu_ns);
+                a.alloc.objects += b.alloc.objects;
+                a.alloc.bytes += b.alloc.bytes;
+                a.inuse.objects += b.inuse.objects;
+                a.inuse.bytes += b.inuse.bytes;
             }
             same
         });

@@ -9,11 +9,19 @@
 
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint};
+use aya::programs::uprobe::UProbeScope;
+use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
-use profiler_common::{ErrorCode, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT};
+use profiler_common::{
+    ErrorCode, LiveAlloc, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT,
+};
+
+use crate::profile::DEFAULT_ALLOC_RATE;
+
+/// Entries of the BPF program's `alloc_gaps` table (`ALLOC_GAPS`).
+const ALLOC_GAPS: usize = 256;
 
 /// The compiled eBPF object.
 static EBPF_OBJECT: &[u8] =
@@ -85,6 +93,95 @@ pub struct LoadOptions {
     pub cpu: bool,
     /// Record off-CPU intervals (`--event offcpu`).
     pub off_cpu: Option<OffCpuOptions>,
+    /// Sample allocations (`--event alloc`, `heap`); the probes are attached per module with
+    /// [`Programs::attach_allocator`].
+    pub alloc: Option<AllocOptions>,
+}
+
+/// How allocations are sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocOptions {
+    /// Bytes between two samples on average (exponentially distributed gaps); 1: every
+    /// allocation.
+    pub rate: u64,
+    /// Track sampled allocations to their free, for the memory in use at the end.
+    pub heap: bool,
+}
+
+/// An allocator whose entry points get uprobes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// The C library's malloc family.
+    Libc,
+    /// CPython's arena allocator (the small-object allocator's source of memory), found by its
+    /// static symbols: interpreters whose symbol tables were stripped do not have them.
+    PythonArenas,
+}
+
+/// CPython's arena allocation function (same arguments in every version): 3.8–3.11 name it
+/// `_PyObject_ArenaMmap`, 3.12+ `_PyMem_ArenaAlloc`.
+const ARENA_ALLOC: &[&str] = &["_PyObject_ArenaMmap", "_PyMem_ArenaAlloc"];
+/// And its free.
+const ARENA_FREE: &[&str] = &["_PyObject_ArenaMunmap", "_PyMem_ArenaFree"];
+
+impl Allocator {
+    /// (program, symbol names to try in turn) of the entry probes.
+    fn entries(self) -> &'static [(&'static str, &'static [&'static str])] {
+        match self {
+            Allocator::Libc => &[
+                ("on_malloc", &["malloc"]),
+                ("on_calloc", &["calloc"]),
+                ("on_realloc", &["realloc"]),
+                ("on_memalign", &["aligned_alloc"]),
+                ("on_memalign", &["memalign"]),
+                ("on_posix_memalign", &["posix_memalign"]),
+            ],
+            Allocator::PythonArenas => &[("on_arena_alloc", ARENA_ALLOC)],
+        }
+    }
+
+    /// (program, symbols) of the probes only the heap profile needs: frees and returns.
+    fn heap(self) -> &'static [(&'static str, &'static [&'static str])] {
+        match self {
+            Allocator::Libc => &[
+                ("on_free", &["free"]),
+                ("on_alloc_return", &["malloc"]),
+                ("on_alloc_return", &["calloc"]),
+                ("on_alloc_return", &["realloc"]),
+                ("on_alloc_return", &["aligned_alloc"]),
+                ("on_alloc_return", &["memalign"]),
+                ("on_alloc_return", &["posix_memalign"]),
+            ],
+            Allocator::PythonArenas => &[
+                ("on_arena_free", ARENA_FREE),
+                ("on_alloc_return", ARENA_ALLOC),
+            ],
+        }
+    }
+}
+
+/// The allocation programs, loaded when allocations are sampled.
+const ALLOC_PROGRAMS: [&str; 9] = [
+    "on_malloc",
+    "on_calloc",
+    "on_realloc",
+    "on_memalign",
+    "on_posix_memalign",
+    "on_arena_alloc",
+    "on_free",
+    "on_arena_free",
+    "on_alloc_return",
+];
+
+/// Exponentially distributed gaps with mean `rate`, at the midpoints of `n` equal-probability
+/// slices: the countdown the BPF program draws from after each sampled allocation.
+pub fn alloc_gaps(rate: u64, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|i| {
+            let u = (i as f64 + 0.5) / n as f64;
+            ((-u.ln()) * rate as f64).round().max(1.0) as u64
+        })
+        .collect()
 }
 
 /// How blocked intervals are sampled ([`crate::offcpu`]).
@@ -100,7 +197,7 @@ pub struct OffCpuOptions {
 /// Loaded, attached programs and the maps user space reads and writes.
 pub struct Programs {
     // Dropping `Ebpf` detaches every program; it must outlive the maps taken from it.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     /// Ring buffer of sample records ([`profiler_common::Sample`]).
     pub samples: RingBuf<MapData>,
     targets: HashMap<MapData, u32, Target>,
@@ -108,6 +205,10 @@ pub struct Programs {
     span_procs: HashMap<MapData, u32, SpanProc>,
     stack_copy_sizes: HashMap<MapData, u32, u32>,
     errors: PerCpuArray<MapData, u64>,
+    alloc: Option<AllocOptions>,
+    /// Allocators probed: (device, inode, process, or 0 for every process).
+    probed: std::collections::HashSet<(u64, u64, u32)>,
+    alloc_live: Option<HashMap<MapData, u64, LiveAlloc>>,
 }
 
 impl std::fmt::Debug for Programs {
@@ -182,6 +283,8 @@ impl Programs {
         let (offcpu_period_ns, offcpu_min_ns) = opts.off_cpu.map_or((1_000_000_000, 0), |o| {
             (o.period_ns.clamp(1, 1_000_000_000), o.min_ns)
         });
+        let alloc_rate = opts.alloc.map_or(DEFAULT_ALLOC_RATE, |a| a.rate.max(1));
+        let alloc_heap = u32::from(opts.alloc.is_some_and(|a| a.heap));
         let mut ebpf = loader
             // The off-CPU state is task storage, which aya creates but has no wrapper for; only
             // the BPF programs use it.
@@ -191,6 +294,8 @@ impl Programs {
             .override_global("stack_copy_bytes", &stack_copy_bytes, true)
             .override_global("offcpu_period_ns", &offcpu_period_ns, true)
             .override_global("offcpu_min_ns", &offcpu_min_ns, true)
+            .override_global("alloc_rate", &alloc_rate, true)
+            .override_global("alloc_heap", &alloc_heap, true)
             .map_max_entries("samples", opts.ring_buffer_size)
             // Three scratches per CPU: the timer sample's, the off-CPU and the allocation ones.
             .map_max_entries("scratch", SCRATCH_SLOTS * cpus)
@@ -276,6 +381,31 @@ impl Programs {
             }
         }
 
+        let mut alloc_live = None;
+        if opts.alloc.is_some() {
+            let mut gaps: Array<&mut MapData, u64> =
+                Array::try_from(ebpf.map_mut("alloc_gaps").expect("alloc_gaps map"))
+                    .map_err(aya_err("open the allocation gap table"))?;
+            for (i, gap) in alloc_gaps(alloc_rate, ALLOC_GAPS).into_iter().enumerate() {
+                gaps.set(i as u32, gap, 0)
+                    .map_err(aya_err("fill the allocation gap table"))?;
+            }
+            for name in ALLOC_PROGRAMS {
+                let program: &mut UProbe = ebpf
+                    .program_mut(name)
+                    .expect("allocation programs are in the object")
+                    .try_into()
+                    .map_err(aya_err("find an allocation program"))?;
+                program
+                    .load()
+                    .map_err(aya_err("load an allocation program"))?;
+            }
+            alloc_live = Some(
+                HashMap::try_from(ebpf.take_map("alloc_live").expect("alloc_live map"))
+                    .map_err(aya_err("open the live allocation table"))?,
+            );
+        }
+
         let samples = RingBuf::try_from(ebpf.take_map("samples").expect("samples map"))
             .map_err(aya_err("open the sample ring buffer"))?;
         let targets = HashMap::try_from(ebpf.take_map("target_pids").expect("target_pids map"))
@@ -292,7 +422,10 @@ impl Programs {
         let errors = PerCpuArray::try_from(ebpf.take_map("errors").expect("errors map"))
             .map_err(aya_err("open the error counters"))?;
         Ok(Programs {
-            _ebpf: ebpf,
+            ebpf,
+            alloc: opts.alloc,
+            probed: Default::default(),
+            alloc_live,
             samples,
             targets,
             py_procs,
@@ -349,6 +482,78 @@ impl Programs {
     /// added; the kernel removes each when it exits).
     pub fn has_targets(&self) -> bool {
         self.targets.keys().next().is_some()
+    }
+
+    /// Puts the allocation probes on `module` (a path the calling process can open, e.g.
+    /// through `/proc/PID/root`): for process `pid` only, or for every process when `None`
+    /// (the BPF programs then skip processes that are not targets). A module already probed
+    /// for that scope is skipped. Returns the symbols that could not be probed (a stripped
+    /// interpreter has no arena symbols); an error only when nothing could be.
+    pub fn attach_allocator(
+        &mut self,
+        module: &Path,
+        pid: Option<u32>,
+        allocator: Allocator,
+    ) -> Result<Vec<&'static str>, LoadError> {
+        let Some(alloc) = self.alloc else {
+            return Ok(Vec::new());
+        };
+        let meta = std::fs::metadata(module).map_err(|e| LoadError::Aya {
+            what: "open an allocator's module",
+            detail: format!("{}: {e}", module.display()),
+        })?;
+        use std::os::unix::fs::MetadataExt;
+        if !self
+            .probed
+            .insert((meta.dev(), meta.ino(), pid.unwrap_or(0)))
+        {
+            return Ok(Vec::new());
+        }
+        let scope = match pid.and_then(std::num::NonZeroU32::new) {
+            Some(pid) => UProbeScope::OneProcess(pid),
+            None => UProbeScope::AllProcesses,
+        };
+        let heap: &[(&str, &[&str])] = if alloc.heap { allocator.heap() } else { &[] };
+        let mut missing = Vec::new();
+        let mut attached = 0;
+        let mut last_error = None;
+        for &(name, symbols) in allocator.entries().iter().chain(heap) {
+            let program: &mut UProbe = self
+                .ebpf
+                .program_mut(name)
+                .expect("allocation programs are in the object")
+                .try_into()
+                .map_err(aya_err("find an allocation program"))?;
+            let mut done = false;
+            for &symbol in symbols {
+                match program.attach(symbol, module, scope) {
+                    Ok(_) => {
+                        attached += 1;
+                        done = true;
+                        break;
+                    }
+                    Err(e) => last_error = Some(one_line(&e)),
+                }
+            }
+            if !done {
+                missing.push(symbols[0]);
+            }
+        }
+        if attached == 0 {
+            return Err(LoadError::Aya {
+                what: "attach the allocation probes",
+                detail: format!("{}: {}", module.display(), last_error.unwrap_or_default()),
+            });
+        }
+        Ok(missing)
+    }
+
+    /// The sampled allocations not freed so far (`--event heap`), by address.
+    pub fn live_allocations(&self) -> Vec<(u64, LiveAlloc)> {
+        self.alloc_live
+            .as_ref()
+            .map(|m| m.iter().filter_map(Result::ok).collect())
+            .unwrap_or_default()
     }
 
     /// Samples lost so far because the ring buffer was full, summed over CPUs.

@@ -63,9 +63,14 @@ struct ProfileArgs {
     #[arg(short, long, value_name = "DURATION")]
     duration: Option<String>,
     /// What to sample, comma-separated or repeated: `cpu` (on-CPU stacks), `offcpu` (time
-    /// blocked, with its reason: sleep, lock, io, gil, other), `wall` (both, as wall-clock time).
+    /// blocked, with its reason: sleep, lock, io, gil, other), `wall` (both, as wall-clock time);
+    /// or memory: `alloc` (sampled allocations), `heap` (those not freed at the end).
     #[arg(short, long, value_name = "EVENT[,EVENT…]", default_value = "cpu")]
     event: Vec<String>,
+    /// With alloc or heap: bytes allocated between two samples on average (1: every
+    /// allocation).
+    #[arg(long, default_value_t = spanprof::profile::DEFAULT_ALLOC_RATE, value_name = "BYTES")]
+    alloc_rate: u64,
     /// With offcpu or wall: blocked intervals shorter than this are not counted.
     #[arg(long, default_value = "5us", value_name = "DURATION")]
     offcpu_min: String,
@@ -187,15 +192,23 @@ fn parse_events(values: &[String]) -> Result<Events, Failure> {
                 events.off_cpu = true;
                 events.wall = true;
             }
+            "alloc" => events.alloc = true,
+            "heap" => events.heap = true,
             other => {
                 return Err(usage(format!(
-                    "invalid --event {other:?}: expected cpu, offcpu or wall"
+                    "invalid --event {other:?}: expected cpu, offcpu, wall, alloc or heap"
                 )))
             }
         }
     }
-    if !events.cpu && !events.off_cpu {
-        return Err(usage("--event needs cpu, offcpu or wall"));
+    if (events.cpu || events.off_cpu) && events.in_bytes() {
+        return Err(usage(
+            "--event alloc and heap make a memory profile: they do not combine with cpu, offcpu \
+             or wall (run two sessions)",
+        ));
+    }
+    if !events.cpu && !events.off_cpu && !events.in_bytes() {
+        return Err(usage("--event needs cpu, offcpu, wall, alloc or heap"));
     }
     Ok(events)
 }
@@ -325,7 +338,13 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             )))
         }
     };
-    let events = parse_events(&args.event)?;
+    let mut events = parse_events(&args.event)?;
+    if args.alloc_rate == 0 {
+        return Err(usage(
+            "invalid --alloc-rate 0: expected 1 (every allocation) or more bytes",
+        ));
+    }
+    events.alloc_rate = args.alloc_rate;
     let offcpu_min = parse_duration(&args.offcpu_min)?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
@@ -354,6 +373,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             kernel: !args.no_kernel,
             lines: !args.no_lines,
             python_only: args.python_only,
+            alloc_rate: events.alloc_rate,
+            heap: events.heap,
         },
         children: args.children,
         ring_buffer_size: args.ring_buffer_size,

@@ -274,6 +274,9 @@ pub struct Python {
     with_spans: FxHashSet<u32>,
     /// Module files parsed for a published thread context, shared by every process.
     modules: ModuleCache,
+    /// Interpreter modules (executable or libpython) of processes found since the last
+    /// [`Python::take_new_modules`].
+    new_modules: Vec<(u32, std::path::PathBuf)>,
 }
 
 impl Python {
@@ -293,6 +296,7 @@ impl Python {
             span_writes: Vec::new(),
             with_spans: FxHashSet::default(),
             modules: ModuleCache::default(),
+            new_modules: Vec::new(),
         }
     }
 
@@ -449,6 +453,12 @@ impl Python {
         }
     }
 
+    /// The interpreter modules (executable or libpython, as the process maps them) of the
+    /// processes found since the last call.
+    pub fn take_new_modules(&mut self) -> Vec<(u32, std::path::PathBuf)> {
+        std::mem::take(&mut self.new_modules)
+    }
+
     /// Processes whose threads' span contexts are read (a tracing library was found).
     pub fn with_spans(&self) -> u32 {
         self.with_spans.len() as u32
@@ -470,12 +480,13 @@ impl Python {
             Some(Proc::Ready(_) | Proc::Exited(_)) | None => 0,
         };
         let next = match detect(pid) {
-            Ok(process) => match self.ready(process) {
-                Ok(ready) => {
+            Ok(process) => match (process.module.clone(), self.ready(process)) {
+                (module, Ok(ready)) => {
                     self.found.insert(pid);
+                    self.new_modules.push((pid, module));
                     Proc::Ready(Box::new(ready))
                 }
-                Err(reason) => {
+                (_, Err(reason)) => {
                     self.note(pid, reason);
                     Proc::Skipped
                 }

@@ -20,7 +20,7 @@ use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::{self, Aggregator};
-use crate::bpf::{LoadOptions, OffCpuOptions, Programs};
+use crate::bpf::{AllocOptions, Allocator, LoadOptions, OffCpuOptions, Programs};
 use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::{Events, Meta, Profile};
@@ -377,7 +377,18 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             period_ns: 1_000_000_000 / opts.frequency.max(1),
             min_ns: opts.offcpu_min_ns,
         }),
+        alloc: opts.events.in_bytes().then_some(AllocOptions {
+            rate: opts.events.alloc_rate,
+            heap: opts.events.heap,
+        }),
     })?;
+    // Allocation probes: on each explicit target alone, or on every process (the kernel then
+    // keeps the targets' calls only) when children are followed.
+    let mut probes = Probes {
+        enabled: opts.events.in_bytes(),
+        one_process: matches!(opts.target, Target::Pids(_)) && !opts.children,
+        warned: Default::default(),
+    };
     let mut child = None;
     let mut pids = Vec::new();
     let mut python = Python::new(true, opts.spans);
@@ -388,12 +399,17 @@ pub fn run(opts: &Options) -> Result<Outcome> {
                 // Before sampling starts, so the first samples have their Python frames.
                 python.detect_now(pid);
                 python.flush(&mut programs);
+                probes.libc_of(&mut programs, pid)?;
+                probes.python(&mut programs, &mut python);
             }
             pids.clone_from(p);
         }
         Target::Command(argv) => {
             let mut c = GatedCommand::spawn(argv)?;
             programs.add_target(c.pid())?;
+            // The command has not run its program yet: probe the C library spanprof itself
+            // uses, the one of most programs on the host (others' are probed as they are found).
+            probes.libc_of(&mut programs, std::process::id())?;
             if STOP.load(Ordering::Relaxed) != 0 {
                 // Dropping the unreleased command makes it exit 127 without running.
                 bail!("interrupted before the command started");
@@ -446,6 +462,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             .unwrap_or(TICK);
         waiter.wait(remaining.min(TICK));
         drain(&mut programs, &mut agg, &mut python, &mut copy);
+        probes.python(&mut programs, &mut python);
         agg.normalize_pending(&mut symbolizer);
         // One bpf() call a second is enough for the live count; the final one is exact.
         let once_a_second = last_check.elapsed() >= Duration::from_secs(1);
@@ -493,6 +510,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     drain(&mut programs, &mut agg, &mut python, &mut copy);
     progress.finish();
     let errors = programs.error_counts();
+    if opts.events.heap {
+        agg.set_live(programs.live_allocations());
+    }
     // Stop sampling before the (slower) symbolization.
     drop(programs);
 
@@ -525,6 +545,79 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             cpu_at_end_of_sampling: cpu_at_end,
         },
     })
+}
+
+/// The allocation probes of a session (`--event alloc`, `heap`).
+struct Probes {
+    enabled: bool,
+    /// Probe each module for one process (explicit `--pid` targets) rather than for all.
+    one_process: bool,
+    /// Modules whose arena symbols were missing, said once.
+    warned: std::collections::HashSet<PathBuf>,
+}
+
+impl Probes {
+    fn scope(&self, pid: u32) -> Option<u32> {
+        self.one_process.then_some(pid)
+    }
+
+    /// Probes the C library process `pid` has mapped.
+    fn libc_of(&mut self, programs: &mut Programs, pid: u32) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
+        // A process that exited meanwhile has nothing left to probe.
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return Ok(());
+        };
+        if maps.is_empty() {
+            return Ok(());
+        }
+        let Some(libc) = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|path| {
+                let name = path.rsplit('/').next().unwrap_or(path);
+                name.starts_with("libc.so") || name.starts_with("libc-2.")
+            })
+        else {
+            eprintln!(
+                "spanprof: warning: pid {pid} has no C library mapped: its malloc calls are not \
+                 seen (a static binary, or another allocator)"
+            );
+            return Ok(());
+        };
+        let path = PathBuf::from(format!("/proc/{pid}/root{libc}"));
+        programs.attach_allocator(&path, self.scope(pid), Allocator::Libc)?;
+        Ok(())
+    }
+
+    /// Probes the arena allocator of the CPython processes found since the last call, and
+    /// their C library when it is another one.
+    fn python(&mut self, programs: &mut Programs, python: &mut Python) {
+        if !self.enabled {
+            return;
+        }
+        for (pid, module) in python.take_new_modules() {
+            if let Err(e) = self.libc_of(programs, pid) {
+                eprintln!("spanprof: warning: pid {pid}: {e:#}");
+            }
+            let path = PathBuf::from(format!("/proc/{pid}/root{}", module.display()));
+            let missing =
+                programs.attach_allocator(&path, self.scope(pid), Allocator::PythonArenas);
+            let gone = match &missing {
+                Ok(m) => !m.is_empty(),
+                Err(_) => true,
+            };
+            if gone && self.warned.insert(module.clone()) {
+                eprintln!(
+                    "spanprof: warning: {}: no CPython arena symbols (_PyObject_ArenaMmap or \
+                     _PyMem_ArenaAlloc; a stripped interpreter): small Python objects are not in the allocation profile",
+                    module.display()
+                );
+            }
+        }
+    }
 }
 
 /// How often a long drain stops to look for new interpreters.

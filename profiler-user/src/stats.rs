@@ -104,12 +104,13 @@ pub struct Stats {
     pub processes: Vec<ProcessStats>,
 }
 
-/// The figures of every process of `profile`, by pid.
+/// The figures of every process of `profile`, by pid: on-CPU samples count as many times as
+/// they were taken; an off-CPU or allocation stack (whose weight is time or bytes) counts once.
 pub fn per_process(profile: &Profile) -> Vec<ProcessStats> {
     let mut by_pid: BTreeMap<u32, StackCounts> = BTreeMap::new();
     for s in &profile.samples {
         let pid = profile.threads[s.thread as usize].pid;
-        by_pid.entry(pid).or_default().add(s.unwind, s.count);
+        by_pid.entry(pid).or_default().add(s.unwind, s.count.max(1));
     }
     by_pid
         .into_iter()
