@@ -1855,21 +1855,31 @@ int BPF_KPROBE(on_calloc, __u64 n, __u64 size)
 SEC("uprobe")
 int BPF_KPROBE(on_realloc, __u64 ptr, __u64 size)
 {
+	/* glibc's realloc(NULL, n) is its malloc(n), whose probe counts it. */
+	if (!ptr)
+		return 0;
 	if (alloc_heap)
 		free_event(ptr);
 	return alloc_event(ctx, size, 0);
 }
 
+/* glibc hands an alignment of at most MALLOC_ALIGNMENT (16 on x86_64) to its malloc. */
+#define GLIBC_MALLOC_ALIGNMENT 16
+
 /* aligned_alloc(alignment, size), memalign(alignment, size). */
 SEC("uprobe")
 int BPF_KPROBE(on_memalign, __u64 align, __u64 size)
 {
+	if (align <= GLIBC_MALLOC_ALIGNMENT)
+		return 0;
 	return alloc_event(ctx, size, 0);
 }
 
 SEC("uprobe")
 int BPF_KPROBE(on_posix_memalign, __u64 memptr, __u64 align, __u64 size)
 {
+	if (align <= GLIBC_MALLOC_ALIGNMENT)
+		return 0;
 	return alloc_event(ctx, size, memptr);
 }
 
