@@ -552,10 +552,13 @@ impl Aggregator {
             let reason = (off & 1 == 1).then(|| {
                 let name = |id: u32| frames.frames[id as usize].function.as_deref().unwrap_or("");
                 let kernel: Vec<&str> = kstack.iter().map(|a| name(kernel_frame[a])).collect();
-                let native: Vec<&str> = ustack
+                // Unknown native frames keep their module (`[unknown] (python3.11+0x…)`): the
+                // classifier knows a stripped interpreter's GIL wait by its caller's module.
+                let native: Vec<String> = ustack
                     .iter()
-                    .map(|a| name(user_frame[&(pid, *a)]))
+                    .map(|a| frames.frames[user_frame[&(pid, *a)] as usize].base_name())
                     .collect();
+                let native: Vec<&str> = native.iter().map(String::as_str).collect();
                 classify(&block_facts(off), &kernel, &native)
             });
             if let Some(reason) = reason {
