@@ -512,6 +512,13 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let errors = programs.error_counts();
     if opts.events.heap {
         agg.set_live(programs.live_allocations());
+        let (_, unattributed) = agg.alloc_stats();
+        if unattributed > 0 {
+            eprintln!(
+                "spanprof: warning: {unattributed} sampled allocations still in use have no \
+                 stack (more than a million sampled allocations; use a larger --alloc-rate)"
+            );
+        }
     }
     // Stop sampling before the (slower) symbolization.
     drop(programs);
