@@ -37,7 +37,7 @@ tasks:
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
-        [--unwind-seconds S] [--only native|python|spans|unwind]
+        [--unwind-seconds S] [--only native|python|spans|unwind|offcpu]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -63,6 +63,10 @@ tasks:
                --call-graph dwarf at 499 Hz, S seconds each (default 5):
                stack completeness and depth, in-kernel and own CPU per
                sample, perf script's CPU and perf.data bytes per sample;
+             offcpu: offcpu_pingpong (two threads, 200000 round trips through
+               pipes) alone, under spanprof --event offcpu and under perf
+               record -e sched:sched_switch -g: slowdown, context switches per
+               second, in-kernel time per on_switch and on_sys_exit run;
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
@@ -277,7 +281,10 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "python" => bench::Part::Python,
                     "spans" => bench::Part::Spans,
                     "unwind" => bench::Part::Unwind,
-                    other => bail!("invalid --only `{other}` (native, python, spans or unwind)"),
+                    "offcpu" => bench::Part::Offcpu,
+                    other => {
+                        bail!("invalid --only `{other}` (native, python, spans, unwind or offcpu)")
+                    }
                 }
             }
             other => bail!("unknown bench option `{other}`\n{USAGE}"),
@@ -295,9 +302,9 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             .context("no pyenv CPython 3.12 (~/.pyenv/versions/3.12.*); pass --python PATH")?,
     };
     let env = deps::ensure(root)?;
-    // Only the native and unwind parts run C workloads.
+    // Only the native, unwind and offcpu parts run C workloads.
     let workloads = match part {
-        bench::Part::All | bench::Part::Native | bench::Part::Unwind => {
+        bench::Part::All | bench::Part::Native | bench::Part::Unwind | bench::Part::Offcpu => {
             Some(workloads::build(root)?)
         }
         bench::Part::Python | bench::Part::Spans => None,

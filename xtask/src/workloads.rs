@@ -62,6 +62,9 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3.11";
 ///   from its own directory half a second after it started;
 /// - `cext/spanprof_cext<EXT_SUFFIX>` (from `spanprof_cext.c`): a C extension module for
 ///   Debian's `/usr/bin/python3.11`, which `tests/workloads/py_cext.py` imports.
+///
+/// And, with frame pointers, the off-CPU workloads of [`OFFCPU_WORKLOADS`] (their sources are in
+/// `xtask/workloads/`).
 pub fn build(root: &Path) -> Result<PathBuf> {
     let src = root.join("tests/workloads");
     let out = root.join("target/workloads");
@@ -81,7 +84,29 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     build_stripped(&src, &out)?;
     build_without_frame_pointers(&src, &out)?;
     build_python_extension(&src, &out)?;
+    build_offcpu(root, &out)?;
     Ok(out)
+}
+
+/// The off-CPU workloads, each built from `xtask/workloads/<name>.c` with [`CFLAGS`] and
+/// `-pthread`: `offcpu_sleep` (nanosleep 100 ms × 5, for `tests/tests/offcpu.rs`) and
+/// `offcpu_pingpong` (two threads passing a byte through pipes, the target of
+/// `cargo xtask bench --only offcpu`).
+pub const OFFCPU_WORKLOADS: &[&str] = &["offcpu_sleep", "offcpu_pingpong"];
+
+/// Builds [`OFFCPU_WORKLOADS`] into `out`.
+fn build_offcpu(root: &Path, out: &Path) -> Result<()> {
+    let src = root.join("xtask/workloads");
+    for name in OFFCPU_WORKLOADS {
+        Cmd::new("gcc")
+            .args(CFLAGS)
+            .arg("-pthread")
+            .arg("-o")
+            .arg(out.join(name))
+            .arg(src.join(format!("{name}.c")))
+            .run()?;
+    }
+    Ok(())
 }
 
 /// `cpu_split_stripped` and `cpu_split_stripped.symbols`; see [`build`].
