@@ -914,3 +914,104 @@ fn native_nanosleep_is_sleep() {
 fn native_short_sleeps_are_sampled_without_bias() {
     native_sleeps(4000, 500, 0.15);
 }
+
+/// Three Python threads spinning on two CPUs wait for the GIL: that time is `gil`, whatever
+/// symbols the interpreter has (Debian's python3.11 is stripped: its GIL waits are known by
+/// their callers in the interpreter's module), and the main thread's `join()` is `lock`.
+/// Bounds: of each spinner's off-CPU time at least 80% is `gil` (the rest: waits at start and
+/// exit, I/O at import); of the main thread's, at least 90% `lock`.
+fn gil_waits(interp: &Interp) {
+    require_offcpu_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("offcpu-gil");
+    let pprof = tmp.join("gil.pb.gz");
+    let out = run_spanprof(args![
+        "profile",
+        "--event",
+        "offcpu",
+        "--frequency",
+        FREQUENCY.to_string(),
+        "-o",
+        &pprof,
+        "--",
+        interp.path,
+        py_workload_source("py_gil.py"),
+        "1"
+    ]);
+    out.assert_success();
+    let truth: serde_json::Value = out
+        .stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line from py_gil.py\n{out}"));
+    let main = truth["main"].as_i64().expect("main tid");
+    let spinners: Vec<i64> = truth["spinners"]
+        .as_array()
+        .expect("spinners")
+        .iter()
+        .filter_map(|t| t.as_i64())
+        .collect();
+    let profile = Profile::read(&pprof);
+    let mut problems = Vec::new();
+    check_reasons(&profile, &mut problems);
+    let mut threads: Vec<(i64, &str)> = vec![(main, "main")];
+    let names = ["spinner 1", "spinner 2", "spinner 3"];
+    threads.extend(spinners.iter().copied().zip(names));
+    let table = Table::of(&profile, &threads, |s| s.value("off_cpu"));
+    for name in &names[..spinners.len()] {
+        let total = table.thread_total(name);
+        let gil = table
+            .cells
+            .iter()
+            .filter(|((t, _), _)| t == name)
+            .filter_map(|(_, cols)| cols.get("gil"))
+            .sum::<i64>() as f64;
+        if total < 100e6 || gil < 0.8 * total {
+            problems.push(format!(
+                "{name}: {:.1} ms of {:.1} ms off-CPU is gil (expected at least 80%, and at \
+                 least 100 ms off-CPU)",
+                ms(gil),
+                ms(total)
+            ));
+        }
+    }
+    let main_total = table.thread_total("main");
+    let main_lock: f64 = table
+        .cells
+        .iter()
+        .filter(|((t, _), _)| t == "main")
+        .filter_map(|(_, cols)| cols.get("lock"))
+        .sum::<i64>() as f64;
+    if main_lock < 0.9 * main_total {
+        problems.push(format!(
+            "main: {:.1} ms of {:.1} ms off-CPU is lock (join; expected 90%)",
+            ms(main_lock),
+            ms(main_total)
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "{}: GIL waits\n- {}\n{}\n{}",
+        interp.label,
+        problems.join("\n- "),
+        table.render(),
+        offcpu_summary(&out)
+    );
+}
+
+#[test]
+fn gil_waits_3_12() {
+    gil_waits(&Interp::pyenv(12));
+}
+
+#[test]
+fn gil_waits_3_9() {
+    gil_waits(&Interp::pyenv(9));
+}
+
+/// Stripped: `take_gil` is an unknown address in python3.11.
+#[test]
+fn gil_waits_debian_3_11() {
+    gil_waits(&Interp::debian_3_11());
+}

@@ -1,0 +1,27 @@
+"""Three threads spin in Python for about a second each: on 2 CPUs with one GIL, each waits
+for the GIL most of the time. The main thread waits in join(). Prints the threads' ids."""
+import json
+import sys
+import threading
+import time
+
+
+def spinner(tids, seconds):
+    tids.append(threading.get_native_id())
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+    tids = []
+    threads = [threading.Thread(target=spinner, args=(tids, seconds)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"main": threading.get_native_id(), "spinners": tids}), flush=True)
+
+
+main()
