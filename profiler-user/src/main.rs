@@ -543,11 +543,7 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
         .sum();
     filter.apply(&mut profile);
     let kept = summary::total_weight(&profile);
-    let unit = if profile.meta.events.in_nanoseconds() {
-        ""
-    } else {
-        " samples"
-    };
+    let unit = summary::unit_suffix(&profile);
     if !filter.is_empty() && kept == 0 {
         return Err(Failure(
             EXIT_FAILURE,
@@ -594,19 +590,15 @@ fn report_line(
     };
     format!(
         "spanprof report: kept {} of {}{}, {} of {spans} spans ({filter}) from {}: \
-         {}, {:.1} s at {} Hz",
+         {}, {:.1} s {}",
         summary::amount(profile, summary::total_weight(profile)),
         summary::amount(profile, total),
-        if m.events.in_nanoseconds() {
-            ""
-        } else {
-            " samples"
-        },
+        summary::unit_suffix(profile),
         profile.spans.len(),
         file.display(),
         m.target,
         m.duration.as_secs_f64(),
-        m.frequency,
+        output::sampling(m),
     )
 }
 

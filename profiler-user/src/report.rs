@@ -21,27 +21,35 @@
 //!   order): `samples/count` alone is an on-CPU profile (every file written before off-CPU
 //!   profiling), `off_cpu/nanoseconds` alone `--event offcpu`, `samples/count`,
 //!   `cpu/nanoseconds`, `off_cpu/nanoseconds` `--event cpu,offcpu`, `wall/nanoseconds` alone
-//!   `--event wall` (which implies both);
+//!   `--event wall` (which implies both); `alloc_objects/count`, `alloc_space/bytes`
+//!   `--event alloc`, `inuse_objects/count`, `inuse_space/bytes` `--event heap`, all four
+//!   `--event alloc,heap` (see [`crate::output::pprof`]);
 //! - each sample's count and off-CPU nanoseconds from its values, and why it was off CPU from
 //!   its `off_cpu.reason` label ([`OFF_CPU_REASON_LABEL`]): a sample with the label is off-CPU,
 //!   one without on-CPU. A single `…/nanoseconds` value is the sample's [`Profile::weight`]:
 //!   blocked time for an off-CPU sample, `count * period` for an on-CPU one. A reason this
 //!   version does not know reads as [`OffCpuReason::Other`], as an unknown `unwind` label reads
 //!   as unchecked: the stack's `[off-cpu: …]` root frame still names it;
+//! - a memory sample's allocations and bytes ([`Sample::alloc`], [`Sample::inuse`]) from its
+//!   values, those of the types in the file (the others stay 0: a `heap` file does not say
+//!   what was allocated in all); its count and off-CPU time are 0;
 //! - the session's target and lost samples from the comments, its start and length from
 //!   `time_nanos` and `duration_nanos`, the frequency from the period (`1e9 / period`, rounded:
-//!   exact for 1–10000 Hz).
+//!   exact for 1–10000 Hz); a memory profile's sampling rate
+//!   ([`Events::alloc_rate`](crate::profile::Events::alloc_rate)) from its period (`space/bytes`).
 //!
-//! Not in the file, so not back: why an unknown frame is unknown, and the Python walker's counts.
+//! Not in the file, so not back: why an unknown frame is unknown, the Python walker's counts,
+//! and a memory profile's frequency (sampled by bytes, it reads back as 0; no output shows it).
 //!
 //! # Design constraints
 //!
 //! A file spanprof did not write (another profiler's pprof, any other file) is refused with a
 //! one-line reason rather than half read: the sample types must be one of the [`Shape`]s, the
-//! period type `cpu/nanoseconds`, and a `target:` comment must be there. Values that contradict
-//! each other are refused as damaged: a `cpu/nanoseconds` value other than `count * period`, an
-//! off-CPU sample with on-CPU samples, off-CPU time without a reason, on-CPU time that is not a
-//! whole number of periods.
+//! period type `cpu/nanoseconds` (`space/bytes` for a memory shape), and a `target:` comment
+//! must be there. Values that contradict each other are refused as damaged: a `cpu/nanoseconds`
+//! value other than `count * period`, an off-CPU sample with on-CPU samples, off-CPU time
+//! without a reason, on-CPU time that is not a whole number of periods, bytes without
+//! allocations, an off-CPU reason in a memory profile.
 
 use std::{
     collections::HashMap,
@@ -57,13 +65,13 @@ use symbolizer::unwind::UnwindStatus;
 
 use crate::offcpu::OffCpuReason;
 use crate::output::pprof::{
-    Shape, CPU_TYPE, KERNEL_MAPPING, LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE,
-    PROCESS_COMMENT, PYTHON_MAPPING, SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL,
-    UNWIND_REASON_LABEL,
+    Shape, ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE, CPU_TYPE, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE,
+    KERNEL_MAPPING, LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT,
+    PYTHON_MAPPING, SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
 };
 use crate::profile::{
-    hex, labels, uuid, Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, PythonStats,
-    Sample, SpanContext, Thread,
+    hex, labels, uuid, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile,
+    PythonStats, Sample, SpanContext, Thread,
 };
 
 /// Why a file could not be read back as a spanprof profile.
@@ -158,10 +166,11 @@ impl Reader<'_> {
             Some(t) => (self.string(t.ty)?, self.string(t.unit)?),
             None => ("", ""),
         };
-        if period_type != ("cpu", "nanoseconds") || p.period <= 0 {
-            return Err(ReportError::Foreign(
-                "its period is not in cpu/nanoseconds".to_string(),
-            ));
+        if period_type != shape.period_type() || p.period <= 0 {
+            let (ty, unit) = shape.period_type();
+            return Err(ReportError::Foreign(format!(
+                "its period is not in {ty}/{unit}"
+            )));
         }
         let comments: Vec<&str> = p
             .comment
@@ -197,12 +206,21 @@ impl Reader<'_> {
             .collect::<Result<Vec<_>, ReportError>>()?;
 
         let period = u64::try_from(p.period).unwrap_or(1);
+        let mut events = shape.events();
+        // NB: a memory profile is sampled by bytes, not by time: its period is the rate, and the
+        // frequency is in no output, so not in the file.
+        let frequency = if shape.is_memory() {
+            events.alloc_rate = period;
+            0
+        } else {
+            ((1e9 / period as f64).round() as u64).max(1)
+        };
         let meta = Meta {
             target: target.to_string(),
             start: UNIX_EPOCH + Duration::from_nanos(u64::try_from(p.time_nanos).unwrap_or(0)),
             duration: Duration::from_nanos(u64::try_from(p.duration_nanos).unwrap_or(0)),
-            frequency: ((1e9 / period as f64).round() as u64).max(1),
-            events: shape.events(),
+            frequency,
+            events,
             lost_samples,
             python: PythonStats::default(),
         };
@@ -252,7 +270,46 @@ impl Reader<'_> {
                 let v = index(ty).map_or(0, |k| s.value[k]);
                 u64::try_from(v).map_err(|_| damaged(format!("sample {i} has a negative value")))
             };
+            let memory = |objects, bytes| -> Result<Memory, ReportError> {
+                let m = Memory {
+                    objects: value(objects)?,
+                    bytes: value(bytes)?,
+                };
+                // NB: every sampled allocation counts at least once, so bytes come with
+                // allocations (an allocation of 0 bytes may come without bytes).
+                if m.bytes > 0 && m.objects == 0 {
+                    return Err(damaged(format!(
+                        "sample {i}: its {}/{} has bytes but its {}/{} no allocations",
+                        bytes.0, bytes.1, objects.0, objects.1
+                    )));
+                }
+                Ok(m)
+            };
+            let (alloc, inuse) = match shape {
+                Shape::Alloc | Shape::AllocAndHeap => (
+                    memory(ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE)?,
+                    if shape == Shape::AllocAndHeap {
+                        memory(INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE)?
+                    } else {
+                        Memory::default()
+                    },
+                ),
+                Shape::Heap => (
+                    Memory::default(),
+                    memory(INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE)?,
+                ),
+                Shape::Cpu | Shape::OffCpu | Shape::CpuAndOffCpu | Shape::Wall => {
+                    (Memory::default(), Memory::default())
+                }
+            };
+            if shape.is_memory() && off_cpu.is_some() {
+                return Err(damaged(format!(
+                    "sample {i} has an {OFF_CPU_REASON_LABEL} label in a memory profile"
+                )));
+            }
             let (count, off_cpu_ns) = match shape {
+                // Memory profiles count no time.
+                Shape::Alloc | Shape::Heap | Shape::AllocAndHeap => (0, 0),
                 Shape::Cpu => (value(SAMPLES_TYPE)?, 0),
                 Shape::CpuAndOffCpu => {
                     let count = value(SAMPLES_TYPE)?;
@@ -298,8 +355,8 @@ impl Reader<'_> {
                 count,
                 off_cpu_ns,
                 off_cpu,
-                alloc: Default::default(),
-                inuse: Default::default(),
+                alloc,
+                inuse,
                 span,
                 unwind,
             });
@@ -688,6 +745,166 @@ mod tests {
             let root = &back.frames[back.samples.last().unwrap().frames[0] as usize];
             assert_eq!(root, &profile.frames[5]);
         }
+    }
+
+    #[test]
+    fn memory_round_trips_in_every_shape() {
+        for profile in [
+            fixture::memory(),
+            fixture::alloc_only(),
+            fixture::heap_only(),
+        ] {
+            let back = round_trip(&profile);
+            let events = profile.meta.events;
+            // Sampled by bytes: the rate comes back from the period, the frequency is not kept.
+            assert_eq!(
+                back.meta,
+                Meta {
+                    frequency: 0,
+                    ..profile.meta.clone()
+                },
+                "{events:?}"
+            );
+            assert_eq!(back.meta.events.alloc_rate, 512 * 1024);
+            for format in Format::ALL {
+                assert_eq!(
+                    output::render(&back, format).unwrap(),
+                    output::render(&profile, format).unwrap(),
+                    "{format} {events:?}"
+                );
+            }
+            type Values = (u32, u64, u64, Memory, Memory, Option<u32>, UnwindStatus);
+            let values = |p: &Profile| -> Vec<Values> {
+                p.samples
+                    .iter()
+                    .map(|s| {
+                        let (alloc, inuse) = (s.alloc, s.inuse);
+                        (
+                            s.thread,
+                            s.count,
+                            s.off_cpu_ns,
+                            alloc,
+                            inuse,
+                            s.span,
+                            s.unwind,
+                        )
+                    })
+                    .collect()
+            };
+            // What the file holds: a heap-only one neither what was allocated nor the stacks
+            // whose allocations were all freed.
+            let mut written = profile.clone();
+            if !events.alloc {
+                written.retain_samples(|_, s| !s.inuse.is_empty());
+                for s in &mut written.samples {
+                    s.alloc = Memory::default();
+                }
+            }
+            assert_eq!(values(&back), values(&written), "{events:?}");
+            assert_eq!(back.spans, written.spans, "{events:?}");
+            assert_eq!(back.threads, written.threads, "{events:?}");
+        }
+        // Every allocation recorded.
+        let mut every = fixture::alloc_only();
+        every.meta.events.alloc_rate = 1;
+        assert_eq!(round_trip(&every).meta.events.alloc_rate, 1);
+    }
+
+    #[test]
+    fn filters_keep_memory_samples() {
+        let span = Filter {
+            span_id: parse_hex("00f067aa0ba902b7"),
+            ..Filter::default()
+        };
+        let mut kept = round_trip(&fixture::memory());
+        span.apply(&mut kept);
+        assert_eq!(folded(&kept), "main;compute 800000000\n");
+        assert_eq!(
+            kept.samples[0].alloc,
+            Memory {
+                objects: 34_000,
+                bytes: 1_200_000_000
+            }
+        );
+        // OSProfiler base: span 1 (nothing in use, not in the file) and span 2.
+        let base = Filter {
+            base_id: Some(fixture::BASE),
+            ..Filter::default()
+        };
+        let mut heap = round_trip(&fixture::heap_only());
+        base.apply(&mut heap);
+        assert_eq!(folded(&heap), "main;compute;do_syscall_64_[k] 20000000\n");
+        let mut alloc = round_trip(&fixture::alloc_only());
+        base.apply(&mut alloc);
+        assert_eq!(
+            folded(&alloc),
+            "main;compute 50000000\nmain;compute;do_syscall_64_[k] 30000000\n"
+        );
+    }
+
+    #[test]
+    fn refuses_contradictory_memory_values() {
+        let err = read_edited(&fixture::memory(), |p| p.sample[0].value[2] = 0).unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 0: its inuse_space/bytes has bytes but its \
+             inuse_objects/count no allocations"
+        );
+        let err = read_edited(&fixture::alloc_only(), |p| p.sample[1].value[1] = -5).unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 1 has a negative value"
+        );
+        let err = read_edited(&fixture::heap_only(), |p| {
+            let key = intern(p, OFF_CPU_REASON_LABEL);
+            let str = intern(p, "lock");
+            p.sample[0].label.push(::pprof::protos::Label {
+                key,
+                str,
+                ..Default::default()
+            });
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "damaged spanprof profile: sample 0 has an off_cpu.reason label in a memory profile"
+        );
+        // A memory profile's period is in bytes, a time profile's in nanoseconds.
+        let err = read_edited(&fixture::memory(), |p| {
+            let (ty, unit) = (intern(p, "cpu"), intern(p, "nanoseconds"));
+            p.period_type = Some(::pprof::protos::ValueType { ty, unit });
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "not a spanprof profile: its period is not in space/bytes"
+        );
+        let err = read_edited(&fixture::profile(), |p| {
+            let (ty, unit) = (intern(p, "space"), intern(p, "bytes"));
+            p.period_type = Some(::pprof::protos::ValueType { ty, unit });
+        })
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "not a spanprof profile: its period is not in cpu/nanoseconds"
+        );
+        // An allocation of 0 bytes is an allocation; Go's order or another, the same profile.
+        let back = read_edited(&fixture::memory(), |p| {
+            p.sample[3].value[1] = 0;
+            p.sample_type.reverse();
+            for s in &mut p.sample {
+                s.value.reverse();
+            }
+        })
+        .unwrap();
+        assert_eq!(
+            back.samples[3].alloc,
+            Memory {
+                objects: 7,
+                bytes: 0
+            }
+        );
+        assert_eq!(back.samples[0].inuse, fixture::memory().samples[0].inuse);
     }
 
     #[test]

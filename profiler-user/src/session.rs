@@ -430,10 +430,12 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             Some(d) => format!("for {}", humantime::format_duration(d)),
             None => "until it exits".to_string(),
         };
-        eprintln!(
-            "spanprof: profiling {target_desc} at {} Hz {until}; Ctrl-C to stop early",
-            opts.frequency
-        );
+        let what = match (opts.events.in_bytes(), opts.events.alloc_rate) {
+            (false, _) => format!("at {} Hz", opts.frequency),
+            (true, 0 | 1) => "recording every allocation".to_string(),
+            (true, rate) => format!("sampling allocations every {rate} bytes on average"),
+        };
+        eprintln!("spanprof: profiling {target_desc} {what} {until}; Ctrl-C to stop early");
     }
     let cpu_at_sampling = process_cpu_time();
     let start = Instant::now();
@@ -527,7 +529,12 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         target: target_desc,
         start: start_wall,
         duration,
-        frequency: opts.frequency,
+        // A memory profile has no sampling frequency (and its files do not keep one).
+        frequency: if opts.events.in_bytes() {
+            0
+        } else {
+            opts.frequency
+        },
         events: opts.events,
         lost_samples: errors[ErrorCode::RingbufFull as usize],
         python: Default::default(),

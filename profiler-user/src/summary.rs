@@ -4,6 +4,12 @@
 //! ([`Events::in_nanoseconds`](crate::profile::Events::in_nanoseconds)), the amounts that mix
 //! both (top functions, spans) are milliseconds of [`Profile::weight`], and an `off-CPU:` line
 //! gives the time blocked per reason.
+//!
+//! A memory profile ([`Events::in_bytes`](crate::profile::Events::in_bytes)) counts bytes: its
+//! header gives the estimated totals (`spanprof: 1.2 GiB allocated in 34,567 allocations, 785.4
+//! MiB in use at the end in 1,037 (estimated), …`), amounts are in binary units with one decimal
+//! ([`size`]), and the top functions are by bytes: those in use at the end with `--event heap`,
+//! those allocated with `--event alloc`, both lists with both events.
 
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -12,21 +18,31 @@ use profiler_common::{ErrorCode, ERROR_COUNT};
 use rustc_hash::FxHashMap;
 
 use crate::offcpu::OffCpuReason;
-use crate::output::{millis, no_samples_text};
-use crate::profile::Profile;
+use crate::output::{estimated, memory_text, millis, no_samples_text, sampling, size};
+use crate::profile::{Profile, Sample};
 use crate::session::Overhead;
 use std::time::Duration;
 
-/// Functions by self weight (the leaf frame's display name; [`Profile::weight`]: samples, or
-/// nanoseconds with off-CPU time), most first, ties by name.
+/// Functions by self weight (the leaf frame's display name; [`Profile::weight`]: samples,
+/// nanoseconds with off-CPU time, or bytes), most first, ties by name.
 pub fn top_self(profile: &Profile, n: usize) -> Vec<(String, u64)> {
+    top_self_by(profile, n, |s| profile.weight(s))
+}
+
+/// Functions by the self `weight` of their samples, most first, ties by name; those with a zero
+/// total are left out.
+pub fn top_self_by(
+    profile: &Profile,
+    n: usize,
+    weight: impl Fn(&Sample) -> u64,
+) -> Vec<(String, u64)> {
     let mut by_name: FxHashMap<String, u64> = FxHashMap::default();
     for s in &profile.samples {
         if let Some(&leaf) = s.frames.last() {
             let total = by_name
                 .entry(profile.frames[leaf as usize].display_name())
                 .or_insert(0);
-            *total = total.saturating_add(profile.weight(s));
+            *total = total.saturating_add(weight(s));
         }
     }
     by_name.retain(|_, w| *w > 0);
@@ -37,7 +53,19 @@ pub fn top_self(profile: &Profile, n: usize) -> Vec<(String, u64)> {
 }
 
 /// spanprof's own CPU time: setup, per sample while sampling, and symbolizing plus writing.
+///
+/// A memory profile does not know how many allocations were sampled (its samples are scaled
+/// estimates), so it gives the time while sampling without a cost per sample.
 pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Duration) -> String {
+    if profile.meta.events.in_bytes() {
+        return format!(
+            "spanprof own CPU: {:.1} ms setup, {:.1} ms while sampling, {:.1} ms symbolizing \
+             and writing",
+            o.setup.as_secs_f64() * 1e3,
+            o.sampling.as_secs_f64() * 1e3,
+            symbolize_and_write.as_secs_f64() * 1e3,
+        );
+    }
     let total = profile.total_samples() + profile.meta.lost_samples;
     let per_sample = if total > 0 {
         format!("{:.1} µs", o.sampling.as_secs_f64() * 1e6 / total as f64)
@@ -53,7 +81,8 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
     )
 }
 
-/// The sum of [`Profile::weight`]: samples, or nanoseconds when off-CPU time is in the profile.
+/// The sum of [`Profile::weight`]: samples, nanoseconds when off-CPU time is in the profile, or
+/// bytes for a memory profile.
 pub fn total_weight(profile: &Profile) -> u64 {
     profile
         .samples
@@ -61,12 +90,27 @@ pub fn total_weight(profile: &Profile) -> u64 {
         .fold(0u64, |t, s| t.saturating_add(profile.weight(s)))
 }
 
-/// A weight as the summary writes it: `11` (samples) for an on-CPU profile, else `405.5 ms`.
+/// A weight as the summary writes it: `11` (samples) for an on-CPU profile, `405.5 ms` with
+/// off-CPU time, `812.0 MiB` for a memory profile.
 pub fn amount(profile: &Profile, weight: u64) -> String {
-    if profile.meta.events.in_nanoseconds() {
+    let events = profile.meta.events;
+    if events.in_bytes() {
+        size(weight)
+    } else if events.in_nanoseconds() {
         millis(weight)
     } else {
         weight.to_string()
+    }
+}
+
+/// What follows an [`amount`] to say what it counts: ` samples` for an on-CPU profile (whose
+/// amounts are bare numbers), nothing when the amount has its unit (`405.5 ms`, `812.0 MiB`).
+pub fn unit_suffix(profile: &Profile) -> &'static str {
+    let events = profile.meta.events;
+    if events.in_bytes() || events.in_nanoseconds() {
+        ""
+    } else {
+        " samples"
     }
 }
 
@@ -113,7 +157,8 @@ pub fn off_cpu_line(profile: &Profile) -> Option<String> {
 /// `spans: 1234 of 2000 samples in 12 OpenTelemetry spans (3 traces), 0 in OSProfiler traces`,
 /// with the number of distinct trace points after the OSProfiler traces when there are some.
 /// With off-CPU time in the profile, amounts are milliseconds of [`Profile::weight`]:
-/// `spans: 123.4 ms of 2000.0 ms in 12 OpenTelemetry spans (3 traces), …`.
+/// `spans: 123.4 ms of 2000.0 ms in 12 OpenTelemetry spans (3 traces), …`; in a memory profile
+/// bytes: `spans: 1.1 GiB of 1.2 GiB in …`.
 pub fn spans_line(profile: &Profile) -> Option<String> {
     let (mut otel, mut osp) = (0u64, 0u64);
     let mut spans = HashSet::new();
@@ -159,11 +204,11 @@ pub fn spans_line(profile: &Profile) -> Option<String> {
         0 => String::new(),
         n => format!("; {n} read from the thread context the process publishes"),
     };
-    let total = if profile.meta.events.in_nanoseconds() {
-        millis(total_weight(profile))
-    } else {
-        format!("{} samples", profile.total_samples())
-    };
+    let total = format!(
+        "{}{}",
+        amount(profile, total_weight(profile)),
+        unit_suffix(profile)
+    );
     Some(format!(
         "spans: {} of {total} in {} ({}), {osp}{published}",
         amount(profile, otel),
@@ -182,20 +227,28 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
         .iter()
         .map(|p| format!("{} ({})", p.pid, p.name))
         .collect();
-    // NB: without on-CPU events there are no samples to count; the header gives the time.
-    let amount = if m.events.cpu || m.events.wall {
+    // NB: without on-CPU events there are no samples to count; the header gives the time, or
+    // the memory.
+    let amount = if m.events.in_bytes() {
+        let estimate = if estimated(m.events) {
+            " (estimated)"
+        } else {
+            ""
+        };
+        format!("{}{estimate}", memory_text(profile))
+    } else if m.events.cpu || m.events.wall {
         format!("{total} samples")
     } else {
         format!("{} off-CPU", millis(profile.total_off_cpu_ns()))
     };
     let _ = writeln!(
         out,
-        "spanprof: {amount}, {} lost, from {} process{} in {:.1} s at {} Hz: {}",
+        "spanprof: {amount}, {} lost, from {} process{} in {:.1} s {}: {}",
         m.lost_samples,
         procs.len(),
         if procs.len() == 1 { "" } else { "es" },
         m.duration.as_secs_f64(),
-        m.frequency,
+        sampling(m),
         m.target,
     );
     if procs.len() > 1 || (procs.len() == 1 && !m.target.contains(&procs[0])) {
@@ -248,12 +301,23 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
         }
     }
     if m.lost_samples > 0 {
+        // NB: a higher --alloc-rate samples fewer allocations, as a lower --frequency fewer
+        // timer events.
         let _ = writeln!(
             out,
             "warning: {} samples were lost because the ring buffer was full; \
-             raise --ring-buffer-size or lower --frequency",
-            m.lost_samples
+             raise --ring-buffer-size or {}",
+            m.lost_samples,
+            if m.events.in_bytes() {
+                "--alloc-rate"
+            } else {
+                "lower --frequency"
+            }
         );
+    }
+    if m.events.in_bytes() {
+        memory_tops(profile, &mut out);
+        return out;
     }
     let top = top_self(profile, 10);
     if top.is_empty() {
@@ -271,6 +335,37 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
         }
     }
     out
+}
+
+/// The top functions of a memory profile by self bytes: allocated (`--event alloc`), then in use
+/// at the end (`--event heap`), each list for its event; `no samples: …` when all are empty.
+fn memory_tops(profile: &Profile, out: &mut String) {
+    let events = profile.meta.events;
+    type Bytes = fn(&Sample) -> u64;
+    let lists: [(bool, &str, Bytes); 2] = [
+        (events.alloc, "bytes allocated", |s| s.alloc.bytes),
+        (events.heap, "bytes in use at the end", |s| s.inuse.bytes),
+    ];
+    let mut any = false;
+    for (_, what, bytes) in lists.into_iter().filter(|&(on, _, _)| on) {
+        let top = top_self_by(profile, 10, bytes);
+        if top.is_empty() {
+            continue;
+        }
+        any = true;
+        let all = profile
+            .samples
+            .iter()
+            .fold(0u64, |t, s| t.saturating_add(bytes(s)));
+        let _ = writeln!(out, "top functions (self, {what}):");
+        for (name, w) in top {
+            let share = 100.0 * w as f64 / all as f64;
+            let _ = writeln!(out, "  {share:>5.1}%  {:>10}  {name}", size(w));
+        }
+    }
+    if !any {
+        let _ = writeln!(out, "{}", no_samples_text(events));
+    }
 }
 
 #[cfg(test)]
@@ -321,6 +416,121 @@ mod tests {
                 "   18.2%        2  do_syscall_64_[k]",
                 "    9.1%        1  [unknown] (libfoo.so+0x1234)",
             ]
+        );
+    }
+
+    /// The summary without `stats`' own `native stacks:` line.
+    fn summary(profile: &Profile) -> Vec<String> {
+        render(profile, &[0; ERROR_COUNT as usize])
+            .lines()
+            .filter(|l| !l.starts_with("native stacks: "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn memory_summary_in_bytes() {
+        let lost = "warning: 4 samples were lost because the ring buffer was full; raise \
+                    --ring-buffer-size or --alloc-rate";
+        let allocated = [
+            "top functions (self, bytes allocated):",
+            "   97.4%     1.2 GiB  compute",
+            "    2.3%    28.6 MiB  do_syscall_64_[k]",
+            "    0.3%     3.3 MiB  [unknown] (libfoo.so+0x1234)",
+        ];
+        let in_use = [
+            "top functions (self, bytes in use at the end):",
+            "   97.1%   762.9 MiB  compute",
+            "    2.4%    19.1 MiB  do_syscall_64_[k]",
+            "    0.4%     3.3 MiB  [unknown] (libfoo.so+0x1234)",
+        ];
+        let mut want = vec![
+            "spanprof: 1.2 GiB allocated in 34,567 allocations, 785.4 MiB in use at the end in \
+             1,037 (estimated), 4 lost, from 1 process in 2.5 s at 1 sample per 512 KiB: \
+             pid 100 (app)",
+            // Spans by bytes in use: span 0 800 MB, span 2 20 MB; OSProfiler: span 1 (nothing
+            // in use), span 2.
+            "spans: 782.0 MiB of 785.4 MiB in 2 OpenTelemetry spans (1 trace), 19.1 MiB in 1 \
+             OSProfiler trace (2 trace points)",
+            lost,
+        ];
+        want.extend(allocated);
+        want.extend(in_use);
+        assert_eq!(summary(&fixture::memory()), want);
+
+        let mut want = vec![
+            "spanprof: 1.2 GiB allocated in 34,567 allocations (estimated), 4 lost, from 1 \
+             process in 2.5 s at 1 sample per 512 KiB: pid 100 (app)",
+            "spans: 1.1 GiB of 1.2 GiB in 2 OpenTelemetry spans (1 trace), 76.3 MiB in 1 \
+             OSProfiler trace (2 trace points)",
+            lost,
+        ];
+        want.extend(allocated);
+        assert_eq!(summary(&fixture::alloc_only()), want);
+
+        let heap = summary(&fixture::heap_only());
+        assert_eq!(
+            heap[0],
+            "spanprof: 785.4 MiB in use at the end in 1,037 allocations (estimated), 4 lost, \
+             from 1 process in 2.5 s at 1 sample per 512 KiB: pid 100 (app)"
+        );
+        assert_eq!(heap[3..], in_use);
+
+        // Every allocation recorded: not estimated.
+        let mut every = fixture::alloc_only();
+        every.meta.events.alloc_rate = 1;
+        every.meta.lost_samples = 0;
+        assert_eq!(
+            summary(&every)[0],
+            "spanprof: 1.2 GiB allocated in 34,567 allocations, 0 lost, from 1 process in 2.5 s \
+             recording every allocation: pid 100 (app)"
+        );
+
+        let p = fixture::memory();
+        assert_eq!(amount(&p, total_weight(&p)), "785.4 MiB");
+        assert_eq!(unit_suffix(&p), "");
+        assert_eq!(unit_suffix(&fixture::profile()), " samples");
+        assert_eq!(unit_suffix(&fixture::off_cpu()), "");
+        assert_eq!(off_cpu_line(&p), None);
+        assert_eq!(
+            top_self(&p, 2),
+            [
+                ("compute".to_string(), 800_000_000),
+                ("do_syscall_64_[k]".to_string(), 20_000_000)
+            ]
+        );
+
+        let mut idle = fixture::heap_only();
+        idle.samples.clear();
+        assert_eq!(
+            summary(&idle).last().unwrap(),
+            "no samples: no sampled allocation of the target was still in use at the end"
+        );
+        // Allocations, none in use: the allocated list alone.
+        let mut freed = fixture::memory();
+        for s in &mut freed.samples {
+            s.inuse = Default::default();
+        }
+        assert_eq!(summary(&freed)[3..], allocated);
+    }
+
+    #[test]
+    fn overhead_lines() {
+        let o = Overhead {
+            setup: Duration::from_millis(12),
+            sampling: Duration::from_micros(1500),
+            cpu_at_end_of_sampling: Duration::ZERO,
+        };
+        let after = Duration::from_millis(3);
+        assert_eq!(
+            overhead_line(&fixture::profile(), &o, after),
+            "spanprof own CPU: 12.0 ms setup, 100.0 µs per sample while sampling (1.5 ms), \
+             3.0 ms symbolizing and writing"
+        );
+        assert_eq!(
+            overhead_line(&fixture::memory(), &o, after),
+            "spanprof own CPU: 12.0 ms setup, 1.5 ms while sampling, 3.0 ms symbolizing and \
+             writing"
         );
     }
 

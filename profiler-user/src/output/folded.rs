@@ -4,9 +4,11 @@
 //! stack's weight ([`Profile::weight`]), e.g. `main;compute;do_syscall_64_[k] 2`: the number of
 //! samples for an on-CPU profile, nanoseconds as soon as off-CPU time is in it (an on-CPU sample
 //! then weighs `count * period`, an off-CPU one its blocked time, under its `[off-cpu: REASON]`
-//! root frame). Samples with the same stack on different threads are merged, stacks whose total
-//! is zero are left out, and lines are sorted by stack in byte order so the output is
-//! deterministic.
+//! root frame), bytes for a memory profile (those still in use at the end with `--event heap`,
+//! with or without `alloc`; those allocated with `--event alloc`: estimates, scaled from the
+//! sampled allocations). Samples with the same stack on different threads are merged, stacks
+//! whose total is zero are left out (in a `heap` profile, stacks whose allocations were all
+//! freed), and lines are sorted by stack in byte order so the output is deterministic.
 //!
 //! Frame names are [`Frame::display_name`]. Because `;` separates frames and a newline ends the
 //! line, those characters (and other control characters) are replaced in names; see
@@ -162,6 +164,26 @@ mod tests {
         ];
         let out = String::from_utf8(render(&profile).unwrap()).unwrap();
         assert_eq!(out, "[no stack] 3\n");
+    }
+
+    #[test]
+    fn memory_weights_are_bytes() {
+        // With the heap in the profile, bytes in use at the end; the stack whose allocations
+        // were all freed (`main;compute` of thread 1) adds nothing.
+        let in_use = "main;[unknown] (libfoo.so+0x1234) 3500000\n\
+                      main;compute 800000000\n\
+                      main;compute;do_syscall_64_[k] 20000000\n";
+        let out = String::from_utf8(render(&fixture::memory()).unwrap()).unwrap();
+        assert_eq!(out, in_use);
+        assert_eq!(render(&fixture::heap_only()).unwrap(), in_use.as_bytes());
+        // Allocations alone: bytes allocated, both threads' `main;compute` merged.
+        let out = String::from_utf8(render(&fixture::alloc_only()).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "main;[unknown] (libfoo.so+0x1234) 3500000\n\
+             main;compute 1250000000\n\
+             main;compute;do_syscall_64_[k] 30000000\n"
+        );
     }
 
     #[test]

@@ -9,10 +9,10 @@
 //!
 //! | Format | Extension | Value and unit |
 //! |--------|-----------|----------------|
-//! | [`Format::Folded`] | `.folded` | [`Profile::weight`] per stack: samples or nanoseconds |
+//! | [`Format::Folded`] | `.folded` | [`Profile::weight`] per stack: samples, nanoseconds or bytes |
 //! | [`Format::Svg`] | `.svg` | the same (frame width) |
-//! | [`Format::Pprof`] | `.pb.gz`, `.pprof` | by events (below), period `cpu/nanoseconds` |
-//! | [`Format::Speedscope`] | `.speedscope.json` | weight in `nanoseconds` (CPU, off-CPU or both) |
+//! | [`Format::Pprof`] | `.pb.gz`, `.pprof` | by events (below), period `cpu/nanoseconds` (`space/bytes` for memory) |
+//! | [`Format::Speedscope`] | `.speedscope.json` | weight in `nanoseconds` (CPU, off-CPU or both), or `bytes` |
 //!
 //! What a weight is depends on what was profiled ([`Events`], `--event`): a plain on-CPU profile
 //! counts samples (each worth `1e9 / frequency` ns of CPU); as soon as off-CPU time is in it,
@@ -25,6 +25,18 @@
 //! | `offcpu` | `off_cpu/nanoseconds` | (none) | `[ns]` |
 //! | `cpu,offcpu` | `samples/count`, `cpu/nanoseconds`, `off_cpu/nanoseconds` | `[n, n * period, 0]` | `[0, 0, ns]` |
 //! | `wall` | `wall/nanoseconds` | `[n * period]` | `[ns]` |
+//!
+//! Memory profiles (`--event alloc`, `heap`, or both; never with time events) weigh stacks in
+//! bytes, estimated from the sampled allocations ([`Sample::alloc`](crate::profile::Sample::alloc),
+//! [`Sample::inuse`](crate::profile::Sample::inuse)): the bytes still in use at the end when the
+//! heap is in the profile, else the bytes allocated. pprof keeps allocations and bytes, made and
+//! in use, in Go's heap profile types ([`pprof`] has the table):
+//!
+//! | `--event` | pprof sample types | default | folded, SVG, speedscope |
+//! |-----------|--------------------|---------|-------------------------|
+//! | `alloc` | `alloc_objects/count`, `alloc_space/bytes` | `alloc_space` | bytes allocated |
+//! | `heap` | `inuse_objects/count`, `inuse_space/bytes` | `inuse_space` | bytes in use at the end |
+//! | `alloc,heap` | the four, in that order | `inuse_space` | bytes in use at the end |
 //!
 //! Off-CPU samples start with a root pseudo-frame naming why the thread was blocked
 //! (`[off-cpu: lock]`, [`OffCpuReason::frame_name`](crate::offcpu::OffCpuReason::frame_name)),
@@ -40,19 +52,22 @@
 //!   [`Frame::display_name`](crate::profile::Frame::display_name), so kernel frames end in `_[k]`.
 //! - **SVG** ([`svg`]): an interactive flame graph drawn by inferno from the folded stacks. The
 //!   width of a frame is its weight (samples, or nanoseconds: the title then says of what, e.g.
-//!   `spanprof: off-CPU time of …`); the subtitle gives duration, frequency, total (samples, ms
-//!   on-CPU and off-CPU) and lost samples. Colors are a deterministic function of the frame name;
-//!   kernel frames are orange.
+//!   `spanprof: off-CPU time of …`; bytes: `spanprof: memory allocated by …`, `spanprof: memory
+//!   in use at the end in …`); the subtitle gives duration, frequency (or the allocation sampling
+//!   rate), total (samples, ms on-CPU and off-CPU, or estimated bytes and allocations) and lost
+//!   samples. Colors are a deterministic function of the frame name; kernel frames are orange.
 //! - **pprof** ([`pprof`]): gzipped `profile.proto` as read by `go tool pprof` and most profiling
-//!   back ends. Sample types by events (table above); the period type is always
-//!   `cpu/nanoseconds` with period `1e9 / frequency`, so CPU time is `count * period`. Each sample
+//!   back ends. Sample types by events (tables above); the period type of a time profile is
+//!   `cpu/nanoseconds` with period `1e9 / frequency`, so CPU time is `count * period`; that of a
+//!   memory profile Go's `space/bytes`, with period the bytes between two sampled allocations
+//!   ([`Events::alloc_rate`]). Each sample
 //!   carries the labels `thread.id`, `thread.name` and `process.id`, an off-CPU one
 //!   `off_cpu.reason`, and, when it was taken inside a tracing span,
 //!   the span's ids (`trace_id`, `span_id`, `osprofiler.*`: see [`crate::profile::labels`]).
 //!   `spanprof report` reads these files back ([`crate::report`]).
 //! - **speedscope** ([`speedscope`]): the JSON file format of <https://www.speedscope.app>. One
 //!   sampled profile per thread with weights in nanoseconds: CPU time (`count * period`) plus
-//!   off-CPU time.
+//!   off-CPU time; or in bytes for a memory profile.
 //!
 //! # Grouping
 //!
@@ -62,13 +77,14 @@
 //!
 //! # Units
 //!
-//! Units follow the project's output conventions: time is always nanoseconds, counts are plain
-//! sample counts, and a format's unit never changes once released. A plain on-CPU profile is
-//! written exactly as before off-CPU profiling existed.
+//! Units follow the project's output conventions: time is always nanoseconds, information
+//! bytes, counts are plain sample (or allocation) counts, and a format's unit never changes once
+//! released. A plain on-CPU profile is written exactly as before off-CPU profiling existed, and
+//! time profiles exactly as before memory profiling.
 
 use std::{fmt, io, path::Path};
 
-use crate::profile::{Events, Profile};
+use crate::profile::{Events, Memory, Meta, Profile};
 
 /// What the weights of a profile with these events measure, for titles and units: `None` for a
 /// plain on-CPU profile (sample counts), else `off-CPU time`, `CPU + off-CPU time` or
@@ -90,8 +106,131 @@ pub fn millis(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
 
+/// What a profile shows, for titles: the target for a plain on-CPU profile, `off-CPU time of
+/// <target>` and the like ([`measure`]) for a time profile, and for a memory profile `memory in
+/// use at the end in <target>` (`--event heap`, with or without `alloc`: the weights are the
+/// bytes in use) or `memory allocated by <target>` (`--event alloc`).
+pub fn shown(meta: &Meta) -> String {
+    let (events, target) = (meta.events, &meta.target);
+    if events.heap {
+        format!("memory in use at the end in {target}")
+    } else if events.alloc {
+        format!("memory allocated by {target}")
+    } else {
+        match measure(events) {
+            None => target.clone(),
+            Some(what) => format!("{what} of {target}"),
+        }
+    }
+}
+
+/// Bytes in binary units with one decimal: `512 B`, `1.5 KiB`, `812.0 MiB`, `1.2 GiB`, `3.0 TiB`.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// A number with `,` between thousands: `34,567`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// How a profile was sampled, after its duration: `at 99 Hz` for a time profile; for a memory
+/// profile `at 1 sample per 512 KiB` (exact units when the rate is a whole number of them), or
+/// `recording every allocation` with `--alloc-rate 1`.
+pub fn sampling(meta: &Meta) -> String {
+    let events = meta.events;
+    if !events.in_bytes() {
+        return format!("at {} Hz", meta.frequency);
+    }
+    let rate = events.alloc_rate;
+    if rate <= 1 {
+        return "recording every allocation".to_string();
+    }
+    // NB: a whole number of the largest unit that divides the rate, else one decimal.
+    let exact = ["KiB", "MiB", "GiB", "TiB"]
+        .iter()
+        .zip(1u32..5)
+        .rev()
+        .find_map(|(unit, k)| {
+            let scale = 1u64 << (10 * k);
+            rate.is_multiple_of(scale)
+                .then(|| format!("{} {unit}", rate / scale))
+        });
+    format!("at 1 sample per {}", exact.unwrap_or_else(|| size(rate)))
+}
+
+/// Whether a memory profile's amounts are estimates (scaled from sampled allocations), not
+/// counts of every allocation (`--alloc-rate 1`).
+pub fn estimated(events: Events) -> bool {
+    events.alloc_rate > 1
+}
+
+/// The allocations made and those still in use at the end, summed over the samples.
+pub fn memory_totals(profile: &Profile) -> (Memory, Memory) {
+    let add = |a: Memory, b: Memory| Memory {
+        objects: a.objects.saturating_add(b.objects),
+        bytes: a.bytes.saturating_add(b.bytes),
+    };
+    profile
+        .samples
+        .iter()
+        .fold((Memory::default(), Memory::default()), |(a, i), s| {
+            (add(a, s.alloc), add(i, s.inuse))
+        })
+}
+
+/// A memory profile's totals in words, those of its events: `1.2 GiB allocated in 34,567
+/// allocations` (`alloc`), `812.0 MiB in use at the end in 1,234 allocations` (`heap`), or
+/// `1.2 GiB allocated in 34,567 allocations, 812.0 MiB in use at the end in 1,234` (both).
+pub fn memory_text(profile: &Profile) -> String {
+    let events = profile.meta.events;
+    let (alloc, inuse) = memory_totals(profile);
+    let allocations = |n: u64| {
+        format!(
+            "{} allocation{}",
+            thousands(n),
+            if n == 1 { "" } else { "s" }
+        )
+    };
+    let allocated = format!(
+        "{} allocated in {}",
+        size(alloc.bytes),
+        allocations(alloc.objects)
+    );
+    let in_use = |objects: String| format!("{} in use at the end in {objects}", size(inuse.bytes));
+    match (events.alloc, events.heap) {
+        (true, true) => format!("{allocated}, {}", in_use(thousands(inuse.objects))),
+        (false, true) => in_use(allocations(inuse.objects)),
+        _ => allocated,
+    }
+}
+
 /// What an empty profile means, for the summary and the empty flame graph.
 pub fn no_samples_text(events: Events) -> &'static str {
+    if events.heap {
+        return "no samples: no sampled allocation of the target was still in use at the end";
+    }
+    if events.alloc {
+        return "no samples: no allocation of the target was sampled while profiled";
+    }
     match (events.cpu || events.wall, events.off_cpu || events.wall) {
         (_, false) => "no samples: the target did not run on a CPU while profiled",
         (false, true) => "no samples: the target did not block while profiled",
@@ -279,8 +418,8 @@ pub(crate) mod fixture {
 
     use crate::offcpu::OffCpuReason;
     use crate::profile::{
-        Events, Frame, FrameKind, Meta, OsProfilerIds, Process, Profile, Sample, SpanContext,
-        Thread,
+        Events, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, Sample,
+        SpanContext, Thread,
     };
 
     fn native(function: &str, address: u64, line: u32) -> Frame {
@@ -506,6 +645,64 @@ pub(crate) mod fixture {
         p
     }
 
+    /// [`with_spans`] profiled with `--event alloc,heap` at the default rate (512 KiB): no
+    /// on-CPU counts; per sample (allocations, bytes) made and still in use at the end:
+    ///
+    /// | sample | stack | thread, span | allocated | in use |
+    /// |--------|-------|--------------|-----------|--------|
+    /// | 0 | `main;compute` | 0, 0 | 34,000, 1,200,000,000 | 1,000, 800,000,000 |
+    /// | 1 | `main;compute` (frame 4) | 1, 1 | 500, 50,000,000 | 0, 0 |
+    /// | 2 | `main;compute;do_syscall_64` | 0, 2 | 60, 30,000,000 | 30, 20,000,000 |
+    /// | 3 | `main;[unknown] (libfoo.so+0x1234)` | 1, none | 7, 3,500,000 | 7, 3,500,000 |
+    ///
+    /// In all 34,567 allocations of 1,283,500,000 bytes (1.2 GiB), 1,037 of 823,500,000 bytes
+    /// (785.4 MiB) in use at the end.
+    pub(crate) fn memory() -> Profile {
+        let mut p = with_spans();
+        p.meta.events = Events {
+            cpu: false,
+            alloc: true,
+            heap: true,
+            ..Events::default()
+        };
+        let values = [
+            ((34_000, 1_200_000_000), (1_000, 800_000_000)),
+            ((500, 50_000_000), (0, 0)),
+            ((60, 30_000_000), (30, 20_000_000)),
+            ((7, 3_500_000), (7, 3_500_000)),
+        ];
+        for (s, (alloc, inuse)) in p.samples.iter_mut().zip(values) {
+            s.count = 0;
+            s.alloc = Memory {
+                objects: alloc.0,
+                bytes: alloc.1,
+            };
+            s.inuse = Memory {
+                objects: inuse.0,
+                bytes: inuse.1,
+            };
+        }
+        p
+    }
+
+    /// [`memory`] profiled with `--event alloc`: nothing in use is tracked.
+    pub(crate) fn alloc_only() -> Profile {
+        let mut p = memory();
+        p.meta.events.heap = false;
+        for s in &mut p.samples {
+            s.inuse = Memory::default();
+        }
+        p
+    }
+
+    /// [`memory`] profiled with `--event heap`: the samples still carry what was allocated (the
+    /// heap is tracked from the sampled allocations), which the outputs do not show.
+    pub(crate) fn heap_only() -> Profile {
+        let mut p = memory();
+        p.meta.events.alloc = false;
+        p
+    }
+
     /// [`off_cpu`] profiled with `--event wall`.
     pub(crate) fn wall() -> Profile {
         let mut p = off_cpu();
@@ -599,6 +796,95 @@ mod tests {
     }
 
     #[test]
+    fn sizes_counts_and_rates() {
+        let cases = [
+            (0, "0 B"),
+            (1023, "1023 B"),
+            (1024, "1.0 KiB"),
+            (1536, "1.5 KiB"),
+            (823_500_000, "785.4 MiB"),
+            (1_283_500_000, "1.2 GiB"),
+            (3 << 40, "3.0 TiB"),
+            (u64::MAX, "16384.0 PiB"),
+        ];
+        for (bytes, text) in cases {
+            assert_eq!(size(bytes), text, "{bytes}");
+        }
+        for (n, text) in [(0, "0"), (999, "999"), (1000, "1,000"), (34_567, "34,567")] {
+            assert_eq!(thousands(n), text);
+        }
+        assert_eq!(thousands(u64::MAX), "18,446,744,073,709,551,615");
+        let mut meta = fixture::memory().meta;
+        assert_eq!(sampling(&meta), "at 1 sample per 512 KiB");
+        for (rate, text) in [
+            (1, "recording every allocation"),
+            (0, "recording every allocation"),
+            (100, "at 1 sample per 100 B"),
+            (3 << 20, "at 1 sample per 3 MiB"),
+            (1_000_000, "at 1 sample per 976.6 KiB"),
+        ] {
+            meta.events.alloc_rate = rate;
+            assert_eq!(sampling(&meta), text, "{rate}");
+            assert_eq!(estimated(meta.events), rate > 1);
+        }
+        assert_eq!(sampling(&fixture::profile().meta), "at 100 Hz");
+    }
+
+    #[test]
+    fn memory_words() {
+        let both = fixture::memory();
+        assert_eq!(
+            memory_text(&both),
+            "1.2 GiB allocated in 34,567 allocations, 785.4 MiB in use at the end in 1,037"
+        );
+        assert_eq!(
+            memory_text(&fixture::alloc_only()),
+            "1.2 GiB allocated in 34,567 allocations"
+        );
+        let mut heap = fixture::heap_only();
+        assert_eq!(
+            memory_text(&heap),
+            "785.4 MiB in use at the end in 1,037 allocations"
+        );
+        heap.retain_samples(|_, s| s.thread == 1);
+        heap.samples.pop();
+        heap.samples[0].inuse = Memory {
+            objects: 1,
+            bytes: 100,
+        };
+        assert_eq!(
+            memory_text(&heap),
+            "100 B in use at the end in 1 allocation"
+        );
+        assert_eq!(
+            shown(&both.meta),
+            "memory in use at the end in pid 100 (app)"
+        );
+        assert_eq!(
+            shown(&fixture::alloc_only().meta),
+            "memory allocated by pid 100 (app)"
+        );
+        assert_eq!(shown(&fixture::profile().meta), "pid 100 (app)");
+        assert_eq!(
+            shown(&fixture::off_cpu().meta),
+            "CPU + off-CPU time of pid 100 (app)"
+        );
+        assert_eq!(
+            memory_totals(&both),
+            (
+                Memory {
+                    objects: 34_567,
+                    bytes: 1_283_500_000
+                },
+                Memory {
+                    objects: 1_037,
+                    bytes: 823_500_000
+                }
+            )
+        );
+    }
+
+    #[test]
     fn empty_profile() {
         let mut profile = fixture::profile();
         profile.samples.clear();
@@ -610,5 +896,22 @@ mod tests {
         );
         assert!(!render(&profile, Format::Pprof).unwrap().is_empty());
         assert!(!render(&profile, Format::Speedscope).unwrap().is_empty());
+
+        for (mut profile, text) in [
+            (
+                fixture::alloc_only(),
+                "no samples: no allocation of the target was sampled while profiled",
+            ),
+            (
+                fixture::heap_only(),
+                "no samples: no sampled allocation of the target was still in use at the end",
+            ),
+        ] {
+            profile.samples.clear();
+            assert_eq!(no_samples_text(profile.meta.events), text);
+            let svg = String::from_utf8(render(&profile, Format::Svg).unwrap()).unwrap();
+            assert!(svg.contains(text), "{svg}");
+            assert!(render(&profile, Format::Folded).unwrap().is_empty());
+        }
     }
 }

@@ -13,16 +13,35 @@
 //!
 //!   `n` is the number of perf events that hit the stack, `ns` the nanoseconds the thread was
 //!   blocked in it ([`Sample::off_cpu_ns`](crate::profile::Sample::off_cpu_ns)). The period type
-//!   is always `cpu/nanoseconds`, period `1e9 / frequency`, so a sample's CPU time is
-//!   `count * period`; a plain on-CPU profile stores no `cpu/nanoseconds` value, as it would
+//!   of these time shapes is `cpu/nanoseconds`, period `1e9 / frequency`, so a sample's CPU time
+//!   is `count * period`; a plain on-CPU profile stores no `cpu/nanoseconds` value, as it would
 //!   only repeat that. With `cpu,offcpu` it does, so that `cpu` and `off_cpu` compare in one
 //!   unit (`go tool pprof -sample_index=cpu`).
+//!
+//!   Memory profiles (which never mix with time events) take Go's heap profile types, in Go's
+//!   order, the period type `space/bytes` and the period [`Events::alloc_rate`] (the average
+//!   number of bytes allocated between two sampled allocations; 1 when every allocation is
+//!   recorded), as Go writes its `MemProfileRate`:
+//!
+//!   | `--event` | `sample_type` | sample | default |
+//!   |-----------|---------------|--------|---------|
+//!   | `alloc` | `alloc_objects/count`, `alloc_space/bytes` | `[ao, ab]` | `alloc_space` |
+//!   | `heap` | `inuse_objects/count`, `inuse_space/bytes` | `[io, ib]` | `inuse_space` |
+//!   | `alloc,heap` | `alloc_objects/count`, `alloc_space/bytes`, `inuse_objects/count`, `inuse_space/bytes` | `[ao, ab, io, ib]` | `inuse_space` |
+//!
+//!   `ao`, `ab` are the allocations and bytes made in the stack, `io`, `ib` those of them not
+//!   freed at the end ([`Sample::alloc`](crate::profile::Sample::alloc),
+//!   [`Sample::inuse`](crate::profile::Sample::inuse)): estimates scaled from the sampled
+//!   allocations, already in allocations and bytes (no multiplication by the period needed, as
+//!   in Go's files). A sample whose values are all 0 is not written (in a `heap` profile, a stack
+//!   whose sampled allocations were all freed).
 //! - An off-CPU sample's stack starts (at its root) with the pseudo-frame of its reason,
 //!   `[off-cpu: lock]`, and it carries the string label [`OFF_CPU_REASON_LABEL`]
 //!   (`off_cpu.reason`): `sleep`, `lock`, `io`, `gil` or `other`
 //!   ([`OffCpuReason::name`](crate::offcpu::OffCpuReason::name)); `go tool pprof -tagfocus
 //!   off_cpu.reason=lock` keeps the lock waits.
-//! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread), with
+//! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread; but
+//!   the all-zero memory samples above), with
 //!   `location_id` leaf first as pprof requires (the reverse of our root-first frames) and the
 //!   labels `thread.id` (num, tid), `thread.name` (str, `comm`) and `process.id` (num, pid), then
 //!   `unwind` and `unwind.reason` ([`UNWIND_LABEL`], [`UNWIND_REASON_LABEL`]), then
@@ -92,6 +111,17 @@ pub const CPU_TYPE: (&str, &str) = ("cpu", "nanoseconds");
 pub const OFF_CPU_TYPE: (&str, &str) = ("off_cpu", "nanoseconds");
 /// Sample type: CPU and blocked time in one value.
 pub const WALL_TYPE: (&str, &str) = ("wall", "nanoseconds");
+/// Sample type: allocations made (`--event alloc`).
+pub const ALLOC_OBJECTS_TYPE: (&str, &str) = ("alloc_objects", "count");
+/// Sample type: bytes allocated (`--event alloc`).
+pub const ALLOC_SPACE_TYPE: (&str, &str) = ("alloc_space", "bytes");
+/// Sample type: allocations not freed at the end (`--event heap`).
+pub const INUSE_OBJECTS_TYPE: (&str, &str) = ("inuse_objects", "count");
+/// Sample type: bytes not freed at the end (`--event heap`).
+pub const INUSE_SPACE_TYPE: (&str, &str) = ("inuse_space", "bytes");
+/// The period type of a memory profile, as Go writes it: the period is the average number of
+/// bytes allocated between two sampled allocations ([`Events::alloc_rate`]).
+pub const SPACE_TYPE: (&str, &str) = ("space", "bytes");
 
 /// The sample types of a profile, chosen by its [`Events`] (see the module docs' table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,15 +134,38 @@ pub enum Shape {
     CpuAndOffCpu,
     /// `--event wall`: `[wall/nanoseconds]`, each value [`Profile::weight`].
     Wall,
+    /// `--event alloc`: `[alloc_objects/count, alloc_space/bytes]`.
+    Alloc,
+    /// `--event heap`: `[inuse_objects/count, inuse_space/bytes]`.
+    Heap,
+    /// `--event alloc,heap`: `[alloc_objects/count, alloc_space/bytes, inuse_objects/count,
+    /// inuse_space/bytes]`, the order of Go's heap profiles.
+    AllocAndHeap,
 }
 
 impl Shape {
     /// Every shape.
-    pub const ALL: [Shape; 4] = [Shape::Cpu, Shape::OffCpu, Shape::CpuAndOffCpu, Shape::Wall];
+    pub const ALL: [Shape; 7] = [
+        Shape::Cpu,
+        Shape::OffCpu,
+        Shape::CpuAndOffCpu,
+        Shape::Wall,
+        Shape::Alloc,
+        Shape::Heap,
+        Shape::AllocAndHeap,
+    ];
 
-    /// The shape that holds a profile of these events: `wall` wins over the others.
+    /// The shape that holds a profile of these events: memory events win over time events (they
+    /// do not combine: [`Profile::weight`] is bytes then), `wall` over the other time events.
     pub fn of(events: Events) -> Shape {
         match events {
+            Events {
+                alloc: true,
+                heap: true,
+                ..
+            } => Shape::AllocAndHeap,
+            Events { heap: true, .. } => Shape::Heap,
+            Events { alloc: true, .. } => Shape::Alloc,
             Events { wall: true, .. } => Shape::Wall,
             Events {
                 cpu: true,
@@ -124,19 +177,47 @@ impl Shape {
         }
     }
 
-    /// The events of a profile read back from a file of this shape (`wall` implies both).
+    /// The events of a profile read back from a file of this shape (`wall` implies both). A
+    /// memory shape gives the default [`Events::alloc_rate`]: the file's period says which.
     pub fn events(self) -> Events {
         let (cpu, off_cpu, wall) = match self {
             Shape::Cpu => (true, false, false),
             Shape::OffCpu => (false, true, false),
             Shape::CpuAndOffCpu => (true, true, false),
             Shape::Wall => (true, true, true),
+            Shape::Alloc | Shape::Heap | Shape::AllocAndHeap => (false, false, false),
         };
         Events {
             cpu,
             off_cpu,
             wall,
+            alloc: matches!(self, Shape::Alloc | Shape::AllocAndHeap),
+            heap: matches!(self, Shape::Heap | Shape::AllocAndHeap),
             ..Events::default()
+        }
+    }
+
+    /// Whether the values are allocations and bytes (`--event alloc`, `heap`).
+    pub fn is_memory(self) -> bool {
+        matches!(self, Shape::Alloc | Shape::Heap | Shape::AllocAndHeap)
+    }
+
+    /// The period type: [`SPACE_TYPE`] for a memory shape, else [`CPU_TYPE`].
+    pub fn period_type(self) -> (&'static str, &'static str) {
+        if self.is_memory() {
+            SPACE_TYPE
+        } else {
+            CPU_TYPE
+        }
+    }
+
+    /// The period: [`Events::alloc_rate`] bytes for a memory shape (at least 1), else `1e9 /
+    /// frequency` nanoseconds.
+    pub fn period(self, profile: &Profile) -> u64 {
+        if self.is_memory() {
+            profile.meta.events.alloc_rate.max(1)
+        } else {
+            profile.meta.period_ns()
         }
     }
 
@@ -147,6 +228,14 @@ impl Shape {
             Shape::OffCpu => &[OFF_CPU_TYPE],
             Shape::CpuAndOffCpu => &[SAMPLES_TYPE, CPU_TYPE, OFF_CPU_TYPE],
             Shape::Wall => &[WALL_TYPE],
+            Shape::Alloc => &[ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE],
+            Shape::Heap => &[INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE],
+            Shape::AllocAndHeap => &[
+                ALLOC_OBJECTS_TYPE,
+                ALLOC_SPACE_TYPE,
+                INUSE_OBJECTS_TYPE,
+                INUSE_SPACE_TYPE,
+            ],
         }
     }
 
@@ -167,9 +256,14 @@ impl Shape {
     /// off-CPU time on top of the default on-CPU profile, so that is what they want to see first
     /// (`-sample_index=cpu` gives the CPU time in the same unit); it is also the last type, the
     /// one that clients ignoring the field show, so every tool opens the same view.
+    ///
+    /// A memory profile opens on bytes: `inuse_space` when the heap is in it (what `go tool
+    /// pprof` shows of a Go heap profile), else `alloc_space`; again the last type.
     pub fn default_sample_type(self) -> Option<&'static str> {
         match self {
             Shape::CpuAndOffCpu => Some(OFF_CPU_TYPE.0),
+            Shape::Alloc => Some(ALLOC_SPACE_TYPE.0),
+            Shape::Heap | Shape::AllocAndHeap => Some(INUSE_SPACE_TYPE.0),
             Shape::Cpu | Shape::OffCpu | Shape::Wall => None,
         }
     }
@@ -184,6 +278,20 @@ impl Shape {
                 saturating_i64(sample.off_cpu_ns),
             ],
             Shape::OffCpu | Shape::Wall => vec![saturating_i64(profile.weight(sample))],
+            Shape::Alloc => vec![
+                saturating_i64(sample.alloc.objects),
+                saturating_i64(sample.alloc.bytes),
+            ],
+            Shape::Heap => vec![
+                saturating_i64(sample.inuse.objects),
+                saturating_i64(sample.inuse.bytes),
+            ],
+            Shape::AllocAndHeap => vec![
+                saturating_i64(sample.alloc.objects),
+                saturating_i64(sample.alloc.bytes),
+                saturating_i64(sample.inuse.objects),
+                saturating_i64(sample.inuse.bytes),
+            ],
         }
     }
 }
@@ -219,10 +327,12 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     let default_sample_type = shape
         .default_sample_type()
         .map_or(0, |ty| b.strings.intern(ty));
-    // NB: every shape keeps the on-CPU period, so counts convert to time in any of them.
+    // NB: every time shape keeps the on-CPU period, so counts convert to time in any of them; a
+    // memory shape has Go's `space/bytes`, its period the bytes between two sampled allocations.
+    let (period_ty, period_unit) = shape.period_type();
     let period_type = Some(ValueType {
-        ty: b.strings.intern(CPU_TYPE.0),
-        unit: b.strings.intern(CPU_TYPE.1),
+        ty: b.strings.intern(period_ty),
+        unit: b.strings.intern(period_unit),
     });
     let thread_id = b.strings.intern("thread.id");
     let thread_name = b.strings.intern("thread.name");
@@ -247,6 +357,13 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     let mut location_of_frame: Vec<Option<u64>> = vec![None; profile.frames.len()];
     let mut samples = Vec::with_capacity(profile.samples.len());
     for sample in &profile.samples {
+        let value = shape.values(profile, sample);
+        // NB: a memory sample with nothing in this file's types (in a heap-only profile, a stack
+        // whose sampled allocations were all freed) is left out; time samples are all written,
+        // as they always were.
+        if shape.is_memory() && value.iter().all(|&v| v == 0) {
+            continue;
+        }
         let thread = &profile.threads[sample.thread as usize];
         let location_id = sample
             .frames
@@ -306,7 +423,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
         }
         samples.push(Sample {
             location_id,
-            value: shape.values(profile, sample),
+            value,
             label,
         });
     }
@@ -327,7 +444,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
         ),
         duration_nanos: nanos(meta.duration),
         period_type,
-        period: saturating_i64(meta.period_ns()),
+        period: saturating_i64(shape.period(profile)),
         comment,
         default_sample_type,
     })
@@ -853,9 +970,157 @@ mod tests {
             Shape::from_sample_types(&[OFF_CPU_TYPE, SAMPLES_TYPE, CPU_TYPE]),
             Some(Shape::CpuAndOffCpu)
         );
+        let memory = |alloc, heap| Events {
+            cpu: false,
+            alloc,
+            heap,
+            ..Events::default()
+        };
+        assert_eq!(Shape::of(memory(true, false)), Shape::Alloc);
+        assert_eq!(Shape::of(memory(false, true)), Shape::Heap);
+        assert_eq!(Shape::of(memory(true, true)), Shape::AllocAndHeap);
+        // Memory wins, as in `Profile::weight` (the CLI never combines them).
+        assert_eq!(
+            Shape::of(Events {
+                heap: true,
+                ..Events::default()
+            }),
+            Shape::Heap
+        );
+        for shape in Shape::ALL {
+            assert_eq!(shape.is_memory(), shape.events().in_bytes());
+            let (_, unit) = shape.period_type();
+            assert_eq!(unit == "bytes", shape.is_memory());
+            // The default type is the last one, which clients ignoring the field show.
+            if let Some(default) = shape.default_sample_type() {
+                assert_eq!(shape.sample_types().last().unwrap().0, default);
+            }
+        }
+        assert_eq!(
+            Shape::from_sample_types(&[INUSE_SPACE_TYPE, INUSE_OBJECTS_TYPE]),
+            Some(Shape::Heap)
+        );
+        assert_eq!(
+            Shape::from_sample_types(&[ALLOC_SPACE_TYPE, INUSE_SPACE_TYPE]),
+            None
+        );
         assert_eq!(Shape::from_sample_types(&[SAMPLES_TYPE, CPU_TYPE]), None);
         assert_eq!(Shape::from_sample_types(&[("cpu", "count")]), None);
         assert_eq!(Shape::from_sample_types(&[]), None);
+    }
+
+    const SPACE: (&str, &str) = ("space", "bytes");
+
+    #[test]
+    fn memory_shapes() {
+        let keys = |p: &PprofProfile, k: usize| -> Vec<String> {
+            labels(p, &p.sample[k])
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect()
+        };
+        // alloc,heap: Go's heap profile order, opening on the bytes in use.
+        let p = decode(&render(&fixture::memory()).unwrap());
+        assert_eq!(
+            types(&p),
+            (
+                vec![
+                    ("alloc_objects", "count"),
+                    ("alloc_space", "bytes"),
+                    ("inuse_objects", "count"),
+                    ("inuse_space", "bytes")
+                ],
+                "inuse_space",
+                SPACE,
+                524_288
+            )
+        );
+        assert_eq!(
+            values(&p),
+            [
+                [34_000, 1_200_000_000, 1_000, 800_000_000],
+                [500, 50_000_000, 0, 0],
+                [60, 30_000_000, 30, 20_000_000],
+                [7, 3_500_000, 7, 3_500_000],
+            ]
+        );
+        assert_eq!(reasons(&p), [None, None, None, None]);
+        assert_eq!(
+            keys(&p, 0),
+            [
+                "thread.id",
+                "thread.name",
+                "process.id",
+                "unwind",
+                "trace_id",
+                "span_id"
+            ]
+        );
+        assert_eq!(
+            stack(&p, &p.sample[2]),
+            ["do_syscall_64", "compute", "main"]
+        );
+        assert_eq!(
+            p.string_table[..8],
+            [
+                "",
+                "alloc_objects",
+                "count",
+                "alloc_space",
+                "bytes",
+                "inuse_objects",
+                "inuse_space",
+                "space"
+            ]
+        );
+
+        let p = decode(&render(&fixture::alloc_only()).unwrap());
+        assert_eq!(
+            types(&p),
+            (
+                vec![("alloc_objects", "count"), ("alloc_space", "bytes")],
+                "alloc_space",
+                SPACE,
+                524_288
+            )
+        );
+        assert_eq!(
+            values(&p),
+            [
+                [34_000, 1_200_000_000],
+                [500, 50_000_000],
+                [60, 30_000_000],
+                [7, 3_500_000]
+            ]
+        );
+
+        // heap: the stack whose allocations were all freed is not written, nor its frame 4.
+        let p = decode(&render(&fixture::heap_only()).unwrap());
+        assert_eq!(
+            types(&p),
+            (
+                vec![("inuse_objects", "count"), ("inuse_space", "bytes")],
+                "inuse_space",
+                SPACE,
+                524_288
+            )
+        );
+        assert_eq!(
+            values(&p),
+            [[1_000, 800_000_000], [30, 20_000_000], [7, 3_500_000]]
+        );
+        assert_eq!(p.location.len(), 4);
+        let threads: Vec<String> = (0..3)
+            .map(|k| labels(&p, &p.sample[k])[0].1.clone())
+            .collect();
+        assert_eq!(threads, ["100", "100", "101"]);
+
+        // Every allocation recorded: period 1.
+        let mut every = fixture::alloc_only();
+        every.meta.events.alloc_rate = 1;
+        assert_eq!(build(&every).unwrap().period, 1);
+        every.meta.events.alloc_rate = 0;
+        assert_eq!(build(&every).unwrap().period, 1);
     }
 
     #[test]

@@ -13,16 +13,20 @@
 //!   `count * 1e9 / frequency`, plus off-CPU time (an off-CPU sample, under its `[off-cpu:
 //!   REASON]` root frame, weighs the time its thread was blocked), with `unit` `nanoseconds`,
 //!   `startValue` 0 and `endValue` the sum of the weights. Samples are aggregated, so the "time
-//!   order" view shows stacks in profile order, not in time.
+//!   order" view shows stacks in profile order, not in time. A memory profile (`--event alloc`,
+//!   `heap`) has `unit` `bytes` and weighs each stack its [`Profile::weight`]: the bytes still in
+//!   use at the end when the heap is in it, else the bytes allocated.
 //! - `name` is the target (`off-CPU time of <target>`, `CPU + off-CPU time of …` or `wall-clock
-//!   time of …` when off-CPU time is in the profile), `exporter` `spanprof@<version>` (the spec's
-//!   recommended form) and `activeProfileIndex` the thread with the most weight.
+//!   time of …` when off-CPU time is in the profile, `memory allocated by <target>` or `memory in
+//!   use at the end in <target>` for a memory profile: [`super::shown`]), `exporter`
+//!   `spanprof@<version>` (the spec's recommended form) and `activeProfileIndex` the thread with
+//!   the most weight.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{measure, validate, OutputError};
+use super::{shown, validate, OutputError};
 use crate::profile::Profile;
 
 /// The `$schema` value that identifies a speedscope file.
@@ -76,7 +80,7 @@ pub struct SampledProfile {
     pub kind: String,
     /// `comm (tid N)`.
     pub name: String,
-    /// Unit of the weights: `nanoseconds`.
+    /// Unit of the weights: `nanoseconds`, or `bytes` for a memory profile.
     pub unit: String,
     /// Always 0.
     pub start_value: u64,
@@ -84,7 +88,7 @@ pub struct SampledProfile {
     pub end_value: u64,
     /// Stacks as indexes into [`Shared::frames`], root first.
     pub samples: Vec<Vec<usize>>,
-    /// Weight of each stack in nanoseconds (CPU time plus off-CPU time).
+    /// Weight of each stack in nanoseconds (CPU time plus off-CPU time), or bytes.
     pub weights: Vec<u64>,
 }
 
@@ -97,6 +101,7 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
 pub fn build(profile: &Profile) -> Result<File, OutputError> {
     validate(profile)?;
     let period = profile.meta.period_ns();
+    let in_bytes = profile.meta.events.in_bytes();
 
     // Map our frames to speedscope frames, merging addresses of the same function, and only
     // for frames that samples use.
@@ -110,12 +115,16 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
     let mut per_thread: Vec<(Vec<Vec<usize>>, Vec<u64>)> =
         vec![(Vec::new(), Vec::new()); profile.threads.len()];
     for sample in &profile.samples {
-        // NB: the same as `Profile::weight` when off-CPU time is in the profile; an on-CPU
-        // profile's weights are nanoseconds here too (its off_cpu_ns are 0).
-        let weight = sample
-            .count
-            .saturating_mul(period)
-            .saturating_add(sample.off_cpu_ns);
+        // NB: the same as `Profile::weight` when off-CPU time or memory is in the profile; an
+        // on-CPU profile's weights are nanoseconds here too (its off_cpu_ns are 0).
+        let weight = if in_bytes {
+            profile.weight(sample)
+        } else {
+            sample
+                .count
+                .saturating_mul(period)
+                .saturating_add(sample.off_cpu_ns)
+        };
         if weight == 0 {
             // NB: speedscope ignores zero weights; leave them out rather than send noise.
             continue;
@@ -168,7 +177,7 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
         profiles.push(SampledProfile {
             kind: "sampled".to_string(),
             name: format!("{} (tid {})", thread.name, thread.tid),
-            unit: "nanoseconds".to_string(),
+            unit: if in_bytes { "bytes" } else { "nanoseconds" }.to_string(),
             start_value: 0,
             end_value,
             samples,
@@ -180,10 +189,7 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
         schema: SCHEMA.to_string(),
         shared: Shared { frames },
         profiles,
-        name: match measure(profile.meta.events) {
-            None => profile.meta.target.clone(),
-            Some(what) => format!("{what} of {}", profile.meta.target),
-        },
+        name: shown(&profile.meta),
         active_profile_index,
         exporter: concat!("spanprof@", env!("CARGO_PKG_VERSION")).to_string(),
     })
@@ -277,6 +283,34 @@ mod tests {
         profile.samples[1].count = 100;
         let file = build(&profile).unwrap();
         assert_eq!(file.active_profile_index, 1);
+    }
+
+    #[test]
+    fn memory_samples_weigh_their_bytes() {
+        let file = build(&fixture::memory()).unwrap();
+        assert_eq!(file.name, "memory in use at the end in pid 100 (app)");
+        // In use at the end; the stack whose allocations were all freed is left out.
+        let app = &file.profiles[0];
+        assert_eq!(app.unit, "bytes");
+        assert_eq!(app.weights, [800_000_000, 20_000_000]);
+        assert_eq!(app.end_value, 820_000_000);
+        let worker = &file.profiles[1];
+        assert_eq!(worker.unit, "bytes");
+        assert_eq!(
+            names(&file, &worker.samples[0]),
+            ["main", "[unknown] (libfoo.so+0x1234)"]
+        );
+        assert_eq!(worker.weights, [3_500_000]);
+        assert_eq!(file.active_profile_index, 0);
+        assert_eq!(build(&fixture::heap_only()).unwrap(), file);
+
+        let alloc = build(&fixture::alloc_only()).unwrap();
+        assert_eq!(alloc.name, "memory allocated by pid 100 (app)");
+        assert_eq!(alloc.profiles[0].weights, [1_200_000_000, 30_000_000]);
+        assert_eq!(alloc.profiles[1].weights, [50_000_000, 3_500_000]);
+        let json: Value = serde_json::from_slice(&render(&fixture::alloc_only()).unwrap()).unwrap();
+        assert_eq!(json["profiles"][1]["unit"], "bytes");
+        assert_eq!(json["profiles"][1]["endValue"], 53_500_000);
     }
 
     #[test]

@@ -12,6 +12,14 @@
 //! on-CPU samples and time, and the off-CPU time: `30.0 s at 99 Hz, 2970 samples (30000.0 ms
 //! on-CPU), 81234.5 ms off-CPU (12 lost)`.
 //!
+//! A memory profile (`--event alloc`, `heap`) is drawn in bytes ([`Profile::weight`]: the bytes
+//! in use at the end when the heap is in it, else the bytes allocated). The title says which,
+//! `spanprof: memory allocated by <target>` or `spanprof: memory in use at the end in <target>`,
+//! tooltips read `compute (1,200,000,000 bytes allocated, 93.5%)` or `… bytes in use, …`, and
+//! the subtitle gives the duration, the sampling rate and the estimated totals:
+//! `30.0 s at 1 sample per 512 KiB, 1.2 GiB allocated in 34,567 allocations (estimated; 12
+//! lost)` ([`super::memory_text`]; with `--event alloc,heap` both totals).
+//!
 //! Colors depend only on the frame name, so the same profile always gives the same bytes.
 
 use inferno::flamegraph::{
@@ -20,20 +28,27 @@ use inferno::flamegraph::{
     Options,
 };
 
-use super::{folded, measure, millis, no_samples_text, OutputError};
+use super::{
+    estimated, folded, measure, memory_text, millis, no_samples_text, sampling, shown, OutputError,
+};
 use crate::profile::{Meta, Profile};
 
 /// The flame graph's title: `spanprof: <target>`, or `spanprof: <what> of <target>` when the
-/// widths are nanoseconds (`spanprof: off-CPU time of pid 1234 (app)`).
+/// widths are nanoseconds (`spanprof: off-CPU time of pid 1234 (app)`), `spanprof: memory
+/// allocated by <target>` or `spanprof: memory in use at the end in <target>` when bytes.
 pub fn title(meta: &Meta) -> String {
-    match measure(meta.events) {
-        None => format!("spanprof: {}", meta.target),
-        Some(what) => format!("spanprof: {what} of {}", meta.target),
-    }
+    format!("spanprof: {}", shown(meta))
 }
 
-/// The unit of a frame's width in tooltips: `samples`, or e.g. `ns of off-CPU time`.
+/// The unit of a frame's width in tooltips: `samples`, e.g. `ns of off-CPU time`, or `bytes
+/// in use` (`--event heap`, with or without `alloc`) and `bytes allocated` (`--event alloc`).
 pub fn count_name(meta: &Meta) -> String {
+    if meta.events.heap {
+        return "bytes in use".to_string();
+    }
+    if meta.events.alloc {
+        return "bytes allocated".to_string();
+    }
     match measure(meta.events) {
         None => "samples".to_string(),
         Some(what) => format!("ns of {what}"),
@@ -41,15 +56,36 @@ pub fn count_name(meta: &Meta) -> String {
 }
 
 /// The flame graph's subtitle, e.g. `30.0 s at 99 Hz, 2970 samples (12 lost)`, or with off-CPU
-/// time `30.0 s at 99 Hz, 2970 samples (30000.0 ms on-CPU), 81234.5 ms off-CPU (12 lost)`.
+/// time `30.0 s at 99 Hz, 2970 samples (30000.0 ms on-CPU), 81234.5 ms off-CPU (12 lost)`, or
+/// for a memory profile `30.0 s at 1 sample per 512 KiB, 1.2 GiB allocated in 34,567
+/// allocations (estimated; 12 lost)`.
 pub fn subtitle(profile: &Profile) -> String {
     let meta = &profile.meta;
+    let events = meta.events;
+    if events.in_bytes() {
+        let mut notes = Vec::new();
+        if estimated(events) {
+            notes.push("estimated".to_string());
+        }
+        if meta.lost_samples > 0 {
+            notes.push(format!("{} lost", meta.lost_samples));
+        }
+        let mut subtitle = format!(
+            "{:.1} s {}, {}",
+            meta.duration.as_secs_f64(),
+            sampling(meta),
+            memory_text(profile)
+        );
+        if !notes.is_empty() {
+            subtitle.push_str(&format!(" ({})", notes.join("; ")));
+        }
+        return subtitle;
+    }
     let mut subtitle = format!(
         "{:.1} s at {} Hz",
         meta.duration.as_secs_f64(),
         meta.frequency,
     );
-    let events = meta.events;
     if !events.in_nanoseconds() {
         subtitle.push_str(&format!(", {} samples", profile.total_samples()));
     } else {
@@ -165,6 +201,53 @@ mod tests {
         let svg = String::from_utf8(render(&profile).unwrap()).unwrap();
         assert!(svg.contains("Vec&lt;T&gt;::push"));
         assert!(!svg.contains("<fast>"));
+    }
+
+    #[test]
+    fn memory_titles_and_units() {
+        let alloc = fixture::alloc_only();
+        assert_eq!(
+            title(&alloc.meta),
+            "spanprof: memory allocated by pid 100 (app)"
+        );
+        assert_eq!(count_name(&alloc.meta), "bytes allocated");
+        assert_eq!(
+            subtitle(&alloc),
+            "2.5 s at 1 sample per 512 KiB, 1.2 GiB allocated in 34,567 allocations \
+             (estimated; 4 lost)"
+        );
+        let svg = String::from_utf8(render(&alloc).unwrap()).unwrap();
+        assert!(svg.contains("spanprof: memory allocated by pid 100 (app)"));
+        assert!(svg.contains("<title>all (1,283,500,000 bytes allocated, 100%)</title>"));
+        assert!(svg.contains("<title>compute (1,280,000,000 bytes allocated, 99.73%)</title>"));
+
+        let heap = fixture::heap_only();
+        assert_eq!(
+            title(&heap.meta),
+            "spanprof: memory in use at the end in pid 100 (app)"
+        );
+        assert_eq!(count_name(&heap.meta), "bytes in use");
+        assert_eq!(
+            subtitle(&heap),
+            "2.5 s at 1 sample per 512 KiB, 785.4 MiB in use at the end in 1,037 allocations \
+             (estimated; 4 lost)"
+        );
+        let svg = String::from_utf8(render(&heap).unwrap()).unwrap();
+        assert!(svg.contains("<title>all (823,500,000 bytes in use, 100%)</title>"));
+
+        // Both: drawn in bytes in use, both totals in the subtitle.
+        let mut both = fixture::memory();
+        assert_eq!(title(&both.meta), title(&heap.meta));
+        assert_eq!(count_name(&both.meta), "bytes in use");
+        let svg = String::from_utf8(render(&both).unwrap()).unwrap();
+        assert!(svg.contains("<title>all (823,500,000 bytes in use, 100%)</title>"));
+        both.meta.lost_samples = 0;
+        both.meta.events.alloc_rate = 1;
+        assert_eq!(
+            subtitle(&both),
+            "2.5 s recording every allocation, 1.2 GiB allocated in 34,567 allocations, \
+             785.4 MiB in use at the end in 1,037"
+        );
     }
 
     #[test]
