@@ -7,7 +7,11 @@
 //!    [`profiler_common::Sample`] (kernel and user stacks, thread id and name, and for CPython
 //!    processes the Python frames it walked and the thread's span context: OpenTelemetry's
 //!    current span, OSProfiler's trace stack, or the OTEP 4947 thread context the process
-//!    publishes) through a ring buffer.
+//!    publishes) through a ring buffer. With `--event offcpu` or `wall`, blocked intervals
+//!    of the targets' threads are sampled at `sched_switch` and sent, with the same stacks, when
+//!    the thread leaves its system call ([`offcpu`] names why it waited); with `--event alloc`
+//!    or `heap`, uprobes on the malloc family and CPython's arena allocator send byte-sampled
+//!    allocations, and the heap profile tracks the sampled addresses until they are freed.
 //! 2. [`session`] drains the ring buffer into the [`aggregate::Aggregator`], which interns stacks
 //!    and counts them per thread, and has new addresses normalized while processes are alive;
 //!    [`python`] finds CPython processes, writes their offsets for the BPF walker, names
