@@ -428,7 +428,7 @@ impl Aggregator {
     }
 
     /// Allocation records counted, and sampled allocations in use at the end whose stack was
-    /// not remembered (more than [`MAX_HEAP_SITES`]).
+    /// not remembered (more than `MAX_HEAP_SITES`).
     pub fn alloc_stats(&self) -> (u64, u64) {
         (self.alloc_samples, self.unattributed_inuse)
     }
