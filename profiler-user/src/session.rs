@@ -382,11 +382,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             heap: opts.events.heap,
         }),
     })?;
-    // Allocation probes: on each explicit target alone, or on every process (the kernel then
-    // keeps the targets' calls only) when children are followed.
+    // Allocation probes: for every process that maps the module (the kernel keeps the
+    // targets' calls only). A probe for one process would fire for its main thread alone
+    // (measured on 6.18: two worker threads' 64 MiB were not seen).
     let mut probes = Probes {
         enabled: opts.events.in_bytes(),
-        one_process: matches!(opts.target, Target::Pids(_)) && !opts.children,
         warned: Default::default(),
     };
     let mut child = None;
@@ -564,17 +564,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
 /// The allocation probes of a session (`--event alloc`, `heap`).
 struct Probes {
     enabled: bool,
-    /// Probe each module for one process (explicit `--pid` targets) rather than for all.
-    one_process: bool,
     /// Modules whose arena symbols were missing, said once.
     warned: std::collections::HashSet<PathBuf>,
 }
 
 impl Probes {
-    fn scope(&self, pid: u32) -> Option<u32> {
-        self.one_process.then_some(pid)
-    }
-
     /// Probes the C library process `pid` has mapped.
     fn libc_of(&mut self, programs: &mut Programs, pid: u32) -> Result<()> {
         if !self.enabled {
@@ -602,7 +596,7 @@ impl Probes {
             return Ok(());
         };
         let path = PathBuf::from(format!("/proc/{pid}/root{libc}"));
-        programs.attach_allocator(&path, self.scope(pid), Allocator::Libc)?;
+        programs.attach_allocator(&path, None, Allocator::Libc)?;
         Ok(())
     }
 
@@ -618,7 +612,7 @@ impl Probes {
             }
             let path = PathBuf::from(format!("/proc/{pid}/root{}", module.display()));
             let missing =
-                programs.attach_allocator(&path, self.scope(pid), Allocator::PythonArenas);
+                programs.attach_allocator(&path, None, Allocator::PythonArenas);
             let gone = match &missing {
                 Ok(m) => !m.is_empty(),
                 Err(_) => true,
