@@ -611,8 +611,7 @@ impl Probes {
                 eprintln!("spanprof: warning: pid {pid}: {e:#}");
             }
             let path = PathBuf::from(format!("/proc/{pid}/root{}", module.display()));
-            let missing =
-                programs.attach_allocator(&path, None, Allocator::PythonArenas);
+            let missing = programs.attach_allocator(&path, None, Allocator::PythonArenas);
             let gone = match &missing {
                 Ok(m) => !m.is_empty(),
                 Err(_) => true,
