@@ -206,8 +206,8 @@ pub struct Programs {
     stack_copy_sizes: HashMap<MapData, u32, u32>,
     errors: PerCpuArray<MapData, u64>,
     alloc: Option<AllocOptions>,
-    /// Allocators probed: (device, inode, process, or 0 for every process).
-    probed: std::collections::HashSet<(u64, u64, u32)>,
+    /// Allocator modules probed: (device, inode).
+    probed: std::collections::HashSet<(u64, u64)>,
     alloc_live: Option<HashMap<MapData, u64, LiveAlloc>>,
 }
 
@@ -485,14 +485,13 @@ impl Programs {
     }
 
     /// Puts the allocation probes on `module` (a path the calling process can open, e.g.
-    /// through `/proc/PID/root`): for process `pid` only, or for every process when `None`
-    /// (the BPF programs then skip processes that are not targets). A module already probed
-    /// for that scope is skipped. Returns the symbols that could not be probed (a stripped
+    /// through `/proc/PID/root`) for every process that maps it: the BPF programs skip
+    /// processes that are not targets. (A probe scoped to one process fires for its main thread
+    /// only.) A module already probed is skipped. Returns the symbols that could not be probed (a stripped
     /// interpreter has no arena symbols); an error only when nothing could be.
     pub fn attach_allocator(
         &mut self,
         module: &Path,
-        pid: Option<u32>,
         allocator: Allocator,
     ) -> Result<Vec<&'static str>, LoadError> {
         let Some(alloc) = self.alloc else {
@@ -503,16 +502,10 @@ impl Programs {
             detail: format!("{}: {e}", module.display()),
         })?;
         use std::os::unix::fs::MetadataExt;
-        if !self
-            .probed
-            .insert((meta.dev(), meta.ino(), pid.unwrap_or(0)))
-        {
+        if !self.probed.insert((meta.dev(), meta.ino())) {
             return Ok(Vec::new());
         }
-        let scope = match pid.and_then(std::num::NonZeroU32::new) {
-            Some(pid) => UProbeScope::OneProcess(pid),
-            None => UProbeScope::AllProcesses,
-        };
+        let scope = UProbeScope::AllProcesses;
         let heap: &[(&str, &[&str])] = if alloc.heap { allocator.heap() } else { &[] };
         let mut missing = Vec::new();
         let mut attached = 0;

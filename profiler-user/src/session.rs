@@ -596,7 +596,7 @@ impl Probes {
             return Ok(());
         };
         let path = PathBuf::from(format!("/proc/{pid}/root{libc}"));
-        programs.attach_allocator(&path, None, Allocator::Libc)?;
+        programs.attach_allocator(&path, Allocator::Libc)?;
         Ok(())
     }
 
@@ -611,7 +611,7 @@ impl Probes {
                 eprintln!("spanprof: warning: pid {pid}: {e:#}");
             }
             let path = PathBuf::from(format!("/proc/{pid}/root{}", module.display()));
-            let missing = programs.attach_allocator(&path, None, Allocator::PythonArenas);
+            let missing = programs.attach_allocator(&path, Allocator::PythonArenas);
             let gone = match &missing {
                 Ok(m) => !m.is_empty(),
                 Err(_) => true,
