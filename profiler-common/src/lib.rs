@@ -95,6 +95,9 @@ pub enum ErrorCode {
     OffCpuStorage = 7,
     /// A sampled allocation was not tracked for the heap profile: the live table was full.
     HeapFull = 8,
+    /// Not an error: nanoseconds the targets' threads waited runnable for a CPU (`--event
+    /// wall`), kept with the counters because they too are summed per CPU.
+    RunnableNs = 9,
 }
 
 /// Number of slots in the `errors` map.
@@ -128,6 +131,7 @@ impl ErrorCode {
             }
             ErrorCode::OffCpuStorage => "off-CPU intervals not seen: no per-thread state",
             ErrorCode::HeapFull => "sampled allocations left out of the heap profile: table full",
+            ErrorCode::RunnableNs => "nanoseconds waiting runnable for a CPU (not an error)",
         }
     }
 }
@@ -210,6 +214,41 @@ pub struct SampleHeader {
     pub syscall_arg0: u64,
     /// [`EVENT_ALLOC`]: the allocation's id, its key in the heap's live table ([`LiveAlloc`]).
     pub alloc_id: u64,
+}
+
+/// Value of the `offcpu_tasks` task storage (`struct spanprof_offcpu_task`): a thread's off-CPU
+/// state, read by pidfd when the session ends.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct OffCpuTask {
+    /// `bpf_ktime_get_ns()` of the switch out of a thread now blocked; 0 when not blocked.
+    pub off_ts: u64,
+    /// User ip when it blocked.
+    pub off_ip: u64,
+    /// User sp when it blocked.
+    pub off_sp: u64,
+    /// Weight of the sampled intervals not sent yet.
+    pub weight_ns: u64,
+    /// Their measured time.
+    pub blocked_ns: u64,
+    /// User ip of the pending intervals.
+    pub pending_ip: u64,
+    /// User sp of the pending intervals.
+    pub pending_sp: u64,
+    /// `--event wall`: when it was switched out runnable; 0 otherwise.
+    pub runnable_ts: u64,
+    /// Zero.
+    pub _reserved: u64,
+    /// `OFFCPU_IOWAIT` of the current interval.
+    pub off_flags: u32,
+    /// Flags of the pending intervals.
+    pub flags: u32,
+    /// Frames (or -errno) of the pending kernel stack.
+    pub kstack_len: i32,
+    /// Zero.
+    pub _pad: u32,
+    /// The pending kernel stack.
+    pub kstack: [u64; MAX_STACK_DEPTH],
 }
 
 /// Value of the `alloc_live` map (key: address): a sampled allocation not freed yet.

@@ -151,6 +151,29 @@ fn c_asserts() -> String {
         ),
     ));
     structs.push((
+        "struct spanprof_offcpu_task",
+        size_of::<OffCpuTask>(),
+        align_of::<OffCpuTask>(),
+        fields!(
+            OffCpuTask,
+            "struct spanprof_offcpu_task",
+            off_ts,
+            off_ip,
+            off_sp,
+            weight_ns,
+            blocked_ns,
+            pending_ip,
+            pending_sp,
+            runnable_ts,
+            _reserved,
+            off_flags,
+            flags,
+            kstack_len,
+            _pad,
+            kstack
+        ),
+    ));
+    structs.push((
         "struct spanprof_live_alloc",
         size_of::<LiveAlloc>(),
         align_of::<LiveAlloc>(),
@@ -286,6 +309,7 @@ fn c_asserts() -> String {
             ErrorCode::OffCpuStorage as u64,
         ),
         ("SPANPROF_ERR_HEAP_FULL", ErrorCode::HeapFull as u64),
+        ("SPANPROF_ERR_RUNNABLE_NS", ErrorCode::RunnableNs as u64),
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),

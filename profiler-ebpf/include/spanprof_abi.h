@@ -70,6 +70,11 @@ enum spanprof_error {
 	SPANPROF_ERR_OFFCPU_STORAGE = 7,
 	/* A sampled allocation could not be tracked for --event heap: `alloc_live` was full. */
 	SPANPROF_ERR_HEAP_FULL = 8,
+	/*
+	 * Not an error: nanoseconds the targets' threads waited runnable for a CPU (--event wall),
+	 * summed per CPU in the same map.
+	 */
+	SPANPROF_ERR_RUNNABLE_NS = 9,
 	SPANPROF_ERR_COUNT = 16,
 };
 
@@ -232,6 +237,32 @@ struct spanprof_live_alloc {
  * elsewhere: the record holds its kernel stack only.
  */
 #define SPANPROF_OFFCPU_NO_USER 2
+
+/*
+ * Off-CPU state of a thread of a profiled process (task storage `offcpu_tasks`, created the
+ * first time it blocks; user space reads it by pidfd when the session ends). An interval runs
+ * from the switch out of the blocked thread to its switch back in; one the sampling keeps waits
+ * here ("pending") until the thread is back in user mode, where its user and Python stacks can
+ * be read: at the exit of the system call it blocked in, on_sys_exit sends it. Intervals kept
+ * within one system call add up (the user stack cannot change meanwhile); the kernel stack is
+ * the first one's.
+ */
+struct spanprof_offcpu_task {
+	__u64 off_ts;	   /* bpf_ktime_get_ns() of the switch out; 0 when not blocked */
+	__u64 off_ip;	   /* user ip and sp when it blocked (its user-mode registers) */
+	__u64 off_sp;
+	__u64 weight_ns;   /* pending weight; 0 when nothing is pending */
+	__u64 blocked_ns;  /* pending measured time */
+	__u64 pending_ip;  /* user ip and sp of the pending intervals */
+	__u64 pending_sp;
+	__u64 runnable_ts; /* --event wall: switched out runnable (preempted) at; 0 otherwise */
+	__u64 _reserved;
+	__u32 off_flags;   /* SPANPROF_OFFCPU_IOWAIT of the current interval */
+	__u32 flags;	   /* of the pending ones */
+	__s32 kstack_len;  /* frames (or -errno) of the pending kernel stack */
+	__u32 _pad;
+	__u64 kstack[SPANPROF_MAX_STACK_DEPTH];
+};
 
 /* A process called execve: what user space knew of its address space is stale. */
 struct spanprof_exec {

@@ -78,6 +78,8 @@ const volatile __u32 stack_copy_bytes = 0;
  */
 const volatile __u64 offcpu_period_ns = 10101010;
 const volatile __u64 offcpu_min_ns = 5000;
+/* --event wall: the time targets' threads wait runnable (preempted) is summed per thread. */
+const volatile __u32 offcpu_runnable = 0;
 
 /* Processes to profile, by tgid. User space adds targets; on_fork adds their children. */
 struct {
@@ -255,6 +257,15 @@ static __always_inline void count_error(__u32 code)
 #define SCRATCH_OFFCPU 1
 #define SCRATCH_ALLOC 2
 #define SCRATCH_SLOTS 3
+
+/* Adds `ns` to a per-CPU counter of the errors map that holds a time, not a count. */
+static __always_inline void count_ns(__u32 code, __u64 ns)
+{
+	__u64 *n = bpf_map_lookup_elem(&errors, &code);
+
+	if (n)
+		*n += ns;
+}
 
 static __always_inline struct scratch *get_scratch(__u32 slot)
 {
@@ -1576,34 +1587,12 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
-/*
- * Off-CPU state of a thread of a profiled process (task storage: created the first time it
- * blocks, freed with the task). An interval runs from the switch out of the blocked thread to
- * its switch back in; one chosen by the sampling waits here ("pending") until the thread is
- * back in user mode, where its user and Python stacks can be read: at the exit of the system
- * call it blocked in, on_sys_exit sends it. Intervals chosen within one system call add up (the
- * user stack cannot change meanwhile); the kernel stack is the first one's.
- */
-struct offcpu_task {
-	__u64 off_ts;	  /* bpf_ktime_get_ns() of the switch out; 0 when not blocked */
-	__u64 off_ip;	  /* user ip and sp when it blocked (its user-mode registers) */
-	__u64 off_sp;
-	__u64 weight_ns;  /* pending weight; 0 when nothing is pending */
-	__u64 blocked_ns; /* pending measured time */
-	__u64 pending_ip; /* user ip and sp of the pending intervals */
-	__u64 pending_sp;
-	__u32 off_flags;  /* SPANPROF_OFFCPU_IOWAIT of the current interval */
-	__u32 flags;	  /* of the pending ones */
-	__s32 kstack_len; /* frames (or -errno) of the pending kernel stack */
-	__u32 _pad;
-	__u64 kstack[SPANPROF_MAX_STACK_DEPTH];
-};
-
+/* Off-CPU state of the targets' threads: struct spanprof_offcpu_task (spanprof_abi.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, struct offcpu_task);
+	__type(value, struct spanprof_offcpu_task);
 } offcpu_tasks SEC(".maps");
 
 /*
@@ -1618,17 +1607,21 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 {
 	__u64 now = bpf_ktime_get_ns(), d, weight;
 	struct pt_regs___kernel *regs;
-	struct offcpu_task *t;
+	int blocked;
+	struct spanprof_offcpu_task *t;
 	__u32 tgid;
 	long n;
 
 	/* Blocked, not preempted: waiting for something, not for a CPU. */
-	if (!preempt && prev_state && !(prev_state & TASK_DEAD)) {
+	blocked = !preempt && prev_state;
+	if ((blocked || offcpu_runnable) && !(prev_state & TASK_DEAD)) {
 		tgid = BPF_CORE_READ(prev, tgid);
 		if (tgid && bpf_map_lookup_elem(&target_pids, &tgid)) {
 			t = bpf_task_storage_get(&offcpu_tasks, prev, 0,
 						 BPF_LOCAL_STORAGE_GET_F_CREATE);
-			if (t) {
+			if (!t) {
+				count_error(SPANPROF_ERR_OFFCPU_STORAGE);
+			} else if (blocked) {
 				regs = (struct pt_regs___kernel *)bpf_task_pt_regs(prev);
 				t->off_ts = now;
 				t->off_flags = BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait) ?
@@ -1637,13 +1630,20 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 				t->off_ip = regs ? BPF_CORE_READ(regs, ip) : 0;
 				t->off_sp = regs ? BPF_CORE_READ(regs, sp) : 0;
 			} else {
-				count_error(SPANPROF_ERR_OFFCPU_STORAGE);
+				t->runnable_ts = now;
 			}
 		}
 	}
 
 	t = bpf_task_storage_get(&offcpu_tasks, next, 0, 0);
-	if (!t || !t->off_ts)
+	if (!t)
+		return 0;
+	if (t->runnable_ts) {
+		/* Summed per CPU, so threads that exit before the end still count. */
+		count_ns(SPANPROF_ERR_RUNNABLE_NS, now - t->runnable_ts);
+		t->runnable_ts = 0;
+	}
+	if (!t->off_ts)
 		return 0;
 	d = now - t->off_ts;
 	t->off_ts = 0;
@@ -1686,7 +1686,7 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
 {
-	struct offcpu_task *t;
+	struct spanprof_offcpu_task *t;
 	struct spanprof_sample *s;
 	struct scratch *w;
 	__u64 k;

@@ -7,6 +7,7 @@
 //! inside the kernel, so a child never runs unprofiled while user space catches up; the
 //! `raw_tp/sched_process_exec` program tells user space when a target runs a new program.
 
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
@@ -15,7 +16,7 @@ use aya::programs::uprobe::UProbeScope;
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
-    ErrorCode, LiveAlloc, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT,
+    ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT,
 };
 
 use crate::profile::DEFAULT_ALLOC_RATE;
@@ -173,6 +174,50 @@ const ALLOC_PROGRAMS: [&str; 9] = [
     "on_alloc_return",
 ];
 
+/// The task storage value of thread `tid` in the map `map_fd` (`BPF_MAP_LOOKUP_ELEM` with a
+/// pidfd for the key; aya has no task storage type). `None` when the thread has none or is gone.
+fn task_storage_lookup(map_fd: std::os::fd::RawFd, tid: u32) -> Option<OffCpuTask> {
+    /// `PIDFD_THREAD` (Linux 6.9): a pidfd of one thread rather than of a thread group.
+    const PIDFD_THREAD: libc::c_long = libc::O_EXCL as libc::c_long;
+    /// `BPF_MAP_LOOKUP_ELEM`.
+    const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    /// The part of `union bpf_attr` that lookups use.
+    #[repr(C)]
+    struct LookupAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::c_long, PIDFD_THREAD) };
+    let pidfd = i32::try_from(pidfd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: pidfd_open returned a new fd, owned here.
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) };
+    let key: i32 = owned.as_raw_fd();
+    // SAFETY: OffCpuTask is integers only: all zeroes is a valid value.
+    let mut value: OffCpuTask = unsafe { std::mem::zeroed() };
+    let attr = LookupAttr {
+        map_fd: map_fd as u32,
+        _pad: 0,
+        key: &key as *const i32 as u64,
+        value: &mut value as *mut OffCpuTask as u64,
+        flags: 0,
+    };
+    // SAFETY: attr points at a live key and a value buffer of the map's value size
+    // (OffCpuTask mirrors struct spanprof_offcpu_task, checked by profiler-common's tests).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_ELEM,
+            &attr as *const LookupAttr,
+            std::mem::size_of::<LookupAttr>(),
+        )
+    };
+    (r == 0).then_some(value)
+}
+
 /// Exponentially distributed gaps with mean `rate`, at the midpoints of `n` equal-probability
 /// slices: the countdown the BPF program draws from after each sampled allocation.
 pub fn alloc_gaps(rate: u64, n: usize) -> Vec<u64> {
@@ -192,6 +237,8 @@ pub struct OffCpuOptions {
     pub period_ns: u64,
     /// Shorter intervals are not counted.
     pub min_ns: u64,
+    /// Sum each thread's time runnable, waiting for a CPU (`--event wall`), for the summary.
+    pub runnable: bool,
 }
 
 /// Loaded, attached programs and the maps user space reads and writes.
@@ -283,6 +330,7 @@ impl Programs {
         let (offcpu_period_ns, offcpu_min_ns) = opts.off_cpu.map_or((1_000_000_000, 0), |o| {
             (o.period_ns.clamp(1, 1_000_000_000), o.min_ns)
         });
+        let offcpu_runnable = u32::from(opts.off_cpu.is_some_and(|o| o.runnable));
         let alloc_rate = opts.alloc.map_or(DEFAULT_ALLOC_RATE, |a| a.rate.max(1));
         let alloc_heap = u32::from(opts.alloc.is_some_and(|a| a.heap));
         let mut ebpf = loader
@@ -294,6 +342,7 @@ impl Programs {
             .override_global("stack_copy_bytes", &stack_copy_bytes, true)
             .override_global("offcpu_period_ns", &offcpu_period_ns, true)
             .override_global("offcpu_min_ns", &offcpu_min_ns, true)
+            .override_global("offcpu_runnable", &offcpu_runnable, true)
             .override_global("alloc_rate", &alloc_rate, true)
             .override_global("alloc_heap", &alloc_heap, true)
             .map_max_entries("samples", opts.ring_buffer_size)
@@ -484,6 +533,11 @@ impl Programs {
         self.targets.keys().next().is_some()
     }
 
+    /// The processes in the profiled set now.
+    pub fn target_pids(&self) -> Vec<u32> {
+        self.targets.keys().filter_map(Result::ok).collect()
+    }
+
     /// Puts the allocation probes on `module` (a path the calling process can open, e.g.
     /// through `/proc/PID/root`) for every process that maps it: the BPF programs skip
     /// processes that are not targets. (A probe scoped to one process fires for its main thread
@@ -541,6 +595,22 @@ impl Programs {
         Ok(missing)
     }
 
+    /// The off-CPU state the kernel keeps of each thread of process `pid` (threads that blocked,
+    /// or were preempted with `--event wall`, during the session), read by pidfd; `None` for a
+    /// thread without one. Empty when off-CPU time is not recorded or the process is gone.
+    pub fn offcpu_threads(&self, pid: u32) -> Vec<(u32, Option<OffCpuTask>)> {
+        let Some(aya::maps::Map::Unsupported(map)) = self.ebpf.map("offcpu_tasks") else {
+            return Vec::new();
+        };
+        let map_fd = map.fd().as_fd().as_raw_fd();
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .map(|tid| (tid, task_storage_lookup(map_fd, tid)))
+            .collect()
+    }
+
     /// The sampled allocations not freed so far (`--event heap`), by address.
     pub fn live_allocations(&self) -> Vec<(u64, LiveAlloc)> {
         self.alloc_live
@@ -561,10 +631,10 @@ impl Programs {
             .unwrap_or(0)
     }
 
-    /// The kernel-side error counters, summed over CPUs.
+    /// The kernel-side counters (errors, and [`ErrorCode::RunnableNs`]), summed over CPUs.
     pub fn error_counts(&self) -> [u64; ERROR_COUNT as usize] {
         let mut out = [0u64; ERROR_COUNT as usize];
-        for code in ErrorCode::ALL {
+        for code in ErrorCode::ALL.into_iter().chain([ErrorCode::RunnableNs]) {
             out[code as usize] = self.error_count(code);
         }
         out

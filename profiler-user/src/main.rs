@@ -455,6 +455,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         );
     }
     eprint!("{}", summary::render(profile, &outcome.errors));
+    if let Some(line) = outcome
+        .off_cpu_unseen
+        .and_then(|u| u.line(profile.meta.events.wall))
+    {
+        eprintln!("{line}");
+    }
     let mut status = write_outputs(profile, group, pending.into_iter().zip(formats).collect());
     if let Some(out) = stats_out {
         let dest = out.dest().display().to_string();

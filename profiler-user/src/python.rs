@@ -242,7 +242,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Function id of [`unknown`], interned first.
 const UNKNOWN_FUNCTION: u32 = 0;
 
-fn monotonic_ns() -> u64 {
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

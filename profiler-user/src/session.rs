@@ -103,6 +103,8 @@ pub struct Outcome {
     pub unwind: symbolizer::unwind::UnwindStats,
     /// spanprof's own CPU time, by phase.
     pub overhead: Overhead,
+    /// Off-CPU time the profile does not hold (`--event offcpu`, `wall`).
+    pub off_cpu_unseen: Option<OffCpuUnseen>,
 }
 
 /// spanprof's own CPU time (user + system, all its threads), by phase of the session.
@@ -376,6 +378,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         off_cpu: opts.events.off_cpu.then_some(OffCpuOptions {
             period_ns: 1_000_000_000 / opts.frequency.max(1),
             min_ns: opts.offcpu_min_ns,
+            runnable: opts.events.wall,
         }),
         alloc: opts.events.in_bytes().then_some(AllocOptions {
             rate: opts.events.alloc_rate,
@@ -512,6 +515,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     drain(&mut programs, &mut agg, &mut python, &mut copy);
     progress.finish();
     let errors = programs.error_counts();
+    let off_cpu_unseen = opts.events.off_cpu.then(|| OffCpuUnseen::of(&programs));
     if opts.events.heap {
         agg.set_live(programs.live_allocations());
         let (_, unattributed) = agg.alloc_stats();
@@ -553,12 +557,107 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         symbolizer: symbolizer.stats(),
         unwind,
         stack_copy: copy,
+        off_cpu_unseen,
         overhead: Overhead {
             setup: cpu_at_sampling.saturating_sub(cpu_at_start),
             sampling: cpu_at_end.saturating_sub(cpu_at_sampling),
             cpu_at_end_of_sampling: cpu_at_end,
         },
     })
+}
+
+/// Off-CPU time of the targets' threads that the profile does not hold: intervals still open
+/// when the session ended (a sample is made when the thread comes back), and with `--event
+/// wall` the time threads waited runnable for a CPU (neither on nor blocked off it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffCpuUnseen {
+    /// Threads blocked when the session ended that had blocked during it.
+    pub open_threads: u32,
+    /// Their time blocked, from their switch out to the end.
+    pub open_ns: u64,
+    /// Threads blocked (state S or D) that never left a CPU during the session: blocked since
+    /// before it, for all of it.
+    pub whole_threads: u32,
+    /// `--event wall`: time the threads waited runnable for a CPU.
+    pub runnable_ns: u64,
+}
+
+impl OffCpuUnseen {
+    /// Reads the kernel's per-thread state of every target, at the end of a session.
+    fn of(programs: &Programs) -> OffCpuUnseen {
+        let now = crate::python::monotonic_ns();
+        let mut unseen = OffCpuUnseen {
+            runnable_ns: programs.error_counts()[ErrorCode::RunnableNs as usize],
+            ..Default::default()
+        };
+        for pid in programs.target_pids() {
+            for (tid, state) in programs.offcpu_threads(pid) {
+                match state {
+                    Some(t) => {
+                        if t.off_ts != 0 && t.off_ts <= now {
+                            unseen.open_threads += 1;
+                            unseen.open_ns += now - t.off_ts;
+                        }
+                        if t.runnable_ts != 0 && t.runnable_ts <= now {
+                            unseen.runnable_ns += now - t.runnable_ts;
+                        }
+                    }
+                    None => {
+                        if thread_sleeping(pid, tid) {
+                            unseen.whole_threads += 1;
+                        }
+                    }
+                }
+            }
+        }
+        unseen
+    }
+
+    /// The summary line, or `None` when nothing is missing: e.g. `off-CPU not in the profile: 3
+    /// threads still blocked at the end (2 since before the start), 1.2 s of it; 0.4 s waiting
+    /// for a CPU`.
+    pub fn line(&self, wall: bool) -> Option<String> {
+        let mut parts = Vec::new();
+        let blocked = self.open_threads + self.whole_threads;
+        if blocked > 0 {
+            let mut text = format!(
+                "{blocked} thread{} still blocked when the session ended",
+                if blocked == 1 { "" } else { "s" }
+            );
+            if self.whole_threads > 0 {
+                text.push_str(&format!(
+                    ", {} of them since before it began",
+                    self.whole_threads
+                ));
+            }
+            if self.open_threads > 0 {
+                text.push_str(&format!(
+                    ", {} for {:.1} ms since their last switch out",
+                    self.open_threads,
+                    self.open_ns as f64 / 1e6
+                ));
+            }
+            parts.push(text);
+        }
+        if wall && self.runnable_ns > 0 {
+            parts.push(format!(
+                "{:.1} ms waiting runnable for a CPU",
+                self.runnable_ns as f64 / 1e6
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("off-CPU not in the profile: {}", parts.join("; ")))
+    }
+}
+
+/// Whether a thread is asleep now (`S` or `D` in `/proc/PID/task/TID/stat`).
+fn thread_sleeping(pid: u32, tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s.rsplit_once(") ")?.1.chars().next()?;
+            Some(matches!(state, 'S' | 'D'))
+        })
+        .unwrap_or(false)
 }
 
 /// The allocation probes of a session (`--event alloc`, `heap`).
@@ -688,4 +787,30 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod off_cpu_unseen_tests {
+    use super::OffCpuUnseen;
+
+    #[test]
+    fn says_what_the_profile_does_not_hold() {
+        assert_eq!(OffCpuUnseen::default().line(true), None);
+        let unseen = OffCpuUnseen {
+            open_threads: 2,
+            open_ns: 1_500_000,
+            whole_threads: 1,
+            runnable_ns: 2_000_000,
+        };
+        assert_eq!(
+            unseen.line(true).as_deref(),
+            Some(
+                "off-CPU not in the profile: 3 threads still blocked when the session ended, 1 \
+                 of them since before it began, 2 for 1.5 ms since their last switch out; 2.0 \
+                 ms waiting runnable for a CPU"
+            )
+        );
+        // Runnable time is only summed for --event wall.
+        assert!(!unseen.line(false).unwrap().contains("runnable"));
+    }
 }
