@@ -1720,12 +1720,13 @@ int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
 }
 
 /*
- * Allocations (--event alloc, heap): uprobes on the malloc family of the C library and on
- * CPython's arena allocator. Sampled by bytes: a per-CPU countdown of bytes to the next sample,
- * reset after each sample to a gap drawn from an exponential distribution whose mean is the
- * sampling rate (alloc_gaps, filled by user space), so each byte allocated has the same chance
- * to be sampled and an allocation of s bytes is sampled with probability 1 - exp(-s / rate);
- * user space scales by its inverse. alloc_rate <= 1 samples every allocation.
+ * Allocations (--event alloc, heap): uprobes on the malloc family and mmap of the C library
+ * (CPython's small objects come from arenas it maps). Sampled by bytes: a per-CPU countdown of
+ * bytes to the next sample, reset after each sample to a gap drawn from an exponential
+ * distribution whose mean is the sampling rate (alloc_gaps, filled by user space), so each byte
+ * allocated has the same chance to be sampled and an allocation of s bytes is sampled with
+ * probability 1 - exp(-s / rate); user space scales by its inverse. alloc_rate <= 1 samples
+ * every allocation.
  */
 const volatile __u64 alloc_rate = 524288;
 /* --event heap: sampled allocations are tracked to their free (uretprobes and free uprobes). */
@@ -1744,6 +1745,8 @@ struct alloc_cpu {
 	__s64 until;  /* bytes to allocate before the next sample */
 	__u64 serial; /* allocations sampled on this CPU */
 };
+
+#define MAP_ANONYMOUS 0x20
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -1883,23 +1886,40 @@ int BPF_KPROBE(on_posix_memalign, __u64 memptr, __u64 align, __u64 size)
 	return alloc_event(ctx, size, memptr);
 }
 
-/* CPython's _PyObject_ArenaMmap(void *ctx, size_t size): a new arena of small objects. */
+/*
+ * mmap(addr, length, prot, flags, fd, offset): an anonymous mapping (file mappings are code and
+ * data, not allocations), made by the program itself: CPython's arenas of small objects are such
+ * mappings. A call from inside the C library is not counted: malloc maps its large chunks
+ * (counted by the malloc probe), pthread_create its threads' stacks. The attach cookie holds
+ * mmap's link-time address (high 32 bits) and the end of the library's code (low 32): the
+ * library's run-time base is this probe's address minus the first.
+ */
 SEC("uprobe")
-int BPF_KPROBE(on_arena_alloc, __u64 unused, __u64 size)
+int BPF_KPROBE(on_mmap, __u64 addr, __u64 length, __u64 prot, __u64 flags)
 {
-	return alloc_event(ctx, size, 0);
+	__u64 cookie = bpf_get_attach_cookie(ctx), base, caller = 0;
+
+	if (!(flags & MAP_ANONYMOUS))
+		return 0;
+	if (cookie) {
+		base = PT_REGS_IP(ctx) - (cookie >> 32);
+		if (!bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx)) &&
+		    caller >= base && caller < base + (cookie & 0xffffffff))
+			return 0;
+	}
+	return alloc_event(ctx, length, 0);
+}
+
+/* munmap(addr, length). */
+SEC("uprobe")
+int BPF_KPROBE(on_munmap, __u64 addr)
+{
+	free_event(addr);
+	return 0;
 }
 
 SEC("uprobe")
 int BPF_KPROBE(on_free, __u64 ptr)
-{
-	free_event(ptr);
-	return 0;
-}
-
-/* _PyObject_ArenaMunmap(void *ctx, void *ptr, size_t size). */
-SEC("uprobe")
-int BPF_KPROBE(on_arena_free, __u64 unused, __u64 ptr)
 {
 	free_event(ptr);
 	return 0;
@@ -1929,6 +1949,9 @@ int BPF_KRETPROBE(on_alloc_return, __u64 ret)
 			addr = 0;
 	}
 	bpf_map_delete_elem(&alloc_calls, &tid);
+	/* A failed mmap returns MAP_FAILED (-1), a failed malloc NULL. */
+	if (addr >= ~4095ULL)
+		addr = 0;
 	if (addr && bpf_map_update_elem(&alloc_live, &addr, &live, BPF_ANY))
 		count_error(SPANPROF_ERR_HEAP_FULL);
 	return 0;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::uprobe::UProbeScope;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
@@ -109,57 +109,29 @@ pub struct AllocOptions {
     pub heap: bool,
 }
 
-/// An allocator whose entry points get uprobes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Allocator {
-    /// The C library's malloc family.
-    Libc,
-    /// CPython's arena allocator (the small-object allocator's source of memory), found by its
-    /// static symbols: interpreters whose symbol tables were stripped do not have them.
-    PythonArenas,
-}
+/// (program, symbol) of the C library's allocation probes.
+const LIBC_PROBES: &[(&str, &str)] = &[
+    ("on_malloc", "malloc"),
+    ("on_calloc", "calloc"),
+    ("on_realloc", "realloc"),
+    ("on_memalign", "aligned_alloc"),
+    ("on_memalign", "memalign"),
+    ("on_posix_memalign", "posix_memalign"),
+    ("on_mmap", "mmap"),
+];
 
-/// CPython's arena allocation function (same arguments in every version): 3.8–3.11 name it
-/// `_PyObject_ArenaMmap`, 3.12+ `_PyMem_ArenaAlloc`.
-const ARENA_ALLOC: &[&str] = &["_PyObject_ArenaMmap", "_PyMem_ArenaAlloc"];
-/// And its free.
-const ARENA_FREE: &[&str] = &["_PyObject_ArenaMunmap", "_PyMem_ArenaFree"];
-
-impl Allocator {
-    /// (program, symbol names to try in turn) of the entry probes.
-    fn entries(self) -> &'static [(&'static str, &'static [&'static str])] {
-        match self {
-            Allocator::Libc => &[
-                ("on_malloc", &["malloc"]),
-                ("on_calloc", &["calloc"]),
-                ("on_realloc", &["realloc"]),
-                ("on_memalign", &["aligned_alloc"]),
-                ("on_memalign", &["memalign"]),
-                ("on_posix_memalign", &["posix_memalign"]),
-            ],
-            Allocator::PythonArenas => &[("on_arena_alloc", ARENA_ALLOC)],
-        }
-    }
-
-    /// (program, symbols) of the probes only the heap profile needs: frees and returns.
-    fn heap(self) -> &'static [(&'static str, &'static [&'static str])] {
-        match self {
-            Allocator::Libc => &[
-                ("on_free", &["free"]),
-                ("on_alloc_return", &["malloc"]),
-                ("on_alloc_return", &["calloc"]),
-                ("on_alloc_return", &["realloc"]),
-                ("on_alloc_return", &["aligned_alloc"]),
-                ("on_alloc_return", &["memalign"]),
-                ("on_alloc_return", &["posix_memalign"]),
-            ],
-            Allocator::PythonArenas => &[
-                ("on_arena_free", ARENA_FREE),
-                ("on_alloc_return", ARENA_ALLOC),
-            ],
-        }
-    }
-}
+/// (program, symbol) of the probes only the heap profile needs: frees and returns.
+const LIBC_HEAP_PROBES: &[(&str, &str)] = &[
+    ("on_free", "free"),
+    ("on_munmap", "munmap"),
+    ("on_alloc_return", "malloc"),
+    ("on_alloc_return", "calloc"),
+    ("on_alloc_return", "realloc"),
+    ("on_alloc_return", "aligned_alloc"),
+    ("on_alloc_return", "memalign"),
+    ("on_alloc_return", "posix_memalign"),
+    ("on_alloc_return", "mmap"),
+];
 
 /// The allocation programs, loaded when allocations are sampled.
 const ALLOC_PROGRAMS: [&str; 9] = [
@@ -168,9 +140,9 @@ const ALLOC_PROGRAMS: [&str; 9] = [
     "on_realloc",
     "on_memalign",
     "on_posix_memalign",
-    "on_arena_alloc",
+    "on_mmap",
     "on_free",
-    "on_arena_free",
+    "on_munmap",
     "on_alloc_return",
 ];
 
@@ -538,61 +510,48 @@ impl Programs {
         self.targets.keys().filter_map(Result::ok).collect()
     }
 
-    /// Puts the allocation probes on `module` (a path the calling process can open, e.g.
-    /// through `/proc/PID/root`) for every process that maps it: the BPF programs skip
-    /// processes that are not targets. (A probe scoped to one process fires for its main thread
-    /// only.) A module already probed is skipped. Returns the symbols that could not be probed (a stripped
-    /// interpreter has no arena symbols); an error only when nothing could be.
-    pub fn attach_allocator(
-        &mut self,
-        module: &Path,
-        allocator: Allocator,
-    ) -> Result<Vec<&'static str>, LoadError> {
+    /// Puts the allocation probes on the C library at `module` (a path the calling process can
+    /// open, e.g. through `/proc/PID/root`) for every process that maps it: the BPF programs
+    /// skip processes that are not targets. (A probe scoped to one process fires for its main
+    /// thread only.) A module already probed is skipped.
+    pub fn attach_allocator(&mut self, module: &Path) -> Result<(), LoadError> {
         let Some(alloc) = self.alloc else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let meta = std::fs::metadata(module).map_err(|e| LoadError::Aya {
-            what: "open an allocator's module",
+            what: "open the C library",
             detail: format!("{}: {e}", module.display()),
         })?;
         use std::os::unix::fs::MetadataExt;
         if !self.probed.insert((meta.dev(), meta.ino())) {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let scope = UProbeScope::AllProcesses;
-        let heap: &[(&str, &[&str])] = if alloc.heap { allocator.heap() } else { &[] };
-        let mut missing = Vec::new();
-        let mut attached = 0;
-        let mut last_error = None;
-        for &(name, symbols) in allocator.entries().iter().chain(heap) {
+        // mmap's probe tells the library's own calls (malloc's chunks, thread stacks) from the
+        // program's: its cookie holds mmap's link-time address and the end of the code.
+        let mmap_cookie = symbolizer::symbol_and_text_end(module, "mmap")
+            .filter(|&(at, end)| at < 1 << 32 && end < 1 << 32)
+            .map(|(at, end)| at << 32 | end);
+        let heap: &[(&str, &str)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
+        for &(name, symbol) in LIBC_PROBES.iter().chain(heap) {
             let program: &mut UProbe = self
                 .ebpf
                 .program_mut(name)
                 .expect("allocation programs are in the object")
                 .try_into()
                 .map_err(aya_err("find an allocation program"))?;
-            let mut done = false;
-            for &symbol in symbols {
-                match program.attach(symbol, module, scope) {
-                    Ok(_) => {
-                        attached += 1;
-                        done = true;
-                        break;
-                    }
-                    Err(e) => last_error = Some(one_line(&e)),
-                }
-            }
-            if !done {
-                missing.push(symbols[0]);
-            }
+            let cookie = if name == "on_mmap" { mmap_cookie } else { None };
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::Symbol(symbol),
+                cookie,
+            };
+            program
+                .attach(point, module, UProbeScope::AllProcesses)
+                .map_err(|e| LoadError::Aya {
+                    what: "attach the allocation probes",
+                    detail: format!("{} ({symbol}): {}", module.display(), one_line(&e)),
+                })?;
         }
-        if attached == 0 {
-            return Err(LoadError::Aya {
-                what: "attach the allocation probes",
-                detail: format!("{}: {}", module.display(), last_error.unwrap_or_default()),
-            });
-        }
-        Ok(missing)
+        Ok(())
     }
 
     /// The off-CPU state the kernel keeps of each thread of process `pid` (threads that blocked,

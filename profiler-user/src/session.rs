@@ -20,7 +20,7 @@ use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::{self, Aggregator};
-use crate::bpf::{AllocOptions, Allocator, LoadOptions, OffCpuOptions, Programs};
+use crate::bpf::{AllocOptions, LoadOptions, OffCpuOptions, Programs};
 use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::{Events, Meta, Profile};
@@ -390,7 +390,6 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     // (measured on 6.18: two worker threads' 64 MiB were not seen).
     let mut probes = Probes {
         enabled: opts.events.in_bytes(),
-        warned: Default::default(),
     };
     let mut child = None;
     let mut pids = Vec::new();
@@ -663,12 +662,10 @@ fn thread_sleeping(pid: u32, tid: u32) -> bool {
 /// The allocation probes of a session (`--event alloc`, `heap`).
 struct Probes {
     enabled: bool,
-    /// Modules whose arena symbols were missing, said once.
-    warned: std::collections::HashSet<PathBuf>,
 }
 
 impl Probes {
-    /// Probes the C library process `pid` has mapped.
+    /// Probes the C library process `pid` has mapped (once per library file).
     fn libc_of(&mut self, programs: &mut Programs, pid: u32) -> Result<()> {
         if !self.enabled {
             return Ok(());
@@ -694,33 +691,16 @@ impl Probes {
             );
             return Ok(());
         };
-        let path = PathBuf::from(format!("/proc/{pid}/root{libc}"));
-        programs.attach_allocator(&path, Allocator::Libc)?;
+        programs.attach_allocator(&PathBuf::from(format!("/proc/{pid}/root{libc}")))?;
         Ok(())
     }
 
-    /// Probes the arena allocator of the CPython processes found since the last call, and
-    /// their C library when it is another one.
+    /// Probes the C library of the CPython processes found since the last call, when it is
+    /// another one than those probed already (a container's).
     fn python(&mut self, programs: &mut Programs, python: &mut Python) {
-        if !self.enabled {
-            return;
-        }
-        for (pid, module) in python.take_new_modules() {
+        for (pid, _) in python.take_new_modules() {
             if let Err(e) = self.libc_of(programs, pid) {
                 eprintln!("spanprof: warning: pid {pid}: {e:#}");
-            }
-            let path = PathBuf::from(format!("/proc/{pid}/root{}", module.display()));
-            let missing = programs.attach_allocator(&path, Allocator::PythonArenas);
-            let gone = match &missing {
-                Ok(m) => !m.is_empty(),
-                Err(_) => true,
-            };
-            if gone && self.warned.insert(module.clone()) {
-                eprintln!(
-                    "spanprof: warning: {}: no CPython arena symbols (_PyObject_ArenaMmap or \
-                     _PyMem_ArenaAlloc; a stripped interpreter): small Python objects are not in the allocation profile",
-                    module.display()
-                );
             }
         }
     }

@@ -35,6 +35,33 @@ use blazesym::symbolize::{Input, Symbolized};
 use blazesym::Pid;
 use rustc_hash::FxHashMap;
 
+/// Where `symbol` is in the ELF file at `path` and where its executable segments end: (the
+/// symbol's virtual address, the end of the last executable `PT_LOAD`), both as link-time
+/// addresses. A probe on the symbol learns the module's load bias at run time (its own address
+/// minus the first) and can then tell callers inside the module from the others. `None` when the
+/// file cannot be read or has no such symbol.
+pub fn symbol_and_text_end(path: &Path, symbol: &str) -> Option<(u64, u64)> {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).ok()?;
+    let elf = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
+    let endian = elf.endian();
+    let text_end = elf
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| {
+            ph.p_type(endian) == object::elf::PT_LOAD && ph.p_flags(endian) & object::elf::PF_X != 0
+        })
+        .map(|ph| ph.p_vaddr(endian) + ph.p_memsz(endian))
+        .max()?;
+    let address = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.name() == Ok(symbol) && s.address() != 0)?
+        .address();
+    Some((address, text_end))
+}
+
 /// Opens a file a process maps, through `/proc/PID/root` (its mount namespace), for reading
 /// its ELF headers and sections. `None` unless it is a regular file, and, when `inode` is given
 /// (from `/proc/PID/maps`), that very file: the path of a mapping may since name another file,
