@@ -275,10 +275,10 @@ fn target_exiting_mid_session_keeps_what_was_gathered() {
         out.stderr.contains("exited"),
         "stderr does not say the target exited\n{out}"
     );
-    assert_private_output(&folded);
-    assert_private_output(&svg);
     let total = folded_total(&read_folded(&folded));
     assert!(total > 0, "no samples were kept\n{out}");
+    assert_private_output(&folded);
+    assert_private_output(&svg);
 }
 
 #[test]
