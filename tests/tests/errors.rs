@@ -262,7 +262,8 @@ fn target_exiting_mid_session_keeps_what_was_gathered() {
     let folded = tmp.join("out.folded");
     let svg = tmp.join("out.svg");
     // Reaped by a thread as soon as it exits, as its parent would.
-    let workload = Workload::start_reaped("cpu_split", 2.0);
+    // 3 s: on a loaded machine loading the programs has taken a good part of 2 s.
+    let workload = Workload::start_reaped("cpu_split", 3.0);
     let out = run_spanprof(profile_args(
         &workload.pid().to_string(),
         "5s",
