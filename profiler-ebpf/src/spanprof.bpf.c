@@ -28,12 +28,31 @@ struct thread_struct {
 	unsigned long fsbase; /* x86_64: the thread's FS base, which glibc's pthread_self() is */
 } __attribute__((preserve_access_index));
 
+/*
+ * A pending uretprobe of the thread (kernel/events/uprobes.c): the return address at `stack` (the
+ * sp at the function's entry) was replaced with the uprobes trampoline's; `orig_ret_vaddr` is the
+ * real one. Newest first.
+ */
+struct return_instance {
+	unsigned long stack;
+	unsigned long orig_ret_vaddr;
+	struct return_instance *next;
+} __attribute__((preserve_access_index));
+
+struct uprobe_task {
+	struct return_instance *return_instances;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	unsigned int in_iowait : 1; /* set by io_schedule() around a wait for I/O */
 	struct thread_struct thread;
+	struct uprobe_task *utask;
 } __attribute__((preserve_access_index));
+
+/* Pending uretprobes whose return addresses are put back in a stack copy, at most. */
+#define URETPROBE_FIXUPS 8
 
 /*
  * The registers a task entered the kernel with (bpf_task_pt_regs): its user-mode state. The
@@ -1423,8 +1442,10 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
  */
 static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off, __u32 tgid)
 {
-	struct pt_regs___kernel *regs =
-		(struct pt_regs___kernel *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs___kernel *regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
+	struct return_instance *ri;
+	__u64 slot, ret;
 	const __u32 *size = bpf_map_lookup_elem(&stack_copy_sizes, &tgid);
 	__u64 sp, want = (size ? *size : stack_copy_bytes) & ~7U, done = 0, len;
 	__u8 *dst;
@@ -1467,6 +1488,20 @@ static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off
 	if (done == 0) {
 		s->ustack_copy_status = SPANPROF_USTACK_COPY_FAULT;
 		return;
+	}
+	/*
+	 * A function with a pending uretprobe (--event heap's on the allocation functions) returns
+	 * to the uprobes trampoline, not to its caller: put the caller back, or the unwinder stops
+	 * there (realloc(NULL) calling malloc showed [unknown] (?+0x7fffffffdfff)).
+	 */
+	ri = BPF_CORE_READ(task, utask, return_instances);
+	for (i = 0; i < URETPROBE_FIXUPS && ri; i++) {
+		slot = BPF_CORE_READ(ri, stack);
+		if (slot >= sp && slot - sp <= done - 8 && slot - sp <= SPANPROF_MAX_STACK_COPY - 8) {
+			ret = BPF_CORE_READ(ri, orig_ret_vaddr);
+			*(__u64 *)(dst + ((slot - sp) & (SPANPROF_MAX_STACK_COPY - 1))) = ret;
+		}
+		ri = BPF_CORE_READ(ri, next);
 	}
 	s->ustack_copy_status =
 		SPANPROF_USTACK_COPY_OK | (done < want ? SPANPROF_USTACK_COPY_SHORT : 0);

@@ -526,13 +526,29 @@ impl Programs {
         if !self.probed.insert((meta.dev(), meta.ino())) {
             return Ok(());
         }
+        let heap: &[(&str, &str)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
+        let probes: Vec<(&str, &str)> = LIBC_PROBES.iter().chain(heap).copied().collect();
+        let symbols: Vec<&str> = probes.iter().map(|&(_, symbol)| symbol).collect();
+        let (addresses, text_end) = symbolizer::symbol_addresses(module, &symbols)
+            .unwrap_or_else(|| (vec![None; symbols.len()], 0));
         // mmap's probe tells the library's own calls (malloc's chunks, thread stacks) from the
         // program's: its cookie holds mmap's link-time address and the end of the code.
-        let mmap_cookie = symbolizer::symbol_and_text_end(module, "mmap")
-            .filter(|&(at, end)| at < 1 << 32 && end < 1 << 32)
-            .map(|(at, end)| at << 32 | end);
-        let heap: &[(&str, &str)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
-        for &(name, symbol) in LIBC_PROBES.iter().chain(heap) {
+        let mmap_cookie = probes
+            .iter()
+            .zip(&addresses)
+            .find(|((_, symbol), _)| *symbol == "mmap")
+            .and_then(|(_, at)| *at)
+            .filter(|&at| at < 1 << 32 && text_end < 1 << 32 && text_end > 0)
+            .map(|at| at << 32 | text_end);
+        // One probe per program and address: glibc's memalign and aligned_alloc are one
+        // function, whose two probes would both fire on each call.
+        let mut placed = std::collections::HashSet::new();
+        for (&(name, symbol), address) in probes.iter().zip(&addresses) {
+            if let Some(address) = address {
+                if !placed.insert((name, *address)) {
+                    continue;
+                }
+            }
             let program: &mut UProbe = self
                 .ebpf
                 .program_mut(name)

@@ -401,8 +401,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     }
     if let Ending::TargetsExited(_) = outcome.ending {
         eprintln!(
-            "spanprof: every target exited; writing the {} samples gathered",
-            profile.total_samples()
+            "spanprof: every target exited; writing the {}{} gathered",
+            summary::amount(profile, summary::total_weight(profile)),
+            match summary::unit_suffix(profile) {
+                "" => "",
+                _ => " samples",
+            }
         );
     }
     if outcome.symbolizer.process_gone > 0 {

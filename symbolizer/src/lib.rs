@@ -41,6 +41,14 @@ use rustc_hash::FxHashMap;
 /// minus the first) and can then tell callers inside the module from the others. `None` when the
 /// file cannot be read or has no such symbol.
 pub fn symbol_and_text_end(path: &Path, symbol: &str) -> Option<(u64, u64)> {
+    let (addresses, text_end) = symbol_addresses(path, &[symbol])?;
+    Some((addresses[0]?, text_end))
+}
+
+/// The link-time addresses of `symbols` in the ELF file at `path` (`None` for those it lacks:
+/// aliases such as glibc's `memalign` and `aligned_alloc` share one), and the end of its last
+/// executable `PT_LOAD`. `None` when the file cannot be read.
+pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<u64>>, u64)> {
     use object::read::elf::{ElfFile64, ProgramHeader};
     use object::{Object, ObjectSymbol};
     let data = std::fs::read(path).ok()?;
@@ -54,12 +62,21 @@ pub fn symbol_and_text_end(path: &Path, symbol: &str) -> Option<(u64, u64)> {
         })
         .map(|ph| ph.p_vaddr(endian) + ph.p_memsz(endian))
         .max()?;
-    let address = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.name() == Ok(symbol) && s.address() != 0)?
-        .address();
-    Some((address, text_end))
+    let mut addresses = vec![None; symbols.len()];
+    for sym in elf.dynamic_symbols().chain(elf.symbols()) {
+        let (Ok(name), address) = (sym.name(), sym.address()) else {
+            continue;
+        };
+        if address == 0 {
+            continue;
+        }
+        for (i, wanted) in symbols.iter().enumerate() {
+            if addresses[i].is_none() && *wanted == name {
+                addresses[i] = Some(address);
+            }
+        }
+    }
+    Some((addresses, text_end))
 }
 
 /// Opens a file a process maps, through `/proc/PID/root` (its mount namespace), for reading

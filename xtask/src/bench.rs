@@ -58,10 +58,13 @@
 //!   the in-kernel time per run of spanprof's `on_switch` (every context switch of the machine)
 //!   and `on_sys_exit` (every system call exit) programs, found by name among the spawned
 //!   spanprof's program fds and read like the sampling program above; method in its block.
+//! - Allocations (the `bench-alloc` block): `tests/workloads/py_alloc.py --bench` alone, under
+//!   `spanprof profile --event alloc` (also `--event heap` and `--alloc-rate 1`) and under
+//!   `memray run`, interleaved; method in [`crate::bench_alloc`] and in its block.
 //!
-//! `--only native|python|spans|unwind|offcpu` runs one part. Each round's raw measurements go to
-//! `target/bench/{native,python,spans,unwind,offcpu}_rounds.txt` (`spans_KIND_rounds.txt` for a
-//! `--span-kinds` other than both).
+//! `--only native|python|spans|unwind|offcpu|alloc` runs one part. Each round's raw measurements
+//! go to `target/bench/{native,python,spans,unwind,offcpu,alloc}_rounds.txt`
+//! (`spans_KIND_rounds.txt` for a `--span-kinds` other than both).
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
 
@@ -86,6 +89,8 @@ pub enum Part {
     Spans,
     Unwind,
     Offcpu,
+    /// `--only alloc`: allocation profiling against memray ([`crate::bench_alloc`]).
+    Alloc,
 }
 
 /// What to run and how much.
@@ -106,6 +111,8 @@ pub struct Config {
     pub span_libs: PathBuf,
     /// The span contexts the span target sets up: both, or one alone to see what each costs.
     pub span_kinds: SpanKinds,
+    /// Units of `py_alloc.py --bench` work in each run of the alloc part.
+    pub alloc_units: u64,
 }
 
 /// Which span contexts `bench_py_span.py` sets up (its `BENCH_SPAN_KINDS`).
@@ -2722,6 +2729,18 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
     } else {
         None
     };
+    let alloc_table = if wants(Part::Alloc) {
+        let alloc_cfg = crate::bench_alloc::Config {
+            rounds: cfg.rounds,
+            python: cfg.python.clone(),
+            units: cfg.alloc_units,
+        };
+        Some(crate::bench_alloc::run(
+            root, spanprof, &out_dir, &alloc_cfg,
+        )?)
+    } else {
+        None
+    };
     drop(stats_off);
     // Each `--span-kinds` has its own block: `bench-spans` (both), `bench-spans-otel`, ….
     let spans_block = cfg.span_kinds.block();
@@ -2738,6 +2757,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
             offcpu_table,
             "bench-offcpu",
             Some("Off-CPU: offcpu_pingpong, a context switch per hop"),
+        ),
+        (
+            alloc_table,
+            "bench-alloc",
+            Some("Allocations: py_alloc.py --bench, spanprof against memray"),
         ),
     ] {
         if let Some(table) = table {

@@ -7,6 +7,8 @@
 //! the span-correlation tests run in their workloads (OpenTelemetry's SDK and
 //! OSProfiler) go, per pyenv CPython 3.8–3.13, into `target/span-libs/3.X`
 //! (`pip install --target`), which the workloads get as their `PYTHONPATH`.
+//! memray, the reference of the allocation benchmark, is installed the same way into
+//! `target/bench-libs/3.X`, by the benchmark itself and for its interpreter only ([`memray`]).
 //!
 //! Every step checks first and does nothing when its result is there and works, so a second
 //! run takes a few seconds. Runs of this task (alone, or inside `test`, `demo` and `bench`) in
@@ -673,4 +675,85 @@ fn spanprof_context_lib(root: &Path, python: &Path, dir: &Path) -> Result<()> {
     }
     std::fs::write(&stamp, want_stamp)?;
     Ok(())
+}
+
+/// memray, the reference profiler of the allocation benchmark (`cargo xtask bench --only
+/// alloc`), pinned. Its extension module is built for one CPython version, and the bench runs
+/// its target with a pyenv CPython (one with arena symbols, which spanprof needs to see small
+/// objects) rather than the venv's Debian python3.11, so it is installed per interpreter, like
+/// the tracing libraries: `pip install --target target/bench-libs/3.X`, given to the target as
+/// `PYTHONPATH`. Only the bench installs it ([`memray`]); `cargo xtask deps` and the tests do
+/// not need it.
+const MEMRAY_PACKAGE: &str = "memray==1.20.0";
+/// What proves a `target/bench-libs/3.X` directory usable by its interpreter.
+const MEMRAY_PROBE: &str = "import memray, memray.commands";
+
+/// Installs (once) [`MEMRAY_PACKAGE`] for `python` into `target/bench-libs/3.X` (3.X its
+/// version) and returns that directory, for `PYTHONPATH`. A stamp file (interpreter and
+/// package) makes a later run a quick import check; the install goes into `3.X.partial`,
+/// renamed once `python` imports memray from it, so an interrupted install leaves no
+/// half-filled directory behind a valid stamp.
+pub fn memray(root: &Path, python: &Path) -> Result<PathBuf> {
+    let _lock = lock(root)?;
+    let version = Cmd::new(python)
+        .args(["-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        .quiet()
+        .output()?;
+    if !version.status.success() {
+        bail!("{} cannot tell its version", python.display());
+    }
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let base = root.join("target/bench-libs");
+    let dir = base.join(&version);
+    let stamp = dir.join("spanprof-stamp");
+    let want_stamp = format!("{}\n{MEMRAY_PACKAGE}\n", python.display());
+    let works = |dir: &Path| {
+        Cmd::new(python)
+            .args(["-c", MEMRAY_PROBE])
+            .env("PYTHONPATH", dir)
+            .env("PYTHONNOUSERSITE", "1")
+            .quiet()
+            .succeeds()
+    };
+    if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp) && works(&dir) {
+        step(&format!("memray ready in {}", dir.display()));
+        return Ok(dir);
+    }
+    let partial = base.join(format!("{version}.partial"));
+    remove_dir(&partial)?;
+    std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    step(&format!(
+        "installing {MEMRAY_PACKAGE} for {} into {}",
+        python.display(),
+        dir.display()
+    ));
+    Cmd::new(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--target",
+        ])
+        .arg(&partial)
+        .arg(MEMRAY_PACKAGE)
+        .env("PIP_NO_INPUT", "1")
+        .env("PIP_ROOT_USER_ACTION", "ignore")
+        .env("PYTHONNOUSERSITE", "1")
+        .run()
+        .with_context(|| format!("installing {MEMRAY_PACKAGE} for {}", python.display()))?;
+    if !works(&partial) {
+        bail!(
+            "after pip install, {} cannot `{MEMRAY_PROBE}` with PYTHONPATH={}",
+            python.display(),
+            partial.display()
+        );
+    }
+    std::fs::write(partial.join("spanprof-stamp"), want_stamp)?;
+    remove_dir(&dir)?;
+    std::fs::rename(&partial, &dir)
+        .with_context(|| format!("moving {} to {}", partial.display(), dir.display()))?;
+    Ok(dir)
 }

@@ -12,6 +12,7 @@
 //! task exit non-zero with the failing step named.
 
 mod bench;
+mod bench_alloc;
 mod deps;
 mod run;
 mod workloads;
@@ -37,7 +38,8 @@ tasks:
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
-        [--unwind-seconds S] [--only native|python|spans|unwind|offcpu]
+        [--unwind-seconds S] [--alloc-units UNITS]
+        [--only native|python|spans|unwind|offcpu|alloc]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -67,6 +69,12 @@ tasks:
                pipes) alone, under spanprof --event offcpu and under perf
                record -e sched:sched_switch -g: slowdown, context switches per
                second, in-kernel time per on_switch and on_sys_exit run;
+             alloc: tests/workloads/py_alloc.py --bench UNITS (default 4000,
+               a few seconds) alone, under spanprof --event alloc, --event
+               heap and --event alloc --alloc-rate 1, and under memray run
+               (PyPI memray 1.20.0, installed into target/bench-libs/3.X):
+               slowdown, CPU time per allocator call, in-kernel time per run
+               of each uprobe program;
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
@@ -241,6 +249,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
     let mut work: u64 = 60_000;
     let mut py_work: u64 = 450;
     let mut unwind_seconds: u64 = 5;
+    let mut alloc_units: u64 = bench_alloc::DEFAULT_UNITS;
     let mut python: Option<PathBuf> = None;
     let mut spanprof: Option<PathBuf> = None;
     let mut span_kinds = bench::SpanKinds::Both;
@@ -262,6 +271,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             "--work" => work = positive(flag, value)?,
             "--py-work" => py_work = positive(flag, value)?,
             "--unwind-seconds" => unwind_seconds = positive(flag, value)?,
+            "--alloc-units" => alloc_units = positive(flag, value)?,
             "--python" => python = Some(PathBuf::from(value)),
             "--spanprof" => spanprof = Some(PathBuf::from(value)),
             "--span-kinds" => {
@@ -282,8 +292,12 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "spans" => bench::Part::Spans,
                     "unwind" => bench::Part::Unwind,
                     "offcpu" => bench::Part::Offcpu,
+                    "alloc" => bench::Part::Alloc,
                     other => {
-                        bail!("invalid --only `{other}` (native, python, spans, unwind or offcpu)")
+                        bail!(
+                            "invalid --only `{other}` (native, python, spans, unwind, offcpu or \
+                             alloc)"
+                        )
                     }
                 }
             }
@@ -307,7 +321,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         bench::Part::All | bench::Part::Native | bench::Part::Unwind | bench::Part::Offcpu => {
             Some(workloads::build(root)?)
         }
-        bench::Part::Python | bench::Part::Spans => None,
+        bench::Part::Python | bench::Part::Spans | bench::Part::Alloc => None,
     };
     let bin = match spanprof {
         Some(bin) if bin.is_file() => bin,
@@ -324,6 +338,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         py_spy: env.py_spy,
         span_libs: env.span_libs,
         span_kinds,
+        alloc_units,
     };
     bench::run(root, &bin, workloads.as_deref(), &cfg)
 }

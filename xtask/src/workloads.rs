@@ -94,10 +94,14 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 /// `cargo xtask bench --only offcpu`).
 pub const OFFCPU_WORKLOADS: &[&str] = &["offcpu_sleep", "offcpu_pingpong"];
 
+/// The allocation workload, built from `xtask/workloads/alloc_sizes.c` like the off-CPU ones:
+/// known calls of the malloc family from one function each, for `tests/tests/alloc.rs`.
+pub const ALLOC_WORKLOADS: &[&str] = &["alloc_sizes"];
+
 /// Builds [`OFFCPU_WORKLOADS`] into `out`.
 fn build_offcpu(root: &Path, out: &Path) -> Result<()> {
     let src = root.join("xtask/workloads");
-    for name in OFFCPU_WORKLOADS {
+    for name in OFFCPU_WORKLOADS.iter().chain(ALLOC_WORKLOADS) {
         Cmd::new("gcc")
             .args(CFLAGS)
             .arg("-pthread")
