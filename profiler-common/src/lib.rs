@@ -251,6 +251,20 @@ pub struct OffCpuTask {
     pub kstack: [u64; MAX_STACK_DEPTH],
 }
 
+/// Allocation function `malloc`, in the top 4 bits of the `on_alloc` probe's attach cookie.
+pub const ALLOC_MALLOC: u64 = 1;
+/// `calloc`.
+pub const ALLOC_CALLOC: u64 = 2;
+/// `realloc`.
+pub const ALLOC_REALLOC: u64 = 3;
+/// `aligned_alloc`, `memalign`.
+pub const ALLOC_MEMALIGN: u64 = 4;
+/// `posix_memalign`.
+pub const ALLOC_POSIX_MEMALIGN: u64 = 5;
+/// `mmap`: the cookie's low 60 bits hold its link-time address (bits 30..59) and the end of
+/// the library's code (bits 0..29).
+pub const ALLOC_MMAP: u64 = 6;
+
 /// Value of the `alloc_live` map (key: address): a sampled allocation not freed yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]

@@ -224,6 +224,14 @@ struct spanprof_sample {
 #define SPANPROF_EVENT_OFFCPU 1 /* blocked intervals, sent when the thread returns to user mode */
 #define SPANPROF_EVENT_ALLOC 2	/* a sampled allocation (malloc family, CPython arenas) */
 
+/* Allocation functions, in the top 4 bits of the on_alloc probe's attach cookie. */
+#define SPANPROF_ALLOC_MALLOC 1
+#define SPANPROF_ALLOC_CALLOC 2
+#define SPANPROF_ALLOC_REALLOC 3
+#define SPANPROF_ALLOC_MEMALIGN 4	/* aligned_alloc, memalign */
+#define SPANPROF_ALLOC_POSIX_MEMALIGN 5
+#define SPANPROF_ALLOC_MMAP 6
+
 /* Value of `alloc_live` (key: address): a sampled allocation not freed yet (--event heap). */
 struct spanprof_live_alloc {
 	__u64 alloc_id; /* spanprof_sample.alloc_id of its sample */

@@ -1868,81 +1868,75 @@ static __always_inline void free_event(__u64 addr)
 		bpf_map_delete_elem(&alloc_live, &addr);
 }
 
-SEC("uprobe")
-int BPF_KPROBE(on_malloc, __u64 size)
-{
-	return alloc_event(ctx, size, 0);
-}
-
-SEC("uprobe")
-int BPF_KPROBE(on_calloc, __u64 n, __u64 size)
-{
-	__u64 limit;
-
-	/* calloc fails on overflow: nothing is allocated. (The barrier keeps clang from turning
-	 * the division into a 128-bit multiplication, which BPF does not have.) */
-	if (size) {
-		limit = ~0ULL / size;
-		asm volatile("" : "+r"(limit));
-		if (n > limit)
-			return 0;
-	}
-	return alloc_event(ctx, n * size, 0);
-}
-
-SEC("uprobe")
-int BPF_KPROBE(on_realloc, __u64 ptr, __u64 size)
-{
-	/* glibc's realloc(NULL, n) is its malloc(n), whose probe counts it. */
-	if (!ptr)
-		return 0;
-	if (alloc_heap)
-		free_event(ptr);
-	return alloc_event(ctx, size, 0);
-}
-
 /* glibc hands an alignment of at most MALLOC_ALIGNMENT (16 on x86_64) to its malloc. */
 #define GLIBC_MALLOC_ALIGNMENT 16
 
-/* aligned_alloc(alignment, size), memalign(alignment, size). */
-SEC("uprobe")
-int BPF_KPROBE(on_memalign, __u64 align, __u64 size)
-{
-	if (align <= GLIBC_MALLOC_ALIGNMENT)
-		return 0;
-	return alloc_event(ctx, size, 0);
-}
-
-SEC("uprobe")
-int BPF_KPROBE(on_posix_memalign, __u64 memptr, __u64 align, __u64 size)
-{
-	if (align <= GLIBC_MALLOC_ALIGNMENT)
-		return 0;
-	return alloc_event(ctx, size, memptr);
-}
-
 /*
- * mmap(addr, length, prot, flags, fd, offset): an anonymous mapping (file mappings are code and
- * data, not allocations), made by the program itself: CPython's arenas of small objects are such
- * mappings. A call from inside the C library is not counted: malloc maps its large chunks
- * (counted by the malloc probe), pthread_create its threads' stacks. The attach cookie holds
- * mmap's link-time address (high 32 bits) and the end of the library's code (low 32): the
- * library's run-time base is this probe's address minus the first.
+ * Every allocation function, one program (each program that inlines the sample code costs the
+ * verifier ~180 ms at load): the attach cookie says which function it is (SPANPROF_ALLOC_* in its
+ * top 4 bits) and so where the size is. For mmap the rest holds mmap's link-time address (bits
+ * 30..59) and the end of the C library's code (bits 0..29): the library's run-time base is the
+ * probe's address minus the first, and calls from inside the library are not counted (malloc's
+ * own large chunks, counted by the malloc probe; pthread_create's thread stacks). Only anonymous
+ * mappings are allocations (file mappings are code and data); CPython's arenas of small objects
+ * are such mappings.
  */
 SEC("uprobe")
-int BPF_KPROBE(on_mmap, __u64 addr, __u64 length, __u64 prot, __u64 flags)
+int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 {
-	__u64 cookie = bpf_get_attach_cookie(ctx), base, caller = 0;
+	__u64 cookie = bpf_get_attach_cookie(ctx), data = cookie & ((1ULL << 60) - 1);
+	__u64 size, memptr = 0, limit, base, caller = 0;
 
-	if (!(flags & MAP_ANONYMOUS))
-		return 0;
-	if (cookie) {
-		base = PT_REGS_IP(ctx) - (cookie >> 32);
-		if (!bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx)) &&
-		    caller >= base && caller < base + (cookie & 0xffffffff))
+	/* The sample code is inlined once, after the switch (each copy costs the verifier). */
+	switch (cookie >> 60) {
+	case SPANPROF_ALLOC_MALLOC: /* malloc(size) */
+		size = a0;
+		break;
+	case SPANPROF_ALLOC_CALLOC: /* calloc(n, size) */
+		/* It fails on overflow: nothing is allocated. (The barrier keeps clang from turning
+		 * the division into a 128-bit multiplication, which BPF does not have.) */
+		if (a1) {
+			limit = ~0ULL / a1;
+			asm volatile("" : "+r"(limit));
+			if (a0 > limit)
+				return 0;
+		}
+		size = a0 * a1;
+		break;
+	case SPANPROF_ALLOC_REALLOC: /* realloc(ptr, size) */
+		/* glibc's realloc(NULL, n) is its malloc(n), whose probe counts it. */
+		if (!a0)
 			return 0;
+		if (alloc_heap)
+			free_event(a0);
+		size = a1;
+		break;
+	case SPANPROF_ALLOC_MEMALIGN: /* aligned_alloc(alignment, size), memalign(alignment, size) */
+		if (a0 <= GLIBC_MALLOC_ALIGNMENT)
+			return 0;
+		size = a1;
+		break;
+	case SPANPROF_ALLOC_POSIX_MEMALIGN: /* posix_memalign(memptr, alignment, size) */
+		if (a1 <= GLIBC_MALLOC_ALIGNMENT)
+			return 0;
+		size = a2;
+		memptr = a0;
+		break;
+	case SPANPROF_ALLOC_MMAP: /* mmap(addr, length, prot, flags, fd, offset) */
+		if (!(a3 & MAP_ANONYMOUS))
+			return 0;
+		if (data) {
+			base = PT_REGS_IP(ctx) - (data >> 30);
+			if (!bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx)) &&
+			    caller >= base && caller < base + (data & ((1ULL << 30) - 1)))
+				return 0;
+		}
+		size = a1;
+		break;
+	default:
+		return 0;
 	}
-	return alloc_event(ctx, length, 0);
+	return alloc_event(ctx, size, memptr);
 }
 
 /* munmap(addr, length). */

@@ -16,7 +16,8 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
-    ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ERROR_COUNT, TARGET_EXPLICIT,
+    ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ALLOC_CALLOC, ALLOC_MALLOC,
+    ALLOC_MEMALIGN, ALLOC_MMAP, ALLOC_POSIX_MEMALIGN, ALLOC_REALLOC, ERROR_COUNT, TARGET_EXPLICIT,
 };
 
 use crate::profile::DEFAULT_ALLOC_RATE;
@@ -109,42 +110,32 @@ pub struct AllocOptions {
     pub heap: bool,
 }
 
-/// (program, symbol) of the C library's allocation probes.
-const LIBC_PROBES: &[(&str, &str)] = &[
-    ("on_malloc", "malloc"),
-    ("on_calloc", "calloc"),
-    ("on_realloc", "realloc"),
-    ("on_memalign", "aligned_alloc"),
-    ("on_memalign", "memalign"),
-    ("on_posix_memalign", "posix_memalign"),
-    ("on_mmap", "mmap"),
+/// (program, symbol, function kind for the `on_alloc` cookie) of the C library's probes.
+const LIBC_PROBES: &[(&str, &str, u64)] = &[
+    ("on_alloc", "malloc", ALLOC_MALLOC),
+    ("on_alloc", "calloc", ALLOC_CALLOC),
+    ("on_alloc", "realloc", ALLOC_REALLOC),
+    ("on_alloc", "aligned_alloc", ALLOC_MEMALIGN),
+    ("on_alloc", "memalign", ALLOC_MEMALIGN),
+    ("on_alloc", "posix_memalign", ALLOC_POSIX_MEMALIGN),
+    ("on_alloc", "mmap", ALLOC_MMAP),
 ];
 
-/// (program, symbol) of the probes only the heap profile needs: frees and returns.
-const LIBC_HEAP_PROBES: &[(&str, &str)] = &[
-    ("on_free", "free"),
-    ("on_munmap", "munmap"),
-    ("on_alloc_return", "malloc"),
-    ("on_alloc_return", "calloc"),
-    ("on_alloc_return", "realloc"),
-    ("on_alloc_return", "aligned_alloc"),
-    ("on_alloc_return", "memalign"),
-    ("on_alloc_return", "posix_memalign"),
-    ("on_alloc_return", "mmap"),
+/// The probes only the heap profile needs: frees and returns.
+const LIBC_HEAP_PROBES: &[(&str, &str, u64)] = &[
+    ("on_free", "free", 0),
+    ("on_munmap", "munmap", 0),
+    ("on_alloc_return", "malloc", 0),
+    ("on_alloc_return", "calloc", 0),
+    ("on_alloc_return", "realloc", 0),
+    ("on_alloc_return", "aligned_alloc", 0),
+    ("on_alloc_return", "memalign", 0),
+    ("on_alloc_return", "posix_memalign", 0),
+    ("on_alloc_return", "mmap", 0),
 ];
 
 /// The allocation programs, loaded when allocations are sampled.
-const ALLOC_PROGRAMS: [&str; 9] = [
-    "on_malloc",
-    "on_calloc",
-    "on_realloc",
-    "on_memalign",
-    "on_posix_memalign",
-    "on_mmap",
-    "on_free",
-    "on_munmap",
-    "on_alloc_return",
-];
+const ALLOC_PROGRAMS: [&str; 4] = ["on_alloc", "on_free", "on_munmap", "on_alloc_return"];
 
 /// The task storage value of thread `tid` in the map `map_fd` (`BPF_MAP_LOOKUP_ELEM` with a
 /// pidfd for the key; aya has no task storage type). `None` when the thread has none or is gone.
@@ -526,24 +517,15 @@ impl Programs {
         if !self.probed.insert((meta.dev(), meta.ino())) {
             return Ok(());
         }
-        let heap: &[(&str, &str)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
-        let probes: Vec<(&str, &str)> = LIBC_PROBES.iter().chain(heap).copied().collect();
-        let symbols: Vec<&str> = probes.iter().map(|&(_, symbol)| symbol).collect();
+        let heap: &[(&str, &str, u64)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
+        let probes: Vec<(&str, &str, u64)> = LIBC_PROBES.iter().chain(heap).copied().collect();
+        let symbols: Vec<&str> = probes.iter().map(|&(_, symbol, _)| symbol).collect();
         let (addresses, text_end) = symbolizer::symbol_addresses(module, &symbols)
             .unwrap_or_else(|| (vec![None; symbols.len()], 0));
-        // mmap's probe tells the library's own calls (malloc's chunks, thread stacks) from the
-        // program's: its cookie holds mmap's link-time address and the end of the code.
-        let mmap_cookie = probes
-            .iter()
-            .zip(&addresses)
-            .find(|((_, symbol), _)| *symbol == "mmap")
-            .and_then(|(_, at)| *at)
-            .filter(|&at| at < 1 << 32 && text_end < 1 << 32 && text_end > 0)
-            .map(|at| at << 32 | text_end);
         // One probe per program and address: glibc's memalign and aligned_alloc are one
         // function, whose two probes would both fire on each call.
         let mut placed = std::collections::HashSet::new();
-        for (&(name, symbol), address) in probes.iter().zip(&addresses) {
+        for (&(name, symbol, kind), address) in probes.iter().zip(&addresses) {
             if let Some(address) = address {
                 if !placed.insert((name, *address)) {
                     continue;
@@ -555,7 +537,15 @@ impl Programs {
                 .expect("allocation programs are in the object")
                 .try_into()
                 .map_err(aya_err("find an allocation program"))?;
-            let cookie = if name == "on_mmap" { mmap_cookie } else { None };
+            let cookie = match (kind, address) {
+                (0, _) => None,
+                // mmap's probe tells the library's own calls (malloc's chunks, thread stacks)
+                // from the program's by the library's code range.
+                (ALLOC_MMAP, Some(at)) if *at < 1 << 30 && text_end < 1 << 30 => {
+                    Some(kind << 60 | at << 30 | text_end)
+                }
+                _ => Some(kind << 60),
+            };
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::Symbol(symbol),
                 cookie,

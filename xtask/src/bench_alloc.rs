@@ -64,16 +64,9 @@ pub struct Config {
 /// The default amount of work: about 3.5 s alone.
 pub const DEFAULT_UNITS: u64 = 4000;
 
-/// spanprof's entry probes: one run per call of the malloc family or of the C library's mmap
-/// (CPython's small-object allocator gets its arenas with mmap).
-const ENTRY_PROGS: [&str; 6] = [
-    "on_malloc",
-    "on_calloc",
-    "on_realloc",
-    "on_memalign",
-    "on_posix_memalign",
-    "on_mmap",
-];
+/// spanprof's entry probe: one program, one run per call of the malloc family or of the C
+/// library's mmap (CPython's small-object allocator gets its arenas with mmap).
+const ENTRY_PROGS: [&str; 1] = ["on_alloc"];
 
 /// A program's name as the kernel keeps it: at most 15 bytes (`BPF_OBJ_NAME_LEN` with its NUL),
 /// so `on_posix_memalign` is `on_posix_memali` in the program fds' info.
@@ -884,7 +877,7 @@ mod tests {
             ..AllocRun::default()
         };
         run.progs.insert(
-            "on_malloc".into(),
+            "on_alloc".into(),
             ProgWindow {
                 idle_ns: 1000,
                 idle_runs: 10,
@@ -901,16 +894,8 @@ mod tests {
                 runs: 900,
             },
         );
-        run.progs.insert(
-            "on_posix_memali".into(),
-            ProgWindow {
-                runs: 5,
-                ..ProgWindow::default()
-            },
-        );
-        // The frees are not entries; the idle runs of both are other processes'; the kernel
-        // keeps 15 bytes of a program's name.
-        assert_eq!(run.entry_runs(), 1025);
+        // The frees are not entries; the idle runs of both are other processes'.
+        assert_eq!(run.entry_runs(), 1020);
         assert_eq!(run.idle_rate(), 7.5);
         assert_eq!(
             parse_recorded(
