@@ -98,6 +98,9 @@ pub enum ErrorCode {
     /// Not an error: nanoseconds the targets' threads waited runnable for a CPU (`--event
     /// wall`), kept with the counters because they too are summed per CPU.
     RunnableNs = 9,
+    /// An allocation was not counted: the CPU's allocation sampler was busy (a preempted
+    /// uprobe program).
+    AllocBusy = 10,
 }
 
 /// Number of slots in the `errors` map.
@@ -105,7 +108,7 @@ pub const ERROR_COUNT: u32 = 16;
 
 impl ErrorCode {
     /// Every code, for reporting.
-    pub const ALL: [ErrorCode; 9] = [
+    pub const ALL: [ErrorCode; 10] = [
         ErrorCode::RingbufFull,
         ErrorCode::KernelStack,
         ErrorCode::UserStack,
@@ -115,6 +118,7 @@ impl ErrorCode {
         ErrorCode::OffCpuDropped,
         ErrorCode::OffCpuStorage,
         ErrorCode::HeapFull,
+        ErrorCode::AllocBusy,
     ];
 
     /// What the counter means, for summaries.
@@ -132,6 +136,7 @@ impl ErrorCode {
             ErrorCode::OffCpuStorage => "off-CPU intervals not seen: no per-thread state",
             ErrorCode::HeapFull => "sampled allocations left out of the heap profile: table full",
             ErrorCode::RunnableNs => "nanoseconds waiting runnable for a CPU (not an error)",
+            ErrorCode::AllocBusy => "allocations not counted: the CPU's sampler was busy",
         }
     }
 }
@@ -265,7 +270,19 @@ pub const ALLOC_POSIX_MEMALIGN: u64 = 5;
 /// the library's code (bits 0..29).
 pub const ALLOC_MMAP: u64 = 6;
 
-/// Value of the `alloc_live` map (key: address): a sampled allocation not freed yet.
+/// Key of the `alloc_live` map: a process and an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
+pub struct AllocKey {
+    /// Process id.
+    pub tgid: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// The allocation's address.
+    pub addr: u64,
+}
+
+/// Value of the `alloc_live` map: a sampled allocation not freed yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct LiveAlloc {
@@ -715,6 +732,9 @@ unsafe impl aya::Pod for SpanProc {}
 // SAFETY: as above, for LiveAlloc.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for LiveAlloc {}
+// SAFETY: as above, for AllocKey.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for AllocKey {}
 
 #[cfg(test)]
 mod tests;

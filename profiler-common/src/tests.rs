@@ -174,6 +174,12 @@ fn c_asserts() -> String {
         ),
     ));
     structs.push((
+        "struct spanprof_alloc_key",
+        size_of::<AllocKey>(),
+        align_of::<AllocKey>(),
+        fields!(AllocKey, "struct spanprof_alloc_key", tgid, _pad, addr),
+    ));
+    structs.push((
         "struct spanprof_live_alloc",
         size_of::<LiveAlloc>(),
         align_of::<LiveAlloc>(),
@@ -316,6 +322,7 @@ fn c_asserts() -> String {
         ),
         ("SPANPROF_ERR_HEAP_FULL", ErrorCode::HeapFull as u64),
         ("SPANPROF_ERR_RUNNABLE_NS", ErrorCode::RunnableNs as u64),
+        ("SPANPROF_ERR_ALLOC_BUSY", ErrorCode::AllocBusy as u64),
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),

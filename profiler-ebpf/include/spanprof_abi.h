@@ -75,6 +75,11 @@ enum spanprof_error {
 	 * summed per CPU in the same map.
 	 */
 	SPANPROF_ERR_RUNNABLE_NS = 9,
+	/*
+	 * An allocation was not counted: the CPU's allocation sampler was in use by a thread it
+	 * preempted (uprobe programs can be preempted on preemptible kernels).
+	 */
+	SPANPROF_ERR_ALLOC_BUSY = 10,
 	SPANPROF_ERR_COUNT = 16,
 };
 
@@ -232,7 +237,17 @@ struct spanprof_sample {
 #define SPANPROF_ALLOC_POSIX_MEMALIGN 5
 #define SPANPROF_ALLOC_MMAP 6
 
-/* Value of `alloc_live` (key: address): a sampled allocation not freed yet (--event heap). */
+/*
+ * Key of `alloc_live`: a process and an address (a forked child has its parent's addresses: the
+ * child's free of X must not free the parent's X).
+ */
+struct spanprof_alloc_key {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 addr;
+};
+
+/* Value of `alloc_live`: a sampled allocation not freed yet (--event heap). */
 struct spanprof_live_alloc {
 	__u64 alloc_id; /* spanprof_sample.alloc_id of its sample */
 	__u64 size;

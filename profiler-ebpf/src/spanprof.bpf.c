@@ -241,9 +241,10 @@ struct scratch {
  * SCRATCH_SLOTS scratches per CPU, at CPU * SCRATCH_SLOTS + slot: a plain array because a
  * per-CPU array's value is limited to 32 KiB and a sample with its stack copy is more. User space
  * sets max_entries to SCRATCH_SLOTS times the number of possible CPUs. The timer sample (slot 0)
- * may interrupt the sys_exit program (slot 1); a uprobe (slot 2) keeps perf event programs off
- * its CPU while it runs; none nests with itself on one CPU (a perf event or kprobe-type program
- * does not run inside another, and a tracing program that would nest with itself is skipped).
+ * may interrupt the sys_exit program (slot 1) or a uprobe program (slot 2); a perf event
+ * program does not run inside another and a tracing program that would nest with itself is
+ * skipped; a uprobe program may be preempted by another on its CPU (preemptible kernels), so
+ * alloc_event takes slot 2 with a busy flag.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1497,7 +1498,7 @@ static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off
 	ri = BPF_CORE_READ(task, utask, return_instances);
 	for (i = 0; i < URETPROBE_FIXUPS && ri; i++) {
 		slot = BPF_CORE_READ(ri, stack);
-		if (slot >= sp && slot - sp <= done - 8 && slot - sp <= SPANPROF_MAX_STACK_COPY - 8) {
+		if (slot >= sp && slot - sp + 8 <= done && slot - sp <= SPANPROF_MAX_STACK_COPY - 8) {
 			ret = BPF_CORE_READ(ri, orig_ret_vaddr);
 			*(__u64 *)(dst + ((slot - sp) & (SPANPROF_MAX_STACK_COPY - 1))) = ret;
 		}
@@ -1691,7 +1692,12 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 		weight = offcpu_period_ns;
 	else
 		return 0;
-	if (t->weight_ns && (t->pending_ip != t->off_ip || t->pending_sp != t->off_sp)) {
+	/*
+	 * User registers of 0 are unknown (a thread user space found blocked when the session
+	 * began): that interval belongs with any later one of the same system call.
+	 */
+	if (t->weight_ns && (t->pending_ip || t->pending_sp) &&
+	    (t->pending_ip != t->off_ip || t->pending_sp != t->off_sp)) {
 		/* Blocked outside a system call, and now elsewhere: the older one cannot be sent. */
 		count_error(SPANPROF_ERR_OFFCPU_DROPPED);
 		t->weight_ns = 0;
@@ -1734,7 +1740,9 @@ int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
 	if (!w)
 		return 0;
 	s = begin_sample(w, bpf_get_current_pid_tgid(), SCRATCH_OFFCPU);
-	user = BPF_CORE_READ(regs, ip) == t->pending_ip && BPF_CORE_READ(regs, sp) == t->pending_sp;
+	/* Unknown registers (0: blocked since before the session, in a system call): its own. */
+	user = (!t->pending_ip && !t->pending_sp) ||
+	       (BPF_CORE_READ(regs, ip) == t->pending_ip && BPF_CORE_READ(regs, sp) == t->pending_sp);
 	s->event = SPANPROF_EVENT_OFFCPU;
 	s->weight = t->weight_ns;
 	s->blocked_ns = t->blocked_ns;
@@ -1779,6 +1787,8 @@ struct {
 struct alloc_cpu {
 	__s64 until;  /* bytes to allocate before the next sample */
 	__u64 serial; /* allocations sampled on this CPU */
+	__u32 seeded; /* until was drawn once (a countdown starting at 0 would sample at once) */
+	__u32 busy;   /* a sample is being made on this CPU (a preempted uprobe program) */
 };
 
 #define MAP_ANONYMOUS 0x20
@@ -1795,6 +1805,7 @@ struct alloc_call {
 	__u64 alloc_id;
 	__u64 size;
 	__u64 memptr; /* posix_memalign: where the address will be written; else 0 */
+	__u64 sp;     /* the stack pointer at the call's entry: its return has sp + 8 */
 };
 
 struct {
@@ -1808,9 +1819,18 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
-	__type(key, __u64);
+	__type(key, struct spanprof_alloc_key);
 	__type(value, struct spanprof_live_alloc);
 } alloc_live SEC(".maps");
+
+/* The next gap of the byte countdown: exponentially distributed, of mean alloc_rate. */
+static __always_inline __s64 draw_gap(void)
+{
+	__u32 gap = bpf_get_prandom_u32() % ALLOC_GAPS;
+	__u64 *next = bpf_map_lookup_elem(&alloc_gaps, &gap);
+
+	return next ? (__s64)*next : (__s64)alloc_rate;
+}
 
 /*
  * One allocation of `size` bytes by the current thread: counted down, and when the countdown
@@ -1819,13 +1839,12 @@ struct {
  */
 static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 memptr)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tgid = id >> 32, zero = 0, gap;
+	__u64 id = bpf_get_current_pid_tgid(), serial;
+	__u32 tgid = id >> 32, zero = 0;
 	struct alloc_cpu *cpu;
 	struct alloc_call call = {};
 	struct spanprof_sample *s;
 	struct scratch *w;
-	__u64 *next;
 
 	if (!bpf_map_lookup_elem(&target_pids, &tgid))
 		return 0;
@@ -1833,39 +1852,54 @@ static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 me
 	if (!cpu)
 		return 0;
 	if (alloc_rate > 1) {
+		if (!cpu->seeded) {
+			cpu->until = draw_gap();
+			cpu->seeded = 1;
+		}
 		cpu->until -= (__s64)size;
 		if (cpu->until > 0)
 			return 0;
-		gap = bpf_get_prandom_u32() % ALLOC_GAPS;
-		next = bpf_map_lookup_elem(&alloc_gaps, &gap);
-		cpu->until = next ? (__s64)*next : (__s64)alloc_rate;
+		cpu->until = draw_gap();
 	}
-	cpu->serial++;
-	w = get_scratch(SCRATCH_ALLOC);
-	if (!w)
+	/*
+	 * Uprobe programs run preemptible on some kernels: a thread preempted in the middle of a
+	 * sample must not share the CPU's scratch with the next one. (A plain flag: atomics that
+	 * return a value need BPF v3 code; a preemption between the test and the set is the only
+	 * window left.)
+	 */
+	if (cpu->busy) {
+		count_error(SPANPROF_ERR_ALLOC_BUSY);
 		return 0;
-	s = begin_sample(w, id, SCRATCH_ALLOC);
-	s->event = SPANPROF_EVENT_ALLOC;
-	s->weight = size;
-	s->alloc_id = ((__u64)s->cpu << 56) | (cpu->serial & ((1ULL << 56) - 1));
-	s->kstack_len = 0;
-	if (alloc_heap) {
-		call.alloc_id = s->alloc_id;
-		call.size = size;
-		call.memptr = memptr;
-		bpf_map_update_elem(&alloc_calls, &s->tid, &call, BPF_ANY);
 	}
-	send_sample(ctx, w, 0, 1);
+	cpu->busy = 1;
+	serial = ++cpu->serial;
+	w = get_scratch(SCRATCH_ALLOC);
+	if (w) {
+		s = begin_sample(w, id, SCRATCH_ALLOC);
+		s->event = SPANPROF_EVENT_ALLOC;
+		s->weight = size;
+		s->alloc_id = ((__u64)s->cpu << 56) | (serial & ((1ULL << 56) - 1));
+		s->kstack_len = 0;
+		if (alloc_heap) {
+			call.alloc_id = s->alloc_id;
+			call.size = size;
+			call.memptr = memptr;
+			call.sp = PT_REGS_SP(ctx);
+			bpf_map_update_elem(&alloc_calls, &s->tid, &call, BPF_ANY);
+		}
+		send_sample(ctx, w, 0, 1);
+	}
+	cpu->busy = 0;
 	return 0;
 }
 
 /* A free of `addr` (--event heap): a sampled allocation leaves the live table. */
 static __always_inline void free_event(__u64 addr)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct spanprof_alloc_key key = { .tgid = bpf_get_current_pid_tgid() >> 32, .addr = addr };
 
-	if (addr && bpf_map_lookup_elem(&target_pids, &tgid))
-		bpf_map_delete_elem(&alloc_live, &addr);
+	if (addr && bpf_map_lookup_elem(&target_pids, &key.tgid))
+		bpf_map_delete_elem(&alloc_live, &key);
 }
 
 /* glibc hands an alignment of at most MALLOC_ALIGNMENT (16 on x86_64) to its malloc. */
@@ -1961,13 +1995,21 @@ int BPF_KPROBE(on_free, __u64 ptr)
 SEC("uretprobe")
 int BPF_KRETPROBE(on_alloc_return, __u64 ret)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 id = bpf_get_current_pid_tgid(), addr = ret;
+	__u32 tid = (__u32)id;
 	struct spanprof_live_alloc live = {};
+	struct spanprof_alloc_key key = { .tgid = id >> 32 };
 	struct alloc_call *call;
-	__u64 addr = ret;
 
 	call = bpf_map_lookup_elem(&alloc_calls, &tid);
 	if (!call)
+		return 0;
+	/*
+	 * The return of the sampled call itself, not of one it made (malloc maps large chunks with
+	 * mmap, whose return is probed too): its stack pointer is one return address above the
+	 * entry's.
+	 */
+	if (PT_REGS_SP(ctx) != call->sp + 8)
 		return 0;
 	live.alloc_id = call->alloc_id;
 	live.size = call->size;
@@ -1981,7 +2023,8 @@ int BPF_KRETPROBE(on_alloc_return, __u64 ret)
 	/* A failed mmap returns MAP_FAILED (-1), a failed malloc NULL. */
 	if (addr >= ~4095ULL)
 		addr = 0;
-	if (addr && bpf_map_update_elem(&alloc_live, &addr, &live, BPF_ANY))
+	key.addr = addr;
+	if (addr && bpf_map_update_elem(&alloc_live, &key, &live, BPF_ANY))
 		count_error(SPANPROF_ERR_HEAP_FULL);
 	return 0;
 }

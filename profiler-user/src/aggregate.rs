@@ -11,10 +11,11 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    LiveAlloc, Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_OFFCPU, MAX_PY_FRAMES,
-    MAX_STACK_COPY, MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE, PY_NO_THREAD,
-    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
-    USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
+    AllocKey, LiveAlloc, Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_OFFCPU,
+    MAX_PY_FRAMES, MAX_STACK_COPY, MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE,
+    PY_NO_THREAD, PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED,
+    TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK,
+    USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
@@ -188,8 +189,10 @@ pub struct Aggregator {
     off_cpu_samples: u64,
     /// Allocation records counted.
     alloc_samples: u64,
-    /// `--event heap`: the count key of each sampled allocation, by its id.
-    alloc_keys: FxHashMap<u64, CountKey>,
+    /// `--event heap`: the count key of each sampled allocation and when it was made, by id.
+    alloc_keys: FxHashMap<u64, (CountKey, u64)>,
+    /// When each process last called execve (`CLOCK_MONOTONIC`).
+    execs: FxHashMap<u32, u64>,
     /// Sampled allocations still in use at the end whose stack was not remembered.
     unattributed_inuse: u64,
     /// User stacks unwound from the stack copy (`--unwind dwarf`).
@@ -223,6 +226,7 @@ impl Aggregator {
             off_cpu_samples: 0,
             alloc_samples: 0,
             alloc_keys: FxHashMap::default(),
+            execs: FxHashMap::default(),
             unattributed_inuse: 0,
             python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
@@ -233,6 +237,13 @@ impl Aggregator {
             truncated_by_copy: Vec::new(),
             raised: Default::default(),
         }
+    }
+
+    /// A process called execve (at `time_ns`, `CLOCK_MONOTONIC`): the memory it had allocated
+    /// before is gone, and so are the modules its stacks were unwound with.
+    pub fn exec(&mut self, pid: u32, time_ns: u64) {
+        self.execs.insert(pid, time_ns);
+        self.forget(pid);
     }
 
     /// A process exec'd or exited: the modules its stacks were unwound with are gone.
@@ -332,7 +343,8 @@ impl Aggregator {
             n += 1;
         }
         let pyid = self.python.intern(&self.py_scratch[..n]).0;
-        let kid = if self.opts.kernel && !self.opts.python_only {
+        // Off-CPU records keep theirs for their reason even when kernel frames are not shown.
+        let kid = if (self.opts.kernel && !self.opts.python_only) || rec.event == EVENT_OFFCPU {
             let n = to_lookup_addrs(sample.kernel_stack(), false, &mut self.scratch);
             self.kernel.intern(&self.scratch[..n]).0
         } else {
@@ -385,7 +397,7 @@ impl Aggregator {
                 counts.alloc_objects += objects;
                 counts.alloc_bytes += bytes;
                 if self.opts.heap && self.alloc_keys.len() < MAX_HEAP_SITES {
-                    self.alloc_keys.insert(rec.alloc_id, key);
+                    self.alloc_keys.insert(rec.alloc_id, (key, rec.time_ns));
                 }
             }
             _ => counts.samples += 1,
@@ -414,14 +426,18 @@ impl Aggregator {
 
     /// The sampled allocations not freed at the end (`--event heap`): each adds to the memory in
     /// use of the stack it was allocated in.
-    pub fn set_live(&mut self, live: Vec<(u64, LiveAlloc)>) {
+    pub fn set_live(&mut self, live: Vec<(AllocKey, LiveAlloc)>) {
         for (_, alloc) in live {
-            let Some(key) = self.alloc_keys.get(&alloc.alloc_id) else {
+            let Some(&(key, time_ns)) = self.alloc_keys.get(&alloc.alloc_id) else {
                 self.unattributed_inuse += 1;
                 continue;
             };
+            // Memory of a program the process replaced with execve is gone.
+            if self.execs.get(&key.0).is_some_and(|&exec| exec > time_ns) {
+                continue;
+            }
             let (objects, bytes) = scale_allocation(alloc.size, self.opts.alloc_rate);
-            let counts = self.counts.entry(*key).or_default();
+            let counts = self.counts.entry(key).or_default();
             counts.inuse_objects += objects;
             counts.inuse_bytes += bytes;
         }
@@ -545,7 +561,7 @@ impl Aggregator {
                 };
                 stack.push(id);
             }
-            if !self.opts.python_only {
+            if self.opts.kernel && !self.opts.python_only {
                 stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
             }
             // Off-CPU: the reason, from the kernel and native frames, as a root pseudo-frame.

@@ -16,8 +16,9 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
-    ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ALLOC_CALLOC, ALLOC_MALLOC,
-    ALLOC_MEMALIGN, ALLOC_MMAP, ALLOC_POSIX_MEMALIGN, ALLOC_REALLOC, ERROR_COUNT, TARGET_EXPLICIT,
+    AllocKey, ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ALLOC_CALLOC,
+    ALLOC_MALLOC, ALLOC_MEMALIGN, ALLOC_MMAP, ALLOC_POSIX_MEMALIGN, ALLOC_REALLOC, ERROR_COUNT,
+    TARGET_EXPLICIT,
 };
 
 use crate::profile::DEFAULT_ALLOC_RATE;
@@ -137,13 +138,47 @@ const LIBC_HEAP_PROBES: &[(&str, &str, u64)] = &[
 /// The allocation programs, loaded when allocations are sampled.
 const ALLOC_PROGRAMS: [&str; 4] = ["on_alloc", "on_free", "on_munmap", "on_alloc_return"];
 
-/// The task storage value of thread `tid` in the map `map_fd` (`BPF_MAP_LOOKUP_ELEM` with a
-/// pidfd for the key; aya has no task storage type). `None` when the thread has none or is gone.
-fn task_storage_lookup(map_fd: std::os::fd::RawFd, tid: u32) -> Option<OffCpuTask> {
+/// What the kernel keeps of a thread's off-CPU state.
+#[derive(Debug, Clone)]
+pub enum ThreadState {
+    /// Its state (it blocked, or was preempted with `--event wall`, during the session).
+    Known(Box<OffCpuTask>),
+    /// None: it never left a CPU blocked during the session, or it is gone.
+    Nothing,
+    /// Not readable: a kernel without `PIDFD_THREAD` (before 6.9).
+    Unreadable,
+}
+
+/// The thread ids of process `pid` (empty when it is gone).
+fn threads_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a thread is asleep now (`S` or `D` in `/proc/PID/task/TID/stat`).
+pub fn thread_sleeping(pid: u32, tid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s.rsplit_once(") ")?.1.chars().next()?;
+            Some(matches!(state, 'S' | 'D'))
+        })
+        .unwrap_or(false)
+}
+
+/// The task storage value of thread `tid` in the map `map_fd`, or with `write`, stores that one
+/// if the thread has none yet (`BPF_MAP_LOOKUP_ELEM` / `BPF_MAP_UPDATE_ELEM` with `BPF_NOEXIST`,
+/// a pidfd for the key; aya has no task storage type).
+fn task_storage(map_fd: std::os::fd::RawFd, tid: u32, write: Option<&OffCpuTask>) -> ThreadState {
     /// `PIDFD_THREAD` (Linux 6.9): a pidfd of one thread rather than of a thread group.
     const PIDFD_THREAD: libc::c_long = libc::O_EXCL as libc::c_long;
-    /// `BPF_MAP_LOOKUP_ELEM`.
     const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+    const BPF_NOEXIST: u64 = 1;
     /// The part of `union bpf_attr` that lookups use.
     #[repr(C)]
     struct LookupAttr {
@@ -155,30 +190,47 @@ fn task_storage_lookup(map_fd: std::os::fd::RawFd, tid: u32) -> Option<OffCpuTas
     }
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::c_long, PIDFD_THREAD) };
-    let pidfd = i32::try_from(pidfd).ok().filter(|&fd| fd >= 0)?;
+    let Some(pidfd) = i32::try_from(pidfd).ok().filter(|&fd| fd >= 0) else {
+        return match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINVAL) => ThreadState::Unreadable,
+            _ => ThreadState::Nothing,
+        };
+    };
     // SAFETY: pidfd_open returned a new fd, owned here.
     let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) };
     let key: i32 = owned.as_raw_fd();
     // SAFETY: OffCpuTask is integers only: all zeroes is a valid value.
     let mut value: OffCpuTask = unsafe { std::mem::zeroed() };
+    if let Some(w) = write {
+        value = *w;
+    }
     let attr = LookupAttr {
         map_fd: map_fd as u32,
         _pad: 0,
         key: &key as *const i32 as u64,
         value: &mut value as *mut OffCpuTask as u64,
-        flags: 0,
+        flags: if write.is_some() { BPF_NOEXIST } else { 0 },
+    };
+    let cmd = if write.is_some() {
+        BPF_MAP_UPDATE_ELEM
+    } else {
+        BPF_MAP_LOOKUP_ELEM
     };
     // SAFETY: attr points at a live key and a value buffer of the map's value size
     // (OffCpuTask mirrors struct spanprof_offcpu_task, checked by profiler-common's tests).
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
-            BPF_MAP_LOOKUP_ELEM,
+            cmd,
             &attr as *const LookupAttr,
             std::mem::size_of::<LookupAttr>(),
         )
     };
-    (r == 0).then_some(value)
+    if r == 0 {
+        ThreadState::Known(Box::new(value))
+    } else {
+        ThreadState::Nothing
+    }
 }
 
 /// Exponentially distributed gaps with mean `rate`, at the midpoints of `n` equal-probability
@@ -218,7 +270,7 @@ pub struct Programs {
     alloc: Option<AllocOptions>,
     /// Allocator modules probed: (device, inode).
     probed: std::collections::HashSet<(u64, u64)>,
-    alloc_live: Option<HashMap<MapData, u64, LiveAlloc>>,
+    alloc_live: Option<HashMap<MapData, AllocKey, LiveAlloc>>,
 }
 
 impl std::fmt::Debug for Programs {
@@ -540,9 +592,18 @@ impl Programs {
             let cookie = match (kind, address) {
                 (0, _) => None,
                 // mmap's probe tells the library's own calls (malloc's chunks, thread stacks)
-                // from the program's by the library's code range.
-                (ALLOC_MMAP, Some(at)) if *at < 1 << 30 && text_end < 1 << 30 => {
+                // from the program's by the library's code range; without it, it would count
+                // malloc's large chunks twice: no mmap probe then.
+                (ALLOC_MMAP, Some(at)) if *at < 1 << 30 && text_end < 1 << 30 && text_end > 0 => {
                     Some(kind << 60 | at << 30 | text_end)
+                }
+                (ALLOC_MMAP, _) => {
+                    eprintln!(
+                        "spanprof: warning: {}: mmap or the code's end not found: anonymous \
+                         mappings (CPython's small-object arenas) are not counted",
+                        module.display()
+                    );
+                    continue;
                 }
                 _ => Some(kind << 60),
             };
@@ -563,21 +624,52 @@ impl Programs {
     /// The off-CPU state the kernel keeps of each thread of process `pid` (threads that blocked,
     /// or were preempted with `--event wall`, during the session), read by pidfd; `None` for a
     /// thread without one. Empty when off-CPU time is not recorded or the process is gone.
-    pub fn offcpu_threads(&self, pid: u32) -> Vec<(u32, Option<OffCpuTask>)> {
-        let Some(aya::maps::Map::Unsupported(map)) = self.ebpf.map("offcpu_tasks") else {
+    pub fn offcpu_threads(&self, pid: u32) -> Vec<(u32, ThreadState)> {
+        let Some(map_fd) = self.offcpu_map_fd() else {
             return Vec::new();
         };
-        let map_fd = map.fd().as_fd().as_raw_fd();
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return Vec::new();
-        };
-        dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .map(|tid| (tid, task_storage_lookup(map_fd, tid)))
+        threads_of(pid)
+            .into_iter()
+            .map(|tid| (tid, task_storage(map_fd, tid, None)))
             .collect()
     }
 
+    /// Starts an off-CPU interval now for every thread of `pid` that is asleep (`S` or `D`):
+    /// blocked since before the session, its time from here to its wake-up is then sampled like
+    /// any other (with the user registers unknown: the system call it returns from is taken as
+    /// the one it blocked in). Returns the threads started.
+    pub fn start_blocked_threads(&self, pid: u32) -> u32 {
+        let Some(map_fd) = self.offcpu_map_fd() else {
+            return 0;
+        };
+        let now = crate::python::monotonic_ns();
+        let mut started = 0;
+        for tid in threads_of(pid) {
+            if !thread_sleeping(pid, tid) {
+                continue;
+            }
+            // SAFETY: OffCpuTask is integers only: all zeroes is a valid value.
+            let mut value: OffCpuTask = unsafe { std::mem::zeroed() };
+            value.off_ts = now;
+            if matches!(
+                task_storage(map_fd, tid, Some(&value)),
+                ThreadState::Known(_)
+            ) {
+                started += 1;
+            }
+        }
+        started
+    }
+
+    fn offcpu_map_fd(&self) -> Option<std::os::fd::RawFd> {
+        match self.ebpf.map("offcpu_tasks") {
+            Some(aya::maps::Map::Unsupported(map)) => Some(map.fd().as_fd().as_raw_fd()),
+            _ => None,
+        }
+    }
+
     /// The sampled allocations not freed so far (`--event heap`), by address.
-    pub fn live_allocations(&self) -> Vec<(u64, LiveAlloc)> {
+    pub fn live_allocations(&self) -> Vec<(AllocKey, LiveAlloc)> {
         self.alloc_live
             .as_ref()
             .map(|m| m.iter().filter_map(Result::ok).collect())

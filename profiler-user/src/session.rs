@@ -20,7 +20,7 @@ use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::{self, Aggregator};
-use crate::bpf::{AllocOptions, LoadOptions, OffCpuOptions, Programs};
+use crate::bpf::{AllocOptions, LoadOptions, OffCpuOptions, Programs, ThreadState};
 use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::{Events, Meta, Profile};
@@ -403,6 +403,10 @@ pub fn run(opts: &Options) -> Result<Outcome> {
                 python.flush(&mut programs);
                 probes.libc_of(&mut programs, pid)?;
                 probes.python(&mut programs, &mut python);
+                // Threads asleep now: their time until they wake is counted from here.
+                if opts.events.off_cpu {
+                    programs.start_blocked_threads(pid);
+                }
             }
             pids.clone_from(p);
         }
@@ -521,7 +525,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         if unattributed > 0 {
             eprintln!(
                 "spanprof: warning: {unattributed} sampled allocations still in use have no \
-                 stack (more than a million sampled allocations; use a larger --alloc-rate)"
+                 stack: sampled as the session ended (their records not read), or beyond the \
+                 million sampled allocations whose stacks are kept (a larger --alloc-rate keeps \
+                 fewer)"
             );
         }
     }
@@ -566,17 +572,19 @@ pub fn run(opts: &Options) -> Result<Outcome> {
 }
 
 /// Off-CPU time of the targets' threads that the profile does not hold: intervals still open
-/// when the session ended (a sample is made when the thread comes back), and with `--event
-/// wall` the time threads waited runnable for a CPU (neither on nor blocked off it).
+/// when the session ended (a sample is made when the thread comes back), sampled intervals not
+/// sent yet (the thread has not left its system call), and with `--event wall` the time threads
+/// waited runnable for a CPU (neither on nor blocked off it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OffCpuUnseen {
-    /// Threads blocked when the session ended that had blocked during it.
+    /// Threads blocked when the session ended.
     pub open_threads: u32,
-    /// Their time blocked, from their switch out to the end.
+    /// Their time blocked, from their switch out (or the session's start) to the end.
     pub open_ns: u64,
-    /// Threads blocked (state S or D) that never left a CPU during the session: blocked since
-    /// before it, for all of it.
-    pub whole_threads: u32,
+    /// Sampled intervals' weight not sent: the thread had not returned to user mode.
+    pub pending_ns: u64,
+    /// Threads whose state could not be read (a kernel without `PIDFD_THREAD`, before 6.9).
+    pub unreadable_threads: u32,
     /// `--event wall`: time the threads waited runnable for a CPU.
     pub runnable_ns: u64,
 }
@@ -590,22 +598,20 @@ impl OffCpuUnseen {
             ..Default::default()
         };
         for pid in programs.target_pids() {
-            for (tid, state) in programs.offcpu_threads(pid) {
+            for (_, state) in programs.offcpu_threads(pid) {
                 match state {
-                    Some(t) => {
+                    ThreadState::Known(t) => {
                         if t.off_ts != 0 && t.off_ts <= now {
                             unseen.open_threads += 1;
                             unseen.open_ns += now - t.off_ts;
                         }
+                        unseen.pending_ns += t.weight_ns;
                         if t.runnable_ts != 0 && t.runnable_ts <= now {
                             unseen.runnable_ns += now - t.runnable_ts;
                         }
                     }
-                    None => {
-                        if thread_sleeping(pid, tid) {
-                            unseen.whole_threads += 1;
-                        }
-                    }
+                    ThreadState::Nothing => {}
+                    ThreadState::Unreadable => unseen.unreadable_threads += 1,
                 }
             }
         }
@@ -613,30 +619,31 @@ impl OffCpuUnseen {
     }
 
     /// The summary line, or `None` when nothing is missing: e.g. `off-CPU not in the profile: 3
-    /// threads still blocked at the end (2 since before the start), 1.2 s of it; 0.4 s waiting
-    /// for a CPU`.
+    /// threads still blocked when the session ended, for 1200.0 ms since they blocked; 0.4 ms
+    /// sampled but not sent; 400.0 ms waiting runnable for a CPU`.
     pub fn line(&self, wall: bool) -> Option<String> {
         let mut parts = Vec::new();
-        let blocked = self.open_threads + self.whole_threads;
-        if blocked > 0 {
-            let mut text = format!(
-                "{blocked} thread{} still blocked when the session ended",
-                if blocked == 1 { "" } else { "s" }
-            );
-            if self.whole_threads > 0 {
-                text.push_str(&format!(
-                    ", {} of them since before it began",
-                    self.whole_threads
-                ));
-            }
-            if self.open_threads > 0 {
-                text.push_str(&format!(
-                    ", {} for {:.1} ms since their last switch out",
-                    self.open_threads,
-                    self.open_ns as f64 / 1e6
-                ));
-            }
-            parts.push(text);
+        if self.open_threads > 0 {
+            parts.push(format!(
+                "{} thread{} still blocked when the session ended, for {:.1} ms since they \
+                 blocked (or since the start)",
+                self.open_threads,
+                if self.open_threads == 1 { "" } else { "s" },
+                self.open_ns as f64 / 1e6
+            ));
+        }
+        if self.pending_ns > 0 {
+            parts.push(format!(
+                "{:.1} ms sampled but not sent (the threads had not returned from their system \
+                 call)",
+                self.pending_ns as f64 / 1e6
+            ));
+        }
+        if self.unreadable_threads > 0 {
+            parts.push(format!(
+                "the state of {} threads unreadable (Linux 6.9 reads a thread's by pidfd)",
+                self.unreadable_threads
+            ));
         }
         if wall && self.runnable_ns > 0 {
             parts.push(format!(
@@ -646,17 +653,6 @@ impl OffCpuUnseen {
         }
         (!parts.is_empty()).then(|| format!("off-CPU not in the profile: {}", parts.join("; ")))
     }
-}
-
-/// Whether a thread is asleep now (`S` or `D` in `/proc/PID/task/TID/stat`).
-fn thread_sleeping(pid: u32, tid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let state = s.rsplit_once(") ")?.1.chars().next()?;
-            Some(matches!(state, 'S' | 'D'))
-        })
-        .unwrap_or(false)
 }
 
 /// The allocation probes of a session (`--event alloc`, `heap`).
@@ -677,21 +673,22 @@ impl Probes {
         if maps.is_empty() {
             return Ok(());
         }
-        let Some(libc) = maps
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|path| {
-                let name = path.rsplit('/').next().unwrap_or(path);
-                name.starts_with("libc.so") || name.starts_with("libc-2.")
-            })
-        else {
+        // Through /proc/PID/map_files, the file the process maps even when it was replaced on
+        // disk since (a glibc upgrade under a running service: `libc.so.6 (deleted)`).
+        let Some(range) = maps.lines().find_map(|l| {
+            let mut fields = l.split_whitespace();
+            let range = fields.next()?;
+            let path = fields.nth(4)?;
+            let name = path.rsplit('/').next().unwrap_or(path);
+            (name.starts_with("libc.so") || name.starts_with("libc-2.")).then_some(range)
+        }) else {
             eprintln!(
                 "spanprof: warning: pid {pid} has no C library mapped: its malloc calls are not \
                  seen (a static binary, or another allocator)"
             );
             return Ok(());
         };
-        programs.attach_allocator(&PathBuf::from(format!("/proc/{pid}/root{libc}")))?;
+        programs.attach_allocator(&PathBuf::from(format!("/proc/{pid}/map_files/{range}")))?;
         Ok(())
     }
 
@@ -728,7 +725,7 @@ fn drain(
             Some(Record::Sample(sample)) => agg.record(&sample, python),
             Some(Record::Exec(e)) => {
                 python.exec(e.pid);
-                agg.forget(e.pid);
+                agg.exec(e.pid, e.time_ns);
             }
             None => {}
         }
@@ -779,15 +776,17 @@ mod off_cpu_unseen_tests {
         let unseen = OffCpuUnseen {
             open_threads: 2,
             open_ns: 1_500_000,
-            whole_threads: 1,
+            pending_ns: 400_000,
+            unreadable_threads: 0,
             runnable_ns: 2_000_000,
         };
         assert_eq!(
             unseen.line(true).as_deref(),
             Some(
-                "off-CPU not in the profile: 3 threads still blocked when the session ended, 1 \
-                 of them since before it began, 2 for 1.5 ms since their last switch out; 2.0 \
-                 ms waiting runnable for a CPU"
+                "off-CPU not in the profile: 2 threads still blocked when the session ended, for \
+                 1.5 ms since they blocked (or since the start); 0.4 ms sampled but not sent (the \
+                 threads had not returned from their system call); 2.0 ms waiting runnable for a \
+                 CPU"
             )
         );
         // Runnable time is only summed for --event wall.
