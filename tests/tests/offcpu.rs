@@ -35,9 +35,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use spanprof_tests::{
-    args, decode_pprof, folded_total, last_json_line, profiling_lock, py_workload_source,
-    pyenv_python, read_folded, require_root, run_spanprof, sample_functions, sample_num_label,
-    sample_str_labels, spanprof_bin, system_python, workload_path, RunOutput, TempDir,
+    args, decode_pprof, folded_total, last_json_line, profile_pid, profiling_lock,
+    py_workload_source, pyenv_python, read_folded, require_root, run_spanprof, sample_functions,
+    sample_num_label, sample_str_labels, spanprof_bin, system_python, workload_path, Background,
+    RunOutput, TempDir,
 };
 
 /// Sampling rate of every session here: a 2 ms period, for on-CPU figures within a few %.
@@ -188,7 +189,8 @@ fn column(sample: &Sample) -> String {
 }
 
 /// The functions of the workloads a sample is put under: the innermost of these on its stack.
-const FUNCTIONS: [&str; 8] = [
+const FUNCTIONS: [&str; 9] = [
+    "waiter",
     "sleeper",
     "wait_lock",
     "spin",
@@ -1014,4 +1016,84 @@ fn gil_waits_3_9() {
 #[test]
 fn gil_waits_debian_3_11() {
     gil_waits(&Interp::debian_3_11());
+}
+
+/// Threads already blocked when a `--pid` session starts are counted from its start, with their
+/// whole stacks: three threads wait on an Event set 2 s after the workload is ready, the session
+/// starts right after, so each waits about 2 s less spanprof's start-up inside the session.
+/// Without that, a thread that does not block again in the session is not in it at all. Bound:
+/// each waiter has at least 50% of its wait as `lock` under `waiter` (spanprof's start-up, about
+/// 0.3 s here, is outside the session), and never more than its measured wait.
+#[test]
+fn threads_blocked_before_the_session_count_from_its_start() {
+    require_offcpu_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("offcpu-before");
+    let pprof = tmp.join("before.pb.gz");
+    let interp = Interp::pyenv(12);
+    let mut cmd = std::process::Command::new(&interp.path);
+    cmd.arg(py_workload_source("py_wake_later.py")).arg("2.0");
+    let mut workload = Background::spawn(cmd);
+    let ready = workload.wait_for_stderr("ready", std::time::Duration::from_secs(20));
+    let tids: Vec<i64> = ready
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    assert_eq!(tids.len(), 3, "waiter tids: {ready}");
+    let out = profile_pid(
+        workload.pid(),
+        "4s",
+        FREQUENCY,
+        &[&pprof],
+        &["--event", "offcpu"],
+    );
+    out.assert_success();
+    let finished = workload.finish(std::time::Duration::from_secs(30));
+    let truth: serde_json::Value = finished
+        .stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON from py_wake_later.py\n{finished}"));
+    let profile = Profile::read(&pprof);
+    let mut problems = Vec::new();
+    check_reasons(&profile, &mut problems);
+    let names = ["waiter 1", "waiter 2", "waiter 3"];
+    let threads: Vec<(i64, &str)> = tids.iter().copied().zip(names).collect();
+    let table = Table::of(&profile, &threads, |s| s.value("off_cpu"));
+    for (tid, name) in &threads {
+        let wait = truth["waits"][tid.to_string()].as_f64().unwrap_or(0.0) * 1e9;
+        let lock: f64 = table
+            .cells
+            .iter()
+            .filter(|((t, _), _)| t == name)
+            .filter_map(|(_, cols)| cols.get("lock"))
+            .sum::<i64>() as f64;
+        let all = table.thread_total(name);
+        if lock < 0.5 * wait || all > wait * 1.02 + 5e6 {
+            problems.push(format!(
+                "{name} (tid {tid}): {:.1} ms lock, {:.1} ms in all, of a {:.1} ms wait \
+                 (expected at least half of it, lock, and never more)",
+                ms(lock),
+                ms(all),
+                ms(wait)
+            ));
+        }
+        let under_waiter = table
+            .cells
+            .iter()
+            .filter(|((t, f), _)| t == name && *f != "(other)")
+            .count();
+        if lock > 0.0 && under_waiter == 0 {
+            problems.push(format!("{name}: its lock time has no Python frames"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "threads blocked before the session\n- {}\n{}\n{}",
+        problems.join("\n- "),
+        table.render(),
+        offcpu_summary(&out)
+    );
 }
