@@ -2050,14 +2050,14 @@ const PERF_SWITCH_EVENT: &str = "sched:sched_switch";
 
 /// A BPF program of a spanprof process, opened by id from the fds it holds (as
 /// [`SamplingProg`]), so its counters stay readable once spanprof detached.
-struct NamedProg {
-    name: String,
+pub(crate) struct NamedProg {
+    pub(crate) name: String,
     fd: OwnedFd,
 }
 
 impl NamedProg {
     /// Every BPF program among the fds of process `pid`, by name, each once.
-    fn all_of(pid: u32) -> Vec<Self> {
+    pub(crate) fn all_of(pid: u32) -> Vec<Self> {
         const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
         const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
         let mut ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
@@ -2127,7 +2127,7 @@ impl NamedProg {
     }
 
     /// (run_time_ns, run_cnt), as [`SamplingProg::stats`].
-    fn stats(&self) -> Option<(u64, u64)> {
+    pub(crate) fn stats(&self) -> Option<(u64, u64)> {
         let text =
             std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.fd.as_raw_fd())).ok()?;
         Some((

@@ -41,13 +41,14 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use crate::bench::NamedProg;
 
 use crate::run::step;
 
@@ -162,100 +163,6 @@ struct AllocRun {
     /// The allocations memray recorded (`memray stats`: the whole process, start-up and exit
     /// included): an independent count of the target's calls.
     memray_allocations: u64,
-}
-
-/// The counters (run_time_ns, run_cnt) of the BPF programs a spanprof process holds, by name,
-/// opened by id so that they stay readable after spanprof detached.
-struct NamedProg {
-    name: String,
-    fd: OwnedFd,
-}
-
-impl NamedProg {
-    /// Every BPF program among the fds of process `pid`, by name, each once.
-    fn all_of(pid: u32) -> Vec<Self> {
-        const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-        const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-        let mut ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-            .map(|dir| {
-                dir.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
-                    .filter(|text| fdinfo_field(text, "prog_type").is_some())
-                    .filter_map(|text| fdinfo_field(&text, "prog_id")?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut progs: Vec<Self> = Vec::new();
-        for id in ids {
-            // union bpf_attr for BPF_PROG_GET_FD_BY_ID: prog_id, next_id, open_flags.
-            let attr: [u32; 3] = [id, 0, 0];
-            // SAFETY: bpf(2) reads `size` bytes of `attr`, which lives for the call.
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_bpf,
-                    BPF_PROG_GET_FD_BY_ID,
-                    attr.as_ptr(),
-                    std::mem::size_of_val(&attr),
-                )
-            };
-            if fd < 0 {
-                continue;
-            }
-            // SAFETY: a non-negative return is a new fd that nothing else owns.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-            // struct bpf_prog_info up to its `name` (char[16] at byte 64).
-            let mut info = [0u8; 80];
-            #[repr(C)]
-            struct InfoAttr {
-                bpf_fd: u32,
-                info_len: u32,
-                info: u64,
-            }
-            let attr = InfoAttr {
-                bpf_fd: fd.as_raw_fd() as u32,
-                info_len: info.len() as u32,
-                info: info.as_mut_ptr() as u64,
-            };
-            // SAFETY: bpf(2) reads `attr` and writes at most `info_len` bytes to `info`; both
-            // live for the call.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_bpf,
-                    BPF_OBJ_GET_INFO_BY_FD,
-                    &attr as *const InfoAttr,
-                    std::mem::size_of::<InfoAttr>(),
-                )
-            };
-            if r != 0 {
-                continue;
-            }
-            let name = &info[64..80];
-            let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-            let name = String::from_utf8_lossy(&name[..len]).into_owned();
-            if !progs.iter().any(|p| p.name == name) {
-                progs.push(Self { name, fd });
-            }
-        }
-        progs
-    }
-
-    /// (run_time_ns, run_cnt), from our fd's fdinfo.
-    fn stats(&self) -> Option<(u64, u64)> {
-        let text =
-            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.fd.as_raw_fd())).ok()?;
-        Some((
-            fdinfo_field(&text, "run_time_ns")?.parse().ok()?,
-            fdinfo_field(&text, "run_cnt")?.parse().ok()?,
-        ))
-    }
-}
-
-/// The value of `name:` in an fdinfo text.
-fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-        .map(str::trim)
 }
 
 /// Waits for `child` (reaping it) and returns its wait status and CPU seconds (user + system,
