@@ -68,12 +68,12 @@ struct ProfileArgs {
     #[arg(short, long, value_name = "EVENT[,EVENT…]", default_value = "cpu")]
     event: Vec<String>,
     /// With alloc or heap: bytes allocated between two samples on average (1: every
-    /// allocation).
-    #[arg(long, default_value_t = spanprof::profile::DEFAULT_ALLOC_RATE, value_name = "BYTES")]
-    alloc_rate: u64,
-    /// With offcpu or wall: blocked intervals shorter than this are not counted.
-    #[arg(long, default_value = "5us", value_name = "DURATION")]
-    offcpu_min: String,
+    /// allocation). Default: 524288.
+    #[arg(long, value_name = "BYTES")]
+    alloc_rate: Option<u64>,
+    /// With offcpu or wall: blocked intervals shorter than this are not counted. Default: 5us.
+    #[arg(long, value_name = "DURATION")]
+    offcpu_min: Option<String>,
     /// Samples per second on each CPU; off-CPU intervals are sampled at the same rate of time
     /// (an interval of 1/HZ or more is always kept).
     #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
@@ -339,13 +339,22 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         }
     };
     let mut events = parse_events(&args.event)?;
-    if args.alloc_rate == 0 {
+    // An option of an event not asked for would be ignored: say so instead.
+    if args.alloc_rate.is_some() && !events.in_bytes() {
+        return Err(usage("--alloc-rate needs --event alloc or heap"));
+    }
+    if args.offcpu_min.is_some() && !events.off_cpu {
+        return Err(usage("--offcpu-min needs --event offcpu or wall"));
+    }
+    events.alloc_rate = args
+        .alloc_rate
+        .unwrap_or(spanprof::profile::DEFAULT_ALLOC_RATE);
+    if events.alloc_rate == 0 {
         return Err(usage(
             "invalid --alloc-rate 0: expected 1 (every allocation) or more bytes",
         ));
     }
-    events.alloc_rate = args.alloc_rate;
-    let offcpu_min = parse_duration(&args.offcpu_min)?;
+    let offcpu_min = parse_duration(args.offcpu_min.as_deref().unwrap_or("5us"))?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).

@@ -309,3 +309,42 @@ fn unwind_arguments_are_checked() {
     }
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
+
+#[test]
+fn event_arguments_are_checked() {
+    let tmp = TempDir::new("err-event");
+    let out = tmp.join("out.folded");
+    for (extra, words) in [
+        (
+            &["--event", "disk"][..],
+            &[
+                "invalid --event \"disk\"",
+                "cpu, offcpu, wall, alloc or heap",
+            ][..],
+        ),
+        (
+            &["--event", "cpu,alloc"][..],
+            &["do not combine with cpu, offcpu or wall"][..],
+        ),
+        (
+            &["--alloc-rate", "1024"][..],
+            &["--alloc-rate needs --event alloc or heap"][..],
+        ),
+        (
+            &["--event", "alloc", "--alloc-rate", "0"][..],
+            &["invalid --alloc-rate 0"][..],
+        ),
+        (
+            &["--event", "cpu", "--offcpu-min", "1ms"][..],
+            &["--offcpu-min needs --event offcpu or wall"][..],
+        ),
+        (
+            &["--event", "offcpu", "--offcpu-min", "soon"][..],
+            &["invalid duration"][..],
+        ),
+    ] {
+        let result = run_spanprof(profile_args("1", "1s", &out, extra));
+        assert_error(&result, USAGE, words);
+    }
+    assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
+}
