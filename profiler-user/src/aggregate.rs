@@ -185,10 +185,6 @@ pub struct Aggregator {
     python_stats: PythonStats,
     scratch: [u64; MAX_STACK_DEPTH],
     py_scratch: Box<[u64; MAX_PY_FRAMES + 1]>,
-    /// Off-CPU records counted.
-    off_cpu_samples: u64,
-    /// Allocation records counted.
-    alloc_samples: u64,
     /// `--event heap`: the count key of each sampled allocation and when it was made, by id.
     alloc_keys: FxHashMap<u64, (CountKey, u64)>,
     /// When each process last called execve (`CLOCK_MONOTONIC`).
@@ -223,8 +219,6 @@ impl Aggregator {
             processes: BTreeMap::new(),
             pending: FxHashMap::default(),
             samples: 0,
-            off_cpu_samples: 0,
-            alloc_samples: 0,
             alloc_keys: FxHashMap::default(),
             execs: FxHashMap::default(),
             unattributed_inuse: 0,
@@ -388,11 +382,9 @@ impl Aggregator {
         let counts = self.counts.entry(key).or_default();
         match rec.event {
             EVENT_OFFCPU => {
-                self.off_cpu_samples += 1;
                 counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight);
             }
             EVENT_ALLOC => {
-                self.alloc_samples += 1;
                 let (objects, bytes) = scale_allocation(rec.weight, self.opts.alloc_rate);
                 counts.alloc_objects += objects;
                 counts.alloc_bytes += bytes;
@@ -443,10 +435,10 @@ impl Aggregator {
         }
     }
 
-    /// Allocation records counted, and sampled allocations in use at the end whose stack was
-    /// not remembered (more than `MAX_HEAP_SITES`).
-    pub fn alloc_stats(&self) -> (u64, u64) {
-        (self.alloc_samples, self.unattributed_inuse)
+    /// Sampled allocations in use at the end whose stack was not remembered (sampled after the
+    /// last drain, or more than `MAX_HEAP_SITES`).
+    pub fn unattributed_inuse(&self) -> u64 {
+        self.unattributed_inuse
     }
 
     /// Normalizes the user addresses of stacks seen since the last call, while their processes

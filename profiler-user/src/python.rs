@@ -275,9 +275,8 @@ pub struct Python {
     with_spans: FxHashSet<u32>,
     /// Module files parsed for a published thread context, shared by every process.
     modules: ModuleCache,
-    /// Interpreter modules (executable or libpython) of processes found since the last
-    /// [`Python::take_new_modules`].
-    new_modules: Vec<(u32, std::path::PathBuf)>,
+    /// Python processes found since the last [`Python::take_new_processes`].
+    new_processes: Vec<u32>,
 }
 
 impl Python {
@@ -297,7 +296,7 @@ impl Python {
             span_writes: Vec::new(),
             with_spans: FxHashSet::default(),
             modules: ModuleCache::default(),
-            new_modules: Vec::new(),
+            new_processes: Vec::new(),
         }
     }
 
@@ -454,10 +453,9 @@ impl Python {
         }
     }
 
-    /// The interpreter modules (executable or libpython, as the process maps them) of the
-    /// processes found since the last call.
-    pub fn take_new_modules(&mut self) -> Vec<(u32, std::path::PathBuf)> {
-        std::mem::take(&mut self.new_modules)
+    /// The Python processes found since the last call.
+    pub fn take_new_processes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.new_processes)
     }
 
     /// Processes whose threads' span contexts are read (a tracing library was found).
@@ -481,13 +479,13 @@ impl Python {
             Some(Proc::Ready(_) | Proc::Exited(_)) | None => 0,
         };
         let next = match detect(pid) {
-            Ok(process) => match (process.module.clone(), self.ready(process)) {
-                (module, Ok(ready)) => {
+            Ok(process) => match self.ready(process) {
+                Ok(ready) => {
                     self.found.insert(pid);
-                    self.new_modules.push((pid, module));
+                    self.new_processes.push(pid);
                     Proc::Ready(Box::new(ready))
                 }
-                (_, Err(reason)) => {
+                Err(reason) => {
                     self.note(pid, reason);
                     Proc::Skipped
                 }

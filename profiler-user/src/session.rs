@@ -521,7 +521,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let off_cpu_unseen = opts.events.off_cpu.then(|| OffCpuUnseen::of(&programs));
     if opts.events.heap {
         agg.set_live(programs.live_allocations());
-        let (_, unattributed) = agg.alloc_stats();
+        let unattributed = agg.unattributed_inuse();
         if unattributed > 0 {
             eprintln!(
                 "spanprof: warning: {unattributed} sampled allocations still in use have no \
@@ -695,7 +695,7 @@ impl Probes {
     /// Probes the C library of the CPython processes found since the last call, when it is
     /// another one than those probed already (a container's).
     fn python(&mut self, programs: &mut Programs, python: &mut Python) {
-        for (pid, _) in python.take_new_modules() {
+        for pid in python.take_new_processes() {
             if let Err(e) = self.libc_of(programs, pid) {
                 eprintln!("spanprof: warning: pid {pid}: {e:#}");
             }

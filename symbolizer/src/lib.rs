@@ -35,16 +35,6 @@ use blazesym::symbolize::{Input, Symbolized};
 use blazesym::Pid;
 use rustc_hash::FxHashMap;
 
-/// Where `symbol` is in the ELF file at `path` and where its executable segments end: (the
-/// symbol's virtual address, the end of the last executable `PT_LOAD`), both as link-time
-/// addresses. A probe on the symbol learns the module's load bias at run time (its own address
-/// minus the first) and can then tell callers inside the module from the others. `None` when the
-/// file cannot be read or has no such symbol.
-pub fn symbol_and_text_end(path: &Path, symbol: &str) -> Option<(u64, u64)> {
-    let (addresses, text_end) = symbol_addresses(path, &[symbol])?;
-    Some((addresses[0]?, text_end))
-}
-
 /// The link-time addresses of `symbols` in the ELF file at `path` (`None` for those it lacks:
 /// aliases such as glibc's `memalign` and `aligned_alloc` share one), and the end of its last
 /// executable `PT_LOAD`. `None` when the file cannot be read.

@@ -2140,11 +2140,24 @@ impl NamedProg {
 /// One program's counters over the two intervals of a spanprof run (see [`BpfWindow`]): 1 s
 /// with the target blocked on its gate, then from the release to the target's exit.
 #[derive(Debug, Clone, Copy, Default)]
-struct ProgWindow {
-    idle_ns: u64,
-    idle_runs: u64,
-    ns: u64,
-    runs: u64,
+pub(crate) struct ProgWindow {
+    pub(crate) idle_ns: u64,
+    pub(crate) idle_runs: u64,
+    pub(crate) ns: u64,
+    pub(crate) runs: u64,
+}
+
+impl ProgWindow {
+    /// From a program's (run_time_ns, run_cnt) at the start of the idle interval, at the
+    /// release, and at the end.
+    pub(crate) fn between(start: (u64, u64), release: (u64, u64), end: (u64, u64)) -> Self {
+        ProgWindow {
+            idle_ns: release.0 - start.0,
+            idle_runs: release.1 - start.1,
+            ns: end.0 - release.0,
+            runs: end.1 - release.1,
+        }
+    }
 }
 
 /// What `offcpu_pingpong` says of its loop.
@@ -2321,15 +2334,7 @@ fn run_spanprof_offcpu(spanprof: &Path, target: &Target, out: &Path) -> Result<O
     let mut windows = BTreeMap::new();
     for (i, prog) in progs.iter().enumerate() {
         if let (Some(a), Some(b), Some(c)) = (idle_start[i], window_start[i], window_end[i]) {
-            windows.insert(
-                prog.name.clone(),
-                ProgWindow {
-                    idle_ns: b.0 - a.0,
-                    idle_runs: b.1 - a.1,
-                    ns: c.0 - b.0,
-                    runs: c.1 - b.1,
-                },
-            );
+            windows.insert(prog.name.clone(), ProgWindow::between(a, b, c));
         }
     }
     // "spanprof: 500.5 ms off-CPU, 0 lost, from 1 process in …": what was recorded, then the

@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::NamedProg;
+use crate::bench::{NamedProg, ProgWindow};
 
 use crate::run::step;
 
@@ -125,16 +125,6 @@ impl Conf {
             _ => &[],
         }
     }
-}
-
-/// One program's counters over the two intervals of a spanprof run: 1 s with the target
-/// blocked on its gate, then from the release to the target's result.
-#[derive(Debug, Clone, Copy, Default)]
-struct ProgWindow {
-    idle_ns: u64,
-    idle_runs: u64,
-    ns: u64,
-    runs: u64,
 }
 
 /// One run of one configuration.
@@ -380,15 +370,8 @@ fn run_one(
         run.window_secs = (times[2] - times[1]).as_secs_f64();
         for (i, prog) in progs.iter().enumerate() {
             if let (Some(a), Some(b), Some(c)) = (marks[0][i], marks[1][i], marks[2][i]) {
-                run.progs.insert(
-                    prog.name.clone(),
-                    ProgWindow {
-                        idle_ns: b.0 - a.0,
-                        idle_runs: b.1 - a.1,
-                        ns: c.0 - b.0,
-                        runs: c.1 - b.1,
-                    },
-                );
+                run.progs
+                    .insert(prog.name.clone(), ProgWindow::between(a, b, c));
             }
         }
         let (summary, lost) = err_text
