@@ -101,6 +101,12 @@ pub enum ErrorCode {
     /// An allocation was not counted: the CPU's allocation sampler was busy (a preempted
     /// uprobe program).
     AllocBusy = 10,
+    /// A blocked thread's off-CPU interval was never seen ending: it blocked again with the
+    /// previous interval still open.
+    OffCpuMissed = 11,
+    /// An off-CPU interval whose switch back in was not seen, ended at its system call's exit
+    /// (sent without the kernel stack it blocked in).
+    OffCpuLate = 12,
 }
 
 /// Number of slots in the `errors` map.
@@ -108,7 +114,7 @@ pub const ERROR_COUNT: u32 = 16;
 
 impl ErrorCode {
     /// Every code, for reporting.
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::RingbufFull,
         ErrorCode::KernelStack,
         ErrorCode::UserStack,
@@ -119,6 +125,8 @@ impl ErrorCode {
         ErrorCode::OffCpuStorage,
         ErrorCode::HeapFull,
         ErrorCode::AllocBusy,
+        ErrorCode::OffCpuMissed,
+        ErrorCode::OffCpuLate,
     ];
 
     /// What the counter means, for summaries.
@@ -137,6 +145,13 @@ impl ErrorCode {
             ErrorCode::HeapFull => "sampled allocations left out of the heap profile: table full",
             ErrorCode::RunnableNs => "nanoseconds waiting runnable for a CPU (not an error)",
             ErrorCode::AllocBusy => "allocations not counted: the CPU's sampler was busy",
+            ErrorCode::OffCpuMissed => {
+                "off-CPU intervals lost: a thread blocked again before the end of the last was seen"
+            }
+            ErrorCode::OffCpuLate => {
+                "off-CPU intervals ended at their system call's exit (switch back in not seen; \
+                 no kernel stack)"
+            }
         }
     }
 }

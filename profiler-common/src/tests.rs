@@ -323,6 +323,8 @@ fn c_asserts() -> String {
         ("SPANPROF_ERR_HEAP_FULL", ErrorCode::HeapFull as u64),
         ("SPANPROF_ERR_RUNNABLE_NS", ErrorCode::RunnableNs as u64),
         ("SPANPROF_ERR_ALLOC_BUSY", ErrorCode::AllocBusy as u64),
+        ("SPANPROF_ERR_OFFCPU_MISSED", ErrorCode::OffCpuMissed as u64),
+        ("SPANPROF_ERR_OFFCPU_LATE", ErrorCode::OffCpuLate as u64),
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),

@@ -80,6 +80,16 @@ enum spanprof_error {
 	 * preempted (uprobe programs can be preempted on preemptible kernels).
 	 */
 	SPANPROF_ERR_ALLOC_BUSY = 10,
+	/*
+	 * A blocked thread's off-CPU interval was not seen ending: it blocked again with the
+	 * previous interval still open (its switch back in found no state).
+	 */
+	SPANPROF_ERR_OFFCPU_MISSED = 11,
+	/*
+	 * Not an error: an off-CPU interval whose end (the switch back in) was not seen, found at
+	 * its system call's exit and sent from there without its kernel stack.
+	 */
+	SPANPROF_ERR_OFFCPU_LATE = 12,
 	SPANPROF_ERR_COUNT = 16,
 };
 

@@ -1632,6 +1632,55 @@ struct {
 } offcpu_tasks SEC(".maps");
 
 /*
+ * The blocked interval of `t` ends at `now`: kept or not by the sampling, and if kept added to
+ * the thread's pending sample (intervals of one system call add up). `task` is the thread while
+ * still switched out, whose saved kernel stack is where it blocked; NULL when that stack is
+ * gone (the interval's end was found late), and the sample then has no kernel frames.
+ */
+static __always_inline void end_interval(struct spanprof_offcpu_task *t, __u64 now,
+					 struct task_struct *task)
+{
+	__u64 d = now - t->off_ts, weight;
+	long n = 0;
+
+	t->off_ts = 0;
+	if (d < offcpu_min_ns)
+		return;
+	if (d >= offcpu_period_ns)
+		weight = d;
+	/* Kept with probability d / period: d < period <= 1e9 < 2^30, so neither side overflows. */
+	else if ((__u64)bpf_get_prandom_u32() * offcpu_period_ns < (d << 32))
+		weight = offcpu_period_ns;
+	else
+		return;
+	/*
+	 * User registers of 0 are unknown (a thread user space found blocked when the session
+	 * began): that interval belongs with any later one of the same system call.
+	 */
+	if (t->weight_ns && (t->pending_ip || t->pending_sp) &&
+	    (t->pending_ip != t->off_ip || t->pending_sp != t->off_sp)) {
+		/* Blocked outside a system call, and now elsewhere: the older one cannot be sent. */
+		count_error(SPANPROF_ERR_OFFCPU_DROPPED);
+		t->weight_ns = 0;
+	}
+	if (!t->weight_ns) {
+		if (task) {
+			n = bpf_get_task_stack(task, t->kstack, sizeof(t->kstack), 0);
+			if (n < 0)
+				count_error(SPANPROF_ERR_KSTACK);
+		}
+		t->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+		t->pending_ip = t->off_ip;
+		t->pending_sp = t->off_sp;
+		t->blocked_ns = 0;
+		t->flags = 0;
+	}
+	t->weight_ns += weight;
+	t->blocked_ns += d;
+	t->flags |= t->off_flags;
+}
+
+/*
  * Every context switch (--event offcpu): `prev` of a profiled process blocking starts an
  * interval; `next` coming back ends its interval, which the sampling keeps or not. Bounded: two
  * storage lookups, a hash lookup, and for a kept interval that starts a pending sample one
@@ -1641,12 +1690,11 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u64 now = bpf_ktime_get_ns(), d, weight;
+	__u64 now = bpf_ktime_get_ns();
 	struct pt_regs___kernel *regs;
 	int blocked;
 	struct spanprof_offcpu_task *t;
 	__u32 tgid;
-	long n;
 
 	/* Blocked, not preempted: waiting for something, not for a CPU. */
 	blocked = !preempt && prev_state;
@@ -1658,6 +1706,8 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 			if (!t) {
 				count_error(SPANPROF_ERR_OFFCPU_STORAGE);
 			} else if (blocked) {
+				if (t->off_ts)
+					count_error(SPANPROF_ERR_OFFCPU_MISSED);
 				regs = (struct pt_regs___kernel *)bpf_task_pt_regs(prev);
 				t->off_ts = now;
 				t->off_flags = BPF_CORE_READ_BITFIELD_PROBED(prev, in_iowait) ?
@@ -1679,42 +1729,8 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 		count_ns(SPANPROF_ERR_RUNNABLE_NS, now - t->runnable_ts);
 		t->runnable_ts = 0;
 	}
-	if (!t->off_ts)
-		return 0;
-	d = now - t->off_ts;
-	t->off_ts = 0;
-	if (d < offcpu_min_ns)
-		return 0;
-	if (d >= offcpu_period_ns)
-		weight = d;
-	/* Kept with probability d / period: d < period <= 1e9 < 2^30, so neither side overflows. */
-	else if ((__u64)bpf_get_prandom_u32() * offcpu_period_ns < (d << 32))
-		weight = offcpu_period_ns;
-	else
-		return 0;
-	/*
-	 * User registers of 0 are unknown (a thread user space found blocked when the session
-	 * began): that interval belongs with any later one of the same system call.
-	 */
-	if (t->weight_ns && (t->pending_ip || t->pending_sp) &&
-	    (t->pending_ip != t->off_ip || t->pending_sp != t->off_sp)) {
-		/* Blocked outside a system call, and now elsewhere: the older one cannot be sent. */
-		count_error(SPANPROF_ERR_OFFCPU_DROPPED);
-		t->weight_ns = 0;
-	}
-	if (!t->weight_ns) {
-		n = bpf_get_task_stack(next, t->kstack, sizeof(t->kstack), 0);
-		if (n < 0)
-			count_error(SPANPROF_ERR_KSTACK);
-		t->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
-		t->pending_ip = t->off_ip;
-		t->pending_sp = t->off_sp;
-		t->blocked_ns = 0;
-		t->flags = 0;
-	}
-	t->weight_ns += weight;
-	t->blocked_ns += d;
-	t->flags |= t->off_flags;
+	if (t->off_ts)
+		end_interval(t, now, next);
 	return 0;
 }
 
@@ -1734,7 +1750,19 @@ int BPF_PROG(on_sys_exit, struct pt_regs___kernel *regs, long ret)
 	int user;
 
 	t = bpf_task_storage_get(&offcpu_tasks, bpf_get_current_task_btf(), 0, 0);
-	if (!t || !t->weight_ns)
+	if (!t)
+		return 0;
+	if (t->off_ts) {
+		/*
+		 * Running, yet still marked blocked: its switch back in was not seen (this kernel
+		 * switched it in without on_switch finding its state; rare, under load). Its system
+		 * call returns now, a moment after it woke: the interval ends here, its user stack and
+		 * system call are known, the kernel stack it blocked in is not.
+		 */
+		count_error(SPANPROF_ERR_OFFCPU_LATE);
+		end_interval(t, bpf_ktime_get_ns(), 0);
+	}
+	if (!t->weight_ns)
 		return 0;
 	w = get_scratch(SCRATCH_OFFCPU);
 	if (!w)
