@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use profiler_common::{
-    AllocKey, LiveAlloc, Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_OFFCPU,
+    AllocKey, LiveAlloc, Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_CPU, EVENT_OFFCPU,
     MAX_PY_FRAMES, MAX_STACK_COPY, MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE,
     PY_NO_THREAD, PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED,
     TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK,
@@ -24,9 +24,10 @@ use symbolizer::{Symbol, Symbolizer};
 use crate::offcpu::{classify, BlockFacts};
 use crate::profile::{
     Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample,
-    SpanContext, Thread,
+    SpanContext, Thread, Timed,
 };
 use crate::python::{split_token, MergeInfo, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
+use crate::resource::ProcessInfo;
 
 /// Frame shown where C code called into Python but native unwinding could not show it.
 pub const NATIVE_CODE: &str = "[native code]";
@@ -49,6 +50,8 @@ pub struct Options {
     /// Remember each sampled allocation's stack until the end, for the memory in use
     /// (`--event heap`).
     pub heap: bool,
+    /// Keep each event's time (for outputs with timestamps: OTLP), up to [`MAX_TIMED`].
+    pub timestamps: bool,
 }
 
 impl Default for Options {
@@ -59,6 +62,7 @@ impl Default for Options {
             python_only: false,
             alloc_rate: crate::profile::DEFAULT_ALLOC_RATE,
             heap: false,
+            timestamps: false,
         }
     }
 }
@@ -108,8 +112,9 @@ impl StackTable {
 /// off-CPU facts: 0 for on-CPU samples, else [`off_cpu_key`]).
 type CountKey = (u32, u32, u32, u32, u32, u32, UnwindStatus, u32);
 
-/// What one count key holds: on-CPU samples, off-CPU nanoseconds, allocations (scaled).
-#[derive(Debug, Clone, Copy, Default)]
+/// What one count key holds: on-CPU samples, off-CPU nanoseconds, allocations (scaled), and
+/// with [`Options::timestamps`] each event's time and value (`CLOCK_MONOTONIC`, unscaled).
+#[derive(Debug, Clone, Default)]
 struct Counts {
     samples: u64,
     off_cpu_ns: u64,
@@ -117,7 +122,14 @@ struct Counts {
     alloc_bytes: f64,
     inuse_objects: f64,
     inuse_bytes: f64,
+    times: Vec<(u64, u64)>,
+    inuse_times: Vec<(u64, u64)>,
 }
+
+/// Events whose times are kept at most (16 bytes each: 32 MiB). Past it no time is kept and
+/// those kept are dropped at the end, so that every sample of a profile has the same shape
+/// (values and times, or values only).
+pub const MAX_TIMED: usize = 1 << 21;
 
 /// The facts key of allocation samples (off-CPU keys are odd).
 const ALLOC_KEY: u32 = 2;
@@ -191,6 +203,12 @@ pub struct Aggregator {
     execs: FxHashMap<u32, u64>,
     /// Sampled allocations still in use at the end whose stack was not remembered.
     unattributed_inuse: u64,
+    /// Events whose time is kept ([`MAX_TIMED`] at most).
+    timed: usize,
+    /// More than [`MAX_TIMED`] events came: times are not kept.
+    timed_overflow: bool,
+    /// What each process said about itself when first sampled.
+    process_info: FxHashMap<u32, ProcessInfo>,
     /// User stacks unwound from the stack copy (`--unwind dwarf`).
     unwinders: Unwinders,
     unwound: [u64; MAX_STACK_DEPTH],
@@ -222,6 +240,9 @@ impl Aggregator {
             alloc_keys: FxHashMap::default(),
             execs: FxHashMap::default(),
             unattributed_inuse: 0,
+            timed: 0,
+            timed_overflow: false,
+            process_info: FxHashMap::default(),
             python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
             py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
@@ -380,6 +401,19 @@ impl Aggregator {
         };
         let key = (rec.pid, rec.tid, kid, uid, pyid, span, unwind, off);
         let counts = self.counts.entry(key).or_default();
+        if self.opts.timestamps && !self.timed_overflow {
+            if self.timed < MAX_TIMED {
+                let value = if rec.event == EVENT_CPU {
+                    1
+                } else {
+                    rec.weight
+                };
+                counts.times.push((rec.time_ns, value));
+                self.timed += 1;
+            } else {
+                self.timed_overflow = true;
+            }
+        }
         match rec.event {
             EVENT_OFFCPU => {
                 counts.off_cpu_ns = counts.off_cpu_ns.saturating_add(rec.weight);
@@ -396,9 +430,14 @@ impl Aggregator {
         }
         // Threads rename themselves (pthread_setname_np); the latest name wins.
         *self.threads.entry((rec.pid, rec.tid)).or_default() = rec.comm;
-        self.processes
-            .entry(rec.pid)
-            .or_insert_with(|| process_name(rec.pid, sample.comm()));
+        if let std::collections::btree_map::Entry::Vacant(e) = self.processes.entry(rec.pid) {
+            e.insert(process_name(rec.pid, sample.comm()));
+            if self.opts.timestamps {
+                // Once per process, while it (hopefully) still runs: for its OTLP resource.
+                self.process_info
+                    .insert(rec.pid, ProcessInfo::read(rec.pid));
+            }
+        }
     }
 
     /// The id (index + 1) of a span context; allocates only for a context seen first.
@@ -432,6 +471,9 @@ impl Aggregator {
             let counts = self.counts.entry(key).or_default();
             counts.inuse_objects += objects;
             counts.inuse_bytes += bytes;
+            if self.opts.timestamps && !counts.times.is_empty() {
+                counts.inuse_times.push((time_ns, alloc.size));
+            }
         }
     }
 
@@ -519,7 +561,24 @@ impl Aggregator {
         let mut python_frame: FxHashMap<u64, u32> = FxHashMap::default();
         let mut pieces = Vec::new();
         let mut samples: Vec<Sample> = Vec::with_capacity(self.counts.len());
-        for (&(pid, tid, kid, uid, pyid, span, unwind, off), &counts) in &self.counts {
+        // Monotonic event times to wall-clock ones; none at all past MAX_TIMED.
+        let to_unix = unix_offset_ns();
+        let keep_times = self.opts.timestamps && !self.timed_overflow;
+        let timed = |times: &[(u64, u64)]| -> Vec<Timed> {
+            if !keep_times {
+                return Vec::new();
+            }
+            let mut v: Vec<Timed> = times
+                .iter()
+                .map(|&(t, value)| Timed {
+                    unix_ns: t.saturating_add_signed(to_unix),
+                    value,
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        for (&(pid, tid, kid, uid, pyid, span, unwind, off), counts) in &self.counts {
             let ustack = user_stacks[&pid][uid as usize];
             let kstack = kernel_stacks[kid as usize];
             let pystack = python_stacks[pyid as usize];
@@ -595,6 +654,8 @@ impl Aggregator {
                 },
                 span: span.checked_sub(1),
                 unwind,
+                times: timed(&counts.times),
+                inuse_times: timed(&counts.inuse_times),
             });
         }
         samples.sort_by(|a, b| {
@@ -612,6 +673,10 @@ impl Aggregator {
                 a.alloc.bytes += b.alloc.bytes;
                 a.inuse.objects += b.inuse.objects;
                 a.inuse.bytes += b.inuse.bytes;
+                a.times.append(&mut b.times);
+                a.times.sort_unstable();
+                a.inuse_times.append(&mut b.inuse_times);
+                a.inuse_times.sort_unstable();
             }
             same
         });
@@ -623,7 +688,13 @@ impl Aggregator {
             processes: self
                 .processes
                 .into_iter()
-                .map(|(pid, name)| Process { pid, name })
+                .map(|(pid, name)| {
+                    let mut info = self.process_info.remove(&pid).unwrap_or_default();
+                    info.runtime = python
+                        .runtime_version(pid)
+                        .map(|v| ("cpython".to_string(), v.to_string()));
+                    Process { pid, name, info }
+                })
                 .collect(),
             samples,
             spans: self.spans,
@@ -745,6 +816,14 @@ fn comm_string(comm: &[u8; TASK_COMM_LEN]) -> String {
 }
 
 /// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.
+/// What to add to a `CLOCK_MONOTONIC` time (the clock of `bpf_ktime_get_ns`) for the Unix time.
+fn unix_offset_ns() -> i64 {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    unix - crate::python::monotonic_ns() as i64
+}
+
 fn process_name(pid: u32, thread_comm: &[u8]) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim_end().to_string())

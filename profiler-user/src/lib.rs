@@ -37,12 +37,14 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod command;
+pub mod export;
 pub mod offcpu;
 pub mod output;
 pub mod preflight;
 pub mod profile;
 pub mod python;
 pub mod report;
+pub mod resource;
 pub mod session;
 pub mod stats;
 pub mod summary;

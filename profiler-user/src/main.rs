@@ -9,6 +9,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use spanprof::aggregate;
 use spanprof::command::CannotRun;
+use spanprof::export::{Exporter, ExporterConfig, Protocol};
 use spanprof::output::{self, Format};
 use spanprof::profile::{Events, GroupBy, Profile};
 use spanprof::report::{self, Filter};
@@ -81,7 +82,7 @@ struct ProfileArgs {
     /// Output file; repeat for several formats of the same profile.
     #[arg(short, long = "output", value_name = "FILE")]
     output: Vec<PathBuf>,
-    /// Format of every output (svg, folded, pprof, speedscope), instead of the extension.
+    /// Format of every output (svg, folded, pprof, speedscope, otlp), instead of the extension.
     #[arg(long, value_name = "FORMAT")]
     format: Option<String>,
     /// Drop kernel frames.
@@ -120,6 +121,18 @@ struct ProfileArgs {
     /// No progress bar or progress lines.
     #[arg(long)]
     quiet: bool,
+    /// Send the profile to this OTLP collector at the end of the session (e.g.
+    /// http://localhost:4317); the OTEL_EXPORTER_OTLP_[PROFILES_]* variables give the rest.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_[PROFILES_]PROTOCOL,
+    /// else grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    otlp_protocol: Option<String>,
+    /// An extra OTLP request header, KEY=VALUE (repeatable; added to
+    /// OTEL_EXPORTER_OTLP_[PROFILES_]HEADERS).
+    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    otlp_headers: Vec<String>,
     /// Command to run and profile, after `--`.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -235,7 +248,7 @@ fn output_formats(outputs: &[PathBuf], format: Option<&str>) -> Result<Vec<Forma
     let forced = match format {
         Some(name) => Some(Format::from_name(name).ok_or_else(|| {
             usage(format!(
-                "unknown output format '{name}': use svg, folded, pprof or speedscope"
+                "unknown output format '{name}': use svg, folded, pprof, speedscope or otlp"
             ))
         })?),
         None => None,
@@ -245,8 +258,8 @@ fn output_formats(outputs: &[PathBuf], format: Option<&str>) -> Result<Vec<Forma
         .map(|path| {
             forced.or_else(|| Format::from_path(path)).ok_or_else(|| {
                 usage(format!(
-                    "unknown output format for '{}': use a .svg, .folded, .pb.gz or \
-                     .speedscope.json name, or --format svg|folded|pprof|speedscope",
+                    "unknown output format for '{}': use a .svg, .folded, .pb.gz, \
+                     .speedscope.json or .otlp name, or --format svg|folded|pprof|speedscope|otlp",
                     path.display()
                 ))
             })
@@ -357,6 +370,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let offcpu_min = parse_duration(args.offcpu_min.as_deref().unwrap_or("5us"))?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
+    let exporter = otlp_config(&args)?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
     session::install_signal_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
@@ -384,6 +398,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             python_only: args.python_only,
             alloc_rate: events.alloc_rate,
             heap: events.heap,
+            timestamps: exporter.is_some() || formats.contains(&Format::Otlp),
         },
         children: args.children,
         ring_buffer_size: args.ring_buffer_size,
@@ -475,6 +490,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         eprintln!("{line}");
     }
     let mut status = write_outputs(profile, group, pending.into_iter().zip(formats).collect());
+    if let Some(config) = exporter {
+        let grouped = group.map(|g| profile.grouped(g));
+        if !send_otlp(grouped.as_ref().unwrap_or(profile), config) {
+            status = EXIT_FAILURE;
+        }
+    }
     if let Some(out) = stats_out {
         let dest = out.dest().display().to_string();
         match out.commit(stats::to_json(profile, stack_copy_bytes).as_bytes()) {
@@ -497,6 +518,84 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         }
     }
     Ok(status)
+}
+
+/// The OTLP exporter asked for with `--otlp-endpoint`: the environment's settings, then the flags.
+fn otlp_config(args: &ProfileArgs) -> Result<Option<ExporterConfig>, Failure> {
+    let Some(endpoint) = &args.otlp_endpoint else {
+        if args.otlp_protocol.is_some() || !args.otlp_headers.is_empty() {
+            return Err(usage(
+                "--otlp-protocol and --otlp-header need --otlp-endpoint",
+            ));
+        }
+        return Ok(None);
+    };
+    let mut config = ExporterConfig::from_env().map_err(usage)?;
+    if let Some(p) = &args.otlp_protocol {
+        config.set_protocol(Protocol::from_name(p).map_err(usage)?);
+    }
+    config.set_endpoint(endpoint).map_err(usage)?;
+    for h in &args.otlp_headers {
+        match h.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                config.headers.push((k.trim().to_string(), v.to_string()))
+            }
+            _ => {
+                return Err(usage(format!(
+                    "invalid --otlp-header {h:?}: expected KEY=VALUE"
+                )))
+            }
+        }
+    }
+    Ok(Some(config))
+}
+
+/// Sends the profile to the collector; prints what happened and returns whether it was taken.
+fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
+    let endpoint = config.endpoint.clone();
+    let protocol = config.protocol.name();
+    let request = spanprof::output::otlp::request(profile);
+    let profiles: usize = request
+        .resource_profiles
+        .iter()
+        .flat_map(|r| &r.scope_profiles)
+        .map(|s| s.profiles.len())
+        .sum();
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(async {
+                let exporter = Exporter::new(config)?;
+                exporter.export(&request).await.map_err(|e| e.to_string())
+            })
+        });
+    match result {
+        Ok(accepted) if accepted.rejected_profiles > 0 => {
+            eprintln!(
+                "error: {endpoint} ({protocol}) rejected {} of {profiles} profiles: {}",
+                accepted.rejected_profiles, accepted.message
+            );
+            false
+        }
+        Ok(accepted) => {
+            eprintln!(
+                "sent {profiles} profiles of {} processes to {endpoint} ({protocol}){}",
+                request.resource_profiles.len(),
+                if accepted.message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", accepted.message)
+                }
+            );
+            true
+        }
+        Err(e) => {
+            eprintln!("error: cannot send the profile to {endpoint} ({protocol}): {e}");
+            false
+        }
+    }
 }
 
 /// Parses an id option with `parse`, or fails as a usage error naming the expected form.

@@ -118,6 +118,22 @@ pub struct Sample {
     /// How the native user stack was unwound: complete, truncated, failed (and why), or
     /// unchecked (frame pointers).
     pub unwind: UnwindStatus,
+    /// Each event of this sample with when it happened, oldest first, when the session kept
+    /// them (outputs with timestamps: OTLP); empty otherwise. On-CPU events have the value 1,
+    /// off-CPU ones their nanoseconds, allocations their size in bytes (unscaled).
+    pub times: Vec<Timed>,
+    /// `--event heap`: the sampled allocations of this sample still in use at the end, with
+    /// when they were made and their size (unscaled), when timestamps were kept.
+    pub inuse_times: Vec<Timed>,
+}
+
+/// One event of a [`Sample`] and when it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timed {
+    /// Wall-clock time, nanoseconds since the Unix epoch.
+    pub unix_ns: u64,
+    /// Its value: 1 (on-CPU), nanoseconds (off-CPU) or bytes (allocation).
+    pub value: u64,
 }
 
 /// Allocated memory: how many allocations and how many bytes (estimates, rounded).
@@ -231,6 +247,10 @@ pub struct Process {
     pub pid: u32,
     /// Executable name: `/proc/PID/comm` when first sampled, else the sampled thread's `comm`.
     pub name: String,
+    /// What the process says about itself (executable, command line, service name,
+    /// container), read from `/proc` when it was first sampled; empty for a profile read back
+    /// from a file.
+    pub info: crate::resource::ProcessInfo,
 }
 
 /// Facts about the session that produced the profile.
@@ -250,6 +270,8 @@ pub struct Meta {
     pub lost_samples: u64,
     /// What the CPython walker found.
     pub python: PythonStats,
+    /// The host the session ran on (`None` for a profile read back from a file).
+    pub host: Option<crate::resource::HostInfo>,
 }
 
 /// What a profile measures (`--event`).

@@ -277,6 +277,9 @@ pub struct Python {
     modules: ModuleCache,
     /// Python processes found since the last [`Python::take_new_processes`].
     new_processes: Vec<u32>,
+    /// The CPython version of each process found (`3.11.2`, or `3.11` when the patch level is
+    /// not known).
+    versions: FxHashMap<u32, String>,
 }
 
 impl Python {
@@ -297,6 +300,7 @@ impl Python {
             with_spans: FxHashSet::default(),
             modules: ModuleCache::default(),
             new_processes: Vec::new(),
+            versions: FxHashMap::default(),
         }
     }
 
@@ -468,6 +472,11 @@ impl Python {
         self.spans
     }
 
+    /// The CPython version of a process found to be Python (the latest, after an exec).
+    pub fn runtime_version(&self, pid: u32) -> Option<&str> {
+        self.versions.get(&pid).map(String::as_str)
+    }
+
     /// Looks at one process now; a [`Python::flush`] hands what was found to the kernel.
     pub fn detect_now(&mut self, pid: u32) {
         if !self.enabled {
@@ -479,13 +488,14 @@ impl Python {
             Some(Proc::Ready(_) | Proc::Exited(_)) | None => 0,
         };
         let next = match detect(pid) {
-            Ok(process) => match self.ready(process) {
-                Ok(ready) => {
+            Ok(process) => match (process.version, self.ready(process)) {
+                (version, Ok(ready)) => {
                     self.found.insert(pid);
+                    self.versions.insert(pid, version.to_string());
                     self.new_processes.push(pid);
                     Proc::Ready(Box::new(ready))
                 }
-                Err(reason) => {
+                (_, Err(reason)) => {
                     self.note(pid, reason);
                     Proc::Skipped
                 }

@@ -201,6 +201,7 @@ impl Reader<'_> {
                 Ok(Process {
                     pid,
                     name: name.to_string(),
+                    info: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>, ReportError>>()?;
@@ -223,6 +224,7 @@ impl Reader<'_> {
             events,
             lost_samples,
             python: PythonStats::default(),
+            host: None,
         };
 
         let (frames, frame_of_location) = self.frames()?;
@@ -359,6 +361,8 @@ impl Reader<'_> {
                 inuse,
                 span,
                 unwind,
+                times: Vec::new(),
+                inuse_times: Vec::new(),
             });
         }
         if processes.is_empty() {
@@ -371,6 +375,7 @@ impl Reader<'_> {
                     None => processes.push(Process {
                         pid: t.pid,
                         name: t.name.clone(),
+                        info: Default::default(),
                     }),
                 }
             }

@@ -547,6 +547,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         events: opts.events,
         lost_samples: errors[ErrorCode::RingbufFull as usize],
         python: Default::default(),
+        host: Some(crate::resource::HostInfo::current()),
     };
     if opts.progress {
         eprintln!("spanprof: symbolizing {} samples", agg.samples());

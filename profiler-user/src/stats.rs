@@ -195,6 +195,7 @@ mod tests {
         profile.processes.push(crate::profile::Process {
             pid: 200,
             name: "other".to_string(),
+            info: Default::default(),
         });
         for s in &mut profile.samples {
             s.unwind = if s.thread == 0 {

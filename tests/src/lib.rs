@@ -27,6 +27,8 @@ use std::sync::{mpsc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod otlp;
+
 /// A `Vec<OsString>` of command-line arguments from anything string- or path-like:
 /// `args!["profile", "--pid", pid.to_string(), "-o", &path]`.
 #[macro_export]

@@ -61,10 +61,20 @@ const FP_PYTHON_SHA256: &str = "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981
 const FP_PYTHON_DIR: &str = "Python-3.11.2";
 const FP_PYTHON_CFLAGS: &str = "-O2 -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer";
 
-/// PyPI packages of `tests/tools/decode_pprof.py`, and py-spy (a binary in
-/// the venv's `bin/`), and the modules that prove the Python ones are installed.
-const PYTHON_PACKAGES: &[&str] = &["protobuf", "grpcio-tools", PY_SPY_PACKAGE];
-const PYTHON_PROBE: &str = "import google.protobuf, grpc_tools.protoc";
+/// PyPI packages of the tests' venv: `protobuf` and `grpcio-tools` for
+/// `tests/tools/decode_pprof.py`; `opentelemetry-proto` (the OTLP profiles messages of
+/// OpenTelemetry proto v1.10.0, `v1development`; it needs protobuf >= 5, < 8) for
+/// `tests/tools/decode_otlp.py` and `tests/tools/otlp_http_sink.py`; and py-spy (a binary
+/// in the venv's `bin/`). The probe imports the modules that prove the Python ones are
+/// installed; the venv counts as ready only when it succeeds.
+const PYTHON_PACKAGES: &[&str] = &[
+    "protobuf",
+    "grpcio-tools",
+    "opentelemetry-proto==1.45.2",
+    PY_SPY_PACKAGE,
+];
+const PYTHON_PROBE: &str = "import google.protobuf, grpc_tools.protoc, \
+    opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2";
 /// The py-spy release the Python-stack tests are checked against (the same
 /// version as the py-spy crate of the workspace).
 const PY_SPY_PACKAGE: &str = "py-spy==0.4.3";

@@ -149,6 +149,8 @@ mod tests {
                 inuse: Default::default(),
                 span: None,
                 unwind: symbolizer::unwind::UnwindStatus::Unchecked,
+                times: Vec::new(),
+                inuse_times: Vec::new(),
             },
             Sample {
                 frames: vec![0],
@@ -160,6 +162,8 @@ mod tests {
                 inuse: Default::default(),
                 span: None,
                 unwind: symbolizer::unwind::UnwindStatus::Unchecked,
+                times: Vec::new(),
+                inuse_times: Vec::new(),
             },
         ];
         let out = String::from_utf8(render(&profile).unwrap()).unwrap();

@@ -239,6 +239,7 @@ pub fn no_samples_text(events: Events) -> &'static str {
 }
 
 pub mod folded;
+pub mod otlp;
 pub mod pprof;
 pub mod speedscope;
 pub mod svg;
@@ -254,31 +255,35 @@ pub enum Format {
     Pprof,
     /// speedscope JSON file format.
     Speedscope,
+    /// OTLP profiles: a protobuf `ExportProfilesServiceRequest` (proto v1.10.0).
+    Otlp,
 }
 
 impl Format {
     /// Every format, in the order they are listed in help texts.
-    pub const ALL: [Format; 4] = [
+    pub const ALL: [Format; 5] = [
         Format::Svg,
         Format::Folded,
         Format::Pprof,
         Format::Speedscope,
+        Format::Otlp,
     ];
 
     /// Guesses the format from a file name's extension.
     ///
-    /// Recognizes `.svg`, `.folded`, `.pb.gz`, `.pprof` and `.speedscope.json`, ignoring ASCII
+    /// Recognizes `.svg`, `.folded`, `.pb.gz`, `.pprof`, `.speedscope.json` and `.otlp`, ignoring ASCII
     /// case. Returns `None` for anything else (including a plain `.json`, which could be another
     /// tool's format).
     pub fn from_path(path: &Path) -> Option<Format> {
         let name = path.file_name()?.to_str()?.to_ascii_lowercase();
         // NB: the double extensions are checked before their last component could match.
-        const SUFFIXES: [(&str, Format); 5] = [
+        const SUFFIXES: [(&str, Format); 6] = [
             (".speedscope.json", Format::Speedscope),
             (".pb.gz", Format::Pprof),
             (".pprof", Format::Pprof),
             (".svg", Format::Svg),
             (".folded", Format::Folded),
+            (".otlp", Format::Otlp),
         ];
         SUFFIXES
             .iter()
@@ -301,6 +306,7 @@ impl Format {
             Format::Folded => "folded",
             Format::Pprof => "pprof",
             Format::Speedscope => "speedscope",
+            Format::Otlp => "otlp",
         }
     }
 
@@ -312,6 +318,7 @@ impl Format {
             Format::Folded => "folded",
             Format::Pprof => "pb.gz",
             Format::Speedscope => "speedscope.json",
+            Format::Otlp => "otlp",
         }
     }
 }
@@ -376,6 +383,10 @@ pub fn render(profile: &Profile, format: Format) -> Result<Vec<u8>, OutputError>
         Format::Folded => folded::render(profile),
         Format::Pprof => pprof::render(profile),
         Format::Speedscope => speedscope::render(profile),
+        Format::Otlp => {
+            validate(profile)?;
+            Ok(otlp::render(profile))
+        }
     }
 }
 
@@ -449,6 +460,7 @@ pub(crate) mod fixture {
                 events: Default::default(),
                 lost_samples: 4,
                 python: Default::default(),
+                host: None,
             },
             frames: vec![
                 native("main", 0x1000, 10),
@@ -488,6 +500,7 @@ pub(crate) mod fixture {
             processes: vec![Process {
                 pid: 100,
                 name: "app".to_string(),
+                info: Default::default(),
             }],
             samples: vec![
                 Sample {
@@ -500,6 +513,8 @@ pub(crate) mod fixture {
                     inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
+                    times: Vec::new(),
+                    inuse_times: Vec::new(),
                 },
                 Sample {
                     frames: vec![0, 4],
@@ -511,6 +526,8 @@ pub(crate) mod fixture {
                     inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
+                    times: Vec::new(),
+                    inuse_times: Vec::new(),
                 },
                 Sample {
                     frames: vec![0, 1, 3],
@@ -522,6 +539,8 @@ pub(crate) mod fixture {
                     inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
+                    times: Vec::new(),
+                    inuse_times: Vec::new(),
                 },
                 Sample {
                     frames: vec![0, 2],
@@ -533,6 +552,8 @@ pub(crate) mod fixture {
                     inuse: Default::default(),
                     span: None,
                     unwind: symbolizer::unwind::UnwindStatus::Unchecked,
+                    times: Vec::new(),
+                    inuse_times: Vec::new(),
                 },
             ],
             spans: vec![],
@@ -623,6 +644,8 @@ pub(crate) mod fixture {
             inuse: Default::default(),
             span,
             unwind: symbolizer::unwind::UnwindStatus::Complete,
+            times: Vec::new(),
+            inuse_times: Vec::new(),
         };
         p.samples.extend([
             blocked(vec![5, 0, 1, 3], 0, LOCK_NS, OffCpuReason::Lock, Some(0)),
