@@ -52,6 +52,11 @@ pub struct Options {
     pub heap: bool,
     /// Keep each event's time (for outputs with timestamps: OTLP), up to [`MAX_TIMED`].
     pub timestamps: bool,
+    /// Distinct count keys (stack, thread, span, event) at most, 0 for no limit; samples of
+    /// new keys past it are dropped and counted ([`Aggregator::dropped`]).
+    pub max_keys: usize,
+    /// Processes at most, 0 for no limit; samples of new processes past it are dropped.
+    pub max_processes: usize,
 }
 
 impl Default for Options {
@@ -63,6 +68,8 @@ impl Default for Options {
             alloc_rate: crate::profile::DEFAULT_ALLOC_RATE,
             heap: false,
             timestamps: false,
+            max_keys: 0,
+            max_processes: 0,
         }
     }
 }
@@ -209,6 +216,8 @@ pub struct Aggregator {
     timed_overflow: bool,
     /// What each process said about itself when first sampled.
     process_info: FxHashMap<u32, ProcessInfo>,
+    /// Samples left out by [`Options::max_keys`] or [`Options::max_processes`].
+    dropped: u64,
     /// User stacks unwound from the stack copy (`--unwind dwarf`).
     unwinders: Unwinders,
     unwound: [u64; MAX_STACK_DEPTH],
@@ -243,6 +252,7 @@ impl Aggregator {
             timed: 0,
             timed_overflow: false,
             process_info: FxHashMap::default(),
+            dropped: 0,
             python_stats: PythonStats::default(),
             scratch: [0; MAX_STACK_DEPTH],
             py_scratch: Box::new([0; MAX_PY_FRAMES + 1]),
@@ -325,9 +335,38 @@ impl Aggregator {
         self.samples
     }
 
+    /// Samples left out by the limits ([`Options::max_keys`], [`Options::max_processes`]).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// New limits ([`Options::max_keys`], [`Options::max_processes`]), from the next sample on.
+    pub fn set_limits(&mut self, max_keys: usize, max_processes: usize) {
+        self.opts.max_keys = max_keys;
+        self.opts.max_processes = max_processes;
+    }
+
+    /// Ends a window (the daemon): returns what was aggregated so far and goes on empty,
+    /// keeping what outlives a window: the unwind tables of the processes, exec times.
+    pub fn take_window(&mut self) -> Aggregator {
+        let mut next = Aggregator::new(self.opts);
+        std::mem::swap(&mut next.unwinders, &mut self.unwinders);
+        next.execs = self.execs.clone();
+        next.raised = std::mem::take(&mut self.raised);
+        std::mem::replace(self, next)
+    }
+
     /// Counts one sample; its Python frames are named through `python`.
     pub fn record(&mut self, sample: &SampleRecord<'_>, python: &mut Python) {
         let rec = sample.header;
+        // A new process past the limit is left out whole (before any work on its stacks).
+        if self.opts.max_processes != 0
+            && self.processes.len() >= self.opts.max_processes
+            && !self.processes.contains_key(&rec.pid)
+        {
+            self.dropped += 1;
+            return;
+        }
         self.samples += 1;
         let frames = sample.python_stack();
         python.saw(
@@ -400,6 +439,13 @@ impl Aggregator {
             _ => 0,
         };
         let key = (rec.pid, rec.tid, kid, uid, pyid, span, unwind, off);
+        if self.opts.max_keys != 0
+            && self.counts.len() >= self.opts.max_keys
+            && !self.counts.contains_key(&key)
+        {
+            self.dropped += 1;
+            return;
+        }
         let counts = self.counts.entry(key).or_default();
         if self.opts.timestamps && !self.timed_overflow {
             if self.timed < MAX_TIMED {

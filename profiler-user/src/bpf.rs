@@ -548,6 +548,19 @@ impl Programs {
         self.targets.keys().next().is_some()
     }
 
+    /// How many processes are in the target set (explicit ones and their children).
+    pub fn target_count(&self) -> usize {
+        self.targets.keys().count()
+    }
+
+    /// Empties the target set (the daemon's scope changed).
+    pub fn clear_targets(&mut self) {
+        let pids: Vec<u32> = self.targets.keys().filter_map(Result::ok).collect();
+        for pid in pids {
+            let _ = self.targets.remove(&pid);
+        }
+    }
+
     /// The processes in the profiled set now.
     pub fn target_pids(&self) -> Vec<u32> {
         self.targets.keys().filter_map(Result::ok).collect()

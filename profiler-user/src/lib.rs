@@ -37,6 +37,7 @@
 pub mod aggregate;
 pub mod bpf;
 pub mod command;
+pub mod daemon;
 pub mod export;
 pub mod offcpu;
 pub mod output;

@@ -709,7 +709,7 @@ const DETECT_DURING_DRAIN: Duration = Duration::from_millis(10);
 
 /// Drains the ring buffer into the aggregate, then looks for the interpreters of processes
 /// that just appeared or exec'd.
-fn drain(
+pub(crate) fn drain(
     programs: &mut Programs,
     agg: &mut Aggregator,
     python: &mut Python,

@@ -1,0 +1,428 @@
+//! The daemon's configuration file (TOML), with defaults for everything.
+//!
+//! ```toml
+//! [sampling]
+//! frequency = 19            # Hz per CPU
+//! events = ["cpu"]          # cpu, offcpu, wall
+//! offcpu_min = "5us"
+//! window = "60s"            # one export per window
+//! unwind = "dwarf"          # or "fp"
+//! spans = true              # read span contexts of Python processes
+//!
+//! [scope]                   # empty: every process on the host
+//! pids = [1234]
+//! executables = ["python3*", "nova-*"]   # globs on the executable's name (or comm)
+//! cgroups = ["/system.slice/nova-*"]     # globs on the cgroup v2 path
+//! containers = ["3f4e5d"]                # container id prefixes
+//!
+//! [export]                  # OTEL_EXPORTER_OTLP_[PROFILES_]* first, then these
+//! endpoint = "http://localhost:4317"
+//! protocol = "grpc"         # or "http/protobuf"
+//! headers = { "x-api-key" = "…" }
+//! timeout = "10s"
+//! compression = "gzip"      # or "none"
+//! queue = 10                # windows kept while the collector cannot be reached
+//! max_backoff = "60s"
+//!
+//! [limits]                  # per window; what does not fit is counted as dropped
+//! max_processes = 4096
+//! max_stacks = 200000
+//!
+//! [metrics]
+//! listen = "127.0.0.1:9464" # /metrics (Prometheus) and /healthz; "" turns it off
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::export::{ExporterConfig, Protocol};
+use crate::profile::Events;
+
+/// The file as written (every field optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    sampling: SamplingFile,
+    #[serde(default)]
+    scope: ScopeFile,
+    #[serde(default)]
+    export: ExportFile,
+    #[serde(default)]
+    limits: LimitsFile,
+    #[serde(default)]
+    metrics: MetricsFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SamplingFile {
+    frequency: Option<u64>,
+    events: Option<Vec<String>>,
+    offcpu_min: Option<String>,
+    window: Option<String>,
+    unwind: Option<String>,
+    spans: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScopeFile {
+    #[serde(default)]
+    pids: Vec<u32>,
+    #[serde(default)]
+    executables: Vec<String>,
+    #[serde(default)]
+    cgroups: Vec<String>,
+    #[serde(default)]
+    containers: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExportFile {
+    endpoint: Option<String>,
+    protocol: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    timeout: Option<String>,
+    compression: Option<String>,
+    queue: Option<usize>,
+    max_backoff: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    max_processes: Option<usize>,
+    max_stacks: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsFile {
+    listen: Option<String>,
+}
+
+/// Which processes the daemon profiles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// These processes (and their children).
+    pub pids: Vec<u32>,
+    /// Processes whose executable name (or `comm`) matches one of these globs.
+    pub executables: Vec<String>,
+    /// Processes whose cgroup v2 path matches one of these globs.
+    pub cgroups: Vec<String>,
+    /// Processes in a container whose id starts with one of these.
+    pub containers: Vec<String>,
+}
+
+impl Scope {
+    /// No selector: every process on the host.
+    pub fn is_host(&self) -> bool {
+        self.pids.is_empty()
+            && self.executables.is_empty()
+            && self.cgroups.is_empty()
+            && self.containers.is_empty()
+    }
+
+    /// A one-line description, for logs.
+    pub fn describe(&self) -> String {
+        if self.is_host() {
+            return "every process on the host".to_string();
+        }
+        let mut parts = Vec::new();
+        if !self.pids.is_empty() {
+            let pids: Vec<String> = self.pids.iter().map(u32::to_string).collect();
+            parts.push(format!("pids {}", pids.join(",")));
+        }
+        if !self.executables.is_empty() {
+            parts.push(format!("executables {}", self.executables.join(",")));
+        }
+        if !self.cgroups.is_empty() {
+            parts.push(format!("cgroups {}", self.cgroups.join(",")));
+        }
+        if !self.containers.is_empty() {
+            parts.push(format!("containers {}", self.containers.join(",")));
+        }
+        parts.join("; ")
+    }
+}
+
+/// The daemon's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DaemonConfig {
+    /// Samples per second per CPU.
+    pub frequency: u64,
+    /// What is sampled: cpu, offcpu or wall.
+    pub events: Events,
+    /// Shortest off-CPU interval kept.
+    pub offcpu_min: Duration,
+    /// One profile is exported per window.
+    pub window: Duration,
+    /// Bytes of stack copied per sample (0: frame pointers).
+    pub stack_copy_bytes: u32,
+    /// Span contexts are read.
+    pub spans: bool,
+    /// Which processes.
+    pub scope: Scope,
+    /// Where profiles go.
+    pub exporter: ExporterConfig,
+    /// Windows waiting for export at most; older ones are dropped (and counted).
+    pub queue: usize,
+    /// Longest wait between two attempts of an export.
+    pub max_backoff: Duration,
+    /// Processes per window at most.
+    pub max_processes: usize,
+    /// Distinct stacks (per thread, span and event) per window at most.
+    pub max_stacks: usize,
+    /// Where `/metrics` and `/healthz` are served, if anywhere.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Default bytes of stack copied per sample (`--stack-copy`'s default).
+const DEFAULT_STACK_COPY: u32 = 16384;
+
+fn duration(field: &str, value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value)
+        .map_err(|_| format!("{field}: invalid duration {value:?} (e.g. 60s, 500ms)"))
+}
+
+impl DaemonConfig {
+    /// Reads a configuration file; `None` is the defaults. The exporter's settings start from
+    /// the environment's `OTEL_EXPORTER_OTLP_*` and the file's `[export]` overrides them.
+    pub fn load(path: Option<&Path>) -> Result<DaemonConfig, String> {
+        let text = match path {
+            Some(p) => std::fs::read_to_string(p)
+                .map_err(|e| format!("cannot read {}: {e}", p.display()))?,
+            None => String::new(),
+        };
+        let exporter = ExporterConfig::from_env()?;
+        Self::parse(&text, exporter).map_err(|e| match path {
+            Some(p) => format!("{}: {e}", p.display()),
+            None => e,
+        })
+    }
+
+    /// Parses the text of a configuration file over the exporter settings `exporter`.
+    pub fn parse(text: &str, mut exporter: ExporterConfig) -> Result<DaemonConfig, String> {
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        let s = file.sampling;
+        let frequency = s.frequency.unwrap_or(19);
+        if !(1..=1000).contains(&frequency) {
+            return Err(format!(
+                "sampling.frequency: {frequency} Hz is out of 1 to 1000"
+            ));
+        }
+        let mut events = Events {
+            cpu: false,
+            ..Events::default()
+        };
+        for e in s.events.unwrap_or_else(|| vec!["cpu".to_string()]) {
+            match e.as_str() {
+                "cpu" => events.cpu = true,
+                "offcpu" | "off-cpu" => events.off_cpu = true,
+                "wall" => {
+                    events.cpu = true;
+                    events.off_cpu = true;
+                    events.wall = true;
+                }
+                "alloc" | "heap" => {
+                    return Err(format!(
+                        "sampling.events: {e:?} is not available in the daemon yet (profile \
+                         sessions have it): use cpu, offcpu or wall"
+                    ))
+                }
+                other => {
+                    return Err(format!(
+                        "sampling.events: unknown event {other:?}: use cpu, offcpu or wall"
+                    ))
+                }
+            }
+        }
+        if !events.cpu && !events.off_cpu {
+            return Err("sampling.events: give at least one of cpu, offcpu, wall".to_string());
+        }
+        let offcpu_min = duration(
+            "sampling.offcpu_min",
+            s.offcpu_min.as_deref().unwrap_or("5us"),
+        )?;
+        let window = duration("sampling.window", s.window.as_deref().unwrap_or("60s"))?;
+        if window < Duration::from_secs(1) {
+            return Err("sampling.window: at least 1s".to_string());
+        }
+        let stack_copy_bytes = match s.unwind.as_deref().unwrap_or("dwarf") {
+            "dwarf" => DEFAULT_STACK_COPY,
+            "fp" => 0,
+            other => return Err(format!("sampling.unwind: {other:?}: use dwarf or fp")),
+        };
+
+        let scope = Scope {
+            pids: file.scope.pids,
+            executables: file.scope.executables,
+            cgroups: file.scope.cgroups,
+            containers: file
+                .scope
+                .containers
+                .into_iter()
+                .map(|c| c.to_ascii_lowercase())
+                .collect(),
+        };
+        if let Some(bad) = scope
+            .containers
+            .iter()
+            .find(|c| c.is_empty() || c.len() > 64 || !c.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(format!(
+                "scope.containers: {bad:?} is not a container id (or prefix) in hex"
+            ));
+        }
+
+        let x = file.export;
+        if let Some(p) = &x.protocol {
+            exporter
+                .set_protocol(Protocol::from_name(p).map_err(|e| format!("export.protocol: {e}"))?);
+        }
+        if let Some(e) = &x.endpoint {
+            exporter
+                .set_endpoint(e)
+                .map_err(|e| format!("export.endpoint: {e}"))?;
+        }
+        for (k, v) in x.headers {
+            exporter.headers.retain(|(key, _)| *key != k);
+            exporter.headers.push((k, v));
+        }
+        if let Some(t) = &x.timeout {
+            exporter.timeout = duration("export.timeout", t)?;
+        }
+        match x.compression.as_deref() {
+            None => {}
+            Some("gzip") => exporter.gzip = true,
+            Some("none") => exporter.gzip = false,
+            Some(other) => return Err(format!("export.compression: {other:?}: use gzip or none")),
+        }
+        let queue = x.queue.unwrap_or(10);
+        if queue == 0 {
+            return Err("export.queue: at least 1 window".to_string());
+        }
+        let max_backoff = duration(
+            "export.max_backoff",
+            x.max_backoff.as_deref().unwrap_or("60s"),
+        )?;
+
+        let metrics = match file.metrics.listen.as_deref() {
+            None => Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
+            Some("") => None,
+            Some(a) => Some(
+                a.parse()
+                    .map_err(|_| format!("metrics.listen: {a:?} is not an address:port"))?,
+            ),
+        };
+        Ok(DaemonConfig {
+            frequency,
+            events,
+            offcpu_min,
+            window,
+            stack_copy_bytes,
+            spans: s.spans.unwrap_or(true),
+            scope,
+            exporter,
+            queue,
+            max_backoff,
+            max_processes: file.limits.max_processes.unwrap_or(4096).max(1),
+            max_stacks: file.limits.max_stacks.unwrap_or(200_000).max(1),
+            metrics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> ExporterConfig {
+        ExporterConfig::from_vars(&|_| None).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = DaemonConfig::parse("", base()).unwrap();
+        assert_eq!(c.frequency, 19);
+        assert!(c.events.cpu && !c.events.off_cpu);
+        assert_eq!(c.window, Duration::from_secs(60));
+        assert!(c.scope.is_host());
+        assert_eq!(c.exporter.endpoint, "http://localhost:4317");
+        assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(c.queue, 10);
+    }
+
+    #[test]
+    fn a_full_file() {
+        let c = DaemonConfig::parse(
+            r#"
+            [sampling]
+            frequency = 49
+            events = ["cpu", "offcpu"]
+            window = "5s"
+            unwind = "fp"
+            [scope]
+            pids = [1, 2]
+            executables = ["python3*"]
+            containers = ["ABCdef"]
+            [export]
+            protocol = "http/protobuf"
+            endpoint = "http://c:4318"
+            headers = { "x-api-key" = "k" }
+            timeout = "3s"
+            compression = "none"
+            queue = 3
+            [limits]
+            max_processes = 10
+            max_stacks = 100
+            [metrics]
+            listen = ""
+            "#,
+            base(),
+        )
+        .unwrap();
+        assert_eq!(c.frequency, 49);
+        assert!(c.events.cpu && c.events.off_cpu);
+        assert_eq!(c.window, Duration::from_secs(5));
+        assert_eq!(c.stack_copy_bytes, 0);
+        assert_eq!(c.scope.pids, [1, 2]);
+        assert_eq!(c.scope.containers, ["abcdef"]);
+        assert_eq!(c.exporter.endpoint, "http://c:4318/v1development/profiles");
+        assert_eq!(
+            c.exporter.headers,
+            [("x-api-key".to_string(), "k".to_string())]
+        );
+        assert!(!c.exporter.gzip);
+        assert_eq!((c.queue, c.max_processes, c.max_stacks), (3, 10, 100));
+        assert_eq!(c.metrics, None);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (text, needle) in [
+            ("[sampling]\nfrequency = 0", "sampling.frequency"),
+            (
+                "[sampling]\nevents = [\"heap\"]",
+                "not available in the daemon",
+            ),
+            ("[sampling]\nwindow = \"soon\"", "sampling.window"),
+            ("[sampling]\nwindw = \"5s\"", "unknown field"),
+            ("[scope]\ncontainers = [\"xyz\"]", "scope.containers"),
+            ("[export]\nendpoint = \"c:4317\"", "export.endpoint"),
+            ("[export]\nqueue = 0", "export.queue"),
+            ("[metrics]\nlisten = \"nowhere\"", "metrics.listen"),
+            ("not toml", "expected"),
+        ] {
+            let err = DaemonConfig::parse(text, base()).unwrap_err();
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+    }
+}

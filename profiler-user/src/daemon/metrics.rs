@@ -1,0 +1,257 @@
+//! The daemon's own metrics, served as Prometheus text on `/metrics`, and `/healthz`.
+//!
+//! | Metric | Type | Meaning |
+//! |---|---|---|
+//! | `spanprof_samples_total` | counter | samples aggregated (on-CPU and off-CPU records) |
+//! | `spanprof_samples_lost_total` | counter | samples the kernel could not hand over (ring buffer full) |
+//! | `spanprof_samples_dropped_total` | counter | samples left out of a window by its limits (`max_stacks`, `max_processes`) |
+//! | `spanprof_windows_total` | counter | windows closed (one profile each) |
+//! | `spanprof_windows_exported_total` | counter | windows the collector accepted |
+//! | `spanprof_windows_dropped_total` | counter | windows dropped: queue full while the collector was unreachable, or refused |
+//! | `spanprof_export_failures_total` | counter | export attempts that failed (each retry counts) |
+//! | `spanprof_profiles_rejected_total` | counter | profiles the collector rejected in partial successes |
+//! | `spanprof_export_queue_windows` | gauge | windows waiting for export |
+//! | `spanprof_processes` | gauge | processes with samples in the last window |
+//! | `spanprof_targets` | gauge | processes in scope now |
+//! | `spanprof_cpu_seconds_total` | counter | CPU time of the daemon (user + system) |
+//! | `spanprof_resident_memory_bytes` | gauge | the daemon's resident memory |
+//! | `spanprof_last_export_timestamp_seconds` | gauge | Unix time of the last accepted export |
+//!
+//! `/healthz` answers 200 `ok` while the sampling loop runs (it went round in the last 10
+//! seconds), else 503.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Counters shared by the sampling loop, the exporter and the HTTP server.
+#[derive(Debug)]
+pub struct Metrics {
+    pub samples: AtomicU64,
+    pub samples_lost: AtomicU64,
+    pub samples_dropped: AtomicU64,
+    pub windows: AtomicU64,
+    pub windows_exported: AtomicU64,
+    pub windows_dropped: AtomicU64,
+    pub export_failures: AtomicU64,
+    pub profiles_rejected: AtomicU64,
+    pub queue: AtomicU64,
+    pub processes: AtomicU64,
+    pub targets: AtomicU64,
+    pub last_export_unix: AtomicU64,
+    /// Milliseconds since `start` when the sampling loop last went round.
+    pub last_tick_ms: AtomicU64,
+    start: Instant,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            samples: AtomicU64::new(0),
+            samples_lost: AtomicU64::new(0),
+            samples_dropped: AtomicU64::new(0),
+            windows: AtomicU64::new(0),
+            windows_exported: AtomicU64::new(0),
+            windows_dropped: AtomicU64::new(0),
+            export_failures: AtomicU64::new(0),
+            profiles_rejected: AtomicU64::new(0),
+            queue: AtomicU64::new(0),
+            processes: AtomicU64::new(0),
+            targets: AtomicU64::new(0),
+            last_export_unix: AtomicU64::new(0),
+            last_tick_ms: AtomicU64::new(0),
+            start: Instant::now(),
+        }
+    }
+}
+
+/// How long the sampling loop may be silent before `/healthz` says so.
+const HEALTHY_WITHIN: Duration = Duration::from_secs(10);
+
+/// The daemon's resident memory in bytes (`/proc/self/statm`).
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
+impl Metrics {
+    /// The sampling loop went round now.
+    pub fn tick(&self) {
+        self.last_tick_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Whether the sampling loop went round recently.
+    pub fn healthy(&self) -> bool {
+        let last = Duration::from_millis(self.last_tick_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last) < HEALTHY_WITHIN
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let cpu = crate::session::process_cpu_time().as_secs_f64();
+        let rows: [(&str, &str, &str, String); 14] = [
+            (
+                "spanprof_samples_total",
+                "counter",
+                "Samples aggregated.",
+                get(&self.samples).to_string(),
+            ),
+            (
+                "spanprof_samples_lost_total",
+                "counter",
+                "Samples lost in the kernel: ring buffer full.",
+                get(&self.samples_lost).to_string(),
+            ),
+            (
+                "spanprof_samples_dropped_total",
+                "counter",
+                "Samples left out of a window by its limits.",
+                get(&self.samples_dropped).to_string(),
+            ),
+            (
+                "spanprof_windows_total",
+                "counter",
+                "Windows closed.",
+                get(&self.windows).to_string(),
+            ),
+            (
+                "spanprof_windows_exported_total",
+                "counter",
+                "Windows the collector accepted.",
+                get(&self.windows_exported).to_string(),
+            ),
+            (
+                "spanprof_windows_dropped_total",
+                "counter",
+                "Windows dropped before the collector accepted them.",
+                get(&self.windows_dropped).to_string(),
+            ),
+            (
+                "spanprof_export_failures_total",
+                "counter",
+                "Export attempts that failed.",
+                get(&self.export_failures).to_string(),
+            ),
+            (
+                "spanprof_profiles_rejected_total",
+                "counter",
+                "Profiles the collector rejected.",
+                get(&self.profiles_rejected).to_string(),
+            ),
+            (
+                "spanprof_export_queue_windows",
+                "gauge",
+                "Windows waiting for export.",
+                get(&self.queue).to_string(),
+            ),
+            (
+                "spanprof_processes",
+                "gauge",
+                "Processes with samples in the last window.",
+                get(&self.processes).to_string(),
+            ),
+            (
+                "spanprof_targets",
+                "gauge",
+                "Processes in scope.",
+                get(&self.targets).to_string(),
+            ),
+            (
+                "spanprof_cpu_seconds_total",
+                "counter",
+                "CPU time of spanprof itself.",
+                format!("{cpu:.6}"),
+            ),
+            (
+                "spanprof_resident_memory_bytes",
+                "gauge",
+                "Resident memory of spanprof itself.",
+                resident_bytes().to_string(),
+            ),
+            (
+                "spanprof_last_export_timestamp_seconds",
+                "gauge",
+                "Unix time of the last accepted export.",
+                get(&self.last_export_unix).to_string(),
+            ),
+        ];
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+            ));
+        }
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            // Only the request line matters; a request is small, and a slow client is cut off.
+            let mut buf = vec![0u8; 4096];
+            let mut len = 0;
+            let read = async {
+                while len < buf.len() {
+                    match stream.read(&mut buf[len..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => len += n,
+                    }
+                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let head = String::from_utf8_lossy(&buf[..len]);
+            let mut parts = head.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let (status, kind, body) = match (method, path) {
+                ("GET", "/metrics") => (
+                    "200 OK",
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    metrics.render(),
+                ),
+                ("GET", "/healthz") if metrics.healthy() => ("200 OK", "text/plain", "ok\n".into()),
+                ("GET", "/healthz") => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "sampling loop stalled\n".into(),
+                ),
+                ("GET", _) => (
+                    "404 Not Found",
+                    "text/plain",
+                    "try /metrics or /healthz\n".into(),
+                ),
+                _ => ("405 Method Not Allowed", "text/plain", "GET only\n".into()),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}

@@ -1,0 +1,355 @@
+//! `spanprof daemon`: continuous profiling of a host (or of selected processes), one OTLP
+//! profiles export per window.
+//!
+//! # How it runs
+//!
+//! - **Sampling** (the main thread): the BPF programs are loaded once, with children followed
+//!   in the kernel. Every second a scan of `/proc` adds the processes that came into
+//!   [scope](config::Scope) (the whole host by default); processes leave the target set in the
+//!   kernel when they exit. The ring buffer is drained every 50 ms into the window's
+//!   [`Aggregator`], bounded by `max_stacks` and `max_processes` (what does not fit is
+//!   counted in `spanprof_samples_dropped_total`).
+//! - **Windows**: at the end of each window the aggregate is symbolized into a
+//!   [`Profile`](crate::profile::Profile), encoded as one `ExportProfilesServiceRequest`
+//!   ([`crate::output::otlp`]) with a resource per process, and queued; sampling goes on into
+//!   a fresh aggregate at once (the unwind tables and symbol caches are kept).
+//! - **Export** (a tokio task, [`queue`]): the queue never blocks sampling; it keeps at most
+//!   `export.queue` windows, dropping the oldest, and retries with exponential backoff and
+//!   jitter while the collector cannot be reached.
+//! - **Signals**: SIGTERM or SIGINT closes the current window, and the daemon exits once the
+//!   queue is sent or after `export.timeout` plus 5 s; SIGHUP reads the configuration again and
+//!   applies its scope, export, window and limits (sampling settings need a restart).
+//! - **Self-metrics** on `/metrics` and `/healthz` ([`metrics`]).
+
+pub mod config;
+pub mod metrics;
+pub mod queue;
+pub mod scope;
+
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+
+use crate::aggregate::{self, Aggregator};
+use crate::bpf::{LoadOptions, OffCpuOptions, Programs};
+use crate::export::Exporter;
+use crate::profile::Meta;
+use crate::python::Python;
+use crate::session::StackCopySizes;
+use config::DaemonConfig;
+use metrics::Metrics;
+use queue::{ExportState, Queue, Window};
+use scope::Scanner;
+
+/// How often the ring buffer is drained.
+const TICK: Duration = Duration::from_millis(50);
+/// How often `/proc` is scanned for processes that came into scope.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+/// Ring buffer size: a window's symbolization (up to about a second on a busy host) must not
+/// fill it.
+const RING_BUFFER_BYTES: u32 = 16 << 20;
+
+static STOP: AtomicI32 = AtomicI32::new(0);
+static RELOAD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    STOP.store(sig, Ordering::Relaxed);
+}
+
+extern "C" fn on_hup(_: libc::c_int) {
+    RELOAD.store(true, Ordering::Relaxed);
+}
+
+fn install_signal_handlers() {
+    let handlers: [(libc::c_int, extern "C" fn(libc::c_int)); 3] = [
+        (libc::SIGINT, on_stop),
+        (libc::SIGTERM, on_stop),
+        (libc::SIGHUP, on_hup),
+    ];
+    for (sig, handler) in handlers {
+        // SAFETY: the handlers only store to atomics (async-signal-safe).
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = handler as *const () as usize;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Waits until the ring buffer has data or `timeout` passes.
+fn wait_readable(fd: i32, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; EINTR (a signal) just ends the wait early.
+    unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+}
+
+fn aggregate_options(config: &DaemonConfig) -> aggregate::Options {
+    aggregate::Options {
+        timestamps: true,
+        max_keys: config.max_stacks,
+        max_processes: config.max_processes,
+        ..aggregate::Options::default()
+    }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub fn run(config_path: Option<PathBuf>) -> Result<()> {
+    let mut config = DaemonConfig::load(config_path.as_deref()).map_err(anyhow::Error::msg)?;
+    crate::preflight::check_capabilities()?;
+    install_signal_handlers();
+    let me = std::process::id();
+    let metrics = Arc::new(Metrics::default());
+    metrics.tick();
+
+    let mut programs = Programs::load(&LoadOptions {
+        frequency: config.frequency,
+        follow_children: true,
+        ring_buffer_size: RING_BUFFER_BYTES,
+        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(crate::bpf::DEFAULT_BTF_PATH)),
+        stack_copy_bytes: config.stack_copy_bytes,
+        cpu: config.events.cpu,
+        off_cpu: config.events.off_cpu.then_some(OffCpuOptions {
+            period_ns: 1_000_000_000 / config.frequency.max(1),
+            min_ns: u64::try_from(config.offcpu_min.as_nanos()).unwrap_or(u64::MAX),
+            runnable: config.events.wall,
+        }),
+        alloc: None,
+    })?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("spanprof-export")
+        .enable_all()
+        .build()
+        .context("cannot start the export runtime")?;
+    let queue = Arc::new(Queue::new(config.queue, metrics.clone()));
+    let exporter = {
+        let _guard = runtime.enter();
+        Exporter::new(config.exporter.clone()).map_err(anyhow::Error::msg)?
+    };
+    let state = Arc::new(Mutex::new(ExportState {
+        exporter,
+        max_backoff: config.max_backoff,
+    }));
+    let deadline = Arc::new(Mutex::new(None));
+    let exporter_task = runtime.spawn(queue::run_exporter(
+        queue.clone(),
+        state.clone(),
+        metrics.clone(),
+        deadline.clone(),
+    ));
+    let mut metrics_task = start_metrics(&runtime, config.metrics, &metrics)?;
+
+    let mut scanner = Scanner::default();
+    let mut python = Python::new(true, config.spans);
+    let mut symbolizer = symbolizer::Symbolizer::new();
+    let mut copy = StackCopySizes {
+        default: config.stack_copy_bytes,
+        raised: Vec::new(),
+    };
+    let mut agg = Aggregator::new(aggregate_options(&config));
+    add_in_scope(&mut scanner, &config, &mut programs, me);
+    eprintln!(
+        "spanprof daemon: profiling {} at {} Hz ({}), a profile every {} s to {} ({}); \
+         metrics on {}",
+        config.scope.describe(),
+        config.frequency,
+        events_name(&config),
+        config.window.as_secs_f64(),
+        config.exporter.endpoint,
+        config.exporter.protocol.name(),
+        config
+            .metrics
+            .map_or("nothing (off)".to_string(), |a| format!(
+                "http://{a}/metrics"
+            ))
+    );
+
+    let mut window_start = Instant::now();
+    let mut window_wall = SystemTime::now();
+    let mut window_id = 0u64;
+    let mut last_scan = Instant::now();
+    let mut lost_before = programs.lost_samples();
+    let mut dropped_total = 0u64;
+    let mut samples_total = 0u64;
+    loop {
+        wait_readable(programs.samples.as_raw_fd(), TICK);
+        crate::session::drain(&mut programs, &mut agg, &mut python, &mut copy);
+        agg.normalize_pending(&mut symbolizer);
+        metrics.tick();
+        metrics
+            .samples
+            .store(samples_total + agg.samples(), Ordering::Relaxed);
+        metrics
+            .samples_dropped
+            .store(dropped_total + agg.dropped(), Ordering::Relaxed);
+
+        if last_scan.elapsed() >= SCAN_EVERY {
+            last_scan = Instant::now();
+            add_in_scope(&mut scanner, &config, &mut programs, me);
+            metrics
+                .targets
+                .store(programs.target_count() as u64, Ordering::Relaxed);
+            metrics
+                .samples_lost
+                .store(programs.lost_samples(), Ordering::Relaxed);
+        }
+        let stop = STOP.load(Ordering::Relaxed) != 0;
+        if stop || window_start.elapsed() >= config.window {
+            window_id += 1;
+            let lost = programs.lost_samples();
+            let meta = Meta {
+                target: config.scope.describe(),
+                start: window_wall,
+                duration: window_start.elapsed(),
+                frequency: config.frequency,
+                events: config.events,
+                lost_samples: lost - lost_before,
+                python: Default::default(),
+                host: Some(crate::resource::HostInfo::current()),
+            };
+            lost_before = lost;
+            window_start = Instant::now();
+            window_wall = SystemTime::now();
+            let window = agg.take_window();
+            samples_total += window.samples();
+            dropped_total += window.dropped();
+            let profile = window.into_profile(&mut symbolizer, &python, meta);
+            metrics
+                .processes
+                .store(profile.processes.len() as u64, Ordering::Relaxed);
+            metrics.windows.fetch_add(1, Ordering::Relaxed);
+            let request = crate::output::otlp::request(&profile);
+            queue.push(Window {
+                id: window_id,
+                request: Arc::new(request),
+            });
+        }
+        if stop {
+            break;
+        }
+        if RELOAD.swap(false, Ordering::Relaxed) {
+            match DaemonConfig::load(config_path.as_deref()) {
+                Err(e) => eprintln!("spanprof daemon: reload failed, configuration unchanged: {e}"),
+                Ok(new) => {
+                    apply_reload(&config, &new, &runtime, &state, &queue)?;
+                    if new.metrics != config.metrics {
+                        metrics_task.abort();
+                        metrics_task = start_metrics(&runtime, new.metrics, &metrics)?;
+                    }
+                    if new.scope != config.scope {
+                        programs.clear_targets();
+                        scanner.reset();
+                    }
+                    agg.set_limits(new.max_stacks, new.max_processes);
+                    config = new;
+                    add_in_scope(&mut scanner, &config, &mut programs, me);
+                    eprintln!(
+                        "spanprof daemon: configuration reloaded: profiling {}",
+                        config.scope.describe()
+                    );
+                }
+            }
+        }
+    }
+
+    // Flush: the last window is queued; give the exporter until the deadline.
+    drop(programs);
+    let limit = Instant::now() + config.exporter.timeout + Duration::from_secs(5);
+    *deadline.lock().unwrap() = Some(limit);
+    let sent = runtime.block_on(async {
+        tokio::time::timeout_at(limit.into(), exporter_task)
+            .await
+            .is_ok()
+    });
+    let left = queue.abandon();
+    if !sent || left > 0 {
+        eprintln!("spanprof daemon: stopped with {left} windows not exported");
+    } else {
+        eprintln!("spanprof daemon: stopped; every window exported");
+    }
+    metrics_task.abort();
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+fn events_name(config: &DaemonConfig) -> &'static str {
+    match (config.events.wall, config.events.cpu, config.events.off_cpu) {
+        (true, _, _) => "wall",
+        (false, true, true) => "cpu,offcpu",
+        (false, false, true) => "offcpu",
+        _ => "cpu",
+    }
+}
+
+/// Adds the processes that came into scope to the kernel's target set.
+fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, programs: &mut Programs, me: u32) {
+    for pid in scanner.scan(&config.scope, me) {
+        if programs.is_target(pid) {
+            continue;
+        }
+        // A full map is counted by the kernel side; a process gone meanwhile is no error.
+        let _ = programs.add_target(pid);
+    }
+}
+
+/// Serves the metrics on `addr`, if any.
+fn start_metrics(
+    runtime: &tokio::runtime::Runtime,
+    addr: Option<std::net::SocketAddr>,
+    metrics: &Arc<Metrics>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let Some(addr) = addr else {
+        return Ok(runtime.spawn(async {}));
+    };
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    Ok(runtime.spawn(metrics::serve(listener, metrics.clone())))
+}
+
+/// Applies what a reload can change without reloading the BPF programs.
+fn apply_reload(
+    old: &DaemonConfig,
+    new: &DaemonConfig,
+    runtime: &tokio::runtime::Runtime,
+    state: &Arc<Mutex<ExportState>>,
+    queue: &Arc<Queue>,
+) -> Result<()> {
+    let needs_restart = old.frequency != new.frequency
+        || old.events != new.events
+        || old.offcpu_min != new.offcpu_min
+        || old.stack_copy_bytes != new.stack_copy_bytes
+        || old.spans != new.spans;
+    if needs_restart {
+        eprintln!(
+            "spanprof daemon: sampling settings changed (frequency, events, offcpu_min, unwind, \
+             spans): they apply after a restart"
+        );
+    }
+    if old.exporter != new.exporter || old.max_backoff != new.max_backoff {
+        let _guard = runtime.enter();
+        match Exporter::new(new.exporter.clone()) {
+            Ok(exporter) => {
+                *state.lock().unwrap() = ExportState {
+                    exporter,
+                    max_backoff: new.max_backoff,
+                }
+            }
+            Err(e) => eprintln!("spanprof daemon: export settings not applied: {e}"),
+        }
+    }
+    queue.set_capacity(new.queue);
+    Ok(())
+}
