@@ -17,6 +17,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::{
+    ProfilesService, ProfilesServiceServer,
+};
+use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
 use serde_json::Value;
 
 use crate::{
@@ -704,4 +710,101 @@ mod tests {
         let decoded = sink.decode_all();
         assert_eq!(decoded.len(), 3);
     }
+}
+
+/// A real OTLP/gRPC receiver: a tonic `ProfilesService` server on a free local port (gzip
+/// accepted), run on its own thread for the life of the test process. It keeps each request,
+/// as tonic decoded it, with its metadata.
+#[derive(Debug)]
+pub struct GrpcSink {
+    endpoint: String,
+    received: Arc<Mutex<Vec<GrpcRequest>>>,
+}
+
+/// One request a [`GrpcSink`] received, and its metadata (headers).
+pub type GrpcRequest = (ExportProfilesServiceRequest, tonic::metadata::MetadataMap);
+
+#[derive(Debug, Clone)]
+struct Collector(Arc<Mutex<Vec<GrpcRequest>>>);
+
+#[tonic::async_trait]
+impl ProfilesService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportProfilesServiceRequest>,
+    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
+        let metadata = request.metadata().clone();
+        self.0
+            .lock()
+            .unwrap()
+            .push((request.into_inner(), metadata));
+        Ok(tonic::Response::new(
+            ExportProfilesServiceResponse::default(),
+        ))
+    }
+}
+
+impl GrpcSink {
+    /// Starts the server.
+    pub fn start() -> GrpcSink {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a local port");
+        let addr = listener.local_addr().expect("local address");
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        let service = ProfilesServiceServer::new(Collector(received.clone()))
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                tonic::transport::Server::builder()
+                    .add_service(service)
+                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+                    .await
+                    .expect("gRPC server");
+            });
+        });
+        GrpcSink {
+            endpoint: format!("http://{addr}"),
+            received,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// The requests received so far.
+    pub fn requests(&self) -> Vec<GrpcRequest> {
+        self.received.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` requests came (panics after `timeout`); returns them all.
+    pub fn wait_for_requests(&self, n: usize, timeout: Duration) -> Vec<GrpcRequest> {
+        let end = Instant::now() + timeout;
+        loop {
+            let got = self.requests();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < end,
+                "the gRPC sink got {} requests in {timeout:?}, expected {n}",
+                got.len()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Decodes a request a [`GrpcSink`] received with the independent decoder (encoded again:
+/// tonic already parsed it).
+pub fn decode_grpc(request: &ExportProfilesServiceRequest) -> Value {
+    decode(&prost::Message::encode_to_vec(request))
 }

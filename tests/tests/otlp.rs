@@ -9,18 +9,11 @@ use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_server::{
-    ProfilesService, ProfilesServiceServer,
-};
-use opentelemetry_proto::tonic::collector::profiles::v1development::{
-    ExportProfilesServiceRequest, ExportProfilesServiceResponse,
-};
 use prost::Message;
 use serde_json::Value;
-use spanprof_tests::otlp::{self, HttpSink};
+use spanprof_tests::otlp::{self, GrpcSink, HttpSink};
 use spanprof_tests::{
     parse_summary, profiling_lock, py_workload_source, pyenv_python, require_root,
     require_span_libs, run_with_timeout, span_libs, spanprof_bin, spanprof_command, TempDir,
@@ -301,58 +294,6 @@ fn split_command(dir: &TempDir, endpoint: &str, extra: &[&str]) -> Command {
     cmd
 }
 
-/// What the test's gRPC server received: each request and its metadata.
-#[derive(Debug, Default)]
-struct Received {
-    requests: Vec<(ExportProfilesServiceRequest, tonic::metadata::MetadataMap)>,
-}
-
-#[derive(Debug, Clone)]
-struct Collector(Arc<Mutex<Received>>);
-
-#[tonic::async_trait]
-impl ProfilesService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportProfilesServiceRequest>,
-    ) -> Result<tonic::Response<ExportProfilesServiceResponse>, tonic::Status> {
-        let metadata = request.metadata().clone();
-        self.0
-            .lock()
-            .unwrap()
-            .requests
-            .push((request.into_inner(), metadata));
-        Ok(tonic::Response::new(
-            ExportProfilesServiceResponse::default(),
-        ))
-    }
-}
-
-/// A tonic OTLP profiles server on a free local port, run on its own thread.
-fn start_grpc_server() -> (String, Arc<Mutex<Received>>) {
-    let received = Arc::new(Mutex::new(Received::default()));
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let service = ProfilesServiceServer::new(Collector(received.clone()))
-        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-                .await
-                .unwrap();
-        });
-    });
-    (format!("http://{addr}"), received)
-}
-
 /// `--otlp-endpoint` over gRPC: a tonic server gets one gzip-compressed request with the
 /// headers of OTEL_EXPORTER_OTLP_HEADERS and --otlp-header, whose bytes (as the server
 /// decoded them, encoded again) the independent decoder reads as the workload's profile.
@@ -362,7 +303,8 @@ fn grpc_export_reaches_a_tonic_server() {
     spanprof_bin();
     let _lock = profiling_lock();
     let dir = TempDir::new("otlp-grpc");
-    let (endpoint, received) = start_grpc_server();
+    let server = GrpcSink::start();
+    let endpoint = server.endpoint();
     let mut cmd = split_command(&dir, &endpoint, &["--otlp-header", "x-extra=from-flag"]);
     cmd.env("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=secret%20value")
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
@@ -373,9 +315,9 @@ fn grpc_export_reaches_a_tonic_server() {
         "{}",
         run.stderr
     );
-    let received = received.lock().unwrap();
-    assert_eq!(received.requests.len(), 1);
-    let (request, metadata) = &received.requests[0];
+    let received = server.requests();
+    assert_eq!(received.len(), 1);
+    let (request, metadata) = &received[0];
     let header = |k: &str| {
         metadata
             .get(k)

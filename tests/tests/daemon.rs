@@ -1,0 +1,539 @@
+//! `spanprof daemon`: continuous profiling exported to real receivers (a tonic gRPC server and
+//! the OTLP/HTTP receiver `tests/tools/otlp_http_sink.py`), every export decoded by the
+//! independent decoder (PyPI `opentelemetry-proto`). Checked: the functions, resources and
+//! links of known workloads; windows kept and dropped while the endpoint is down, with the
+//! counters saying so; 50 short-lived processes with a resource each; SIGTERM flushing the last
+//! window; SIGHUP applying a new selector.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use spanprof_tests::otlp::{self, GrpcSink, HttpSink};
+use spanprof_tests::{
+    profiling_lock, py_workload_source, pyenv_python, require_root, require_span_libs, span_libs,
+    spanprof_bin, spanprof_command, start_py_workload, start_py_workload_with_libs, Background,
+    TempDir,
+};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A free local TCP port (free when this returns; the daemon binds it a moment later).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `spanprof daemon` with its configuration file and metrics port.
+struct Daemon {
+    process: Background,
+    config: PathBuf,
+    metrics_port: u16,
+}
+
+impl Daemon {
+    /// Writes `config` (plus a `[metrics]` section on a free port) and starts the daemon.
+    fn start(dir: &TempDir, config: &str) -> Daemon {
+        let metrics_port = free_port();
+        let path = dir.join("spanprof.toml");
+        std::fs::write(
+            &path,
+            format!("{config}\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"),
+        )
+        .unwrap();
+        let mut cmd = spanprof_command(["daemon", "--config"]);
+        cmd.arg(&path);
+        let mut process = Background::spawn(cmd);
+        process.wait_for_stderr("spanprof daemon: profiling", Duration::from_secs(60));
+        Daemon {
+            process,
+            config: path,
+            metrics_port,
+        }
+    }
+
+    /// `GET path` on the metrics port: (status line, body).
+    fn get(&self, path: &str) -> (String, String) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.metrics_port)).expect("metrics port");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        (
+            head.lines().next().unwrap_or("").to_string(),
+            body.to_string(),
+        )
+    }
+
+    /// The metrics, by name.
+    fn metrics(&self) -> BTreeMap<String, f64> {
+        let (status, body) = self.get("/metrics");
+        assert!(status.contains("200"), "{status}");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        *self
+            .metrics()
+            .get(name)
+            .unwrap_or_else(|| panic!("no metric {name}"))
+    }
+
+    /// Waits until `metric` reaches `at_least`.
+    fn wait_metric(&self, name: &str, at_least: f64, timeout: Duration) -> f64 {
+        let end = Instant::now() + timeout;
+        loop {
+            let v = self.metric(name);
+            if v >= at_least {
+                return v;
+            }
+            assert!(
+                Instant::now() < end,
+                "{name} = {v} after {timeout:?}, expected {at_least}; stderr:\n{}",
+                self.process.stderr_so_far()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// SIGTERM, then waits for the exit; returns stderr.
+    fn stop(self) -> String {
+        self.process.signal(libc::SIGTERM);
+        let out = self.process.finish(Duration::from_secs(60));
+        assert!(out.status.success(), "daemon exit: {out}");
+        out.stderr
+    }
+}
+
+/// The resource attributes of every resource of a decoded request, by `process.pid`.
+fn resources(decoded: &Value) -> BTreeMap<u64, Value> {
+    decoded["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r["attributes"]["process.pid"].as_u64()?,
+                r["attributes"].clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Weight of the on-CPU samples of process `pid` whose stack has function `name`.
+fn weight_of(decoded: &Value, pid: u64, name: &str) -> i64 {
+    otlp::profiles(decoded)
+        .into_iter()
+        .filter(|(attrs, p)| {
+            attrs["process.pid"].as_u64() == Some(pid) && p["sample_type"] == "samples/count"
+        })
+        .flat_map(|(_, p)| p["samples"].as_array().unwrap().iter())
+        .filter(|s| otlp::functions(s).contains(&name))
+        .map(otlp::sample_weight)
+        .sum()
+}
+
+fn split_workload(seconds: &str) -> Background {
+    start_py_workload(&pyenv_python(12), "py_split.py", &[seconds])
+}
+
+/// Windows of 2 s of a py_split.py process go to the HTTP receiver: each decodes with no
+/// problem, has the process's resource (service.name from its environment) and its three
+/// functions; /healthz is ok; SIGTERM sends the current window before the daemon exits.
+#[test]
+fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let sink = HttpSink::start();
+    let mut cmd = Command::new(pyenv_python(12));
+    cmd.arg(py_workload_source("py_split.py"))
+        .arg("20")
+        .env("OTEL_SERVICE_NAME", "split-service");
+    let mut workload = Background::spawn(cmd);
+    let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
+    let pid: u64 = line.trim().trim_start_matches("ready ").parse().unwrap();
+    let dir = TempDir::new("daemon-http");
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nfrequency = 99\nwindow = \"2s\"\n[scope]\npids = [{pid}]\n\
+             [export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\n",
+            sink.endpoint()
+        ),
+    );
+    sink.wait_for_requests(2, Duration::from_secs(30));
+    let (status, body) = daemon.get("/healthz");
+    assert!(status.contains("200") && body == "ok\n", "{status} {body}");
+    let windows = daemon.metric("spanprof_windows_total");
+    let stderr = daemon.stop();
+    assert!(stderr.contains("every window exported"), "{stderr}");
+    let bins = sink.requests();
+    // The flush: the window open at SIGTERM arrived too.
+    assert!(
+        bins.len() as f64 > windows,
+        "{} requests, {windows} windows before SIGTERM",
+        bins.len()
+    );
+    let mut found = 0;
+    for bin in &bins {
+        let decoded = otlp::decode_file(bin);
+        otlp::assert_valid(&decoded);
+        let Some(attrs) = resources(&decoded).remove(&pid) else {
+            continue;
+        };
+        found += 1;
+        assert_eq!(attrs["service.name"], "split-service");
+        assert_eq!(attrs["process.executable.name"], "python3.12");
+        let (a, b, g) = (
+            weight_of(&decoded, pid, "alpha"),
+            weight_of(&decoded, pid, "Worker.beta"),
+            weight_of(&decoded, pid, "gamma"),
+        );
+        assert!(
+            a > 0 && b > 0 && g > 0,
+            "alpha {a} beta {b} gamma {g} in {bin:?}"
+        );
+    }
+    assert!(
+        found >= 2,
+        "the process in {found} of {} windows",
+        bins.len()
+    );
+    workload.signal(libc::SIGKILL);
+}
+
+/// One span of the traced workload's truth file.
+fn read_truth(path: &Path) -> BTreeMap<String, (String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "otel")
+        .map(|v| {
+            (
+                v["function"].as_str().unwrap().to_string(),
+                (
+                    v["trace_id"].as_str().unwrap().to_string(),
+                    v["span_id"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// An OpenTelemetry-traced workload profiled by the daemon over gRPC (gzip): its samples in
+/// spans link to exactly their span's ids.
+#[test]
+fn daemon_exports_links_of_a_traced_workload_over_grpc() {
+    require_root();
+    spanprof_bin();
+    let python = pyenv_python(12);
+    let libs = span_libs(12);
+    require_span_libs(&python, &libs);
+    let _lock = profiling_lock();
+    let dir = TempDir::new("daemon-grpc");
+    let truth = dir.join("truth.jsonl");
+    let workload = start_py_workload_with_libs(
+        &python,
+        &libs,
+        "py_span_workload.py",
+        &["otel_threads", "12", truth.to_str().unwrap()],
+    );
+    let pid = u64::from(workload.pid());
+    let server = GrpcSink::start();
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nfrequency = 199\nwindow = \"3s\"\n[scope]\npids = [{pid}]\n\
+             [export]\nprotocol = \"grpc\"\nendpoint = \"{}\"\n",
+            server.endpoint()
+        ),
+    );
+    let requests = server.wait_for_requests(2, Duration::from_secs(40));
+    daemon.stop();
+    let spans = read_truth(&truth);
+    let (mut in_span, mut right) = (0, 0);
+    for (request, metadata) in &requests {
+        assert_eq!(
+            metadata.get("grpc-encoding").and_then(|v| v.to_str().ok()),
+            Some("gzip")
+        );
+        let decoded = otlp::decode_grpc(request);
+        otlp::assert_valid(&decoded);
+        for s in otlp::samples(&decoded, "samples/count") {
+            let fns = otlp::functions(s);
+            let Some((trace, span)) = fns.iter().find_map(|f| spans.get(*f)) else {
+                continue;
+            };
+            let n = otlp::sample_weight(s);
+            in_span += n;
+            if s["link"]["trace_id"] == trace.as_str() && s["link"]["span_id"] == span.as_str() {
+                right += n;
+            }
+        }
+        if let Some(attrs) = resources(&decoded).get(&pid) {
+            assert_eq!(attrs["process.runtime.name"], "cpython");
+        }
+    }
+    eprintln!("samples in spans: {in_span}, linked to their span: {right}");
+    assert!(in_span >= 100, "{in_span} samples in spans");
+    assert!(
+        right as f64 >= 0.98 * in_span as f64,
+        "{right} of {in_span} samples in spans link to their span"
+    );
+    workload.signal(libc::SIGKILL);
+}
+
+/// The endpoint goes down for several windows, then comes back: the daemon keeps sampling
+/// (samples keep counting, /healthz stays ok), keeps the newest `queue` windows and counts the
+/// dropped ones and the failures, its memory stays bounded, and the kept windows (made while
+/// the endpoint was down) arrive once it is back.
+#[test]
+fn endpoint_down_then_back() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let sink = HttpSink::start();
+    let workload = split_workload("40");
+    let pid = workload.pid();
+    let dir = TempDir::new("daemon-down");
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nfrequency = 99\nwindow = \"1s\"\n[scope]\npids = [{pid}]\n\
+             [export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\ntimeout = \"2s\"\n\
+             queue = 3\nmax_backoff = \"1s\"\n",
+            sink.endpoint()
+        ),
+    );
+    sink.wait_for_requests(1, Duration::from_secs(30));
+    sink.set_down(true);
+    let down_at = std::time::SystemTime::now();
+    let before = daemon.metrics();
+    std::thread::sleep(Duration::from_secs(8));
+    let during = daemon.metrics();
+    let (status, _) = daemon.get("/healthz");
+    assert!(status.contains("200"), "{status}");
+    let up_at = std::time::SystemTime::now();
+    let received_before_up = sink.requests().len();
+    sink.set_down(false);
+    let delta = |k: &str| during[k] - before[k];
+    eprintln!(
+        "while down: windows {}, dropped {}, failures {}, samples {}, queue {}, rss {} MB",
+        delta("spanprof_windows_total"),
+        delta("spanprof_windows_dropped_total"),
+        delta("spanprof_export_failures_total"),
+        delta("spanprof_samples_total"),
+        during["spanprof_export_queue_windows"],
+        during["spanprof_resident_memory_bytes"] / 1e6
+    );
+    assert!(delta("spanprof_windows_total") >= 6.0);
+    assert!(delta("spanprof_samples_total") >= 300.0, "sampling went on");
+    assert!(delta("spanprof_export_failures_total") >= 2.0);
+    assert!(delta("spanprof_windows_dropped_total") >= 2.0);
+    assert!(during["spanprof_export_queue_windows"] <= 3.0);
+    assert!(
+        sink.rejected() >= 2,
+        "the sink refused {} requests",
+        sink.rejected()
+    );
+    assert!(during["spanprof_resident_memory_bytes"] < 150e6);
+
+    // Back: the kept windows arrive (their profiles began while the endpoint was down).
+    sink.wait_for_requests(received_before_up + 3, Duration::from_secs(30));
+    let stderr = daemon.stop();
+    assert!(stderr.contains("cannot export to"), "{stderr}");
+    assert!(stderr.contains("works again"), "{stderr}");
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    };
+    let made_while_down = sink.requests()[received_before_up..]
+        .iter()
+        .filter(|bin| {
+            let decoded = otlp::decode_file(bin);
+            otlp::assert_valid(&decoded);
+            otlp::profiles(&decoded).iter().any(|(_, p)| {
+                let t = p["time_unix_nano"].as_u64().unwrap();
+                t >= unix(down_at) && t < unix(up_at)
+            })
+        })
+        .count();
+    assert!(
+        made_while_down >= 2,
+        "{made_while_down} windows made while the endpoint was down arrived"
+    );
+    workload.signal(libc::SIGKILL);
+}
+
+/// 50 short-lived Python processes (150 ms of CPU each), started one after the other by a
+/// profiled parent during one window, each appear with a resource of their own (pid, command
+/// line, executable, runtime), delivered by the SIGTERM flush.
+#[test]
+fn short_lived_processes_get_their_own_resources() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let dir = TempDir::new("daemon-short");
+    let launcher = dir.join("launcher.py");
+    let go = dir.join("go");
+    std::fs::write(
+        &launcher,
+        r#"import json, os, subprocess, sys, time
+go = sys.argv[1]
+print("ready", os.getpid(), file=sys.stderr, flush=True)
+while not os.path.exists(go):
+    time.sleep(0.05)
+busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.15: pass"
+pids = []
+for i in range(50):
+    p = subprocess.Popen([sys.executable, "-c", busy, "short-%d" % i])
+    pids.append(p.pid)
+    p.wait()
+print(json.dumps(pids), flush=True)
+"#,
+    )
+    .unwrap();
+    let mut cmd = Command::new(pyenv_python(12));
+    cmd.arg(&launcher).arg(&go);
+    let mut parent = Background::spawn(cmd);
+    let line = parent.wait_for_stderr("ready ", Duration::from_secs(30));
+    let ppid: u32 = line.trim().trim_start_matches("ready ").parse().unwrap();
+    let server = GrpcSink::start();
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nfrequency = 99\nwindow = \"120s\"\n[scope]\npids = [{ppid}]\n\
+             [export]\nendpoint = \"{}\"\n",
+            server.endpoint()
+        ),
+    );
+    daemon.wait_metric("spanprof_targets", 1.0, Duration::from_secs(10));
+    std::fs::write(&go, "").unwrap();
+    let out = parent.finish(RUN_TIMEOUT);
+    out.assert_success();
+    let children: Vec<u64> = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(children.len(), 50);
+    let stderr = daemon.stop();
+    assert!(stderr.contains("every window exported"), "{stderr}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1, "one window, sent at SIGTERM");
+    let decoded = otlp::decode_grpc(&requests[0].0);
+    otlp::assert_valid(&decoded);
+    let found = resources(&decoded);
+    let mut with_runtime = 0;
+    let mut missing = Vec::new();
+    for (i, pid) in children.iter().enumerate() {
+        let Some(attrs) = found.get(pid) else {
+            missing.push(*pid);
+            continue;
+        };
+        let cmdline = attrs["process.command_line"].as_str().unwrap_or("");
+        assert!(
+            cmdline.ends_with(&format!("short-{i}")),
+            "pid {pid}: command line {cmdline:?}"
+        );
+        assert_eq!(attrs["process.executable.name"], "python3.12");
+        if attrs["process.runtime.name"] == "cpython" {
+            with_runtime += 1;
+        }
+    }
+    eprintln!(
+        "{} of 50 children with a resource, {with_runtime} recognized as CPython",
+        50 - missing.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "children without a resource: {missing:?}"
+    );
+    assert!(
+        with_runtime >= 45,
+        "{with_runtime} of 50 recognized as CPython"
+    );
+    let distinct: BTreeSet<u64> = found.keys().copied().collect();
+    assert!(distinct.len() >= 51, "the parent and 50 children");
+}
+
+/// SIGHUP applies a new selector: windows before it have no sample of the workload (the scope
+/// names another program), windows after it do.
+#[test]
+fn sighup_applies_a_new_selector() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let sink = HttpSink::start();
+    let workload = split_workload("30");
+    let pid = u64::from(workload.pid());
+    let dir = TempDir::new("daemon-hup");
+    let export = format!(
+        "[export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\n",
+        sink.endpoint()
+    );
+    let mut daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nfrequency = 99\nwindow = \"1s\"\n[scope]\nexecutables = \
+             [\"no-such-program-*\"]\n{export}"
+        ),
+    );
+    sink.wait_for_requests(2, Duration::from_secs(30));
+    let before = sink.requests().len();
+    for bin in &sink.requests() {
+        assert!(!resources(&otlp::decode_file(bin)).contains_key(&pid));
+    }
+    let metrics_port = daemon.metrics_port;
+    std::fs::write(
+        &daemon.config,
+        format!(
+            "[sampling]\nfrequency = 99\nwindow = \"1s\"\n[scope]\nexecutables = \
+             [\"python3.1?\"]\n{export}\n[metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n"
+        ),
+    )
+    .unwrap();
+    daemon.process.signal(libc::SIGHUP);
+    daemon
+        .process
+        .wait_for_stderr("configuration reloaded", Duration::from_secs(10));
+    sink.wait_for_requests(before + 3, Duration::from_secs(30));
+    let after: Vec<PathBuf> = sink.requests()[before..].to_vec();
+    let with = after
+        .iter()
+        .filter(|bin| weight_of(&otlp::decode_file(bin), pid, "alpha") > 0)
+        .count();
+    daemon.stop();
+    assert!(
+        with >= 2,
+        "{with} of {} windows after SIGHUP have the workload",
+        after.len()
+    );
+    workload.signal(libc::SIGKILL);
+}
+
+/// A configuration mistake stops the daemon at start with the field it is about.
+#[test]
+fn bad_configuration_is_named() {
+    spanprof_bin();
+    let dir = TempDir::new("daemon-bad");
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "[sampling]\nwindow = \"soon\"\n").unwrap();
+    let mut cmd = spanprof_command(["daemon", "--config"]);
+    cmd.arg(&path);
+    let out = spanprof_tests::run_with_timeout(cmd, RUN_TIMEOUT);
+    assert_eq!(out.code(), 1, "{out}");
+    assert!(out.stderr.contains("sampling.window"), "{}", out.stderr);
+    assert!(out.stderr.contains("bad.toml"), "{}", out.stderr);
+}
