@@ -745,8 +745,20 @@ impl ProfilesService for Collector {
 }
 
 impl GrpcSink {
-    /// Starts the server.
+    /// Starts the server (plain text).
     pub fn start() -> GrpcSink {
+        Self::start_with(None)
+    }
+
+    /// Starts the server with TLS: `identity` is the PEM certificate chain and key it shows.
+    pub fn start_tls(cert_pem: &[u8], key_pem: &[u8]) -> GrpcSink {
+        Self::start_with(Some(tonic::transport::Identity::from_pem(
+            cert_pem, key_pem,
+        )))
+    }
+
+    fn start_with(tls: Option<tonic::transport::Identity>) -> GrpcSink {
+        let secure = tls.is_some();
         let received = Arc::new(Mutex::new(Vec::new()));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a local port");
         let addr = listener.local_addr().expect("local address");
@@ -762,7 +774,13 @@ impl GrpcSink {
                 .expect("tokio runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                tonic::transport::Server::builder()
+                let mut server = tonic::transport::Server::builder();
+                if let Some(identity) = tls {
+                    server = server
+                        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                        .expect("server TLS");
+                }
+                server
                     .add_service(service)
                     .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
                     .await
@@ -770,7 +788,7 @@ impl GrpcSink {
             });
         });
         GrpcSink {
-            endpoint: format!("http://{addr}"),
+            endpoint: format!("{}://{addr}", if secure { "https" } else { "http" }),
             received,
         }
     }

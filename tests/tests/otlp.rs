@@ -442,3 +442,95 @@ fn bad_otlp_settings_are_refused() {
         assert!(run.stderr.contains(needle), "{args:?}: {}", run.stderr);
     }
 }
+
+/// Makes a CA and a server certificate it signed for 127.0.0.1 with openssl: (CA PEM,
+/// server certificate PEM, server key PEM).
+fn make_certificates(dir: &TempDir) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new("openssl");
+        cmd.args(args).current_dir(dir.path());
+        let out = run_with_timeout(cmd, RUN_TIMEOUT);
+        assert!(out.status.success(), "openssl {args:?}: {out}");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=spanprof test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.pem",
+    ]);
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    (read("ca.pem"), read("server.pem"), read("server.key"))
+}
+
+/// TLS: a collector whose certificate a private CA signed is reached over `https://` when
+/// OTEL_EXPORTER_OTLP_CERTIFICATE names that CA, and refused (exit 1, a certificate error)
+/// without it.
+#[test]
+fn grpc_export_over_tls_trusts_the_configured_ca() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let dir = TempDir::new("otlp-tls");
+    let (_, cert, key) = make_certificates(&dir);
+    let server = GrpcSink::start_tls(&cert, &key);
+    let endpoint = server.endpoint();
+    assert!(endpoint.starts_with("https://"));
+
+    let mut cmd = split_command(&dir, &endpoint, &[]);
+    cmd.env("OTEL_EXPORTER_OTLP_CERTIFICATE", dir.join("ca.pem"));
+    let run = run_with_timeout(cmd, RUN_TIMEOUT);
+    run.assert_success();
+    let received = server.requests();
+    assert_eq!(received.len(), 1);
+    check_split(&otlp::decode_grpc(&received[0].0), ready_pid(&run.stderr));
+
+    // Without the CA the server's certificate is not trusted.
+    let other = TempDir::new("otlp-tls-untrusted");
+    let run = run_with_timeout(split_command(&other, &endpoint, &[]), RUN_TIMEOUT);
+    assert_eq!(run.code(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("cannot send the profile to"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(server.requests().len(), 1, "nothing more arrived");
+}

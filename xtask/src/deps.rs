@@ -41,6 +41,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("chromium", "renders the flamegraph SVG in tests"),
     ("python3-venv", "the venv of the pprof decoder"),
     (
+        "openssl",
+        "makes the CA and server certificates of the OTLP TLS test",
+    ),
+    (
         "gcc",
         "builds the C test workloads and the frame-pointer CPython",
     ),
