@@ -90,6 +90,9 @@ pub struct ExporterConfig {
     pub certificate: Option<PathBuf>,
     /// PEM files of a client certificate and its key, for mutual TLS.
     pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` when the endpoint came from it: HTTP appends
+    /// [`HTTP_PATH`] to it, gRPC uses it as it is, whichever protocol is set later.
+    base_endpoint: Option<String>,
 }
 
 /// Where the configuration was read, for error messages.
@@ -131,10 +134,15 @@ impl ExporterConfig {
             Some((name, v)) => Protocol::from_name(&v).map_err(|e| format!("{name}: {e}"))?,
             None => Protocol::Grpc,
         };
-        let endpoint = match (
-            get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT").filter(|v| !v.trim().is_empty()),
-            get("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|v| !v.trim().is_empty()),
-        ) {
+        let signal_endpoint =
+            get("OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT").filter(|v| !v.trim().is_empty());
+        let base_endpoint = match &signal_endpoint {
+            Some(_) => None,
+            None => get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty()),
+        };
+        let endpoint = match (signal_endpoint, base_endpoint.clone()) {
             (Some(signal), _) => signal.trim().to_string(),
             (None, Some(base)) if protocol == Protocol::HttpProtobuf => with_http_path(base.trim()),
             (None, Some(base)) => base.trim().to_string(),
@@ -186,6 +194,7 @@ impl ExporterConfig {
             timeout,
             certificate,
             client_identity,
+            base_endpoint,
         };
         config.check()?;
         Ok(config)
@@ -194,6 +203,7 @@ impl ExporterConfig {
     /// Sets the endpoint from a command line or configuration file: for HTTP, a URL without a
     /// path gets [`HTTP_PATH`].
     pub fn set_endpoint(&mut self, url: &str) -> Result<(), String> {
+        self.base_endpoint = None;
         self.endpoint = if self.protocol == Protocol::HttpProtobuf && has_no_path(url) {
             with_http_path(url)
         } else {
@@ -205,6 +215,14 @@ impl ExporterConfig {
     /// Sets the protocol; an endpoint that was the other protocol's default follows.
     pub fn set_protocol(&mut self, protocol: Protocol) {
         if self.protocol == protocol {
+            return;
+        }
+        if let Some(base) = &self.base_endpoint {
+            self.endpoint = match protocol {
+                Protocol::HttpProtobuf => with_http_path(base),
+                Protocol::Grpc => base.clone(),
+            };
+            self.protocol = protocol;
             return;
         }
         let defaults = [
@@ -544,6 +562,16 @@ mod tests {
             let err = config(&vars).unwrap_err();
             assert!(err.contains(needle), "{err}");
         }
+    }
+
+    #[test]
+    fn the_generic_endpoint_follows_a_protocol_set_later() {
+        let mut c = config(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]).unwrap();
+        assert_eq!(c.endpoint, "http://c:4318");
+        c.set_protocol(Protocol::HttpProtobuf);
+        assert_eq!(c.endpoint, "http://c:4318/v1development/profiles");
+        c.set_protocol(Protocol::Grpc);
+        assert_eq!(c.endpoint, "http://c:4318");
     }
 
     #[test]

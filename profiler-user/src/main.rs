@@ -69,7 +69,7 @@ struct DaemonArgs {
     after_help = "Examples:\n  spanprof profile --pid 1234 --duration 30s -o flame.svg\n  \
                   spanprof profile -o run.pb.gz -o run.svg -- ./bench --fast\n\n\
                   Formats (from the extension, or --format for every output): .svg flame graph, \
-                  .folded stacks, .pb.gz pprof, .speedscope.json.\n\
+                  .folded stacks, .pb.gz pprof, .speedscope.json, .otlp OTLP profiles.\n\
                   Exit status: the command's in `-- CMD` mode; 2 for bad arguments; 1 for other errors."
 )]
 struct ProfileArgs {
@@ -182,7 +182,7 @@ struct ReportArgs {
     /// Output file; repeat for several formats.
     #[arg(short, long = "output", value_name = "FILE", required = true)]
     output: Vec<PathBuf>,
-    /// Format of every output (svg, folded, pprof, speedscope), instead of the extension.
+    /// Format of every output (svg, folded, pprof, speedscope, otlp), instead of the extension.
     #[arg(long, value_name = "FORMAT")]
     format: Option<String>,
 }

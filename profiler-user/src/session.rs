@@ -657,13 +657,13 @@ impl OffCpuUnseen {
 }
 
 /// The allocation probes of a session (`--event alloc`, `heap`).
-struct Probes {
-    enabled: bool,
+pub(crate) struct Probes {
+    pub(crate) enabled: bool,
 }
 
 impl Probes {
     /// Probes the C library process `pid` has mapped (once per library file).
-    fn libc_of(&mut self, programs: &mut Programs, pid: u32) -> Result<()> {
+    pub(crate) fn libc_of(&mut self, programs: &mut Programs, pid: u32) -> Result<()> {
         if !self.enabled {
             return Ok(());
         }
@@ -695,7 +695,7 @@ impl Probes {
 
     /// Probes the C library of the CPython processes found since the last call, when it is
     /// another one than those probed already (a container's).
-    fn python(&mut self, programs: &mut Programs, python: &mut Python) {
+    pub(crate) fn python(&mut self, programs: &mut Programs, python: &mut Python) {
         for pid in python.take_new_processes() {
             if let Err(e) = self.libc_of(programs, pid) {
                 eprintln!("spanprof: warning: pid {pid}: {e:#}");

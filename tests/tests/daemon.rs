@@ -537,3 +537,55 @@ fn bad_configuration_is_named() {
     assert!(out.stderr.contains("sampling.window"), "{}", out.stderr);
     assert!(out.stderr.contains("bad.toml"), "{}", out.stderr);
 }
+
+/// `events = ["alloc"]`: a window of py_alloc.py's allocations (5 rounds of 64 × 1 MiB in
+/// big_buffers) has alloc_objects/count and alloc_space/bytes profiles whose big_buffers
+/// bytes are within ±25% of what it asked malloc for (the allocation tests check the accuracy
+/// itself; this checks the daemon carries it).
+#[test]
+fn daemon_alloc_profiles_allocations() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let mut cmd = Command::new(pyenv_python(12));
+    cmd.arg(py_workload_source("py_alloc.py"))
+        .args(["--wait", "32"]);
+    let mut workload = Background::spawn(cmd);
+    let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
+    let pid: u32 = line.trim().trim_start_matches("ready ").parse().unwrap();
+    let server = GrpcSink::start();
+    let dir = TempDir::new("daemon-alloc");
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nevents = [\"alloc\"]\nwindow = \"120s\"\n[scope]\npids = [{pid}]\n\
+             [export]\nendpoint = \"{}\"\n",
+            server.endpoint()
+        ),
+    );
+    daemon.wait_metric("spanprof_targets", 1.0, Duration::from_secs(10));
+    workload.signal(libc::SIGUSR1);
+    let out = workload.finish(RUN_TIMEOUT);
+    out.assert_success();
+    let truth: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    let want = truth["big_buffers"]["malloc_bytes"].as_f64().unwrap();
+    daemon.stop();
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    let decoded = otlp::decode_grpc(&requests[0].0);
+    otlp::assert_valid(&decoded);
+    assert_eq!(
+        otlp::sample_types(&decoded),
+        ["alloc_objects/count", "alloc_space/bytes"]
+    );
+    let got: i64 = otlp::samples(&decoded, "alloc_space/bytes")
+        .into_iter()
+        .filter(|s| otlp::functions(s).contains(&"big_buffers"))
+        .map(otlp::sample_weight)
+        .sum();
+    eprintln!("big_buffers: {got} bytes sampled and scaled, truth {want}");
+    assert!(
+        (got as f64 - want).abs() <= 0.25 * want,
+        "big_buffers {got} bytes, truth {want}"
+    );
+}

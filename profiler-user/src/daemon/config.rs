@@ -3,7 +3,8 @@
 //! ```toml
 //! [sampling]
 //! frequency = 19            # Hz per CPU
-//! events = ["cpu"]          # cpu, offcpu, wall
+//! events = ["cpu"]          # cpu, offcpu, wall; or alloc (not with the others)
+//! alloc_rate = 524288       # bytes between sampled allocations on average (alloc)
 //! offcpu_min = "5us"
 //! window = "60s"            # one export per window
 //! unwind = "dwarf"          # or "fp"
@@ -64,6 +65,7 @@ struct SamplingFile {
     frequency: Option<u64>,
     events: Option<Vec<String>>,
     offcpu_min: Option<String>,
+    alloc_rate: Option<u64>,
     window: Option<String>,
     unwind: Option<String>,
     spans: Option<bool>,
@@ -158,7 +160,7 @@ impl Scope {
 pub struct DaemonConfig {
     /// Samples per second per CPU.
     pub frequency: u64,
-    /// What is sampled: cpu, offcpu or wall.
+    /// What is sampled: cpu, offcpu or wall; or alloc.
     pub events: Events,
     /// Shortest off-CPU interval kept.
     pub offcpu_min: Duration,
@@ -231,21 +233,37 @@ impl DaemonConfig {
                     events.off_cpu = true;
                     events.wall = true;
                 }
-                "alloc" | "heap" => {
-                    return Err(format!(
-                        "sampling.events: {e:?} is not available in the daemon yet (profile \
-                         sessions have it): use cpu, offcpu or wall"
-                    ))
+                "alloc" => events.alloc = true,
+                "heap" => {
+                    return Err(
+                        "sampling.events: \"heap\" is not available in the daemon yet \
+                                (`spanprof profile --event heap` has it): use cpu, offcpu, wall \
+                                or alloc"
+                            .to_string(),
+                    )
                 }
                 other => {
                     return Err(format!(
-                        "sampling.events: unknown event {other:?}: use cpu, offcpu or wall"
+                        "sampling.events: unknown event {other:?}: use cpu, offcpu, wall or alloc"
                     ))
                 }
             }
         }
-        if !events.cpu && !events.off_cpu {
-            return Err("sampling.events: give at least one of cpu, offcpu, wall".to_string());
+        if events.alloc && (events.cpu || events.off_cpu) {
+            return Err(
+                "sampling.events: alloc makes a memory profile and does not combine \
+                        with cpu, offcpu or wall (run two daemons)"
+                    .to_string(),
+            );
+        }
+        if !events.cpu && !events.off_cpu && !events.alloc {
+            return Err(
+                "sampling.events: give at least one of cpu, offcpu, wall, alloc".to_string(),
+            );
+        }
+        events.alloc_rate = s.alloc_rate.unwrap_or(crate::profile::DEFAULT_ALLOC_RATE);
+        if events.alloc_rate == 0 {
+            return Err("sampling.alloc_rate: 1 (every allocation) or more bytes".to_string());
         }
         let offcpu_min = duration(
             "sampling.offcpu_min",
@@ -298,6 +316,9 @@ impl DaemonConfig {
         }
         if let Some(t) = &x.timeout {
             exporter.timeout = duration("export.timeout", t)?;
+            if exporter.timeout < Duration::from_millis(100) {
+                return Err("export.timeout: at least 100ms".to_string());
+            }
         }
         match x.compression.as_deref() {
             None => {}
@@ -313,6 +334,9 @@ impl DaemonConfig {
             "export.max_backoff",
             x.max_backoff.as_deref().unwrap_or("60s"),
         )?;
+        if max_backoff < Duration::from_secs(1) {
+            return Err("export.max_backoff: at least 1s (the first wait)".to_string());
+        }
 
         let metrics = match file.metrics.listen.as_deref() {
             None => Some(SocketAddr::from(([127, 0, 0, 1], 9464))),
@@ -413,11 +437,18 @@ mod tests {
                 "[sampling]\nevents = [\"heap\"]",
                 "not available in the daemon",
             ),
+            (
+                "[sampling]\nevents = [\"alloc\", \"cpu\"]",
+                "does not combine",
+            ),
+            ("[sampling]\nalloc_rate = 0", "sampling.alloc_rate"),
             ("[sampling]\nwindow = \"soon\"", "sampling.window"),
             ("[sampling]\nwindw = \"5s\"", "unknown field"),
             ("[scope]\ncontainers = [\"xyz\"]", "scope.containers"),
             ("[export]\nendpoint = \"c:4317\"", "export.endpoint"),
             ("[export]\nqueue = 0", "export.queue"),
+            ("[export]\nmax_backoff = \"0s\"", "export.max_backoff"),
+            ("[export]\ntimeout = \"0s\"", "export.timeout"),
             ("[metrics]\nlisten = \"nowhere\"", "metrics.listen"),
             ("not toml", "expected"),
         ] {

@@ -13,6 +13,7 @@
 //! | `spanprof_export_queue_windows` | gauge | windows waiting for export |
 //! | `spanprof_processes` | gauge | processes with samples in the last window |
 //! | `spanprof_targets` | gauge | processes in scope now |
+//! | `spanprof_targets_failed_total` | counter | processes in scope that could not be profiled: the kernel's target map (16384) was full |
 //! | `spanprof_cpu_seconds_total` | counter | CPU time of the daemon (user + system) |
 //! | `spanprof_resident_memory_bytes` | gauge | the daemon's resident memory |
 //! | `spanprof_last_export_timestamp_seconds` | gauge | Unix time of the last accepted export |
@@ -40,6 +41,7 @@ pub struct Metrics {
     pub queue: AtomicU64,
     pub processes: AtomicU64,
     pub targets: AtomicU64,
+    pub targets_failed: AtomicU64,
     pub last_export_unix: AtomicU64,
     /// Milliseconds since `start` when the sampling loop last went round.
     pub last_tick_ms: AtomicU64,
@@ -60,6 +62,7 @@ impl Default for Metrics {
             queue: AtomicU64::new(0),
             processes: AtomicU64::new(0),
             targets: AtomicU64::new(0),
+            targets_failed: AtomicU64::new(0),
             last_export_unix: AtomicU64::new(0),
             last_tick_ms: AtomicU64::new(0),
             start: Instant::now(),
@@ -100,7 +103,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let cpu = crate::session::process_cpu_time().as_secs_f64();
-        let rows: [(&str, &str, &str, String); 14] = [
+        let rows: [(&str, &str, &str, String); 15] = [
             (
                 "spanprof_samples_total",
                 "counter",
@@ -168,6 +171,12 @@ impl Metrics {
                 get(&self.targets).to_string(),
             ),
             (
+                "spanprof_targets_failed_total",
+                "counter",
+                "Processes in scope that could not be added to the kernel's target map.",
+                get(&self.targets_failed).to_string(),
+            ),
+            (
                 "spanprof_cpu_seconds_total",
                 "counter",
                 "CPU time of spanprof itself.",
@@ -200,6 +209,8 @@ impl Metrics {
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
+            // Out of descriptors, say: do not spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let metrics = metrics.clone();

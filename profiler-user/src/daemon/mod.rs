@@ -35,11 +35,11 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 
 use crate::aggregate::{self, Aggregator};
-use crate::bpf::{LoadOptions, OffCpuOptions, Programs};
+use crate::bpf::{AllocOptions, LoadOptions, OffCpuOptions, Programs};
 use crate::export::Exporter;
 use crate::profile::Meta;
 use crate::python::Python;
-use crate::session::StackCopySizes;
+use crate::session::{Probes, StackCopySizes};
 use config::DaemonConfig;
 use metrics::Metrics;
 use queue::{ExportState, Queue, Window};
@@ -95,6 +95,7 @@ fn wait_readable(fd: i32, timeout: Duration) {
 fn aggregate_options(config: &DaemonConfig) -> aggregate::Options {
     aggregate::Options {
         timestamps: true,
+        alloc_rate: config.events.alloc_rate,
         max_keys: config.max_stacks,
         max_processes: config.max_processes,
         ..aggregate::Options::default()
@@ -105,6 +106,7 @@ fn aggregate_options(config: &DaemonConfig) -> aggregate::Options {
 pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut config = DaemonConfig::load(config_path.as_deref()).map_err(anyhow::Error::msg)?;
     crate::preflight::check_capabilities()?;
+    crate::preflight::check_pid_namespace()?;
     install_signal_handlers();
     let me = std::process::id();
     let metrics = Arc::new(Metrics::default());
@@ -124,8 +126,17 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             min_ns: u64::try_from(config.offcpu_min.as_nanos()).unwrap_or(u64::MAX),
             runnable: config.events.wall,
         }),
-        alloc: None,
+        alloc: config.events.alloc.then_some(AllocOptions {
+            rate: config.events.alloc_rate,
+            heap: false,
+        }),
     })?;
+    // Allocation probes: on the C library of this process (the host's usual one) now, and on
+    // any other one a process in scope maps when it is found.
+    let mut probes = Probes {
+        enabled: config.events.alloc,
+    };
+    probes.libc_of(&mut programs, me)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -159,7 +170,14 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         raised: Vec::new(),
     };
     let mut agg = Aggregator::new(aggregate_options(&config));
-    add_in_scope(&mut scanner, &config, &mut programs, me);
+    add_in_scope(
+        &mut scanner,
+        &config,
+        &mut programs,
+        &mut probes,
+        &mut python,
+        me,
+    );
     eprintln!(
         "spanprof daemon: profiling {} at {} Hz ({}), a profile every {} s to {} ({}); \
          metrics on {}",
@@ -186,6 +204,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     loop {
         wait_readable(programs.samples.as_raw_fd(), TICK);
         crate::session::drain(&mut programs, &mut agg, &mut python, &mut copy);
+        probes.python(&mut programs, &mut python);
         agg.normalize_pending(&mut symbolizer);
         metrics.tick();
         metrics
@@ -197,10 +216,20 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
 
         if last_scan.elapsed() >= SCAN_EVERY {
             last_scan = Instant::now();
-            add_in_scope(&mut scanner, &config, &mut programs, me);
+            add_in_scope(
+                &mut scanner,
+                &config,
+                &mut programs,
+                &mut probes,
+                &mut python,
+                me,
+            );
             metrics
                 .targets
                 .store(programs.target_count() as u64, Ordering::Relaxed);
+            metrics
+                .targets_failed
+                .store(ADD_FAILED.load(Ordering::Relaxed), Ordering::Relaxed);
             metrics
                 .samples_lost
                 .store(programs.lost_samples(), Ordering::Relaxed);
@@ -213,7 +242,12 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 target: config.scope.describe(),
                 start: window_wall,
                 duration: window_start.elapsed(),
-                frequency: config.frequency,
+                // A memory profile has no sampling frequency.
+                frequency: if config.events.alloc {
+                    0
+                } else {
+                    config.frequency
+                },
                 events: config.events,
                 lost_samples: lost - lost_before,
                 python: Default::default(),
@@ -243,10 +277,18 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             match DaemonConfig::load(config_path.as_deref()) {
                 Err(e) => eprintln!("spanprof daemon: reload failed, configuration unchanged: {e}"),
                 Ok(new) => {
-                    apply_reload(&config, &new, &runtime, &state, &queue)?;
+                    let mut new = apply_reload(&config, new, &runtime, &state, &queue);
                     if new.metrics != config.metrics {
-                        metrics_task.abort();
-                        metrics_task = start_metrics(&runtime, new.metrics, &metrics)?;
+                        match start_metrics(&runtime, new.metrics, &metrics) {
+                            Ok(task) => {
+                                metrics_task.abort();
+                                metrics_task = task;
+                            }
+                            Err(e) => {
+                                eprintln!("spanprof daemon: metrics address not changed: {e:#}");
+                                new.metrics = config.metrics;
+                            }
+                        }
                     }
                     if new.scope != config.scope {
                         programs.clear_targets();
@@ -254,7 +296,14 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                     }
                     agg.set_limits(new.max_stacks, new.max_processes);
                     config = new;
-                    add_in_scope(&mut scanner, &config, &mut programs, me);
+                    add_in_scope(
+                        &mut scanner,
+                        &config,
+                        &mut programs,
+                        &mut probes,
+                        &mut python,
+                        me,
+                    );
                     eprintln!(
                         "spanprof daemon: configuration reloaded: profiling {}",
                         config.scope.describe()
@@ -285,6 +334,9 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
 }
 
 fn events_name(config: &DaemonConfig) -> &'static str {
+    if config.events.alloc {
+        return "alloc";
+    }
     match (config.events.wall, config.events.cpu, config.events.off_cpu) {
         (true, _, _) => "wall",
         (false, true, true) => "cpu,offcpu",
@@ -293,16 +345,36 @@ fn events_name(config: &DaemonConfig) -> &'static str {
     }
 }
 
-/// Adds the processes that came into scope to the kernel's target set.
-fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, programs: &mut Programs, me: u32) {
+/// Adds the processes that came into scope to the kernel's target set, looks for their
+/// interpreter at once (so their first samples have Python frames), and probes their C library
+/// for allocations (once per library file).
+fn add_in_scope(
+    scanner: &mut Scanner,
+    config: &DaemonConfig,
+    programs: &mut Programs,
+    probes: &mut Probes,
+    python: &mut Python,
+    me: u32,
+) {
     for pid in scanner.scan(&config.scope, me) {
         if programs.is_target(pid) {
             continue;
         }
-        // A full map is counted by the kernel side; a process gone meanwhile is no error.
-        let _ = programs.add_target(pid);
+        if programs.add_target(pid).is_err() {
+            // The map is full (or the process is gone): counted, and said once in a while.
+            ADD_FAILED.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        python.detect_now(pid);
+        if let Err(e) = probes.libc_of(programs, pid) {
+            eprintln!("spanprof daemon: pid {pid}: {e:#}");
+        }
     }
+    python.flush(programs);
 }
+
+/// Processes in scope that could not be added to the kernel's target set.
+static ADD_FAILED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Serves the metrics on `addr`, if any.
 fn start_metrics(
@@ -319,14 +391,15 @@ fn start_metrics(
     Ok(runtime.spawn(metrics::serve(listener, metrics.clone())))
 }
 
-/// Applies what a reload can change without reloading the BPF programs.
+/// Applies what a reload can change without reloading the BPF programs; returns the new
+/// configuration with the sampling settings that did not change (they need a restart).
 fn apply_reload(
     old: &DaemonConfig,
-    new: &DaemonConfig,
+    mut new: DaemonConfig,
     runtime: &tokio::runtime::Runtime,
     state: &Arc<Mutex<ExportState>>,
     queue: &Arc<Queue>,
-) -> Result<()> {
+) -> DaemonConfig {
     let needs_restart = old.frequency != new.frequency
         || old.events != new.events
         || old.offcpu_min != new.offcpu_min
@@ -334,9 +407,14 @@ fn apply_reload(
         || old.spans != new.spans;
     if needs_restart {
         eprintln!(
-            "spanprof daemon: sampling settings changed (frequency, events, offcpu_min, unwind, \
-             spans): they apply after a restart"
+            "spanprof daemon: sampling settings changed (frequency, events, alloc_rate, \
+             offcpu_min, unwind, spans): they apply after a restart, the running ones are kept"
         );
+        new.frequency = old.frequency;
+        new.events = old.events;
+        new.offcpu_min = old.offcpu_min;
+        new.stack_copy_bytes = old.stack_copy_bytes;
+        new.spans = old.spans;
     }
     if old.exporter != new.exporter || old.max_backoff != new.max_backoff {
         let _guard = runtime.enter();
@@ -351,5 +429,5 @@ fn apply_reload(
         }
     }
     queue.set_capacity(new.queue);
-    Ok(())
+    new
 }

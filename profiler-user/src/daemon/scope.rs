@@ -86,6 +86,21 @@ impl Scope {
     }
 }
 
+/// `PF_KTHREAD` in the flags of `/proc/PID/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Whether `pid` is a kernel thread (false when it is gone).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // After the command name (which may hold spaces and parentheses): state, ppid, pgrp,
+    // session, tty_nr, tpgid, flags.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
 /// The pids in `/proc`.
 pub fn all_pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -119,9 +134,11 @@ impl Scanner {
             if pid == exclude || !self.seen.insert(pid) {
                 continue;
             }
-            let in_scope = scope.is_host()
-                || scope.pids.contains(&pid)
-                || ProcFacts::read(pid).is_some_and(|f| scope.matches(pid, &f));
+            // Kernel threads have no user stacks, resources or libraries worth a target slot.
+            let in_scope = scope.pids.contains(&pid)
+                || (!is_kernel_thread(pid)
+                    && (scope.is_host()
+                        || ProcFacts::read(pid).is_some_and(|f| scope.matches(pid, &f))));
             if in_scope {
                 out.push(pid);
             }
@@ -180,6 +197,14 @@ mod tests {
         assert!(!scope(|s| s.containers.push("3f5".into())).matches(1, &facts));
         assert!(scope(|_| {}).matches(999_999, &ProcFacts::default()));
         assert!(Scope::default().matches(1, &ProcFacts::default()));
+    }
+
+    #[test]
+    fn kernel_threads_are_known_by_their_flags() {
+        // kthreadd is pid 2 on Linux; this process is not a kernel thread.
+        assert!(is_kernel_thread(2));
+        assert!(!is_kernel_thread(std::process::id()));
+        assert!(!is_kernel_thread(u32::MAX));
     }
 
     #[test]
