@@ -189,7 +189,7 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
         "{} requests, {windows} windows before SIGTERM",
         bins.len()
     );
-    let mut found = 0;
+    let (mut found, mut full) = (0, 0);
     for bin in &bins {
         let decoded = otlp::decode_file(bin);
         otlp::assert_valid(&decoded);
@@ -204,16 +204,22 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
             weight_of(&decoded, pid, "Worker.beta"),
             weight_of(&decoded, pid, "gamma"),
         );
-        assert!(
-            a > 0 && b > 0 && g > 0,
-            "alpha {a} beta {b} gamma {g} in {bin:?}"
-        );
+        // A window cut short (the first, or the one SIGTERM closed) may be too small for
+        // gamma's fifth: the three are checked in windows of 100 samples or more.
+        if a + b + g >= 100 {
+            full += 1;
+            assert!(
+                a > 0 && b > 0 && g > 0 && a > g,
+                "alpha {a} beta {b} gamma {g} in {bin:?}"
+            );
+        }
     }
     assert!(
         found >= 2,
         "the process in {found} of {} windows",
         bins.len()
     );
+    assert!(full >= 2, "{full} windows of 100 samples or more");
     workload.signal(libc::SIGKILL);
 }
 
