@@ -167,6 +167,18 @@ impl Symbolizer {
         }
     }
 
+    /// Forgets the normalized addresses of processes that exited (a long-running caller calls
+    /// it now and then: the table would grow with every process seen, and a later process
+    /// with the same pid would get the old one's modules).
+    pub fn forget_exited(&mut self) {
+        let mut alive: FxHashMap<u32, bool> = FxHashMap::default();
+        self.user.retain(|&(pid, _), _| {
+            *alive
+                .entry(pid)
+                .or_insert_with(|| Path::new(&format!("/proc/{pid}")).exists())
+        });
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> Stats {
         self.stats

@@ -260,6 +260,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             samples_total += window.samples();
             dropped_total += window.dropped();
             let profile = window.into_profile(&mut symbolizer, &python, meta);
+            symbolizer.forget_exited();
             metrics
                 .processes
                 .store(profile.processes.len() as u64, Ordering::Relaxed);
