@@ -251,6 +251,7 @@ pub fn resource_attributes(
             || k.starts_with("process.")
             || k.starts_with("host.")
             || k == "container.id"
+            || k == "os.type"
     };
     for (k, v) in &info.env_attributes {
         if !detected(k) {
