@@ -61,9 +61,12 @@
 //! - Allocations (the `bench-alloc` block): `tests/workloads/py_alloc.py --bench` alone, under
 //!   `spanprof profile --event alloc` (also `--event heap` and `--alloc-rate 1`) and under
 //!   `memray run`, interleaved; method in [`crate::bench_alloc`] and in its block.
+//! - Daemon (the `bench-daemon` block): `spanprof daemon` host-wide at 19 Hz beside two busy
+//!   Python processes, its own CPU and RSS, against `perf record -F 19 -a -g`; method in
+//!   [`crate::bench_daemon`] and in BENCHMARKS.md.
 //!
-//! `--only native|python|spans|unwind|offcpu|alloc` runs one part. Each round's raw measurements
-//! go to `target/bench/{native,python,spans,unwind,offcpu,alloc}_rounds.txt`
+//! `--only native|python|spans|unwind|offcpu|alloc|daemon` runs one part. Each round's raw
+//! measurements go to `target/bench/{native,python,spans,unwind,offcpu,alloc,daemon}_rounds.txt`
 //! (`spans_KIND_rounds.txt` for a `--span-kinds` other than both).
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
@@ -91,6 +94,8 @@ pub enum Part {
     Offcpu,
     /// `--only alloc`: allocation profiling against memray ([`crate::bench_alloc`]).
     Alloc,
+    /// `--only daemon`: the host-wide daemon's own cost ([`crate::bench_daemon`]).
+    Daemon,
 }
 
 /// What to run and how much.
@@ -113,6 +118,10 @@ pub struct Config {
     pub span_kinds: SpanKinds,
     /// Units of `py_alloc.py --bench` work in each run of the alloc part.
     pub alloc_units: u64,
+    /// Seconds measured in each run of the daemon part (after its warm-up).
+    pub daemon_seconds: u64,
+    /// The venv's interpreter (`cargo xtask deps`), for the daemon part's OTLP receiver.
+    pub venv_python: PathBuf,
 }
 
 /// Which span contexts `bench_py_span.py` sets up (its `BENCH_SPAN_KINDS`).
@@ -257,7 +266,7 @@ impl Gated {
 }
 
 /// Reads `stream` until a line contains `ready`, returning the reader.
-fn wait_ready<R: Read>(stream: R, ready: &str) -> Result<BufReader<R>> {
+pub(crate) fn wait_ready<R: Read>(stream: R, ready: &str) -> Result<BufReader<R>> {
     let mut reader = BufReader::new(stream);
     let mut line = String::new();
     loop {
@@ -676,7 +685,7 @@ fn run_alone(target: &Target, amount: u64) -> Result<TargetRun> {
     t.wait(released)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -697,12 +706,12 @@ fn per_sample_us(own: Duration, n: u64) -> f64 {
     secs(own) * 1e6 / n.max(1) as f64
 }
 
-fn mb(kib: u64) -> f64 {
+pub(crate) fn mb(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
 /// "Linux …, N CPUs" for the headings.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
         "{} CPUs, Linux {}",
@@ -714,7 +723,11 @@ fn machine() -> String {
 }
 
 /// Runs `f(i)` for each round with the round's progress line.
-fn rounds<T>(name: &str, n: usize, mut f: impl FnMut(usize) -> Result<T>) -> Result<Vec<T>> {
+pub(crate) fn rounds<T>(
+    name: &str,
+    n: usize,
+    mut f: impl FnMut(usize) -> Result<T>,
+) -> Result<Vec<T>> {
     (0..n)
         .map(|i| {
             step(&format!("bench {name}: round {}/{n}", i + 1));
@@ -805,7 +818,7 @@ struct PyRound {
 }
 
 /// The first line `program args…` prints, e.g. "3.12.1" or "py-spy 0.4.3".
-fn version(program: &Path, args: &[&str]) -> Result<String> {
+pub(crate) fn version(program: &Path, args: &[&str]) -> Result<String> {
     let out = Command::new(program)
         .args(args)
         .output()
@@ -2746,6 +2759,22 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
     } else {
         None
     };
+    let daemon_table = if wants(Part::Daemon) {
+        let daemon_cfg = crate::bench_daemon::Config {
+            rounds: cfg.rounds,
+            python: cfg.python.clone(),
+            venv_python: cfg.venv_python.clone(),
+            seconds: cfg.daemon_seconds,
+        };
+        Some(crate::bench_daemon::run(
+            root,
+            spanprof,
+            &out_dir,
+            &daemon_cfg,
+        )?)
+    } else {
+        None
+    };
     drop(stats_off);
     // Each `--span-kinds` has its own block: `bench-spans` (both), `bench-spans-otel`, ….
     let spans_block = cfg.span_kinds.block();
@@ -2767,6 +2796,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
             alloc_table,
             "bench-alloc",
             Some("Allocations: py_alloc.py --bench, spanprof against memray"),
+        ),
+        (
+            daemon_table,
+            "bench-daemon",
+            Some("Daemon: host-wide at 19 Hz beside two busy Python processes"),
         ),
     ] {
         if let Some(table) = table {

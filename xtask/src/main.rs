@@ -13,6 +13,7 @@
 
 mod bench;
 mod bench_alloc;
+mod bench_daemon;
 mod deps;
 mod run;
 mod workloads;
@@ -38,8 +39,8 @@ tasks:
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
-        [--unwind-seconds S] [--alloc-units UNITS]
-        [--only native|python|spans|unwind|offcpu|alloc]
+        [--unwind-seconds S] [--alloc-units UNITS] [--daemon-seconds S]
+        [--only native|python|spans|unwind|offcpu|alloc|daemon]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -75,6 +76,11 @@ tasks:
                (PyPI memray 1.20.0, installed into target/bench-libs/3.X):
                slowdown, CPU time per allocator call, in-kernel time per run
                of each uprobe program;
+             daemon: two busy tests/workloads/py_split.py (run by PATH), then
+               spanprof daemon host-wide at 19 Hz (10 s windows, exported to a
+               local OTLP/HTTP receiver) and perf record -F 19 -a -g, each
+               measured for S seconds (default 30) after 5 s of warm-up: own
+               CPU (% of a core), peak and end RSS, samples per second;
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
@@ -243,13 +249,15 @@ fn demo(root: &Path) -> Result<()> {
 }
 
 /// `bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH] [--unwind-seconds S]
-/// [--only PART] [--span-kinds KINDS] [--spanprof BIN]`.
+/// [--alloc-units UNITS] [--daemon-seconds S] [--only PART] [--span-kinds KINDS]
+/// [--spanprof BIN]`.
 fn bench(root: &Path, args: &[String]) -> Result<()> {
     let mut rounds: usize = 8;
     let mut work: u64 = 60_000;
     let mut py_work: u64 = 450;
     let mut unwind_seconds: u64 = 5;
     let mut alloc_units: u64 = bench_alloc::DEFAULT_UNITS;
+    let mut daemon_seconds: u64 = bench_daemon::DEFAULT_SECONDS;
     let mut python: Option<PathBuf> = None;
     let mut spanprof: Option<PathBuf> = None;
     let mut span_kinds = bench::SpanKinds::Both;
@@ -272,6 +280,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
             "--py-work" => py_work = positive(flag, value)?,
             "--unwind-seconds" => unwind_seconds = positive(flag, value)?,
             "--alloc-units" => alloc_units = positive(flag, value)?,
+            "--daemon-seconds" => daemon_seconds = positive(flag, value)?,
             "--python" => python = Some(PathBuf::from(value)),
             "--spanprof" => spanprof = Some(PathBuf::from(value)),
             "--span-kinds" => {
@@ -293,10 +302,11 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "unwind" => bench::Part::Unwind,
                     "offcpu" => bench::Part::Offcpu,
                     "alloc" => bench::Part::Alloc,
+                    "daemon" => bench::Part::Daemon,
                     other => {
                         bail!(
-                            "invalid --only `{other}` (native, python, spans, unwind, offcpu or \
-                             alloc)"
+                            "invalid --only `{other}` (native, python, spans, unwind, offcpu, \
+                             alloc or daemon)"
                         )
                     }
                 }
@@ -306,6 +316,9 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
     }
     if unwind_seconds > 3600 {
         bail!("invalid --unwind-seconds `{unwind_seconds}` (1 to 3600)");
+    }
+    if daemon_seconds > 3600 {
+        bail!("invalid --daemon-seconds `{daemon_seconds}` (1 to 3600)");
     }
     if !is_root() {
         bail!("`cargo xtask bench` needs root (eBPF, perf, kernel.bpf_stats_enabled)");
@@ -321,7 +334,7 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         bench::Part::All | bench::Part::Native | bench::Part::Unwind | bench::Part::Offcpu => {
             Some(workloads::build(root)?)
         }
-        bench::Part::Python | bench::Part::Spans | bench::Part::Alloc => None,
+        bench::Part::Python | bench::Part::Spans | bench::Part::Alloc | bench::Part::Daemon => None,
     };
     let bin = match spanprof {
         Some(bin) if bin.is_file() => bin,
@@ -339,6 +352,8 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         span_libs: env.span_libs,
         span_kinds,
         alloc_units,
+        daemon_seconds,
+        venv_python: env.python,
     };
     bench::run(root, &bin, workloads.as_deref(), &cfg)
 }
