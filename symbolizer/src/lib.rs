@@ -136,6 +136,9 @@ pub struct Stats {
 #[derive(Debug)]
 pub struct Symbolizer {
     normalizer: Normalizer,
+    /// blazesym's symbolizer, kept so that a long-running caller (the daemon, one
+    /// [`Symbolizer::symbolize`] per window) parses each module's symbols and DWARF once.
+    symbolizer: blazesym::symbolize::Symbolizer,
     modules: Vec<PathBuf>,
     module_ids: FxHashMap<PathBuf, u32>,
     user: FxHashMap<(u32, u64), Location>,
@@ -159,6 +162,14 @@ impl Symbolizer {
                 .enable_procmap_query(
                     blazesym::helper::is_procmap_query_supported().unwrap_or(false),
                 )
+                .build(),
+            symbolizer: blazesym::symbolize::Symbolizer::builder()
+                .enable_code_info(true)
+                // NB: with inlined functions on, `code_info` is the location in the outer
+                // (named) function, not in the innermost inlined callee: name, file and line
+                // agree.
+                .enable_inlined_fns(true)
+                .enable_demangling(true)
                 .build(),
             modules: Vec::new(),
             module_ids: FxHashMap::default(),
@@ -268,13 +279,7 @@ impl Symbolizer {
     /// Returns one [`Symbol`] per input, in input order. User addresses never normalized come
     /// out unknown ("not normalized").
     pub fn symbolize(&self, user: &[(u32, u64)], kernel: &[u64]) -> (Vec<Symbol>, Vec<Symbol>) {
-        let symbolizer = blazesym::symbolize::Symbolizer::builder()
-            .enable_code_info(true)
-            // NB: with inlined functions on, `code_info` is the location in the outer (named)
-            // function, not in the innermost inlined callee: name, file and line agree.
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
+        let symbolizer = &self.symbolizer;
 
         // Group file offsets per module so each module is opened and searched once.
         let mut per_module: FxHashMap<u32, Vec<(usize, u64)>> = FxHashMap::default();
