@@ -1698,8 +1698,21 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 
 	/* Blocked, not preempted: waiting for something, not for a CPU. */
 	blocked = !preempt && prev_state;
+	tgid = BPF_CORE_READ(prev, tgid);
+	if (!blocked && !offcpu_runnable && tgid && !(prev_state & TASK_DEAD) &&
+	    bpf_map_lookup_elem(&target_pids, &tgid)) {
+		/*
+		 * Preempted while still marked blocked: it was running, so its switch back in was
+		 * missed (see on_sys_exit). The interval ends here, before the preemption's wait
+		 * could be added to it; its system call's exit sends it.
+		 */
+		t = bpf_task_storage_get(&offcpu_tasks, prev, 0, 0);
+		if (t && t->off_ts) {
+			count_error(SPANPROF_ERR_OFFCPU_LATE);
+			end_interval(t, now, 0);
+		}
+	}
 	if ((blocked || offcpu_runnable) && !(prev_state & TASK_DEAD)) {
-		tgid = BPF_CORE_READ(prev, tgid);
 		if (tgid && bpf_map_lookup_elem(&target_pids, &tgid)) {
 			t = bpf_task_storage_get(&offcpu_tasks, prev, 0,
 						 BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -1716,6 +1729,11 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 				t->off_ip = regs ? BPF_CORE_READ(regs, ip) : 0;
 				t->off_sp = regs ? BPF_CORE_READ(regs, sp) : 0;
 			} else {
+				/* As above: a missed switch back in ends at this preemption. */
+				if (t->off_ts) {
+					count_error(SPANPROF_ERR_OFFCPU_LATE);
+					end_interval(t, now, 0);
+				}
 				t->runnable_ts = now;
 			}
 		}

@@ -267,8 +267,19 @@ impl Aggregator {
     /// A process called execve (at `time_ns`, `CLOCK_MONOTONIC`): the memory it had allocated
     /// before is gone, and so are the modules its stacks were unwound with.
     pub fn exec(&mut self, pid: u32, time_ns: u64) {
-        self.execs.insert(pid, time_ns);
+        // Only the heap profile needs exec times (a daemon would keep one per pid forever).
+        if self.opts.heap {
+            self.execs.insert(pid, time_ns);
+        }
         self.forget(pid);
+        // The process describes itself anew (executable, command line, service name): a
+        // wrapper (`sh -c 'exec python …'`) is not the program's resource.
+        if self.opts.timestamps && self.processes.contains_key(&pid) {
+            self.process_info.insert(pid, ProcessInfo::read(pid));
+            if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+                self.processes.insert(pid, comm.trim_end().to_string());
+            }
+        }
     }
 
     /// A process exec'd or exited: the modules its stacks were unwound with are gone.
@@ -443,6 +454,9 @@ impl Aggregator {
             && self.counts.len() >= self.opts.max_keys
             && !self.counts.contains_key(&key)
         {
+            // NB: its stacks were interned above; the stack tables grow with distinct stacks
+            // seen, as the counts would.
+            self.samples -= 1;
             self.dropped += 1;
             return;
         }
@@ -861,7 +875,6 @@ fn comm_string(comm: &[u8; TASK_COMM_LEN]) -> String {
     String::from_utf8_lossy(profiler_common::comm_bytes(comm)).into_owned()
 }
 
-/// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.
 /// What to add to a `CLOCK_MONOTONIC` time (the clock of `bpf_ktime_get_ns`) for the Unix time.
 fn unix_offset_ns() -> i64 {
     let unix = std::time::SystemTime::now()
@@ -870,6 +883,7 @@ fn unix_offset_ns() -> i64 {
     unix - crate::python::monotonic_ns() as i64
 }
 
+/// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.
 fn process_name(pid: u32, thread_comm: &[u8]) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim_end().to_string())

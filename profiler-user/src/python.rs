@@ -378,6 +378,8 @@ impl Python {
 
     /// A process called execve: whatever was known of its interpreter is gone.
     pub fn exec(&mut self, pid: u32) {
+        // The new program is another runtime, or none, until it is found again.
+        self.versions.remove(&pid);
         if self.enabled {
             self.procs.insert(pid, Proc::pending());
         }

@@ -136,9 +136,11 @@ pub struct Stats {
 #[derive(Debug)]
 pub struct Symbolizer {
     normalizer: Normalizer,
-    /// blazesym's symbolizer, kept so that a long-running caller (the daemon, one
-    /// [`Symbolizer::symbolize`] per window) parses each module's symbols and DWARF once.
-    symbolizer: blazesym::symbolize::Symbolizer,
+    /// blazesym's symbolizer for user modules, kept so that a long-running caller (the daemon,
+    /// one [`Symbolizer::symbolize`] per window) parses each module's symbols and DWARF once;
+    /// made anew every [`REBUILD_EVERY`], so that the files it keeps open (one per version of
+    /// each module seen) do not pile up.
+    symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
     modules: Vec<PathBuf>,
     module_ids: FxHashMap<PathBuf, u32>,
     user: FxHashMap<(u32, u64), Location>,
@@ -163,14 +165,7 @@ impl Symbolizer {
                     blazesym::helper::is_procmap_query_supported().unwrap_or(false),
                 )
                 .build(),
-            symbolizer: blazesym::symbolize::Symbolizer::builder()
-                .enable_code_info(true)
-                // NB: with inlined functions on, `code_info` is the location in the outer
-                // (named) function, not in the innermost inlined callee: name, file and line
-                // agree.
-                .enable_inlined_fns(true)
-                .enable_demangling(true)
-                .build(),
+            symbolizer: std::cell::RefCell::new((new_blazesym(), std::time::Instant::now())),
             modules: Vec::new(),
             module_ids: FxHashMap::default(),
             user: FxHashMap::default(),
@@ -279,7 +274,11 @@ impl Symbolizer {
     /// Returns one [`Symbol`] per input, in input order. User addresses never normalized come
     /// out unknown ("not normalized").
     pub fn symbolize(&self, user: &[(u32, u64)], kernel: &[u64]) -> (Vec<Symbol>, Vec<Symbol>) {
-        let symbolizer = &self.symbolizer;
+        let mut kept = self.symbolizer.borrow_mut();
+        if kept.1.elapsed() >= REBUILD_EVERY {
+            *kept = (new_blazesym(), std::time::Instant::now());
+        }
+        let symbolizer = &kept.0;
 
         // Group file offsets per module so each module is opened and searched once.
         let mut per_module: FxHashMap<u32, Vec<(usize, u64)>> = FxHashMap::default();
@@ -320,6 +319,9 @@ impl Symbolizer {
         let kernel_out = if kernel.is_empty() {
             Vec::new()
         } else {
+            // A fresh symbolizer: blazesym keys its cache of /proc/kallsyms by the file's
+            // metadata, which procfs does not change when modules or BPF programs come and go.
+            let symbolizer = new_blazesym();
             let src = Source::Kernel(Kernel::default());
             let kernel_path = Path::new(KERNEL_MODULE);
             match symbolizer.symbolize(&src, Input::AbsAddr(kernel)) {
@@ -339,6 +341,19 @@ impl Symbolizer {
         };
         (user_out, kernel_out)
     }
+}
+
+/// How long a kept blazesym symbolizer is used before it is made anew.
+const REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+fn new_blazesym() -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder()
+        .enable_code_info(true)
+        // NB: with inlined functions on, `code_info` is the location in the outer (named)
+        // function, not in the innermost inlined callee: name, file and line agree.
+        .enable_inlined_fns(true)
+        .enable_demangling(true)
+        .build()
 }
 
 fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {

@@ -474,11 +474,12 @@ class Decoder:
                 self.problems.add(
                     f"{here}: {len(values)} values but {len(timestamps)} timestamps"
                 )
-            outside = [t for t in timestamps if t < start or t > end]
+            # The proto: timestamps fall in [time_unix_nano, time_unix_nano + duration_nano).
+            outside = [t for t in timestamps if t < start or t >= end]
             if outside:
                 self.problems.add(
                     f"{here}: {len(outside)} timestamps outside the profile's "
-                    f"[{start}, {end}] (first {outside[0]})"
+                    f"[{start}, {end}) (first {outside[0]})"
                 )
             samples.append(
                 {

@@ -316,8 +316,10 @@ impl DaemonConfig {
         }
         if let Some(t) = &x.timeout {
             exporter.timeout = duration("export.timeout", t)?;
-            if exporter.timeout < Duration::from_millis(100) {
-                return Err("export.timeout: at least 100ms".to_string());
+            if exporter.timeout < Duration::from_millis(100)
+                || exporter.timeout > Duration::from_secs(3600)
+            {
+                return Err("export.timeout: from 100ms to 1h".to_string());
             }
         }
         match x.compression.as_deref() {
@@ -334,8 +336,8 @@ impl DaemonConfig {
             "export.max_backoff",
             x.max_backoff.as_deref().unwrap_or("60s"),
         )?;
-        if max_backoff < Duration::from_secs(1) {
-            return Err("export.max_backoff: at least 1s (the first wait)".to_string());
+        if max_backoff < Duration::from_secs(1) || max_backoff > Duration::from_secs(86400) {
+            return Err("export.max_backoff: from 1s (the first wait) to 24h".to_string());
         }
 
         let metrics = match file.metrics.listen.as_deref() {

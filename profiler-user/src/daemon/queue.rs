@@ -28,7 +28,13 @@ pub struct Window {
     pub id: u64,
     /// What is sent.
     pub request: Arc<ExportProfilesServiceRequest>,
+    /// Its encoded size, for the queue's byte bound.
+    pub bytes: usize,
 }
+
+/// Bytes (encoded) the queue holds at most, whatever its window count: the oldest windows go
+/// first past it, so an outage does not hold the daemon's memory far above its goal.
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// The windows waiting for export.
 #[derive(Debug)]
@@ -53,14 +59,17 @@ impl Queue {
     /// A new bound (a reloaded configuration); windows beyond it are dropped, oldest first.
     pub fn set_capacity(&self, capacity: usize) {
         *self.capacity.lock().unwrap() = capacity.max(1);
-        self.trim(0);
+        self.trim(0, 0);
     }
 
-    /// Drops the oldest windows until `room` more fit.
-    fn trim(&self, room: usize) {
+    /// Drops the oldest windows until `room` more windows of `bytes` in all fit.
+    fn trim(&self, room: usize, bytes: usize) {
         let cap = *self.capacity.lock().unwrap();
         let mut q = self.windows.lock().unwrap();
-        while q.len() + room > cap {
+        while q.len() + room > cap
+            || (!q.is_empty()
+                && q.iter().map(|w| w.bytes).sum::<usize>() + bytes > MAX_QUEUED_BYTES)
+        {
             if q.pop_front().is_none() {
                 break;
             }
@@ -71,7 +80,7 @@ impl Queue {
 
     /// Queues a window, dropping the oldest if the queue is full; never waits.
     pub fn push(&self, window: Window) {
-        self.trim(1);
+        self.trim(1, window.bytes);
         let mut q = self.windows.lock().unwrap();
         q.push_back(window);
         self.metrics.queue.store(q.len() as u64, Ordering::Relaxed);
@@ -158,7 +167,10 @@ pub async fn run_exporter(
             };
             match exporter.export(&window.request).await {
                 Ok(accepted) => {
-                    queue.remove(window.id);
+                    if !queue.remove(window.id) {
+                        // Dropped (and counted) while it was being sent: it arrived after all.
+                        metrics.windows_dropped.fetch_sub(1, Ordering::Relaxed);
+                    }
                     metrics.windows_exported.fetch_add(1, Ordering::Relaxed);
                     let now = SystemTime::now()
                         .duration_since(SystemTime::UNIX_EPOCH)
@@ -238,6 +250,7 @@ mod tests {
         Window {
             id,
             request: Arc::new(ExportProfilesServiceRequest::default()),
+            bytes: 1000,
         }
     }
 
@@ -259,6 +272,16 @@ mod tests {
         assert_eq!(metrics.windows_dropped.load(Ordering::Relaxed), 3);
         assert_eq!(q.abandon(), 1);
         assert!(q.is_empty());
+        // The byte bound: two windows of 40 MiB do not fit in 64 MiB, whatever the count.
+        q.set_capacity(10);
+        for id in 6..=7 {
+            q.push(Window {
+                bytes: 40 << 20,
+                ..window(id)
+            });
+        }
+        assert_eq!((q.len(), q.front().unwrap().id), (1, 7));
+        assert_eq!(metrics.windows_dropped.load(Ordering::Relaxed), 5);
     }
 
     #[test]

@@ -346,22 +346,27 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
     let end = start.saturating_add(profile.meta.duration.as_nanos() as u64);
 
     // Processes in the profile's order; a thread whose process is not listed gets its own.
+    // Samples grouped by process in one pass (a daemon window may hold thousands of each).
     let mut pids: Vec<u32> = profile.processes.iter().map(|p| p.pid).collect();
-    for t in &profile.threads {
-        if !pids.contains(&t.pid) {
-            pids.push(t.pid);
-        }
+    let mut by_pid: HashMap<u32, Vec<&Sample>> = pids.iter().map(|&p| (p, Vec::new())).collect();
+    for s in &profile.samples {
+        let pid = profile.threads[s.thread as usize].pid;
+        by_pid
+            .entry(pid)
+            .or_insert_with(|| {
+                pids.push(pid);
+                Vec::new()
+            })
+            .push(s);
     }
+    let processes: HashMap<u32, &crate::profile::Process> =
+        profile.processes.iter().map(|p| (p.pid, p)).collect();
     let no_info = ProcessInfo::default();
 
     let mut resource_profiles = Vec::new();
     for &pid in &pids {
-        let process = profile.processes.iter().find(|p| p.pid == pid);
-        let samples: Vec<&Sample> = profile
-            .samples
-            .iter()
-            .filter(|s| profile.threads[s.thread as usize].pid == pid)
-            .collect();
+        let process = processes.get(&pid);
+        let samples: &Vec<&Sample> = &by_pid[&pid];
         if samples.is_empty() {
             continue;
         }
@@ -370,7 +375,7 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
             let mut out: Vec<OtlpSample> = Vec::new();
             let mut by_identity: HashMap<(i32, Vec<i32>, i32), usize> = HashMap::new();
             let (mut first, mut last) = (start, end);
-            for s in &samples {
+            for s in samples {
                 let (times, vals) = values(profile, s, kind);
                 if times.is_empty() && vals.is_empty() {
                     continue;
@@ -423,7 +428,8 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
                 sample_type: Some(dict.value_type(kind.sample_type())),
                 samples: out,
                 time_unix_nano: first,
-                duration_nano: last.saturating_sub(first),
+                // Timestamps are in [time, time + duration): the last one needs the 1.
+                duration_nano: last.saturating_sub(first).saturating_add(1),
                 period_type,
                 period,
                 ..OtlpProfile::default()
