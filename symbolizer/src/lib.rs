@@ -141,6 +141,11 @@ pub struct Symbolizer {
     /// made anew every [`REBUILD_EVERY`], so that the files it keeps open (one per version of
     /// each module seen) do not pile up.
     symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
+    /// The same for kernel addresses, made anew every [`KERNEL_REBUILD_EVERY`]: blazesym keys
+    /// its cache of `/proc/kallsyms` by the file's metadata, which procfs does not change when
+    /// modules or BPF programs come and go, so a kept one would name new code after its
+    /// neighbours for ever.
+    kernel_symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
     modules: Vec<PathBuf>,
     module_ids: FxHashMap<PathBuf, u32>,
     user: FxHashMap<(u32, u64), Location>,
@@ -166,6 +171,7 @@ impl Symbolizer {
                 )
                 .build(),
             symbolizer: std::cell::RefCell::new((new_blazesym(), std::time::Instant::now())),
+            kernel_symbolizer: std::cell::RefCell::new((new_blazesym(), std::time::Instant::now())),
             modules: Vec::new(),
             module_ids: FxHashMap::default(),
             user: FxHashMap::default(),
@@ -319,9 +325,11 @@ impl Symbolizer {
         let kernel_out = if kernel.is_empty() {
             Vec::new()
         } else {
-            // A fresh symbolizer: blazesym keys its cache of /proc/kallsyms by the file's
-            // metadata, which procfs does not change when modules or BPF programs come and go.
-            let symbolizer = new_blazesym();
+            let mut kept = self.kernel_symbolizer.borrow_mut();
+            if kept.1.elapsed() >= KERNEL_REBUILD_EVERY {
+                *kept = (new_blazesym(), std::time::Instant::now());
+            }
+            let symbolizer = &kept.0;
             let src = Source::Kernel(Kernel::default());
             let kernel_path = Path::new(KERNEL_MODULE);
             match symbolizer.symbolize(&src, Input::AbsAddr(kernel)) {
@@ -345,6 +353,9 @@ impl Symbolizer {
 
 /// How long a kept blazesym symbolizer is used before it is made anew.
 const REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// How long kernel symbols are kept: code loaded since (modules, BPF programs) may be named
+/// after a neighbour for at most this long.
+const KERNEL_REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn new_blazesym() -> blazesym::symbolize::Symbolizer {
     blazesym::symbolize::Symbolizer::builder()
