@@ -101,6 +101,13 @@ pub struct ProcStat {
     pub flags: u64,
 }
 
+impl ProcStat {
+    /// Whether the task is a kernel thread (`PF_KTHREAD`).
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
+}
+
 /// Parses `/proc/PID/stat`; `comm` may contain spaces and parentheses, so it is cut at the last
 /// `)`. Returns `None` on anything malformed.
 pub fn parse_stat(stat: &str) -> Option<ProcStat> {
@@ -140,7 +147,7 @@ pub fn check_pid(pid: u32) -> Result<ProcStat, PreflightError> {
         });
     }
     let stat = parse_stat(&stat).ok_or(PreflightError::NoSuchPid(pid))?;
-    if stat.flags & PF_KTHREAD != 0 {
+    if stat.is_kernel_thread() {
         return Err(PreflightError::KernelThread {
             pid,
             name: stat.comm,

@@ -826,3 +826,44 @@ impl GrpcSink {
 pub fn decode_grpc(request: &ExportProfilesServiceRequest) -> Value {
     decode(&prost::Message::encode_to_vec(request))
 }
+
+/// The pid in the `ready PID` line the Python workloads print on stderr (in `text`, which may
+/// hold other lines).
+#[track_caller]
+pub fn ready_pid(text: &str) -> u32 {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("ready "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no `ready PID` line in:\n{text}"))
+}
+
+/// One OpenTelemetry span of `py_span_workload.py`'s truth file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtelSpan {
+    /// 32 hex digits.
+    pub trace_id: String,
+    /// 16 hex digits.
+    pub span_id: String,
+    /// The native thread id it ran on.
+    pub tid: u64,
+}
+
+/// The OpenTelemetry spans of a `py_span_workload.py` truth file, by the function that ran
+/// inside each (`span_work_N`).
+pub fn read_otel_truth(path: &Path) -> std::collections::BTreeMap<String, OtelSpan> {
+    let text = std::fs::read_to_string(path).expect("truth file");
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["kind"] == "otel")
+        .map(|v| {
+            (
+                v["function"].as_str().expect("function").to_string(),
+                OtelSpan {
+                    trace_id: v["trace_id"].as_str().expect("trace_id").to_string(),
+                    span_id: v["span_id"].as_str().expect("span_id").to_string(),
+                    tid: v["tid"].as_u64().expect("tid"),
+                },
+            )
+        })
+        .collect()
+}

@@ -8,12 +8,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use spanprof_tests::otlp::{self, GrpcSink, HttpSink};
+use spanprof_tests::otlp::{self, read_otel_truth, ready_pid, GrpcSink, HttpSink};
 use spanprof_tests::{
     profiling_lock, py_workload_source, pyenv_python, require_root, require_span_libs, span_libs,
     spanprof_bin, spanprof_command, start_py_workload, start_py_workload_with_libs, Background,
@@ -166,7 +166,7 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
         .env("OTEL_SERVICE_NAME", "split-service");
     let mut workload = Background::spawn(cmd);
     let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
-    let pid: u64 = line.trim().trim_start_matches("ready ").parse().unwrap();
+    let pid = u64::from(ready_pid(&line));
     let dir = TempDir::new("daemon-http");
     let daemon = Daemon::start(
         &dir,
@@ -224,25 +224,6 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
     workload.signal(libc::SIGKILL);
 }
 
-/// One span of the traced workload's truth file.
-fn read_truth(path: &Path) -> BTreeMap<String, (String, String)> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["kind"] == "otel")
-        .map(|v| {
-            (
-                v["function"].as_str().unwrap().to_string(),
-                (
-                    v["trace_id"].as_str().unwrap().to_string(),
-                    v["span_id"].as_str().unwrap().to_string(),
-                ),
-            )
-        })
-        .collect()
-}
-
 /// An OpenTelemetry-traced workload profiled by the daemon over gRPC (gzip): its samples in
 /// spans link to exactly their span's ids.
 #[test]
@@ -273,7 +254,7 @@ fn daemon_exports_links_of_a_traced_workload_over_grpc() {
     );
     let requests = server.wait_for_requests(2, Duration::from_secs(40));
     daemon.stop();
-    let spans = read_truth(&truth);
+    let spans = read_otel_truth(&truth);
     let (mut in_span, mut right) = (0, 0);
     for (request, metadata) in &requests {
         assert_eq!(
@@ -284,12 +265,14 @@ fn daemon_exports_links_of_a_traced_workload_over_grpc() {
         otlp::assert_valid(&decoded);
         for s in otlp::samples(&decoded, "samples/count") {
             let fns = otlp::functions(s);
-            let Some((trace, span)) = fns.iter().find_map(|f| spans.get(*f)) else {
+            let Some(span) = fns.iter().find_map(|f| spans.get(*f)) else {
                 continue;
             };
             let n = otlp::sample_weight(s);
             in_span += n;
-            if s["link"]["trace_id"] == trace.as_str() && s["link"]["span_id"] == span.as_str() {
+            if s["link"]["trace_id"] == span.trace_id.as_str()
+                && s["link"]["span_id"] == span.span_id.as_str()
+            {
                 right += n;
             }
         }
@@ -419,7 +402,7 @@ print(json.dumps(pids), flush=True)
     cmd.arg(&launcher).arg(&go);
     let mut parent = Background::spawn(cmd);
     let line = parent.wait_for_stderr("ready ", Duration::from_secs(30));
-    let ppid: u32 = line.trim().trim_start_matches("ready ").parse().unwrap();
+    let ppid = ready_pid(&line);
     let server = GrpcSink::start();
     let daemon = Daemon::start(
         &dir,
@@ -567,7 +550,7 @@ fn daemon_alloc_profiles_allocations() {
         .args(["--wait", "32"]);
     let mut workload = Background::spawn(cmd);
     let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
-    let pid: u32 = line.trim().trim_start_matches("ready ").parse().unwrap();
+    let pid = ready_pid(&line);
     let server = GrpcSink::start();
     let dir = TempDir::new("daemon-alloc");
     let daemon = Daemon::start(

@@ -5,15 +5,13 @@
 //! transports are checked against real receivers: a tonic gRPC server run by the test and the
 //! OTLP/HTTP receiver `tests/tools/otlp_http_sink.py` (Python's http.server).
 
-use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use prost::Message;
 use serde_json::Value;
-use spanprof_tests::otlp::{self, GrpcSink, HttpSink};
+use spanprof_tests::otlp::{self, read_otel_truth, ready_pid, GrpcSink, HttpSink};
 use spanprof_tests::{
     parse_summary, profiling_lock, py_workload_source, pyenv_python, require_root,
     require_span_libs, run_with_timeout, span_libs, spanprof_bin, spanprof_command, TempDir,
@@ -32,15 +30,6 @@ fn resource_of(decoded: &Value, pid: u32) -> &Value {
         .unwrap_or_else(|| panic!("no resource with process.pid {pid} in {decoded:#}"))
 }
 
-/// The pid the Python workloads print as `ready PID` on stderr.
-fn ready_pid(stderr: &str) -> u32 {
-    stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("ready "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no `ready PID` line in:\n{stderr}"))
-}
-
 /// Python function names of a decoded sample, leaf first.
 fn functions(sample: &Value) -> Vec<String> {
     otlp::functions(sample)
@@ -56,32 +45,6 @@ fn weight_of(decoded: &Value, sample_type: &str, name: &str) -> i64 {
         .filter(|s| functions(s).iter().any(|f| f == name))
         .map(otlp::sample_weight)
         .sum()
-}
-
-/// One span of the traced workload's truth file.
-#[derive(Debug)]
-struct Span {
-    trace_id: String,
-    span_id: String,
-    tid: u64,
-}
-
-fn read_truth(path: &Path) -> BTreeMap<String, Span> {
-    let text = std::fs::read_to_string(path).expect("truth file");
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["kind"] == "otel")
-        .map(|v| {
-            (
-                v["function"].as_str().unwrap().to_string(),
-                Span {
-                    trace_id: v["trace_id"].as_str().unwrap().to_string(),
-                    span_id: v["span_id"].as_str().unwrap().to_string(),
-                    tid: v["tid"].as_u64().unwrap(),
-                },
-            )
-        })
-        .collect()
 }
 
 /// An OpenTelemetry-traced workload (two threads running spans) profiled on- and off-CPU into
@@ -203,7 +166,7 @@ fn otlp_file_of_a_traced_workload() {
     }
 
     // Links: every on-CPU sample in a span's function carries that span's ids; none outside.
-    let spans = read_truth(&truth);
+    let spans = read_otel_truth(&truth);
     assert!(spans.len() >= 4, "{} spans in the truth file", spans.len());
     let tids: Vec<u64> = spans.values().map(|s| s.tid).collect();
     let (mut in_span, mut right, mut outside, mut outside_linked) = (0, 0, 0, 0);

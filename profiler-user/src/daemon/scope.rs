@@ -86,19 +86,12 @@ impl Scope {
     }
 }
 
-/// `PF_KTHREAD` in the flags of `/proc/PID/stat`.
-const PF_KTHREAD: u64 = 0x0020_0000;
-
 /// Whether `pid` is a kernel thread (false when it is gone).
 pub fn is_kernel_thread(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // After the command name (which may hold spaces and parentheses): state, ppid, pgrp,
-    // session, tty_nr, tpgid, flags.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse::<u64>().ok())
-        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| crate::preflight::parse_stat(&stat))
+        .is_some_and(|stat| stat.is_kernel_thread())
 }
 
 /// The pids in `/proc`.
