@@ -270,8 +270,61 @@ pub struct Meta {
     pub lost_samples: u64,
     /// What the CPython walker found.
     pub python: PythonStats,
-    /// The host the session ran on (`None` for a profile read back from a file).
+    /// The host the session ran on (its name only for a profile read back from a file).
     pub host: Option<crate::resource::HostInfo>,
+    /// The commit and branch a CI system said it was building ([`Build::from_env`]).
+    pub build: Build,
+}
+
+/// The commit and branch of the code a CI run profiled, as its CI system names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Build {
+    /// `GITHUB_SHA` (GitHub Actions) or `CI_COMMIT_SHA` (GitLab CI).
+    pub commit: Option<String>,
+    /// `GITHUB_HEAD_REF` (a pull request's branch), `GITHUB_REF_NAME` or `CI_COMMIT_REF_NAME`.
+    pub branch: Option<String>,
+}
+
+/// Longest commit or branch kept: the variables are the environment's, not spanprof's.
+const MAX_BUILD_FIELD: usize = 200;
+
+impl Build {
+    /// What the environment of this process says.
+    pub fn from_env() -> Build {
+        Build::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// What `var` says: the first variable set and not empty of each list, on one line (control
+    /// characters become spaces) and at most 200 bytes.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Build {
+        let first = |names: &[&str]| {
+            names.iter().find_map(|n| {
+                let v = var(n)?;
+                let v: String = v
+                    .trim()
+                    .chars()
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
+                (!v.is_empty()).then(|| truncate(v, MAX_BUILD_FIELD))
+            })
+        };
+        Build {
+            commit: first(&["GITHUB_SHA", "CI_COMMIT_SHA"]),
+            branch: first(&["GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME"]),
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
 }
 
 /// What a profile measures (`--event`).

@@ -65,9 +65,10 @@ use symbolizer::unwind::UnwindStatus;
 
 use crate::offcpu::OffCpuReason;
 use crate::output::pprof::{
-    Shape, ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE, CPU_TYPE, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE,
-    KERNEL_MAPPING, LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT,
-    PYTHON_MAPPING, SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
+    Shape, ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE, BRANCH_COMMENT, COMMIT_COMMENT, CPU_TYPE,
+    HOST_COMMENT, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE, KERNEL_MAPPING, LOST_COMMENT,
+    OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT, PYTHON_MAPPING, SAMPLES_TYPE,
+    TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
 };
 use crate::profile::{
     hex, labels, uuid, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile,
@@ -190,6 +191,17 @@ impl Reader<'_> {
             })
             .transpose()?
             .unwrap_or(0);
+        let comment = |prefix: &str| {
+            comments
+                .iter()
+                .find_map(|c| c.strip_prefix(prefix))
+                .map(str::to_string)
+        };
+        let host = comment(HOST_COMMENT).map(|name| crate::resource::HostInfo { name, id: None });
+        let build = crate::profile::Build {
+            commit: comment(COMMIT_COMMENT),
+            branch: comment(BRANCH_COMMENT),
+        };
         let mut processes = comments
             .iter()
             .filter_map(|c| c.strip_prefix(PROCESS_COMMENT))
@@ -224,7 +236,8 @@ impl Reader<'_> {
             events,
             lost_samples,
             python: PythonStats::default(),
-            host: None,
+            host,
+            build,
         };
 
         let (frames, frame_of_location) = self.frames()?;
@@ -676,6 +689,37 @@ mod tests {
         profile.samples[1].unwind =
             UnwindStatus::Truncated(symbolizer::unwind::TruncatedBy::StackCopy);
         profile
+    }
+
+    #[test]
+    fn run_facts_come_back() {
+        let mut profile = fixture::profile();
+        profile.meta.host = Some(crate::resource::HostInfo {
+            name: "ci-runner-7".to_string(),
+            id: Some("0123456789abcdef".to_string()),
+        });
+        profile.meta.build = crate::profile::Build::from_vars(|name| match name {
+            "CI_COMMIT_SHA" => Some(" 9fceb02d0ae598e95dc970b74767f19372d61af8\n".to_string()),
+            "GITHUB_REF_NAME" => Some(String::new()),
+            "CI_COMMIT_REF_NAME" => Some("feature/faster".to_string()),
+            _ => None,
+        });
+        assert_eq!(
+            profile.meta.build.commit.as_deref(),
+            Some("9fceb02d0ae598e95dc970b74767f19372d61af8")
+        );
+        let back = round_trip(&profile);
+        assert_eq!(back.meta.build, profile.meta.build);
+        // The machine id is not in the file.
+        assert_eq!(
+            back.meta.host,
+            Some(crate::resource::HostInfo {
+                name: "ci-runner-7".to_string(),
+                id: None
+            })
+        );
+        let long = crate::profile::Build::from_vars(|_| Some("é".repeat(150)));
+        assert_eq!(long.commit.as_deref().map(str::len), Some(200));
     }
 
     #[test]

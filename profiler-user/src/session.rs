@@ -548,6 +548,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         lost_samples: errors[ErrorCode::RingbufFull as usize],
         python: Default::default(),
         host: Some(crate::resource::HostInfo::current()),
+        build: crate::profile::Build::from_env(),
     };
     if opts.progress {
         eprintln!("spanprof: symbolizing {} samples", agg.samples());

@@ -257,6 +257,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 lost_samples: lost - lost_before,
                 python: Default::default(),
                 host: Some(crate::resource::HostInfo::current()),
+                build: Default::default(),
             };
             lost_before = lost;
             window_start = Instant::now();

@@ -461,6 +461,7 @@ pub(crate) mod fixture {
                 lost_samples: 4,
                 python: Default::default(),
                 host: None,
+                build: Default::default(),
             },
             frames: vec![
                 native("main", 0x1000, 10),

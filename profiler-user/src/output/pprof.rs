@@ -94,6 +94,12 @@ pub const TARGET_COMMENT: &str = "target: ";
 pub const LOST_COMMENT: &str = "lost samples: ";
 /// Prefix of the comment that names a process: `process: PID (name)`.
 pub const PROCESS_COMMENT: &str = "process: ";
+/// Prefix of the comment that names the host the session ran on.
+pub const HOST_COMMENT: &str = "host: ";
+/// Prefix of the comment that names the commit a CI run built ([`crate::profile::Build`]).
+pub const COMMIT_COMMENT: &str = "commit: ";
+/// Prefix of the comment that names its branch.
+pub const BRANCH_COMMENT: &str = "branch: ";
 
 /// Sample label: how the native user stack was unwound ([`symbolizer::unwind::UnwindStatus::kind`]).
 pub const UNWIND_LABEL: &str = "unwind";
@@ -346,6 +352,16 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
             b.strings
                 .intern(&format!("{LOST_COMMENT}{}", meta.lost_samples)),
         );
+    }
+    let facts = [
+        (HOST_COMMENT, meta.host.as_ref().map(|h| h.name.as_str())),
+        (COMMIT_COMMENT, meta.build.commit.as_deref()),
+        (BRANCH_COMMENT, meta.build.branch.as_deref()),
+    ];
+    for (prefix, value) in facts {
+        if let Some(v) = value.filter(|v| !v.is_empty()) {
+            comment.push(b.strings.intern(&format!("{prefix}{v}")));
+        }
     }
     for p in &profile.processes {
         comment.push(
