@@ -35,6 +35,7 @@
 //! (or root / `CAP_SYS_ADMIN`); reading other users' processes' memory maps needs
 //! `CAP_SYS_PTRACE`, and kernel symbols need `CAP_SYSLOG`.
 pub mod aggregate;
+pub mod analysis;
 pub mod bpf;
 pub mod command;
 pub mod daemon;

@@ -22,6 +22,7 @@
 //!
 //! Colors depend only on the frame name, so the same profile always gives the same bytes.
 
+use inferno::differential;
 use inferno::flamegraph::{
     self,
     color::{MultiPalette, Palette},
@@ -156,6 +157,61 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
     Ok(out)
 }
 
+/// Renders a differential flame graph of `new` against `base` (inferno's, as Brendan Gregg
+/// drew them): the frames are `new`'s, and a frame is red where it has more weight than in
+/// `base`, blue where less, the deeper the color the larger the change. `base` is first scaled
+/// to `new`'s total (inferno's `normalize`), so the colors show shares that changed, not a
+/// longer run; tooltips give the change in points of the total, e.g. `render_output (1,234
+/// samples, 40.00%; +15.00%)`. Functions only in `base` have no width in `new` and are not
+/// drawn (the text diff of `spanprof diff` lists them).
+///
+/// The profiles must be in the same unit; `base_name` and `new_name` are named in the
+/// subtitle. Deterministic, like [`render`].
+pub fn render_diff(
+    base: &Profile,
+    new: &Profile,
+    base_name: &str,
+    new_name: &str,
+) -> Result<Vec<u8>, OutputError> {
+    let folded = |p: &Profile| -> Result<String, OutputError> {
+        Ok(folded::collapse(p)?
+            .into_iter()
+            .map(|(stack, count)| format!("{stack} {count}\n"))
+            .collect())
+    };
+    let (before, after) = (folded(base)?, folded(new)?);
+    let mut merged = Vec::new();
+    differential::from_readers(
+        differential::Options {
+            normalize: true,
+            strip_hex: false,
+        },
+        before.as_bytes(),
+        after.as_bytes(),
+        &mut merged,
+    )
+    .map_err(OutputError::Svg)?;
+    // NB: inferno writes the merged stacks in hash order; sorted, the same input gives the
+    // same bytes.
+    let merged = String::from_utf8_lossy(&merged).into_owned();
+    let mut lines: Vec<&str> = merged.lines().collect();
+    lines.sort_unstable();
+    if after.is_empty() {
+        return Ok(empty_svg(new).into_bytes());
+    }
+    let mut options = Options::default();
+    options.title = format!("spanprof diff: {}", shown(&new.meta));
+    options.subtitle = Some(format!(
+        "{new_name} against {base_name} (scaled to the same total): red grew, blue shrank"
+    ));
+    options.count_name = count_name(&new.meta);
+    options.deterministic = true;
+    let mut out = Vec::new();
+    flamegraph::from_lines(&mut options, lines.iter().copied(), &mut out)
+        .map_err(OutputError::Svg)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +234,33 @@ mod tests {
             assert!(svg.contains(name), "{name} missing");
         }
         assert!(svg.contains("<title>compute (10 samples, 90.91%)</title>"));
+    }
+
+    #[test]
+    fn differential_svg_colors_the_grown_frame() {
+        let base = fixture::profile();
+        let mut new = fixture::profile();
+        // `main;[unknown] (libfoo…)` goes from 1 of 11 samples to 10 of 20.
+        for s in &mut new.samples {
+            if s.frames.len() == 2 && s.frames[1] == 2 {
+                s.count = 10;
+            }
+        }
+        let svg =
+            String::from_utf8(render_diff(&base, &new, "a.pb.gz", "b.pb.gz").unwrap()).unwrap();
+        assert!(svg.contains("spanprof diff: pid 100 (app)"));
+        assert!(svg.contains("b.pb.gz against a.pb.gz"));
+        // Base scaled to 20 samples: 1 -> 1 (truncated), so +9 of 20.
+        assert!(
+            svg.contains(
+                "<title>[unknown] (libfoo.so+0x1234) (10 samples, 50.00%; +45.00%)</title>"
+            ),
+            "{svg}"
+        );
+        assert_eq!(
+            render_diff(&base, &new, "a", "b").unwrap(),
+            render_diff(&base, &new, "a", "b").unwrap()
+        );
     }
 
     #[test]

@@ -1,0 +1,933 @@
+//! What `spanprof report`, `diff` and `check` compute from profiles: each function's share,
+//! how shares changed between two runs, and budgets that fail a build.
+//!
+//! # Shares
+//!
+//! A function's *self* weight is the weight ([`Profile::weight`]: samples, nanoseconds once
+//! off-CPU time is in the profile, bytes for a memory profile) of the samples whose leaf frame
+//! is that function; its *total* weight that of the samples with the function anywhere in their
+//! stack, each sample counted once however deep the recursion. Shares are those weights over
+//! the profile's total, so two runs of different lengths compare: a function that takes 25% of
+//! one run and 40% of the next got slower relative to the rest of the program.
+//!
+//! A function is named as in flame graphs ([`crate::output::folded::frame_name`]), except that
+//! a Python function is one function whatever its line: `handle (app.py)`, not
+//! `handle (app.py:12)` ([`function_name`]).
+//!
+//! # Noise
+//!
+//! A sampled share is an estimate. With `n` samples and a true share `p`, its standard error is
+//! `sqrt(p (1 - p) / n)`; the change between two runs has the error
+//! `sqrt(p1 (1 - p1) / n1 + p2 (1 - p2) / n2)` ([`Change::sigma_self`]). A change is counted as
+//! a regression only when it is over the threshold *and* over [`Z_LIMIT`] times its error, so
+//! two runs of one build pass even with a low threshold, and a short run that cannot tell says
+//! so instead of failing by chance. For a time or memory profile, `n` is the total over one
+//! sampling period (or the allocation sampling rate): the number of samples it stands for.
+//!
+//! # Budgets
+//!
+//! `--max 'PATTERN=PERCENT%'` bounds the total share of the functions a pattern matches (the
+//! samples with any of them in the stack, counted once), `--max-self` their self share.
+//! Patterns are globs (`*` any run of characters, `?` one) matched against the whole function
+//! name, or against the name before its first ` (` (so `handle` matches `handle (app.py)`).
+//!
+//! Everything here is deterministic: rows are sorted by weight, then by name.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use crate::output::folded;
+use crate::profile::{Frame, FrameKind, Profile};
+
+/// A change must be this many standard errors to count as a regression.
+pub const Z_LIMIT: f64 = 3.0;
+
+/// What a profile's weights count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// On-CPU samples.
+    Samples,
+    /// Nanoseconds (on-CPU time plus off-CPU time).
+    Nanoseconds,
+    /// Bytes (allocated, or in use at the end).
+    Bytes,
+}
+
+impl Unit {
+    /// The unit of `profile`'s weights.
+    pub fn of(profile: &Profile) -> Unit {
+        let events = profile.meta.events;
+        if events.in_bytes() {
+            Unit::Bytes
+        } else if events.in_nanoseconds() {
+            Unit::Nanoseconds
+        } else {
+            Unit::Samples
+        }
+    }
+
+    /// Its name in JSON reports: `samples`, `nanoseconds`, `bytes`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Samples => "samples",
+            Unit::Nanoseconds => "nanoseconds",
+            Unit::Bytes => "bytes",
+        }
+    }
+}
+
+/// One function of a profile and its weights.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionWeight {
+    /// [`function_name`].
+    pub name: String,
+    /// Weight of the samples whose leaf frame is this function.
+    pub self_weight: u64,
+    /// Weight of the samples with this function anywhere in the stack.
+    pub total_weight: u64,
+}
+
+/// Every function of a profile, most self weight first (then most total, then by name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Functions {
+    /// What the weights count.
+    pub unit: Unit,
+    /// The profile's total weight.
+    pub total: u64,
+    /// How many samples the total stands for (see the module's Noise section).
+    pub events: f64,
+    /// The functions.
+    pub rows: Vec<FunctionWeight>,
+}
+
+/// The name a function is known by in reports, diffs and budgets: its flame graph name
+/// ([`folded::frame_name`]), without the line for a Python function (`handle (app.py)`).
+pub fn function_name(frame: &Frame) -> String {
+    if frame.kind == FrameKind::Python && frame.line.is_some() {
+        let mut f = frame.clone();
+        f.line = None;
+        return folded::frame_name(&f);
+    }
+    folded::frame_name(frame)
+}
+
+impl Functions {
+    /// The functions of `profile`.
+    pub fn of(profile: &Profile) -> Functions {
+        // Frame index -> function index, each name made once.
+        let mut index: HashMap<String, u32> = HashMap::new();
+        let mut rows: Vec<FunctionWeight> = Vec::new();
+        let mut intern = |name: String, rows: &mut Vec<FunctionWeight>| {
+            *index.entry(name.clone()).or_insert_with(|| {
+                rows.push(FunctionWeight {
+                    name,
+                    self_weight: 0,
+                    total_weight: 0,
+                });
+                (rows.len() - 1) as u32
+            })
+        };
+        let function_of: Vec<u32> = profile
+            .frames
+            .iter()
+            .map(|f| intern(function_name(f), &mut rows))
+            .collect();
+        let no_stack = intern(folded::NO_STACK.to_string(), &mut rows);
+        // The last sample that counted each function, so recursion counts once.
+        let mut counted: Vec<usize> = vec![usize::MAX; rows.len()];
+        let mut total = 0u64;
+        for (i, s) in profile.samples.iter().enumerate() {
+            let w = profile.weight(s);
+            if w == 0 {
+                continue;
+            }
+            total = total.saturating_add(w);
+            let leaf = s
+                .frames
+                .last()
+                .map_or(no_stack, |&f| function_of[f as usize]);
+            let row = &mut rows[leaf as usize];
+            row.self_weight = row.self_weight.saturating_add(w);
+            if s.frames.is_empty() {
+                row.total_weight = row.total_weight.saturating_add(w);
+            }
+            for &f in &s.frames {
+                let func = function_of[f as usize] as usize;
+                if counted[func] != i {
+                    counted[func] = i;
+                    rows[func].total_weight = rows[func].total_weight.saturating_add(w);
+                }
+            }
+        }
+        rows.retain(|r| r.total_weight > 0);
+        rows.sort_by(|a, b| {
+            b.self_weight
+                .cmp(&a.self_weight)
+                .then(b.total_weight.cmp(&a.total_weight))
+                .then_with(|| a.name.cmp(&b.name))
+        });
+        let unit = Unit::of(profile);
+        let per_sample = match unit {
+            Unit::Samples => 1,
+            Unit::Nanoseconds => profile.meta.period_ns(),
+            Unit::Bytes => profile.meta.events.alloc_rate,
+        }
+        .max(1);
+        Functions {
+            unit,
+            total,
+            events: total as f64 / per_sample as f64,
+            rows,
+        }
+    }
+
+    /// `weight` as a share of the total (0 for an empty profile).
+    pub fn share(&self, weight: u64) -> f64 {
+        if self.total == 0 {
+            0.0
+        } else {
+            weight as f64 / self.total as f64
+        }
+    }
+
+    /// The row of the function named `name`.
+    pub fn get(&self, name: &str) -> Option<&FunctionWeight> {
+        self.rows.iter().find(|r| r.name == name)
+    }
+}
+
+/// A glob: `*` matches any run of characters, `?` one character, anything else itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern(Vec<char>);
+
+impl Pattern {
+    /// The glob `text`.
+    pub fn new(text: &str) -> Pattern {
+        Pattern(text.chars().collect())
+    }
+
+    /// Whether the glob matches all of `name`, or all of the part before its first ` (`.
+    pub fn matches_function(&self, name: &str) -> bool {
+        self.matches(name)
+            || name
+                .split_once(" (")
+                .is_some_and(|(head, _)| self.matches(head))
+    }
+
+    /// Whether the glob matches all of `text`: the usual linear matcher that remembers the last
+    /// `*` and how much it swallowed, so no input makes it backtrack more than once per char.
+    pub fn matches(&self, text: &str) -> bool {
+        let (p, t): (&[char], Vec<char>) = (&self.0, text.chars().collect());
+        let (mut pi, mut ti) = (0, 0);
+        let mut star: Option<(usize, usize)> = None;
+        while ti < t.len() {
+            match p.get(pi) {
+                Some('*') => {
+                    star = Some((pi, ti));
+                    pi += 1;
+                }
+                Some(&c) if c == '?' || c == t[ti] => {
+                    pi += 1;
+                    ti += 1;
+                }
+                _ => match star {
+                    Some((sp, st)) => {
+                        pi = sp + 1;
+                        ti = st + 1;
+                        star = Some((sp, st + 1));
+                    }
+                    None => return false,
+                },
+            }
+        }
+        p[pi..].iter().all(|&c| c == '*')
+    }
+}
+
+impl std::fmt::Display for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.iter().collect::<String>())
+    }
+}
+
+/// Parses a share: `20%`, `20` or `2.5%` (percent of the profile), into a fraction.
+pub fn parse_percent(text: &str) -> Option<f64> {
+    let n: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
+    (n.is_finite() && n > 0.0 && n <= 100.0).then_some(n / 100.0)
+}
+
+/// `--max` (total share) or `--max-self` (self share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareKind {
+    /// The samples with a matching function anywhere in the stack.
+    Total,
+    /// The samples whose leaf frame matches.
+    Self_,
+}
+
+/// One `--max`/`--max-self` budget.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Budget {
+    /// Which functions.
+    pub pattern: Pattern,
+    /// Which share.
+    pub kind: ShareKind,
+    /// The largest share allowed, a fraction.
+    pub max: f64,
+}
+
+impl Budget {
+    /// Parses `PATTERN=PERCENT%`; the error says what is wrong.
+    pub fn parse(text: &str, kind: ShareKind) -> Result<Budget, String> {
+        let (pattern, max) = text
+            .rsplit_once('=')
+            .filter(|(p, _)| !p.is_empty())
+            .ok_or_else(|| format!("invalid budget {text:?}: expected PATTERN=PERCENT%"))?;
+        let max = parse_percent(max).ok_or_else(|| {
+            format!("invalid budget {text:?}: {max:?} is not a share (0 to 100%)")
+        })?;
+        Ok(Budget {
+            pattern: Pattern::new(pattern),
+            kind,
+            max,
+        })
+    }
+
+    /// The budget as given on the command line.
+    pub fn option(&self) -> String {
+        let flag = match self.kind {
+            ShareKind::Total => "--max",
+            ShareKind::Self_ => "--max-self",
+        };
+        format!("{flag} '{}={}%'", self.pattern, percent_text(self.max))
+    }
+}
+
+/// What a budget found in a profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetResult {
+    /// The budget.
+    pub budget: Budget,
+    /// The share of the samples it covers.
+    pub share: f64,
+    /// The functions it matched, most weight first (at most 5).
+    pub functions: Vec<String>,
+    /// How many functions it matched.
+    pub matched: usize,
+}
+
+impl BudgetResult {
+    /// Whether the share is over the budget.
+    pub fn crossed(&self) -> bool {
+        self.share > self.budget.max
+    }
+}
+
+/// Measures `budget` in `profile` (whose functions are `functions`).
+pub fn measure(profile: &Profile, functions: &Functions, budget: &Budget) -> BudgetResult {
+    let matched: Vec<&FunctionWeight> = functions
+        .rows
+        .iter()
+        .filter(|r| budget.pattern.matches_function(&r.name))
+        .collect();
+    let weight = match budget.kind {
+        ShareKind::Self_ => matched.iter().map(|r| r.self_weight).sum(),
+        // Samples with any matching frame, once each (two matching functions can share a stack).
+        ShareKind::Total => {
+            let hit: Vec<bool> = profile
+                .frames
+                .iter()
+                .map(|f| budget.pattern.matches_function(&function_name(f)))
+                .collect();
+            profile
+                .samples
+                .iter()
+                .filter(|s| s.frames.iter().any(|&f| hit[f as usize]))
+                .map(|s| profile.weight(s))
+                .fold(0u64, u64::saturating_add)
+        }
+    };
+    let mut names: Vec<&FunctionWeight> = matched.clone();
+    names.sort_by(|a, b| {
+        let key = |r: &FunctionWeight| match budget.kind {
+            ShareKind::Self_ => r.self_weight,
+            ShareKind::Total => r.total_weight,
+        };
+        key(b).cmp(&key(a)).then_with(|| a.name.cmp(&b.name))
+    });
+    BudgetResult {
+        budget: budget.clone(),
+        share: functions.share(weight),
+        functions: names.iter().take(5).map(|r| r.name.clone()).collect(),
+        matched: matched.len(),
+    }
+}
+
+/// A share as text: `25.0` for 0.25 (one decimal, two below 1%).
+pub fn percent_text(share: f64) -> String {
+    let pct = share * 100.0;
+    if pct != 0.0 && pct.abs() < 1.0 {
+        format!("{pct:.2}")
+    } else {
+        format!("{pct:.1}")
+    }
+}
+
+/// How one function's shares changed from a base run to a new one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    /// [`function_name`].
+    pub name: String,
+    /// Self share in the base run.
+    pub base_self: f64,
+    /// Self share in the new run.
+    pub new_self: f64,
+    /// Total share in the base run.
+    pub base_total: f64,
+    /// Total share in the new run.
+    pub new_total: f64,
+    /// Standard error of the self share's change (infinite when a run has no samples).
+    pub sigma_self: f64,
+    /// Standard error of the total share's change.
+    pub sigma_total: f64,
+}
+
+impl Change {
+    /// New self share minus base self share.
+    pub fn self_delta(&self) -> f64 {
+        self.new_self - self.base_self
+    }
+
+    /// New total share minus base total share.
+    pub fn total_delta(&self) -> f64 {
+        self.new_total - self.base_total
+    }
+}
+
+/// The change of every function between two runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diff {
+    /// The base run's functions.
+    pub base: Functions,
+    /// The new run's functions.
+    pub new: Functions,
+    /// Every function of either run, most grown self share first (then most grown total, then
+    /// by name).
+    pub changes: Vec<Change>,
+}
+
+/// Which share of a function crossed a regression threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Its self share.
+    Self_,
+    /// Its total share (itself and what it calls).
+    Total,
+}
+
+/// A function whose share grew by more than the threshold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Regression<'a> {
+    /// The function.
+    pub change: &'a Change,
+    /// Which of its shares.
+    pub which: Which,
+    /// Whether the growth is over [`Z_LIMIT`] standard errors: only those fail a build.
+    pub significant: bool,
+}
+
+fn sigma(p1: f64, n1: f64, p2: f64, n2: f64) -> f64 {
+    if n1 <= 0.0 || n2 <= 0.0 {
+        return f64::INFINITY;
+    }
+    (p1 * (1.0 - p1) / n1 + p2 * (1.0 - p2) / n2).sqrt()
+}
+
+impl Diff {
+    /// Compares `base` with `new`; they must measure the same thing.
+    pub fn of(base: &Profile, new: &Profile) -> Result<Diff, String> {
+        let (b, n) = (Functions::of(base), Functions::of(new));
+        if b.unit != n.unit {
+            return Err(format!(
+                "the profiles do not measure the same thing: the base is in {}, the new one in {} \
+                 (profile both with the same --event)",
+                b.unit.name(),
+                n.unit.name()
+            ));
+        }
+        let mut names: Vec<&str> = b
+            .rows
+            .iter()
+            .chain(&n.rows)
+            .map(|r| r.name.as_str())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let (bi, ni): (
+            HashMap<&str, &FunctionWeight>,
+            HashMap<&str, &FunctionWeight>,
+        ) = (
+            b.rows.iter().map(|r| (r.name.as_str(), r)).collect(),
+            n.rows.iter().map(|r| (r.name.as_str(), r)).collect(),
+        );
+        let shares = |f: &Functions, r: Option<&&FunctionWeight>| {
+            r.map_or((0.0, 0.0), |r| {
+                (f.share(r.self_weight), f.share(r.total_weight))
+            })
+        };
+        let mut changes: Vec<Change> = names
+            .into_iter()
+            .map(|name| {
+                let (base_self, base_total) = shares(&b, bi.get(name));
+                let (new_self, new_total) = shares(&n, ni.get(name));
+                Change {
+                    name: name.to_string(),
+                    base_self,
+                    new_self,
+                    base_total,
+                    new_total,
+                    sigma_self: sigma(base_self, b.events, new_self, n.events),
+                    sigma_total: sigma(base_total, b.events, new_total, n.events),
+                }
+            })
+            .collect();
+        changes.sort_by(|x, y| {
+            y.self_delta()
+                .total_cmp(&x.self_delta())
+                .then(y.total_delta().total_cmp(&x.total_delta()))
+                .then_with(|| x.name.cmp(&y.name))
+        });
+        Ok(Diff {
+            base: b,
+            new: n,
+            changes,
+        })
+    }
+
+    /// Up to `n` functions whose self share grew, most first.
+    pub fn grew(&self, n: usize) -> impl Iterator<Item = &Change> {
+        self.changes.iter().filter(|c| c.self_delta() > 0.0).take(n)
+    }
+
+    /// Up to `n` functions whose self share shrank, most first.
+    pub fn shrank(&self, n: usize) -> impl Iterator<Item = &Change> {
+        self.changes
+            .iter()
+            .rev()
+            .filter(|c| c.self_delta() < 0.0)
+            .take(n)
+    }
+
+    /// The functions whose self or total share grew by more than `threshold` (a fraction),
+    /// in [`Diff::changes`] order; a function whose two shares both grew is listed once, by
+    /// its self share. [`Regression::significant`] says which fail a build.
+    pub fn regressions(&self, threshold: f64) -> Vec<Regression<'_>> {
+        let mut out = Vec::new();
+        for c in &self.changes {
+            let (ds, dt) = (c.self_delta(), c.total_delta());
+            let found = if ds > threshold {
+                Some((Which::Self_, ds > Z_LIMIT * c.sigma_self))
+            } else if dt > threshold {
+                Some((Which::Total, dt > Z_LIMIT * c.sigma_total))
+            } else {
+                None
+            };
+            if let Some((which, significant)) = found {
+                out.push(Regression {
+                    change: c,
+                    which,
+                    significant,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Points of a share change: `+15.0` for 0.15.
+pub fn points_text(delta: f64) -> String {
+    let pts = delta * 100.0;
+    if pts != 0.0 && pts.abs() < 1.0 {
+        format!("{pts:+.2}")
+    } else {
+        format!("{pts:+.1}")
+    }
+}
+
+/// One line of the diff's table: `  +15.0  render_output  25.0% -> 40.0% (total 25.0% -> 40.0%)`.
+pub fn change_line(c: &Change) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "  {:>6}  {}  {}% -> {}% self, {}% -> {}% total",
+        points_text(c.self_delta()),
+        c.name,
+        percent_text(c.base_self),
+        percent_text(c.new_self),
+        percent_text(c.base_total),
+        percent_text(c.new_total),
+    );
+    s
+}
+
+/// The facts of a run, for the reports' headers: `5.0 s at 99 Hz, 495 samples; started
+/// 2026-12-01T08:00:00Z on ci-7; commit 9fceb02 (main)`.
+pub fn run_line(profile: &Profile) -> String {
+    let m = &profile.meta;
+    let mut s = crate::output::svg::subtitle(profile);
+    let _ = write!(
+        s,
+        "; started {}",
+        humantime::format_rfc3339_seconds(m.start)
+    );
+    if let Some(h) = m.host.as_ref().filter(|h| !h.name.is_empty()) {
+        let _ = write!(s, " on {}", h.name);
+    }
+    if let Some(c) = &m.build.commit {
+        let _ = write!(s, "; commit {c}");
+    }
+    if let Some(b) = &m.build.branch {
+        let _ = write!(s, " ({b})");
+    }
+    s
+}
+
+/// The header of the weight column: `samples`, `time` or `bytes`.
+fn weight_header(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Samples => "samples",
+        Unit::Nanoseconds => "time",
+        Unit::Bytes => "bytes",
+    }
+}
+
+/// The top `top` functions (0: all) of `profile` as a text table: self and total shares, self
+/// and total weights, the name.
+pub fn report_text(profile: &Profile, functions: &Functions, top: usize) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "spanprof report: {}",
+        crate::output::shown(&profile.meta)
+    );
+    let _ = writeln!(s, "{}", run_line(profile));
+    if functions.rows.is_empty() {
+        let _ = writeln!(s, "no samples");
+        return s;
+    }
+    let rows = rows_shown(functions, top);
+    let amount = |w: u64| crate::summary::amount(profile, w);
+    let widths = rows.iter().fold((0, 0), |(a, b), r| {
+        (
+            a.max(amount(r.self_weight).len()),
+            b.max(amount(r.total_weight).len()),
+        )
+    });
+    let header = weight_header(functions.unit);
+    let (ws, wt) = (
+        widths.0.max(header.len() + 5),
+        widths.1.max(header.len() + 6),
+    );
+    let _ = writeln!(
+        s,
+        "{:>7} {:>7} {:>ws$} {:>wt$}  function",
+        "self%",
+        "total%",
+        format!("self {header}"),
+        format!("total {header}"),
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:>6}% {:>6}% {:>ws$} {:>wt$}  {}",
+            percent_text(functions.share(r.self_weight)),
+            percent_text(functions.share(r.total_weight)),
+            amount(r.self_weight),
+            amount(r.total_weight),
+            r.name,
+        );
+    }
+    if top > 0 && functions.rows.len() > top {
+        let _ = writeln!(
+            s,
+            "({} more functions; --top 0 shows them all)",
+            functions.rows.len() - top
+        );
+    }
+    s
+}
+
+fn rows_shown(functions: &Functions, top: usize) -> &[FunctionWeight] {
+    let n = if top == 0 {
+        functions.rows.len()
+    } else {
+        top.min(functions.rows.len())
+    };
+    &functions.rows[..n]
+}
+
+/// The facts of a run as JSON.
+fn run_json(profile: &Profile, functions: &Functions) -> serde_json::Value {
+    let m = &profile.meta;
+    let e = m.events;
+    let events: Vec<&str> = [
+        (e.cpu && !e.wall, "cpu"),
+        (e.off_cpu && !e.wall, "offcpu"),
+        (e.wall, "wall"),
+        (e.alloc, "alloc"),
+        (e.heap, "heap"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    let start_ns = m
+        .start
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    serde_json::json!({
+        "target": m.target,
+        "start": humantime::format_rfc3339_seconds(m.start).to_string(),
+        "start_unix_nano": start_ns,
+        "duration_ns": m.duration.as_nanos() as u64,
+        "host": m.host.as_ref().map(|h| h.name.clone()),
+        "commit": m.build.commit,
+        "branch": m.build.branch,
+        "events": events,
+        "frequency_hz": (!e.in_bytes()).then_some(m.frequency),
+        "alloc_rate_bytes": e.in_bytes().then_some(e.alloc_rate),
+        "unit": functions.unit.name(),
+        "total": functions.total,
+        "lost_samples": m.lost_samples,
+    })
+}
+
+/// The top `top` functions (0: all) as one JSON document: `{"profile": {…}, "functions":
+/// [{"name", "self", "total", "self_share", "total_share"}…]}`, weights in the profile's
+/// `unit`, shares as fractions.
+pub fn report_json(profile: &Profile, functions: &Functions, top: usize) -> String {
+    let rows: Vec<serde_json::Value> = rows_shown(functions, top)
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "self": r.self_weight,
+                "total": r.total_weight,
+                "self_share": functions.share(r.self_weight),
+                "total_share": functions.share(r.total_weight),
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "profile": run_json(profile, functions),
+        "functions": rows,
+        "functions_not_shown": functions.rows.len() - rows.len(),
+    });
+    let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
+/// The diff as JSON: both runs' facts and every change (or the first `top`), most grown self
+/// share first, with the standard errors.
+pub fn diff_json(base: &Profile, new: &Profile, diff: &Diff, top: usize) -> String {
+    let n = if top == 0 { diff.changes.len() } else { top };
+    let grew: Vec<&Change> = diff.grew(n).collect();
+    let shrank: Vec<&Change> = diff.shrank(n).collect();
+    let change = |c: &&Change| {
+        serde_json::json!({
+            "name": c.name,
+            "base_self_share": c.base_self,
+            "new_self_share": c.new_self,
+            "base_total_share": c.base_total,
+            "new_total_share": c.new_total,
+            "self_delta": c.self_delta(),
+            "total_delta": c.total_delta(),
+            "self_sigma": finite(c.sigma_self),
+            "total_sigma": finite(c.sigma_total),
+        })
+    };
+    let doc = serde_json::json!({
+        "base": run_json(base, &diff.base),
+        "new": run_json(new, &diff.new),
+        "grew": grew.iter().map(change).collect::<Vec<_>>(),
+        "shrank": shrank.iter().map(change).collect::<Vec<_>>(),
+    });
+    let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    out.push('\n');
+    out
+}
+
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+/// The diff as text: both runs, then the `top` functions whose self share grew most and those
+/// that shrank most.
+pub fn diff_text(base: (&Profile, &str), new: (&Profile, &str), diff: &Diff, top: usize) -> String {
+    let n = if top == 0 { diff.changes.len() } else { top };
+    let mut s = String::new();
+    let _ = writeln!(s, "spanprof diff: {} -> {}", base.1, new.1);
+    let _ = writeln!(s, "  base: {}", run_line(base.0));
+    let _ = writeln!(s, "  new:  {}", run_line(new.0));
+    let amount = |p: &Profile, f: &Functions| crate::summary::amount(p, f.total);
+    if diff.base.total > 0 {
+        let _ = writeln!(
+            s,
+            "  total: {} -> {} ({:+.1}%)",
+            amount(base.0, &diff.base),
+            amount(new.0, &diff.new),
+            (diff.new.total as f64 / diff.base.total as f64 - 1.0) * 100.0
+        );
+    }
+    let _ = writeln!(s, "Shares of each run's total, in points (new minus base):");
+    let grew: Vec<&Change> = diff.grew(n).collect();
+    let _ = writeln!(
+        s,
+        "grew most:{}",
+        if grew.is_empty() { " none" } else { "" }
+    );
+    for c in grew {
+        let _ = writeln!(s, "{}", change_line(c));
+    }
+    let shrank: Vec<&Change> = diff.shrank(n).collect();
+    let _ = writeln!(
+        s,
+        "shrank most:{}",
+        if shrank.is_empty() { " none" } else { "" }
+    );
+    for c in shrank {
+        let _ = writeln!(s, "{}", change_line(c));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::fixture;
+
+    #[test]
+    fn shares_count_recursion_once() {
+        let mut profile = fixture::profile();
+        // main;compute;main;compute: a recursion; 3 samples.
+        let mut s = profile.samples[0].clone();
+        s.frames = vec![0, 1, 0, 1];
+        s.count = 3;
+        profile.samples.push(s);
+        let f = Functions::of(&profile);
+        assert_eq!(f.total, 14);
+        let main = f.get("main").unwrap();
+        assert_eq!((main.self_weight, main.total_weight), (0, 14));
+        let compute = f.get("compute").unwrap();
+        assert_eq!(compute.total_weight, 13);
+        assert_eq!(f.rows[0].name, "compute");
+        assert_eq!(f.unit, Unit::Samples);
+        assert_eq!(f.events, 14.0);
+    }
+
+    #[test]
+    fn globs() {
+        let p = Pattern::new("hot_*");
+        assert!(p.matches("hot_alpha") && p.matches("hot_") && !p.matches("a_hot_alpha"));
+        assert!(Pattern::new("*json*").matches("json_dumps") && Pattern::new("a?c").matches("abc"));
+        assert!(!Pattern::new("a?c").matches("ac"));
+        assert!(Pattern::new("handle").matches_function("handle (app.py)"));
+        assert!(!Pattern::new("handle").matches_function("handler (app.py)"));
+        assert!(Pattern::new("*a*a*a*b").matches(&format!("{}b", "a".repeat(40))));
+        assert!(!Pattern::new("*a*a*a*b").matches(&"a".repeat(400)));
+    }
+
+    #[test]
+    fn budgets_parse_and_measure() {
+        assert!(Budget::parse("compute", ShareKind::Total).is_err());
+        assert!(Budget::parse("=5%", ShareKind::Total).is_err());
+        assert!(Budget::parse("x=150%", ShareKind::Total).is_err());
+        assert!(Budget::parse("x=0", ShareKind::Total).is_err());
+        let b = Budget::parse("comp*=50%", ShareKind::Total).unwrap();
+        assert_eq!(b.max, 0.5);
+        assert_eq!(b.option(), "--max 'comp*=50.0%'");
+        let profile = fixture::profile();
+        let f = Functions::of(&profile);
+        // compute is in 10 of 11 samples; the kernel frame is the leaf of 2.
+        let r = measure(&profile, &f, &b);
+        assert!((r.share - 10.0 / 11.0).abs() < 1e-9, "{r:?}");
+        assert!(r.crossed());
+        assert_eq!(r.functions, ["compute"]);
+        let s = measure(
+            &profile,
+            &f,
+            &Budget::parse("compute=80%", ShareKind::Self_).unwrap(),
+        );
+        assert!((s.share - 8.0 / 11.0).abs() < 1e-9 && !s.crossed(), "{s:?}");
+        let none = measure(
+            &profile,
+            &f,
+            &Budget::parse("nothing=1%", ShareKind::Total).unwrap(),
+        );
+        assert_eq!((none.share, none.matched), (0.0, 0));
+    }
+
+    #[test]
+    fn diff_ranks_the_grown_function_first() {
+        let base = fixture::profile();
+        let mut new = fixture::profile();
+        // The unknown frame's stack gets 10 times the samples.
+        let unknown = new
+            .samples
+            .iter_mut()
+            .find(|s| s.frames.len() == 2 && s.frames[1] == 2)
+            .unwrap();
+        unknown.count = 10;
+        let d = Diff::of(&base, &new).unwrap();
+        let first = &d.changes[0];
+        assert_eq!(first.name, "[unknown] (libfoo.so+0x1234)");
+        assert!((first.base_self - 1.0 / 11.0).abs() < 1e-9);
+        assert!((first.new_self - 10.0 / 20.0).abs() < 1e-9);
+        assert_eq!(d.grew(5).count(), 1);
+        assert_eq!(d.shrank(5).next().unwrap().name, "compute");
+        // 41 points: over 5 points and over 3 standard errors of 11 and 20 samples? The error
+        // is sqrt(.083/11 + .25/20) = 0.14, 3 of them 0.42: not significant.
+        let r = d.regressions(0.05);
+        assert_eq!(r[0].change.name, first.name);
+        assert_eq!(r[0].which, Which::Self_);
+        assert!(!r[0].significant);
+        // Same profile: nothing grew.
+        assert!(Diff::of(&base, &base)
+            .unwrap()
+            .regressions(0.0001)
+            .is_empty());
+        // Different units do not compare.
+        assert!(Diff::of(&base, &fixture::off_cpu()).is_err());
+    }
+
+    #[test]
+    fn many_samples_make_a_change_significant() {
+        let mut base = fixture::profile();
+        let mut new = fixture::profile();
+        for s in &mut base.samples {
+            s.count *= 1000;
+        }
+        for s in &mut new.samples {
+            s.count *= 1000;
+            if s.frames.len() == 2 && s.frames[1] == 2 {
+                s.count *= 2;
+            }
+        }
+        let d = Diff::of(&base, &new).unwrap();
+        let r = d.regressions(0.05);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!(r[0].significant);
+    }
+
+    #[test]
+    fn percents() {
+        assert_eq!(parse_percent("20%"), Some(0.2));
+        assert_eq!(parse_percent(" 2.5 "), Some(0.025));
+        assert_eq!(parse_percent("-1%"), None);
+        assert_eq!(parse_percent("abc"), None);
+        assert_eq!(percent_text(0.25), "25.0");
+        assert_eq!(percent_text(0.0025), "0.25");
+        assert_eq!(points_text(0.15), "+15.0");
+        assert_eq!(points_text(-0.004), "-0.40");
+    }
+}
