@@ -1,6 +1,7 @@
 //! The `spanprof` command line.
 
 use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -28,6 +29,8 @@ const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeade
 const EXIT_USAGE: u8 = 2;
 /// Exit status for a failed session.
 const EXIT_FAILURE: u8 = 1;
+/// Exit status of `check` and `diff` when a budget is exceeded or a function regressed.
+const EXIT_BUDGET: u8 = 3;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -44,8 +47,14 @@ struct Cli {
 enum Cmd {
     /// Profile running processes, or a command and its children, for a while.
     Profile(ProfileArgs),
-    /// Read a pprof file spanprof wrote, keep the samples of a trace or span, write it again.
+    /// Top functions of a pprof file spanprof wrote (text or JSON), or the file filtered and
+    /// rendered again (by event, thread, trace or span).
     Report(ReportArgs),
+    /// Compare two profiles: the functions whose share grew or shrank most, a differential
+    /// flame graph, and a non-zero exit on regression.
+    Diff(DiffArgs),
+    /// Check a profile against budgets: exit 3 when a function's share is over its budget.
+    Check(CheckArgs),
     /// Profile the host (or selected processes) continuously, exporting OTLP profiles.
     Daemon(DaemonArgs),
 }
@@ -154,16 +163,16 @@ struct ProfileArgs {
     command: Vec<OsString>,
 }
 
+/// The sample filters `report`, `diff` and `check` share; a sample must match them all.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  \
-                  spanprof report run.pb.gz --trace-id 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.svg\n  \
-                  spanprof report run.pb.gz --group-by span -o by-span.svg\n\n\
-                  Several filters: a sample must match them all. \
-                  Exit status: 2 for bad arguments; 1 for other errors, and when no sample matches.")]
-struct ReportArgs {
-    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed).
-    #[arg(value_name = "PROFILE")]
-    profile: PathBuf,
+struct FilterArgs {
+    /// Keep one measure: `cpu` or `offcpu` (of a `cpu,offcpu` or `wall` profile), `alloc` or
+    /// `heap` (of an `alloc,heap` profile).
+    #[arg(long, value_name = "EVENT")]
+    event: Option<String>,
+    /// Keep samples of this thread (its name or id); repeat for several.
+    #[arg(long, value_name = "NAME|TID")]
+    thread: Vec<String>,
     /// Keep samples of this OpenTelemetry trace (32 hex digits).
     #[arg(long, value_name = "HEX")]
     trace_id: Option<String>,
@@ -176,15 +185,94 @@ struct ReportArgs {
     /// Keep samples taken in this OSProfiler trace point (its own id, not a parent's).
     #[arg(long, value_name = "UUID")]
     osprofiler_id: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+                  spanprof report run.pb.gz\n  \
+                  spanprof report run.pb.gz --format json --top 0 > functions.json\n  \
+                  spanprof report run.pb.gz --event offcpu --thread worker-1 -o blocked.svg\n  \
+                  spanprof report run.pb.gz --trace-id 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.svg\n\n\
+                  Without -o the report goes to standard output: a table of the top functions \
+                  (self and total shares) by default. \
+                  Exit status: 2 for bad arguments; 1 for other errors, and when no sample matches.")]
+struct ReportArgs {
+    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed).
+    #[arg(value_name = "PROFILE")]
+    profile: PathBuf,
+    #[command(flatten)]
+    filter: FilterArgs,
     /// Put every sample under a root frame named after its span: `span`.
     #[arg(long, value_name = "GROUP")]
     group_by: Option<String>,
-    /// Output file; repeat for several formats.
-    #[arg(short, long = "output", value_name = "FILE", required = true)]
+    /// Output file; repeat for several formats. `.txt` and `.json` get the table of
+    /// functions, the other extensions the profile (see `spanprof profile --help`).
+    #[arg(short, long = "output", value_name = "FILE")]
     output: Vec<PathBuf>,
-    /// Format of every output (svg, folded, pprof, speedscope, otlp), instead of the extension.
+    /// Format of every output, or of standard output: text (the default), json, svg,
+    /// folded, pprof, speedscope or otlp.
     #[arg(long, value_name = "FORMAT")]
     format: Option<String>,
+    /// Functions in the table (0: all of them).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    top: usize,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+                  spanprof diff main.pb.gz pr.pb.gz -o diff.svg --fail-on-regression 5%\n  \
+                  spanprof diff main.pb.gz pr.pb.gz --format json\n\n\
+                  Shares are of each run's total, so runs of different lengths compare. A \
+                  regression is a function whose self or total share grew by more than the \
+                  threshold and by more than 3 standard errors of the sampling (a run too short \
+                  to tell says so and passes). \
+                  Exit status: 3 on regression; 2 for bad arguments; 1 for other errors.")]
+struct DiffArgs {
+    /// The baseline profile (a pprof file written by `spanprof profile`).
+    #[arg(value_name = "BASE")]
+    base: PathBuf,
+    /// The profile to compare with it.
+    #[arg(value_name = "NEW")]
+    new: PathBuf,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Output file: `.svg` a differential flame graph (red: grew, blue: shrank), `.txt` or
+    /// `.json` the comparison; repeat for several.
+    #[arg(short, long = "output", value_name = "FILE")]
+    output: Vec<PathBuf>,
+    /// Format of the comparison on standard output: text (the default) or json.
+    #[arg(long, value_name = "FORMAT")]
+    format: Option<String>,
+    /// Functions listed as grown and as shrunk (0: all of them).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    top: usize,
+    /// Exit 3 when a function's share grew by more than this many points of the total
+    /// (e.g. 5%).
+    #[arg(long, value_name = "PERCENT")]
+    fail_on_regression: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+                  spanprof check run.pb.gz --max 'json_*=20%' --max-self 'memcpy*=5%'\n\n\
+                  Patterns are globs (* and ?) matched against whole function names, or the \
+                  name before its ` (` (a Python function: `handle` matches `handle (app.py)`). \
+                  Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
+                  errors.")]
+struct CheckArgs {
+    /// A pprof file written by `spanprof profile`.
+    #[arg(value_name = "PROFILE")]
+    profile: PathBuf,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// PATTERN=PERCENT%: the samples with a matching function anywhere in the stack may be at
+    /// most this share of the total; repeat for several.
+    #[arg(long = "max", value_name = "PATTERN=PERCENT%")]
+    max: Vec<String>,
+    /// PATTERN=PERCENT%: the samples whose innermost function matches (self time) may be at
+    /// most this share.
+    #[arg(long = "max-self", value_name = "PATTERN=PERCENT%")]
+    max_self: Vec<String>,
 }
 
 /// A one-line error and the exit status it gets.
@@ -629,45 +717,67 @@ fn parse_id<T>(
         .transpose()
 }
 
-fn report(args: ReportArgs) -> Result<u8, Failure> {
-    let formats = output_formats(&args.output, args.format.as_deref())?;
-    let group = parse_group_by(args.group_by.as_deref())?;
-    const UUID: &str = "a UUID (8-4-4-4-12 hex digits)";
-    let filter = Filter {
-        trace_id: parse_id(
-            args.trace_id.as_deref(),
-            "--trace-id",
-            "32 hex digits",
-            report::parse_hex,
-        )?,
-        span_id: parse_id(
-            args.span_id.as_deref(),
-            "--span-id",
-            "16 hex digits",
-            report::parse_hex,
-        )?,
-        base_id: parse_id(
-            args.base_id.as_deref(),
-            "--base-id",
-            UUID,
-            report::parse_uuid,
-        )?,
-        osprofiler_id: parse_id(
-            args.osprofiler_id.as_deref(),
-            "--osprofiler-id",
-            UUID,
-            report::parse_uuid,
-        )?,
-    };
-    let path = args.profile.display();
-    let bytes = std::fs::read(&args.profile)
-        .map_err(|e| Failure(EXIT_FAILURE, format!("cannot read {path}: {e}")))?;
-    let mut profile = report::read_pprof(&bytes).map_err(|e| {
+impl FilterArgs {
+    fn parse(&self) -> Result<Filter, Failure> {
+        const UUID: &str = "a UUID (8-4-4-4-12 hex digits)";
+        let event = self
+            .event
+            .as_deref()
+            .map(|e| {
+                report::EventFilter::from_name(e.trim()).ok_or_else(|| {
+                    usage(format!(
+                        "invalid --event '{e}': expected cpu, offcpu, alloc or heap"
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(Filter {
+            event,
+            threads: self.thread.clone(),
+            trace_id: parse_id(
+                self.trace_id.as_deref(),
+                "--trace-id",
+                "32 hex digits",
+                report::parse_hex,
+            )?,
+            span_id: parse_id(
+                self.span_id.as_deref(),
+                "--span-id",
+                "16 hex digits",
+                report::parse_hex,
+            )?,
+            base_id: parse_id(
+                self.base_id.as_deref(),
+                "--base-id",
+                UUID,
+                report::parse_uuid,
+            )?,
+            osprofiler_id: parse_id(
+                self.osprofiler_id.as_deref(),
+                "--osprofiler-id",
+                UUID,
+                report::parse_uuid,
+            )?,
+        })
+    }
+}
+
+/// Reads a profile spanprof wrote; one line on failure.
+fn read_profile(path: &Path) -> Result<Profile, Failure> {
+    let shown = path.display();
+    let bytes = std::fs::read(path)
+        .map_err(|e| Failure(EXIT_FAILURE, format!("cannot read {shown}: {e}")))?;
+    report::read_pprof(&bytes).map_err(|e| {
         Failure(
             EXIT_FAILURE,
-            format!("{path}: {:#}", anyhow::Error::from(e)),
+            format!("{shown}: {:#}", anyhow::Error::from(e)),
         )
-    })?;
+    })
+}
+
+/// Reads a profile and applies the filter; fails when the filter leaves nothing.
+fn read_filtered(path: &Path, filter: &Filter) -> Result<(Profile, u64, usize), Failure> {
+    let mut profile = read_profile(path)?;
     // Weights: samples of an on-CPU profile, nanoseconds once off-CPU time is in it.
     let (total, spans) = (summary::total_weight(&profile), profile.spans.len());
     let in_spans: u64 = profile
@@ -676,18 +786,124 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
         .filter(|s| s.span.is_some())
         .map(|s| profile.weight(s))
         .sum();
-    filter.apply(&mut profile);
-    let kept = summary::total_weight(&profile);
     let unit = summary::unit_suffix(&profile);
-    if !filter.is_empty() && kept == 0 {
+    let before = (
+        summary::amount(&profile, total),
+        summary::amount(&profile, in_spans),
+    );
+    filter
+        .apply(&mut profile)
+        .map_err(|e| Failure(EXIT_FAILURE, format!("{}: {e}", path.display())))?;
+    if !filter.is_empty() && summary::total_weight(&profile) == 0 {
         return Err(Failure(
             EXIT_FAILURE,
             format!(
-                "no samples match {filter}: {path} has {}{unit}, {} of them in {spans} spans",
-                summary::amount(&profile, total),
-                summary::amount(&profile, in_spans),
+                "no samples match {filter}: {} has {}{unit}, {} of them in {spans} spans",
+                path.display(),
+                before.0,
+                before.1,
             ),
         ));
+    }
+    Ok((profile, total, spans))
+}
+
+/// What `report` writes: the table of functions, or the profile in one of its formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReportFormat {
+    Text,
+    Json,
+    Profile(Format),
+}
+
+impl ReportFormat {
+    fn from_name(name: &str) -> Option<ReportFormat> {
+        match name {
+            "text" | "txt" => Some(ReportFormat::Text),
+            "json" => Some(ReportFormat::Json),
+            other => Format::from_name(other).map(ReportFormat::Profile),
+        }
+    }
+
+    /// From a file name: `.txt`, `.json` (not `.speedscope.json`), or a profile's extension.
+    fn from_path(path: &Path) -> Option<ReportFormat> {
+        if let Some(f) = Format::from_path(path) {
+            return Some(ReportFormat::Profile(f));
+        }
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("txt") => Some(ReportFormat::Text),
+            Some("json") => Some(ReportFormat::Json),
+            _ => None,
+        }
+    }
+}
+
+fn report(args: ReportArgs) -> Result<u8, Failure> {
+    let forced = args
+        .format
+        .as_deref()
+        .map(|name| {
+            ReportFormat::from_name(name).ok_or_else(|| {
+                usage(format!(
+                    "unknown format '{name}': use text, json, svg, folded, pprof, speedscope or otlp"
+                ))
+            })
+        })
+        .transpose()?;
+    let formats: Vec<ReportFormat> = args
+        .output
+        .iter()
+        .map(|path| {
+            forced
+                .or_else(|| ReportFormat::from_path(path))
+                .ok_or_else(|| {
+                    usage(format!(
+                    "unknown output format for '{}': use a .txt, .json, .svg, .folded, .pb.gz, \
+                     .speedscope.json or .otlp name, or --format",
+                    path.display()
+                ))
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let to_stdout = args.output.is_empty();
+    let stdout_format = forced.unwrap_or(ReportFormat::Text);
+    if to_stdout
+        && matches!(
+            stdout_format,
+            ReportFormat::Profile(Format::Pprof | Format::Otlp)
+        )
+        && std::io::stdout().is_terminal()
+    {
+        return Err(usage(
+            "a binary profile is not written to a terminal: give -o FILE or redirect the output",
+        ));
+    }
+    let group = parse_group_by(args.group_by.as_deref())?;
+    let filter = args.filter.parse()?;
+    let (profile, total, spans) = read_filtered(&args.profile, &filter)?;
+    let grouped = group.map(|g| profile.grouped(g));
+    let shown = grouped.as_ref().unwrap_or(&profile);
+    let functions = spanprof::analysis::Functions::of(shown);
+    let render = |format: ReportFormat| -> Result<Vec<u8>> {
+        Ok(match format {
+            ReportFormat::Text => {
+                spanprof::analysis::report_text(shown, &functions, args.top).into_bytes()
+            }
+            ReportFormat::Json => {
+                spanprof::analysis::report_json(shown, &functions, args.top).into_bytes()
+            }
+            ReportFormat::Profile(f) => output::render(shown, f)?,
+        })
+    };
+    if to_stdout {
+        if !filter.is_empty() {
+            eprintln!(
+                "{}",
+                report_line(&profile, &filter, &args.profile, total, spans)
+            );
+        }
+        let bytes = render(stdout_format).map_err(fail)?;
+        return write_stdout(&bytes);
     }
     let pending: Vec<PendingOutput> = args
         .output
@@ -702,11 +918,230 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     if let Some(line) = summary::spans_line(&profile) {
         eprintln!("{line}");
     }
-    Ok(write_outputs(
-        &profile,
-        group,
-        pending.into_iter().zip(formats).collect(),
-    ))
+    let mut status = 0;
+    for (out, format) in pending.into_iter().zip(formats) {
+        let dest = out.dest().display().to_string();
+        match render(format).and_then(|bytes| out.commit(&bytes)) {
+            Ok(()) => eprintln!("wrote {dest}"),
+            Err(e) => {
+                eprintln!("error: cannot write output {dest}: {e:#}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
+    Ok(status)
+}
+
+/// Writes `bytes` to standard output; a closed pipe (`| head`) is not an error.
+fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(Failure(
+            EXIT_FAILURE,
+            format!("cannot write the report: {e}"),
+        )),
+    }
+}
+
+fn diff(args: DiffArgs) -> Result<u8, Failure> {
+    use spanprof::analysis::{self, Diff, Which};
+    let threshold = args
+        .fail_on_regression
+        .as_deref()
+        .map(|t| {
+            analysis::parse_percent(t).ok_or_else(|| {
+                usage(format!(
+                    "invalid --fail-on-regression '{t}': expected a share of the total, e.g. 5%"
+                ))
+            })
+        })
+        .transpose()?;
+    let json_stdout = match args.format.as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(other) => {
+            return Err(usage(format!(
+                "unknown format '{other}' for diff: use text or json"
+            )))
+        }
+    };
+    #[derive(Clone, Copy)]
+    enum Out {
+        Svg,
+        Text,
+        Json,
+    }
+    let outs: Vec<Out> = args
+        .output
+        .iter()
+        .map(|p| match p.extension().and_then(|e| e.to_str()) {
+            Some("svg") => Ok(Out::Svg),
+            Some("txt") => Ok(Out::Text),
+            Some("json") => Ok(Out::Json),
+            _ => Err(usage(format!(
+                "unknown output format for '{}': diff writes .svg (a differential flame graph), \
+                 .txt or .json",
+                p.display()
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    let filter = args.filter.parse()?;
+    let (base, _, _) = read_filtered(&args.base, &filter)?;
+    let (new, _, _) = read_filtered(&args.new, &filter)?;
+    let d = Diff::of(&base, &new).map_err(|e| Failure(EXIT_FAILURE, e))?;
+    let (base_name, new_name) = (
+        args.base.display().to_string(),
+        args.new.display().to_string(),
+    );
+    let text = analysis::diff_text((&base, &base_name), (&new, &new_name), &d, args.top);
+    let json = analysis::diff_json(&base, &new, &d, args.top);
+    let pending: Vec<PendingOutput> = args
+        .output
+        .iter()
+        .map(|p| PendingOutput::create(p))
+        .collect::<Result<_>>()
+        .map_err(fail)?;
+    let mut status = 0;
+    for (out, kind) in pending.into_iter().zip(outs) {
+        let dest = out.dest().display().to_string();
+        let bytes = match kind {
+            Out::Svg => output::svg::render_diff(&base, &new, &base_name, &new_name)
+                .map_err(anyhow::Error::from),
+            Out::Text => Ok(text.clone().into_bytes()),
+            Out::Json => Ok(json.clone().into_bytes()),
+        };
+        match bytes.and_then(|b| out.commit(&b)) {
+            Ok(()) => eprintln!("wrote {dest}"),
+            Err(e) => {
+                eprintln!("error: cannot write output {dest}: {e:#}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
+    let printed = write_stdout(if json_stdout {
+        json.as_bytes()
+    } else {
+        text.as_bytes()
+    })?;
+    status = status.max(printed);
+    let Some(threshold) = threshold else {
+        return Ok(status);
+    };
+    let regressions = d.regressions(threshold);
+    let (failing, noisy): (Vec<_>, Vec<_>) = regressions.iter().partition(|r| r.significant);
+    let describe = |r: &analysis::Regression| {
+        let c = r.change;
+        let (what, from, to, sigma) = match r.which {
+            Which::Self_ => ("self", c.base_self, c.new_self, c.sigma_self),
+            Which::Total => ("total", c.base_total, c.new_total, c.sigma_total),
+        };
+        format!(
+            "{}: {what} share {}% -> {}% ({} points; sampling error {} points)",
+            c.name,
+            analysis::percent_text(from),
+            analysis::percent_text(to),
+            analysis::points_text(to - from),
+            if sigma.is_finite() {
+                format!("{:.1}", sigma * 100.0)
+            } else {
+                "unknown".to_string()
+            }
+        )
+    };
+    let limit = analysis::percent_text(threshold);
+    for r in &noisy {
+        eprintln!(
+            "spanprof diff: not counted, within sampling noise (under {} standard errors): {}",
+            analysis::Z_LIMIT,
+            describe(r)
+        );
+    }
+    if failing.is_empty() {
+        eprintln!("spanprof diff: no function's share grew by more than {limit} points");
+        return Ok(status);
+    }
+    eprintln!(
+        "spanprof diff: regression: {} function{} grew by more than {limit} points of the total:",
+        failing.len(),
+        if failing.len() == 1 { "" } else { "s" }
+    );
+    for r in &failing {
+        eprintln!("  {}", describe(r));
+    }
+    Ok(EXIT_BUDGET)
+}
+
+fn check(args: CheckArgs) -> Result<u8, Failure> {
+    use spanprof::analysis::{self, Budget, Functions, ShareKind};
+    let mut budgets = Vec::new();
+    for (values, kind) in [
+        (&args.max, ShareKind::Total),
+        (&args.max_self, ShareKind::Self_),
+    ] {
+        for v in values {
+            budgets.push(Budget::parse(v, kind).map_err(usage)?);
+        }
+    }
+    if budgets.is_empty() {
+        return Err(usage("nothing to check: give --max or --max-self"));
+    }
+    let filter = args.filter.parse()?;
+    let (profile, _, _) = read_filtered(&args.profile, &filter)?;
+    let functions = Functions::of(&profile);
+    println!(
+        "spanprof check: {}: {}",
+        args.profile.display(),
+        analysis::run_line(&profile)
+    );
+    let mut crossed = 0;
+    for b in &budgets {
+        let r = analysis::measure(&profile, &functions, b);
+        let matched = if r.matched == 0 {
+            "matches no function".to_string()
+        } else {
+            let more = r.matched.saturating_sub(r.functions.len());
+            format!(
+                "{}{}",
+                r.functions.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        };
+        let kind = match b.kind {
+            ShareKind::Total => "with callees",
+            ShareKind::Self_ => "self",
+        };
+        if r.crossed() {
+            crossed += 1;
+            println!(
+                "  OVER  {}: {}% ({kind}), budget {}%, {} points over: {matched}",
+                b.option(),
+                analysis::percent_text(r.share),
+                analysis::percent_text(b.max),
+                analysis::points_text(r.share - b.max).trim_start_matches('+'),
+            );
+        } else {
+            println!(
+                "  ok    {}: {}% ({kind}), budget {}%: {matched}",
+                b.option(),
+                analysis::percent_text(r.share),
+                analysis::percent_text(b.max),
+            );
+        }
+    }
+    if crossed > 0 {
+        eprintln!(
+            "spanprof check: {crossed} of {} budgets exceeded",
+            budgets.len()
+        );
+        return Ok(EXIT_BUDGET);
+    }
+    Ok(0)
 }
 
 /// `spanprof report: kept K of N samples, S of T spans (FILTER) from FILE: TARGET, …`.
@@ -761,6 +1196,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Profile(args) => profile(args),
         Cmd::Report(args) => report(args),
+        Cmd::Diff(args) => diff(args),
+        Cmd::Check(args) => check(args),
         Cmd::Daemon(args) => spanprof::daemon::run(args.config)
             .map(|()| 0)
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),

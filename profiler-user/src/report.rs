@@ -584,9 +584,95 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     }
 }
 
-/// Which samples `spanprof report` keeps: those whose span context has every id given.
+/// `--event` of `report`, `diff` and `check`: which of a profile's measures to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventFilter {
+    /// On-CPU samples only (of a `cpu,offcpu` or `wall` profile: then weighed in samples).
+    Cpu,
+    /// Off-CPU samples only.
+    OffCpu,
+    /// The allocations of an `alloc,heap` profile (weighed in bytes allocated).
+    Alloc,
+    /// The memory in use at the end of an `alloc,heap` profile.
+    Heap,
+}
+
+impl EventFilter {
+    /// Parses `cpu`, `offcpu`, `alloc` or `heap`.
+    pub fn from_name(name: &str) -> Option<EventFilter> {
+        Some(match name {
+            "cpu" => EventFilter::Cpu,
+            "offcpu" | "off-cpu" => EventFilter::OffCpu,
+            "alloc" => EventFilter::Alloc,
+            "heap" => EventFilter::Heap,
+            _ => return None,
+        })
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventFilter::Cpu => "cpu",
+            EventFilter::OffCpu => "offcpu",
+            EventFilter::Alloc => "alloc",
+            EventFilter::Heap => "heap",
+        }
+    }
+
+    /// Keeps that measure of `profile`; an error when the profile does not have it.
+    fn apply(self, profile: &mut Profile) -> Result<(), String> {
+        let e = &mut profile.meta.events;
+        let has = match self {
+            EventFilter::Cpu => e.cpu,
+            EventFilter::OffCpu => e.off_cpu,
+            EventFilter::Alloc => e.alloc,
+            EventFilter::Heap => e.heap,
+        };
+        if !has {
+            return Err(format!(
+                "--event {}: the profile has no such samples (it has {})",
+                self.name(),
+                crate::output::measure(*e)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| if e.heap {
+                        "memory in use".to_string()
+                    } else if e.alloc {
+                        "allocations".to_string()
+                    } else {
+                        "on-CPU samples".to_string()
+                    })
+            ));
+        }
+        match self {
+            EventFilter::Cpu => {
+                (e.off_cpu, e.wall) = (false, false);
+                profile.retain_samples(|_, s| s.off_cpu.is_none());
+            }
+            EventFilter::OffCpu => {
+                (e.cpu, e.wall) = (false, false);
+                profile.retain_samples(|_, s| s.off_cpu.is_some());
+            }
+            EventFilter::Alloc => {
+                e.heap = false;
+                profile.retain_samples(|_, s| !s.alloc.is_empty());
+            }
+            EventFilter::Heap => {
+                e.alloc = false;
+                profile.retain_samples(|_, s| !s.inuse.is_empty());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which samples `spanprof report` keeps: those of the threads and measure asked for, whose
+/// span context has every id given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
+    /// `--event`: one measure of the profile.
+    pub event: Option<EventFilter>,
+    /// `--thread`: thread names or ids; a sample of any of them is kept.
+    pub threads: Vec<String>,
     /// `--trace-id`: the OpenTelemetry trace id.
     pub trace_id: Option<[u8; 16]>,
     /// `--span-id`: the OpenTelemetry span id.
@@ -603,9 +689,26 @@ impl Filter {
         *self == Filter::default()
     }
 
+    /// Whether the filter keeps every sample whatever its span (no id asked for).
+    fn no_ids(&self) -> bool {
+        self.trace_id.is_none()
+            && self.span_id.is_none()
+            && self.base_id.is_none()
+            && self.osprofiler_id.is_none()
+    }
+
+    /// Whether a sample of `thread` passes `--thread`.
+    pub fn matches_thread(&self, thread: &Thread) -> bool {
+        self.threads.is_empty()
+            || self
+                .threads
+                .iter()
+                .any(|t| *t == thread.name || t.parse() == Ok(thread.tid))
+    }
+
     /// Whether a sample in `span` (`None`: in no span) passes every id given.
     pub fn matches(&self, span: Option<&SpanContext>) -> bool {
-        if self.is_empty() {
+        if self.no_ids() {
             return true;
         }
         let Some(span) = span else {
@@ -622,9 +725,16 @@ impl Filter {
                 .is_none_or(|t| osp.is_some_and(|o| o.trace_id == t))
     }
 
-    /// Keeps the samples of `profile` that match, and the tables they use.
-    pub fn apply(&self, profile: &mut Profile) {
-        profile.retain_samples(|p, s| self.matches(p.span_of(s)));
+    /// Keeps the samples of `profile` that match, and the tables they use; an error when
+    /// `--event` asks for a measure the profile does not have.
+    pub fn apply(&self, profile: &mut Profile) -> Result<(), String> {
+        if let Some(event) = self.event {
+            event.apply(profile)?;
+        }
+        profile.retain_samples(|p, s| {
+            self.matches(p.span_of(s)) && self.matches_thread(&p.threads[s.thread as usize])
+        });
+        Ok(())
     }
 }
 
@@ -632,6 +742,12 @@ impl Filter {
 impl fmt::Display for Filter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
+        if let Some(e) = self.event {
+            parts.push(format!("--event {}", e.name()));
+        }
+        for t in &self.threads {
+            parts.push(format!("--thread {t}"));
+        }
         if let Some(t) = &self.trace_id {
             parts.push(format!("--trace-id {}", hex(t)));
         }
@@ -866,7 +982,7 @@ mod tests {
             ..Filter::default()
         };
         let mut kept = round_trip(&fixture::memory());
-        span.apply(&mut kept);
+        span.apply(&mut kept).unwrap();
         assert_eq!(folded(&kept), "main;compute 800000000\n");
         assert_eq!(
             kept.samples[0].alloc,
@@ -881,10 +997,10 @@ mod tests {
             ..Filter::default()
         };
         let mut heap = round_trip(&fixture::heap_only());
-        base.apply(&mut heap);
+        base.apply(&mut heap).unwrap();
         assert_eq!(folded(&heap), "main;compute;do_syscall_64_[k] 20000000\n");
         let mut alloc = round_trip(&fixture::alloc_only());
-        base.apply(&mut alloc);
+        base.apply(&mut alloc).unwrap();
         assert_eq!(
             folded(&alloc),
             "main;compute 50000000\nmain;compute;do_syscall_64_[k] 30000000\n"
@@ -964,7 +1080,7 @@ mod tests {
             ..Filter::default()
         };
         let mut kept = back.clone();
-        span.apply(&mut kept);
+        span.apply(&mut kept).unwrap();
         // Span 0: 5 samples on CPU, 30 ms on a lock.
         assert_eq!(
             folded(&kept),
@@ -975,7 +1091,7 @@ mod tests {
             base_id: Some(fixture::BASE),
             ..Filter::default()
         };
-        base.apply(&mut only);
+        base.apply(&mut only).unwrap();
         assert_eq!(folded(&only), "[off-cpu: lock];main;compute 15500000\n");
         assert_eq!(only.total_samples(), 0);
     }
@@ -1116,11 +1232,64 @@ mod tests {
     }
 
     #[test]
+    fn event_and_thread_filters() {
+        let both = fixture::off_cpu();
+        let only = |event, threads: &[&str]| {
+            let mut p = both.clone();
+            Filter {
+                event,
+                threads: threads.iter().map(|t| t.to_string()).collect(),
+                ..Filter::default()
+            }
+            .apply(&mut p)
+            .map(|()| p)
+        };
+        let cpu = only(Some(EventFilter::Cpu), &[]).unwrap();
+        assert!(!cpu.meta.events.off_cpu && cpu.meta.events.cpu);
+        assert_eq!(
+            crate::summary::total_weight(&cpu),
+            11,
+            "weighed in samples again"
+        );
+        assert!(cpu.samples.iter().all(|s| s.off_cpu.is_none()));
+        let off = only(Some(EventFilter::OffCpu), &[]).unwrap();
+        assert!(!off.meta.events.cpu && off.samples.iter().all(|s| s.off_cpu.is_some()));
+        assert_eq!(off.total_off_cpu_ns(), both.total_off_cpu_ns());
+        let err = only(Some(EventFilter::Heap), &[]).unwrap_err();
+        assert!(
+            err.contains("no such samples (it has CPU + off-CPU time)"),
+            "{err}"
+        );
+        // Threads by name or id.
+        let names: Vec<String> = both.threads.iter().map(|t| t.name.clone()).collect();
+        let one = only(None, &[&names[0]]).unwrap();
+        assert_eq!(one.threads, [both.threads[0].clone()]);
+        let by_tid = only(None, &[&both.threads[1].tid.to_string()]).unwrap();
+        assert_eq!(by_tid.threads, [both.threads[1].clone()]);
+        assert!(only(None, &["no-such-thread"]).unwrap().samples.is_empty());
+        let f = Filter {
+            event: Some(EventFilter::Cpu),
+            threads: vec!["worker".to_string()],
+            ..Filter::default()
+        };
+        assert_eq!(f.to_string(), "--event cpu --thread worker");
+        // Memory: one of the two measures.
+        let mut mem = fixture::memory();
+        Filter {
+            event: Some(EventFilter::Alloc),
+            ..Filter::default()
+        }
+        .apply(&mut mem)
+        .unwrap();
+        assert!(mem.meta.events.alloc && !mem.meta.events.heap);
+    }
+
+    #[test]
     fn filters() {
         let profile = fixture::with_spans();
         let kept = |f: &Filter| {
             let mut p = profile.clone();
-            f.apply(&mut p);
+            f.apply(&mut p).unwrap();
             (p.total_samples(), p.spans.len(), p.threads.len())
         };
         assert_eq!(kept(&Filter::default()), (11, 3, 2));

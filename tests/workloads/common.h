@@ -7,6 +7,7 @@
 #define SPANPROF_WORKLOAD_COMMON_H
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -27,7 +28,23 @@ static void *volatile workload_frame_sink;
 #define KEEP_FRAME_POINTER() ((void)0)
 #endif
 
-static double workload_seconds(int argc, char **argv)
+/* One unit of CPU work: the same dependent chain of integer multiply-adds
+ * on any x86 CPU, small (tens of microseconds) so that one sampling period
+ * covers many units and the sampling clock cannot lock onto a loop's phase.
+ *
+ * NB: the empty asm with the accumulator as an in/out operand keeps -O2 from
+ * folding or vectorising the loop; every iteration really runs. */
+#define UNIT_ITERATIONS 20000u
+#define SPIN(units, acc)                                                    \
+	do {                                                                \
+		for (uint32_t i_ = 0; i_ < (units) * UNIT_ITERATIONS; i_++) { \
+			(acc) = (acc) * 6364136223846793005ull +            \
+				1442695040888963407ull;                     \
+			__asm__ volatile("" : "+r"(acc) : : "memory");      \
+		}                                                           \
+	} while (0)
+
+static inline double workload_seconds(int argc, char **argv)
 {
 	if (argc < 2)
 		return 5.0;
@@ -41,14 +58,14 @@ static double workload_seconds(int argc, char **argv)
 	return s;
 }
 
-static double now_seconds(void)
+static inline double now_seconds(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void announce_pid(void)
+static inline void announce_pid(void)
 {
 	printf("%d\n", (int)getpid());
 	fflush(stdout);

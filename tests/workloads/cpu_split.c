@@ -14,19 +14,6 @@
 
 #include "common.h"
 
-#define UNIT_ITERATIONS 20000u
-
-/* NB: the empty asm with the accumulator as an in/out operand keeps -O2 from
- * folding or vectorising the loop; every iteration really runs. */
-#define SPIN(units, acc)                                                    \
-	do {                                                                \
-		for (uint32_t i_ = 0; i_ < (units) * UNIT_ITERATIONS; i_++) { \
-			(acc) = (acc) * 6364136223846793005ull +            \
-				1442695040888963407ull;                     \
-			__asm__ volatile("" : "+r"(acc) : : "memory");      \
-		}                                                           \
-	} while (0)
-
 static volatile uint64_t sink;
 
 __attribute__((noinline, noclone)) void hot_alpha(void)

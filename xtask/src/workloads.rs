@@ -12,8 +12,14 @@ use anyhow::{bail, Context, Result};
 use crate::run::{step, Cmd};
 
 /// The workloads, each built from `tests/workloads/<name>.c`; `fixed_work`
-/// is the target of `cargo xtask bench`.
-pub const WORKLOADS: &[&str] = &["cpu_split", "syscall_heavy", "forker", "fixed_work"];
+/// is the target of `cargo xtask bench`, `ci_bench` that of the CI examples.
+pub const WORKLOADS: &[&str] = &[
+    "cpu_split",
+    "syscall_heavy",
+    "forker",
+    "fixed_work",
+    "ci_bench",
+];
 
 /// NB: `-mno-omit-leaf-frame-pointer` and frame pointers everywhere: the
 /// profiler unwinds user stacks with frame pointers, and the tests check full
@@ -47,7 +53,8 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3.11";
 
 /// Builds every workload into `target/workloads/` and returns that directory.
 ///
-/// Besides the workloads of [`WORKLOADS`] it builds `cpu_split_stripped`:
+/// Besides the workloads of [`WORKLOADS`] it builds `ci_bench_slow` (`ci_bench` with
+/// `-DSLOW_RENDER`: its `render_output` does twice the work) and `cpu_split_stripped`:
 /// cpu_split with the same flags but no `-g`, then `strip -s`, so it has
 /// neither debug information nor a symbol table (its `.dynsym` only lists
 /// libc imports) while frame pointers still let the profiler walk it. The
@@ -81,6 +88,14 @@ pub fn build(root: &Path) -> Result<PathBuf> {
             .arg(src.join(format!("{name}.c")))
             .run()?;
     }
+    // The second build of the CI benchmark, with one function made slower.
+    Cmd::new("gcc")
+        .args(CFLAGS)
+        .arg("-DSLOW_RENDER")
+        .arg("-o")
+        .arg(out.join("ci_bench_slow"))
+        .arg(src.join("ci_bench.c"))
+        .run()?;
     build_stripped(&src, &out)?;
     build_without_frame_pointers(&src, &out)?;
     build_python_extension(&src, &out)?;
