@@ -1702,3 +1702,34 @@ mod unwind_tests {
         assert_eq!(native_stacks_line(line), Some("native stacks: 3 complete"));
     }
 }
+
+/// Debian's Chromium; a missing prerequisite without it.
+pub fn chromium() -> &'static str {
+    let path = "/usr/bin/chromium";
+    if !Path::new(path).is_file() {
+        missing_prerequisite(
+            "Debian's chromium (/usr/bin/chromium)",
+            "`cargo xtask deps` as root",
+        );
+    }
+    path
+}
+
+/// A headless Chromium command with its profile in `profile_dir`, no network chatter and no
+/// sandbox (the tests run as root).
+pub fn chromium_command(profile_dir: &Path) -> Command {
+    let mut cmd = Command::new(chromium());
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+    ])
+    .arg(format!("--user-data-dir={}", profile_dir.display()));
+    cmd
+}

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use spanprof_tests::{
-    args, assert_private_output, c_function_lines, decode_pprof, folded_count, folded_total,
-    python, read_folded, require_profiling, run_spanprof, run_with_timeout, svg_title_and_subtitle,
-    workspace_root, FoldedStack, TempDir, Workload,
+    args, assert_private_output, c_function_lines, chromium_command, decode_pprof, folded_count,
+    folded_total, python, read_folded, require_profiling, run_spanprof, run_with_timeout,
+    svg_title_and_subtitle, workspace_root, FoldedStack, TempDir, Workload,
 };
 
 const FREQUENCY: u64 = 199;
@@ -248,34 +248,6 @@ fn folded_is_well_formed_and_complete() {
             .any(|st| st.contains_seq(&["main", "dispatcher", "hot_alpha"])),
         "no main;dispatcher;hot_alpha stack"
     );
-}
-
-fn chromium() -> &'static str {
-    let path = "/usr/bin/chromium";
-    if !Path::new(path).is_file() {
-        spanprof_tests::missing_prerequisite(
-            "Debian's chromium (/usr/bin/chromium)",
-            "`cargo xtask deps` as root",
-        );
-    }
-    path
-}
-
-fn chromium_command(profile_dir: &Path) -> Command {
-    let mut cmd = Command::new(chromium());
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-    ])
-    .arg(format!("--user-data-dir={}", profile_dir.display()));
-    cmd
 }
 
 #[test]

@@ -203,8 +203,8 @@ fn bad_arguments_are_usage_errors() {
     let tmp = TempDir::new("report-usage");
     let out_file = tmp.join("out.folded");
     let o = arg(&out_file);
-    let txt = tmp.join("out.txt");
-    let cases: [(&[&str], &[&str]); 6] = [
+    let xyz = tmp.join("out.xyz");
+    let cases: [(&[&str], &[&str]); 7] = [
         (
             &["--group-by", "trace", "-o", o],
             &["invalid --group-by 'trace'", "span"],
@@ -221,8 +221,9 @@ fn bad_arguments_are_usage_errors() {
             &["--base-id", "not-a-uuid", "-o", o],
             &["invalid --base-id", "UUID"],
         ),
-        (&["-o", arg(&txt)], &["unknown output format", "out.txt"]),
-        (&[], &["required arguments"]),
+        (&["-o", arg(&xyz)], &["unknown output format", "out.xyz"]),
+        (&["--event", "sideways"], &["invalid --event 'sideways'"]),
+        (&["--format", "yaml"], &["unknown format 'yaml'"]),
     ];
     for (extra, needles) in cases {
         let out = report(&s.pprof(), extra);

@@ -68,16 +68,18 @@ const FP_PYTHON_CFLAGS: &str = "-O2 -fno-omit-frame-pointer -mno-omit-leaf-frame
 /// PyPI packages of the tests' venv: `protobuf` and `grpcio-tools` for
 /// `tests/tools/decode_pprof.py`; `opentelemetry-proto` (the OTLP profiles messages of
 /// OpenTelemetry proto v1.10.0, `v1development`; it needs protobuf >= 5, < 8) for
-/// `tests/tools/decode_otlp.py` and `tests/tools/otlp_http_sink.py`; and py-spy (a binary
+/// `tests/tools/decode_otlp.py` and `tests/tools/otlp_http_sink.py`; PyYAML to read the
+/// example GitHub workflow (`examples/ci/`); and py-spy (a binary
 /// in the venv's `bin/`). The probe imports the modules that prove the Python ones are
 /// installed; the venv counts as ready only when it succeeds.
 const PYTHON_PACKAGES: &[&str] = &[
     "protobuf",
     "grpcio-tools",
     "opentelemetry-proto==1.45.2",
+    "PyYAML",
     PY_SPY_PACKAGE,
 ];
-const PYTHON_PROBE: &str = "import google.protobuf, grpc_tools.protoc, \
+const PYTHON_PROBE: &str = "import google.protobuf, grpc_tools.protoc, yaml, \
     opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2";
 /// The py-spy release the Python-stack tests are checked against (the same
 /// version as the py-spy crate of the workspace).
