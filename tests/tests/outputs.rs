@@ -3,7 +3,7 @@
 //! profile.proto), folded, a flamegraph SVG rendered in headless Chromium, and
 //! speedscope JSON. They agree with each other and are private (mode 0600).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
