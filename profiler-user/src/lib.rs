@@ -22,7 +22,9 @@
 //! 4. [`output`] renders the profile as SVG, folded stacks, pprof (span ids as labels) or
 //!    speedscope, grouped by span if asked; [`write`] puts the files in place atomically with
 //!    mode 0600. [`report`] reads such a pprof file back and keeps one trace's or span's
-//!    samples; [`summary`] prints the session's summary.
+//!    samples (or one event's, or threads'); [`analysis`] gives `report`, `diff` and `check`
+//!    each function's share, the change of shares between two runs and budgets; [`summary`]
+//!    prints the session's summary.
 //!
 //! # Design constraints
 //! The per-sample path (BPF program and [`aggregate::Aggregator::record`]) is bounded and does not

@@ -5,7 +5,8 @@
 //! [`read_pprof`] turns the bytes of a `.pb.gz` (or plain `profile.proto`) that
 //! [`crate::output::pprof`] wrote back into the [`Profile`] it came from, so every sink of
 //! [`crate::output`] can render it again: a replayed file feeds the same sinks as a live session.
-//! [`Filter`] then keeps the samples of one trace or span ([`Profile::retain_samples`]).
+//! [`Filter`] then keeps the samples of one trace or span, one measure ([`EventFilter`]) or some
+//! threads ([`Profile::retain_samples`]).
 //!
 //! What comes back, from what the writer put in the file:
 //!
@@ -33,9 +34,9 @@
 //! - a memory sample's allocations and bytes ([`Sample::alloc`], [`Sample::inuse`]) from its
 //!   values, those of the types in the file (the others stay 0: a `heap` file does not say
 //!   what was allocated in all); its count and off-CPU time are 0;
-//! - the session's target and lost samples from the comments, its start and length from
-//!   `time_nanos` and `duration_nanos`, the frequency from the period (`1e9 / period`, rounded:
-//!   exact for 1–10000 Hz); a memory profile's sampling rate
+//! - the session's target, lost samples, host name, commit and branch from the comments, its
+//!   start and length from `time_nanos` and `duration_nanos`, the frequency from the period
+//!   (`1e9 / period`, rounded: exact for 1–10000 Hz); a memory profile's sampling rate
 //!   ([`Events::alloc_rate`](crate::profile::Events::alloc_rate)) from its period (`space/bytes`).
 //!
 //! Not in the file, so not back: why an unknown frame is unknown, the Python walker's counts,
