@@ -20,7 +20,7 @@
 //! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`],
 //!    Python frames merged into the native stacks ([`aggregate::merge`]).
 //! 4. [`output`] renders the profile as SVG, folded stacks, pprof (span ids as labels) or
-//!    speedscope, grouped by span if asked; [`write`] puts the files in place atomically with
+//!    speedscope, grouped by span if asked; [`write`](mod@write) puts the files in place atomically with
 //!    mode 0600. [`report`] reads such a pprof file back and keeps one trace's or span's
 //!    samples (or one event's, or threads'); [`analysis`] gives `report`, `diff` and `check`
 //!    each function's share, the change of shares between two runs and budgets; [`summary`]

@@ -1,6 +1,6 @@
 //! A time-limited profiling session: load, sample, drain, stop, build the profile.
 //!
-//! The loop waits on the ring buffer's file descriptor (at most [`TICK`]), drains every record
+//! The loop waits on the ring buffer's file descriptor (at most `TICK`), drains every record
 //! into the [`Aggregator`], normalizes addresses of new stacks while their processes live, and
 //! checks the stop conditions: duration over, Ctrl-C/SIGTERM, the command exited, or every
 //! target process exited.
