@@ -9,7 +9,8 @@
 //!   index 0 means "unset" everywhere.
 //! - **One `ResourceProfiles` per process**, its resource built by
 //!   [`crate::resource::resource_attributes`] (`service.name`, `process.*`, `container.id`,
-//!   `host.*`), with one `ScopeProfiles` whose scope is `spanprof` and its version.
+//!   `host.*`, and in CI `vcs.ref.head.revision` and `vcs.ref.head.name` from
+//!   [`crate::profile::Build`]), with one `ScopeProfiles` whose scope is `spanprof` and its version.
 //! - **One `Profile` per sample type** (the proto has a single `sample_type`):
 //!
 //!   | `--event` | profiles (`type/unit`) | value of one event |
@@ -442,7 +443,18 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
             Some(p) => (p.name.as_str(), &p.info),
             None => ("", &no_info),
         };
-        let attributes = resource_attributes(pid, name, info, profile.meta.host.as_ref())
+        let mut attributes = resource_attributes(pid, name, info, profile.meta.host.as_ref());
+        // The commit and branch a CI run profiled, as the semantic conventions' VCS attributes.
+        let build = &profile.meta.build;
+        for (key, v) in [
+            ("vcs.ref.head.revision", &build.commit),
+            ("vcs.ref.head.name", &build.branch),
+        ] {
+            if let Some(v) = v {
+                attributes.push((key.to_string(), Value::Str(v.clone())));
+            }
+        }
+        let attributes = attributes
             .into_iter()
             .map(|(key, value)| KeyValue {
                 key,
@@ -580,6 +592,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_ci_commit_and_branch_are_resource_attributes() {
+        let mut p = fixture::profile();
+        p.meta.build = crate::profile::Build {
+            commit: Some("9fceb02".to_string()),
+            branch: Some("main".to_string()),
+        };
+        let req = request(&p);
+        let attrs: Vec<(String, String)> = req.resource_profiles[0]
+            .resource
+            .as_ref()
+            .unwrap()
+            .attributes
+            .iter()
+            .filter(|kv| kv.key.starts_with("vcs."))
+            .map(|kv| (kv.key.clone(), format!("{:?}", kv.value)))
+            .collect();
+        assert_eq!(attrs.len(), 2, "{attrs:?}");
+        assert_eq!(attrs[0].0, "vcs.ref.head.revision");
+        assert!(attrs[0].1.contains("9fceb02") && attrs[1].1.contains("main"));
+        // Without a CI, none.
+        let req = request(&fixture::profile());
+        let r = req.resource_profiles[0].resource.as_ref().unwrap();
+        assert!(!r.attributes.iter().any(|kv| kv.key.starts_with("vcs.")));
     }
 
     #[test]
