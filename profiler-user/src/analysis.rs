@@ -363,6 +363,129 @@ pub fn measure(profile: &Profile, functions: &Functions, budget: &Budget) -> Bud
     }
 }
 
+/// The sampled time of the spans of one name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanTime {
+    /// The span's name (OpenTelemetry), or the trace point's (OSProfiler).
+    pub name: String,
+    /// How many spans of that name have samples.
+    pub spans: u64,
+    /// The time their samples stand for, nanoseconds.
+    pub total_ns: u64,
+}
+
+impl SpanTime {
+    /// Mean nanoseconds per span.
+    pub fn mean_ns(&self) -> u64 {
+        self.total_ns / self.spans.max(1)
+    }
+}
+
+/// The time the samples show in each named span, by name, most total time first (then by
+/// name): a span is one OpenTelemetry span id, or one OSProfiler trace point id when the
+/// sample has no OpenTelemetry span name. A sample's time is its weight in nanoseconds (an
+/// on-CPU sample stands for one period). It is the span's own time: samples in a child span
+/// count for the child. `name_of` gives a span context's name and which id keys it.
+///
+/// A memory profile has no time: an error.
+pub fn span_times<'p>(
+    profile: &'p Profile,
+    name_of: impl Fn(&'p crate::profile::SpanContext) -> Option<(&'p str, [u8; 16])>,
+) -> Result<Vec<SpanTime>, String> {
+    if profile.meta.events.in_bytes() {
+        return Err(
+            "span durations need a time profile (cpu, offcpu or wall), not a memory one".into(),
+        );
+    }
+    let per_count = if profile.meta.events.in_nanoseconds() {
+        None
+    } else {
+        Some(profile.meta.period_ns())
+    };
+    // Name -> (ids seen, nanoseconds).
+    let mut by_name: HashMap<&str, (std::collections::HashSet<[u8; 16]>, u64)> = HashMap::new();
+    for s in &profile.samples {
+        let Some((name, id)) = profile.span_of(s).and_then(&name_of) else {
+            continue;
+        };
+        let ns = match per_count {
+            Some(period) => s.count.saturating_mul(period),
+            None => profile.weight(s),
+        };
+        let entry = by_name.entry(name).or_default();
+        entry.0.insert(id);
+        entry.1 = entry.1.saturating_add(ns);
+    }
+    let mut out: Vec<SpanTime> = by_name
+        .into_iter()
+        .map(|(name, (ids, total_ns))| SpanTime {
+            name: name.to_string(),
+            spans: ids.len() as u64,
+            total_ns,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.total_ns
+            .cmp(&a.total_ns)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    Ok(out)
+}
+
+/// One `--span-max 'NAME=DURATION'` budget: the spans whose name matches the glob may take at
+/// most this long on average.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanBudget {
+    /// Which span names.
+    pub pattern: Pattern,
+    /// The largest mean allowed, nanoseconds.
+    pub max_ns: u64,
+    /// As given.
+    pub text: String,
+}
+
+impl SpanBudget {
+    /// Parses `NAME=DURATION` (`GET /servers=30ms`).
+    pub fn parse(text: &str) -> Result<SpanBudget, String> {
+        let (pattern, max) = text
+            .rsplit_once('=')
+            .filter(|(p, _)| !p.is_empty())
+            .ok_or_else(|| format!("invalid span budget {text:?}: expected NAME=DURATION"))?;
+        let max_ns = humantime::parse_duration(max.trim())
+            .ok()
+            .filter(|d| !d.is_zero())
+            .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+            .ok_or_else(|| {
+                format!("invalid span budget {text:?}: {max:?} is not a duration (e.g. 30ms)")
+            })?;
+        Ok(SpanBudget {
+            pattern: Pattern::new(pattern),
+            max_ns,
+            text: text.to_string(),
+        })
+    }
+
+    /// The names it matches in `times`, each with whether its mean is over the budget.
+    pub fn measure<'t>(&self, times: &'t [SpanTime]) -> Vec<(&'t SpanTime, bool)> {
+        times
+            .iter()
+            .filter(|t| self.pattern.matches(&t.name))
+            .map(|t| (t, t.mean_ns() > self.max_ns))
+            .collect()
+    }
+}
+
+/// Nanoseconds as text: `31.2 ms`, `850 us`, `1.50 s`.
+pub fn duration_text(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    } else {
+        format!("{} us", ns / 1000)
+    }
+}
+
 /// A share as text: `25.0` for 0.25 (one decimal, two below 1%).
 pub fn percent_text(share: f64) -> String {
     let pct = share * 100.0;
@@ -602,8 +725,13 @@ fn weight_header(unit: Unit) -> &'static str {
 }
 
 /// The top `top` functions (0: all) of `profile` as a text table: self and total shares, self
-/// and total weights, the name.
-pub fn report_text(profile: &Profile, functions: &Functions, top: usize) -> String {
+/// and total weights, the name; then the `top` span names by time, when `spans` has any.
+pub fn report_text(
+    profile: &Profile,
+    functions: &Functions,
+    spans: &[SpanTime],
+    top: usize,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -654,6 +782,28 @@ pub fn report_text(profile: &Profile, functions: &Functions, top: usize) -> Stri
             functions.rows.len() - top
         );
     }
+    if !spans.is_empty() {
+        let _ = writeln!(s, "spans by name (time in their samples, mean per span):");
+        let _ = writeln!(s, "{:>7} {:>10} {:>10}  name", "spans", "mean", "total");
+        let shown = if top == 0 {
+            spans.len()
+        } else {
+            top.min(spans.len())
+        };
+        for t in &spans[..shown] {
+            let _ = writeln!(
+                s,
+                "{:>7} {:>10} {:>10}  {}",
+                t.spans,
+                duration_text(t.mean_ns()),
+                duration_text(t.total_ns),
+                t.name
+            );
+        }
+        if shown < spans.len() {
+            let _ = writeln!(s, "({} more span names)", spans.len() - shown);
+        }
+    }
     s
 }
 
@@ -702,9 +852,15 @@ fn run_json(profile: &Profile, functions: &Functions) -> serde_json::Value {
 }
 
 /// The top `top` functions (0: all) as one JSON document: `{"profile": {…}, "functions":
-/// [{"name", "self", "total", "self_share", "total_share"}…]}`, weights in the profile's
-/// `unit`, shares as fractions.
-pub fn report_json(profile: &Profile, functions: &Functions, top: usize) -> String {
+/// [{"name", "self", "total", "self_share", "total_share"}…], "spans": [{"name", "spans",
+/// "total_ns", "mean_ns"}…]}`, weights in the profile's `unit`, shares as fractions, every
+/// span name.
+pub fn report_json(
+    profile: &Profile,
+    functions: &Functions,
+    spans: &[SpanTime],
+    top: usize,
+) -> String {
     let rows: Vec<serde_json::Value> = rows_shown(functions, top)
         .iter()
         .map(|r| {
@@ -717,10 +873,22 @@ pub fn report_json(profile: &Profile, functions: &Functions, top: usize) -> Stri
             })
         })
         .collect();
+    let spans: Vec<serde_json::Value> = spans
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name,
+                "spans": t.spans,
+                "total_ns": t.total_ns,
+                "mean_ns": t.mean_ns(),
+            })
+        })
+        .collect();
     let doc = serde_json::json!({
         "profile": run_json(profile, functions),
         "functions": rows,
         "functions_not_shown": functions.rows.len() - rows.len(),
+        "spans": spans,
     });
     let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
     out.push('\n');
@@ -917,6 +1085,63 @@ mod tests {
         let r = d.regressions(0.05);
         assert_eq!(r.len(), 1, "{r:?}");
         assert!(r[0].significant);
+    }
+
+    #[test]
+    fn span_times_and_budgets() {
+        let profile = fixture::with_spans();
+        // A name per OpenTelemetry span: its first byte.
+        let times = span_times(&profile, |c| {
+            let id = c.span_id?;
+            let mut key = [0u8; 16];
+            key[..8].copy_from_slice(&id);
+            Some((if id[0] % 2 == 0 { "even" } else { "odd" }, key))
+        })
+        .unwrap();
+        assert!(!times.is_empty());
+        let total: u64 = times.iter().map(|t| t.total_ns).sum();
+        let in_spans: u64 = profile
+            .samples
+            .iter()
+            .filter(|s| profile.span_of(s).is_some_and(|c| c.span_id.is_some()))
+            .map(|s| s.count * profile.meta.period_ns())
+            .sum();
+        assert_eq!(total, in_spans);
+        for t in &times {
+            assert_eq!(t.mean_ns(), t.total_ns / t.spans);
+        }
+        let b = SpanBudget::parse("GET /servers*=30ms").unwrap();
+        assert_eq!(b.max_ns, 30_000_000);
+        assert!(b.pattern.matches("GET /servers/123"));
+        assert!(SpanBudget::parse("GET /servers").is_err());
+        assert!(SpanBudget::parse("x=fast").is_err());
+        assert!(SpanBudget::parse("x=0ms").is_err());
+        let fake = [
+            SpanTime {
+                name: "GET /servers".into(),
+                spans: 4,
+                total_ns: 160_000_000,
+            },
+            SpanTime {
+                name: "GET /flavors".into(),
+                spans: 10,
+                total_ns: 100_000_000,
+            },
+        ];
+        let m = SpanBudget::parse("GET /*=30ms").unwrap().measure(&fake);
+        assert_eq!(m.len(), 2);
+        assert!(m[0].1 && !m[1].1, "40 ms over, 10 ms within");
+        assert!(span_times(&fixture::memory(), |_| None).is_err());
+        let text = report_text(&profile, &Functions::of(&profile), &fake, 1);
+        assert!(
+            text.contains("      4    40.0 ms   160.0 ms  GET /servers"),
+            "{text}"
+        );
+        assert!(text.contains("(1 more span names)"), "{text}");
+        let json: serde_json::Value =
+            serde_json::from_str(&report_json(&profile, &Functions::of(&profile), &fake, 0))
+                .unwrap();
+        assert_eq!(json["spans"][1]["mean_ns"], 10_000_000);
     }
 
     #[test]

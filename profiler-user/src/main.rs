@@ -884,13 +884,15 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     let grouped = group.map(|g| profile.grouped(g));
     let shown = grouped.as_ref().unwrap_or(&profile);
     let functions = spanprof::analysis::Functions::of(shown);
+    // A memory profile has no span times.
+    let spans = span_times(shown).unwrap_or_default();
     let render = |format: ReportFormat| -> Result<Vec<u8>> {
         Ok(match format {
             ReportFormat::Text => {
-                spanprof::analysis::report_text(shown, &functions, args.top).into_bytes()
+                spanprof::analysis::report_text(shown, &functions, &spans, args.top).into_bytes()
             }
             ReportFormat::Json => {
-                spanprof::analysis::report_json(shown, &functions, args.top).into_bytes()
+                spanprof::analysis::report_json(shown, &functions, &spans, args.top).into_bytes()
             }
             ReportFormat::Profile(f) => output::render(shown, f)?,
         })
@@ -930,6 +932,11 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
         }
     }
     Ok(status)
+}
+
+/// The sampled time of each span name of `profile` ([`spanprof::analysis::span_times`]).
+fn span_times(profile: &Profile) -> Result<Vec<spanprof::analysis::SpanTime>, String> {
+    spanprof::analysis::span_times(profile, |_| None)
 }
 
 /// Writes `bytes` to standard output; a closed pipe (`| head`) is not an error.
