@@ -885,14 +885,14 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     let shown = grouped.as_ref().unwrap_or(&profile);
     let functions = spanprof::analysis::Functions::of(shown);
     // A memory profile has no span times.
-    let spans = span_times(shown).unwrap_or_default();
+    let named = span_times(shown).unwrap_or_default();
     let render = |format: ReportFormat| -> Result<Vec<u8>> {
         Ok(match format {
             ReportFormat::Text => {
-                spanprof::analysis::report_text(shown, &functions, &spans, args.top).into_bytes()
+                spanprof::analysis::report_text(shown, &functions, &named, args.top).into_bytes()
             }
             ReportFormat::Json => {
-                spanprof::analysis::report_json(shown, &functions, &spans, args.top).into_bytes()
+                spanprof::analysis::report_json(shown, &functions, &named, args.top).into_bytes()
             }
             ReportFormat::Profile(f) => output::render(shown, f)?,
         })
