@@ -214,8 +214,9 @@ impl Pattern {
                 .is_some_and(|(head, _)| self.matches(head))
     }
 
-    /// Whether the glob matches all of `text`: the usual linear matcher that remembers the last
-    /// `*` and how much it swallowed, so no input makes it backtrack more than once per char.
+    /// Whether the glob matches all of `text`: the usual matcher that remembers only the last
+    /// `*` and how much it swallowed, so it takes at most `len(pattern) * len(text)` steps
+    /// (no exponential backtracking).
     pub fn matches(&self, text: &str) -> bool {
         let (p, t): (&[char], Vec<char>) = (&self.0, text.chars().collect());
         let (mut pi, mut ti) = (0, 0);
@@ -250,10 +251,20 @@ impl std::fmt::Display for Pattern {
     }
 }
 
-/// Parses a share: `20%`, `20` or `2.5%` (percent of the profile), into a fraction.
+/// Parses a share, `20%` or `2.5%` (percent of the profile; the `%` is required, so that
+/// `0.05` is not taken for 5%), into a fraction.
 pub fn parse_percent(text: &str) -> Option<f64> {
-    let n: f64 = text.trim().trim_end_matches('%').trim().parse().ok()?;
+    let n: f64 = text.trim().strip_suffix('%')?.trim().parse().ok()?;
     (n.is_finite() && n > 0.0 && n <= 100.0).then_some(n / 100.0)
+}
+
+/// `PATTERN=VALUE` split at its last `=`, both sides trimmed; an error naming `form` when
+/// either side is empty.
+fn split_budget<'a>(text: &'a str, form: &str) -> Result<(&'a str, &'a str), String> {
+    text.rsplit_once('=')
+        .map(|(p, v)| (p.trim(), v.trim()))
+        .filter(|(p, v)| !p.is_empty() && !v.is_empty())
+        .ok_or_else(|| format!("invalid budget {text:?}: expected {form}"))
 }
 
 /// `--max` (total share) or `--max-self` (self share).
@@ -279,10 +290,7 @@ pub struct Budget {
 impl Budget {
     /// Parses `PATTERN=PERCENT%`; the error says what is wrong.
     pub fn parse(text: &str, kind: ShareKind) -> Result<Budget, String> {
-        let (pattern, max) = text
-            .rsplit_once('=')
-            .filter(|(p, _)| !p.is_empty())
-            .ok_or_else(|| format!("invalid budget {text:?}: expected PATTERN=PERCENT%"))?;
+        let (pattern, max) = split_budget(text, "PATTERN=PERCENT%")?;
         let max = parse_percent(max).ok_or_else(|| {
             format!("invalid budget {text:?}: {max:?} is not a share (0 to 100%)")
         })?;
@@ -339,10 +347,13 @@ pub fn measure(profile: &Profile, functions: &Functions, budget: &Budget) -> Bud
                 .iter()
                 .map(|f| budget.pattern.matches_function(&function_name(f)))
                 .collect();
+            let no_stack = budget.pattern.matches_function(folded::NO_STACK);
             profile
                 .samples
                 .iter()
-                .filter(|s| s.frames.iter().any(|&f| hit[f as usize]))
+                .filter(|s| {
+                    s.frames.iter().any(|&f| hit[f as usize]) || (s.frames.is_empty() && no_stack)
+                })
                 .map(|s| profile.weight(s))
                 .fold(0u64, u64::saturating_add)
         }
@@ -447,16 +458,13 @@ pub struct SpanBudget {
 impl SpanBudget {
     /// Parses `NAME=DURATION` (`GET /servers=30ms`).
     pub fn parse(text: &str) -> Result<SpanBudget, String> {
-        let (pattern, max) = text
-            .rsplit_once('=')
-            .filter(|(p, _)| !p.is_empty())
-            .ok_or_else(|| format!("invalid span budget {text:?}: expected NAME=DURATION"))?;
-        let max_ns = humantime::parse_duration(max.trim())
+        let (pattern, max) = split_budget(text, "NAME=DURATION")?;
+        let max_ns = humantime::parse_duration(max)
             .ok()
             .filter(|d| !d.is_zero())
             .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
             .ok_or_else(|| {
-                format!("invalid span budget {text:?}: {max:?} is not a duration (e.g. 30ms)")
+                format!("invalid budget {text:?}: {max:?} is not a duration (e.g. 30ms)")
             })?;
         Ok(SpanBudget {
             pattern: Pattern::new(pattern),
@@ -488,11 +496,17 @@ pub fn duration_text(ns: u64) -> String {
 
 /// A share as text: `25.0` for 0.25 (one decimal, two below 1%).
 pub fn percent_text(share: f64) -> String {
-    let pct = share * 100.0;
-    if pct != 0.0 && pct.abs() < 1.0 {
-        format!("{pct:.2}")
+    hundredths(share, false)
+}
+
+/// `x` in percent or points: one decimal, two below 1, a sign if `signed`.
+fn hundredths(x: f64, signed: bool) -> String {
+    let v = x * 100.0;
+    let decimals = if v != 0.0 && v.abs() < 1.0 { 2 } else { 1 };
+    if signed {
+        format!("{v:+.decimals$}")
     } else {
-        format!("{pct:.1}")
+        format!("{v:.decimals$}")
     }
 }
 
@@ -570,13 +584,21 @@ impl Diff {
     /// Compares `base` with `new`; they must measure the same thing.
     pub fn of(base: &Profile, new: &Profile) -> Result<Diff, String> {
         let (b, n) = (Functions::of(base), Functions::of(new));
-        if b.unit != n.unit {
+        let (eb, en) = (event_names(base), event_names(new));
+        if eb != en {
             return Err(format!(
-                "the profiles do not measure the same thing: the base is in {}, the new one in {} \
-                 (profile both with the same --event)",
-                b.unit.name(),
-                n.unit.name()
+                "the profiles do not measure the same thing: the base has --event {}, the new \
+                 one --event {} (profile both alike, or keep one measure with --event)",
+                eb.join(","),
+                en.join(",")
             ));
+        }
+        for (which, f) in [("base", &b), ("new", &n)] {
+            if f.total == 0 {
+                return Err(format!(
+                    "the {which} profile has no samples: nothing to compare"
+                ));
+            }
         }
         let mut names: Vec<&str> = b
             .rows
@@ -642,19 +664,22 @@ impl Diff {
     }
 
     /// The functions whose self or total share grew by more than `threshold` (a fraction),
-    /// in [`Diff::changes`] order; a function whose two shares both grew is listed once, by
-    /// its self share. [`Regression::significant`] says which fail a build.
+    /// in [`Diff::changes`] order. A function whose two shares both grew is listed once: by a
+    /// share whose growth is significant if one is (self first), else by its self share if
+    /// that grew over the threshold. [`Regression::significant`] says which fail a build.
     pub fn regressions(&self, threshold: f64) -> Vec<Regression<'_>> {
         let mut out = Vec::new();
         for c in &self.changes {
-            let (ds, dt) = (c.self_delta(), c.total_delta());
-            let found = if ds > threshold {
-                Some((Which::Self_, ds > Z_LIMIT * c.sigma_self))
-            } else if dt > threshold {
-                Some((Which::Total, dt > Z_LIMIT * c.sigma_total))
-            } else {
-                None
-            };
+            let over = |d: f64, sigma: f64| (d > threshold).then_some(d > Z_LIMIT * sigma);
+            let shares = [
+                (Which::Self_, over(c.self_delta(), c.sigma_self)),
+                (Which::Total, over(c.total_delta(), c.sigma_total)),
+            ];
+            let found = shares
+                .iter()
+                .find(|(_, o)| *o == Some(true))
+                .or_else(|| shares.iter().find(|(_, o)| o.is_some()))
+                .map(|&(which, o)| (which, o == Some(true)));
             if let Some((which, significant)) = found {
                 out.push(Regression {
                     change: c,
@@ -669,12 +694,7 @@ impl Diff {
 
 /// Points of a share change: `+15.0` for 0.15.
 pub fn points_text(delta: f64) -> String {
-    let pts = delta * 100.0;
-    if pts != 0.0 && pts.abs() < 1.0 {
-        format!("{pts:+.2}")
-    } else {
-        format!("{pts:+.1}")
-    }
+    hundredths(delta, true)
 }
 
 /// One line of the diff's table: `  +15.0  render_output  25.0% -> 40.0% (total 25.0% -> 40.0%)`.
@@ -785,11 +805,7 @@ pub fn report_text(
     if !spans.is_empty() {
         let _ = writeln!(s, "spans by name (time in their samples, mean per span):");
         let _ = writeln!(s, "{:>7} {:>10} {:>10}  name", "spans", "mean", "total");
-        let shown = if top == 0 {
-            spans.len()
-        } else {
-            top.min(spans.len())
-        };
+        let shown = limit(top, spans.len());
         for t in &spans[..shown] {
             let _ = writeln!(
                 s,
@@ -808,19 +824,13 @@ pub fn report_text(
 }
 
 fn rows_shown(functions: &Functions, top: usize) -> &[FunctionWeight] {
-    let n = if top == 0 {
-        functions.rows.len()
-    } else {
-        top.min(functions.rows.len())
-    };
-    &functions.rows[..n]
+    &functions.rows[..limit(top, functions.rows.len())]
 }
 
-/// The facts of a run as JSON.
-fn run_json(profile: &Profile, functions: &Functions) -> serde_json::Value {
-    let m = &profile.meta;
-    let e = m.events;
-    let events: Vec<&str> = [
+/// What a profile measures, as `--event` names: `cpu`, `offcpu`, `wall`, `alloc`, `heap`.
+pub fn event_names(profile: &Profile) -> Vec<&'static str> {
+    let e = profile.meta.events;
+    [
         (e.cpu && !e.wall, "cpu"),
         (e.off_cpu && !e.wall, "offcpu"),
         (e.wall, "wall"),
@@ -829,7 +839,14 @@ fn run_json(profile: &Profile, functions: &Functions) -> serde_json::Value {
     ]
     .into_iter()
     .filter_map(|(on, name)| on.then_some(name))
-    .collect();
+    .collect()
+}
+
+/// The facts of a run as JSON.
+fn run_json(profile: &Profile, functions: &Functions) -> serde_json::Value {
+    let m = &profile.meta;
+    let e = m.events;
+    let events = event_names(profile);
     let start_ns = m
         .start
         .duration_since(std::time::UNIX_EPOCH)
@@ -895,13 +912,39 @@ pub fn report_json(
     out
 }
 
-/// The diff as JSON: both runs' facts and every change (or the first `top`), most grown self
-/// share first, with the standard errors.
-pub fn diff_json(base: &Profile, new: &Profile, diff: &Diff, top: usize) -> String {
-    let n = if top == 0 { diff.changes.len() } else { top };
-    let grew: Vec<&Change> = diff.grew(n).collect();
-    let shrank: Vec<&Change> = diff.shrank(n).collect();
-    let change = |c: &&Change| {
+/// `top` as a count of `len` items: all of them for 0.
+fn limit(top: usize, len: usize) -> usize {
+    if top == 0 {
+        len
+    } else {
+        top.min(len)
+    }
+}
+
+/// One regression as JSON.
+fn regression_json(r: &Regression<'_>) -> serde_json::Value {
+    let (delta, sigma) = r.delta_and_sigma();
+    serde_json::json!({
+        "name": r.change.name,
+        "share": match r.which { Which::Self_ => "self", Which::Total => "total" },
+        "delta": delta,
+        "sigma": finite(sigma),
+        "significant": r.significant,
+    })
+}
+
+/// The diff as JSON: both runs' facts and the `top` functions (0: all) whose self share grew
+/// and shrank most, with the standard errors; with a threshold, the regressions over it
+/// (`significant` ones fail a build) and the verdict `failed`.
+pub fn diff_json(
+    base: &Profile,
+    new: &Profile,
+    diff: &Diff,
+    top: usize,
+    threshold: Option<f64>,
+) -> String {
+    let n = limit(top, diff.changes.len());
+    let change = |c: &Change| {
         serde_json::json!({
             "name": c.name,
             "base_self_share": c.base_self,
@@ -914,12 +957,18 @@ pub fn diff_json(base: &Profile, new: &Profile, diff: &Diff, top: usize) -> Stri
             "total_sigma": finite(c.sigma_total),
         })
     };
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "base": run_json(base, &diff.base),
         "new": run_json(new, &diff.new),
-        "grew": grew.iter().map(change).collect::<Vec<_>>(),
-        "shrank": shrank.iter().map(change).collect::<Vec<_>>(),
+        "grew": diff.grew(n).map(change).collect::<Vec<_>>(),
+        "shrank": diff.shrank(n).map(change).collect::<Vec<_>>(),
     });
+    if let Some(t) = threshold {
+        let r = diff.regressions(t);
+        doc["threshold"] = t.into();
+        doc["failed"] = r.iter().any(|r| r.significant).into();
+        doc["regressions"] = r.iter().map(regression_json).collect::<Vec<_>>().into();
+    }
     let mut out = serde_json::to_string_pretty(&doc).unwrap_or_default();
     out.push('\n');
     out
@@ -929,10 +978,10 @@ fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
-/// The diff as text: both runs, then the `top` functions whose self share grew most and those
-/// that shrank most.
+/// The diff as text: both runs, then the `top` functions (0: all) whose self share grew most
+/// and those that shrank most.
 pub fn diff_text(base: (&Profile, &str), new: (&Profile, &str), diff: &Diff, top: usize) -> String {
-    let n = if top == 0 { diff.changes.len() } else { top };
+    let n = limit(top, diff.changes.len());
     let mut s = String::new();
     let _ = writeln!(s, "spanprof diff: {} -> {}", base.1, new.1);
     let _ = writeln!(s, "  base: {}", run_line(base.0));
@@ -948,25 +997,94 @@ pub fn diff_text(base: (&Profile, &str), new: (&Profile, &str), diff: &Diff, top
         );
     }
     let _ = writeln!(s, "Shares of each run's total, in points (new minus base):");
-    let grew: Vec<&Change> = diff.grew(n).collect();
-    let _ = writeln!(
-        s,
-        "grew most:{}",
-        if grew.is_empty() { " none" } else { "" }
-    );
-    for c in grew {
-        let _ = writeln!(s, "{}", change_line(c));
-    }
-    let shrank: Vec<&Change> = diff.shrank(n).collect();
-    let _ = writeln!(
-        s,
-        "shrank most:{}",
-        if shrank.is_empty() { " none" } else { "" }
-    );
-    for c in shrank {
-        let _ = writeln!(s, "{}", change_line(c));
+    let lists: [(&str, Vec<&Change>); 2] = [
+        ("grew most", diff.grew(n).collect()),
+        ("shrank most", diff.shrank(n).collect()),
+    ];
+    for (title, changes) in lists {
+        let _ = writeln!(
+            s,
+            "{title}:{}",
+            if changes.is_empty() { " none" } else { "" }
+        );
+        for c in changes {
+            let _ = writeln!(s, "{}", change_line(c));
+        }
     }
     s
+}
+
+impl Regression<'_> {
+    /// The growth of the share it is about, and its standard error.
+    pub fn delta_and_sigma(&self) -> (f64, f64) {
+        let c = self.change;
+        match self.which {
+            Which::Self_ => (c.self_delta(), c.sigma_self),
+            Which::Total => (c.total_delta(), c.sigma_total),
+        }
+    }
+
+    /// `render_output: self share 26.0% -> 41.2% (+15.2 points; sampling error 1.2 points)`.
+    pub fn describe(&self) -> String {
+        let c = self.change;
+        let (what, from, to) = match self.which {
+            Which::Self_ => ("self", c.base_self, c.new_self),
+            Which::Total => ("total", c.base_total, c.new_total),
+        };
+        let sigma = self.delta_and_sigma().1;
+        format!(
+            "{}: {what} share {}% -> {}% ({} points; sampling error {} points)",
+            c.name,
+            percent_text(from),
+            percent_text(to),
+            points_text(to - from),
+            if sigma.is_finite() {
+                format!("{:.1}", sigma * 100.0)
+            } else {
+                "unknown".to_string()
+            }
+        )
+    }
+}
+
+/// What `diff --fail-on-regression` says on stderr, and whether the build fails: the
+/// regressions that count, or that none does, and those over the threshold but within the
+/// sampling noise.
+pub fn verdict(diff: &Diff, threshold: f64) -> (String, bool) {
+    let regressions = diff.regressions(threshold);
+    let (failing, noisy): (Vec<_>, Vec<_>) = regressions.iter().partition(|r| r.significant);
+    let limit = percent_text(threshold);
+    let mut s = String::new();
+    for r in &noisy {
+        let _ = writeln!(
+            s,
+            "spanprof diff: not counted, within sampling noise (under {Z_LIMIT} standard \
+             errors): {}",
+            r.describe()
+        );
+    }
+    if failing.is_empty() {
+        let noise = if noisy.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} within sampling noise)", noisy.len())
+        };
+        let _ = writeln!(
+            s,
+            "spanprof diff: no significant regression over {limit} points{noise}"
+        );
+        return (s, false);
+    }
+    let _ = writeln!(
+        s,
+        "spanprof diff: regression: {} function{} grew by more than {limit} points of the total:",
+        failing.len(),
+        if failing.len() == 1 { "" } else { "s" }
+    );
+    for r in &failing {
+        let _ = writeln!(s, "  {}", r.describe());
+    }
+    (s, true)
 }
 
 #[cfg(test)]
@@ -1069,6 +1187,57 @@ mod tests {
     }
 
     #[test]
+    fn a_significant_total_share_counts_when_the_self_share_is_noise() {
+        let c = Change {
+            name: "f".into(),
+            base_self: 0.10,
+            new_self: 0.16,
+            base_total: 0.30,
+            new_total: 0.50,
+            sigma_self: 0.0274,
+            sigma_total: 0.039,
+        };
+        let mut d = Diff::of(&fixture::profile(), &fixture::profile()).unwrap();
+        d.changes = vec![c];
+        let r = d.regressions(0.05);
+        assert_eq!(
+            (r.len(), r[0].which, r[0].significant),
+            (1, Which::Total, true)
+        );
+        let (text, failed) = verdict(&d, 0.05);
+        assert!(
+            failed && text.contains("f: total share 30.0% -> 50.0%"),
+            "{text}"
+        );
+        // Both noise: reported by self share, and the build passes, saying why.
+        d.changes[0].new_total = 0.36;
+        let r = d.regressions(0.05);
+        assert_eq!((r[0].which, r[0].significant), (Which::Self_, false));
+        let (text, failed) = verdict(&d, 0.05);
+        assert!(!failed, "{text}");
+        assert!(
+            text.contains("not counted, within sampling noise")
+                && text.contains(
+                    "no significant regression over 5.0 points (1 within sampling noise)"
+                ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn diffs_need_samples_and_the_same_measure() {
+        let mut empty = fixture::profile();
+        empty.samples.clear();
+        let e = Diff::of(&fixture::profile(), &empty).unwrap_err();
+        assert!(e.contains("the new profile has no samples"), "{e}");
+        assert!(Diff::of(&empty, &fixture::profile()).is_err());
+        // Both in bytes, but allocated and in use are not the same thing.
+        let e = Diff::of(&fixture::alloc_only(), &fixture::heap_only()).unwrap_err();
+        assert!(e.contains("--event alloc, the new one --event heap"), "{e}");
+        assert!(Diff::of(&fixture::off_cpu(), &fixture::wall()).is_err());
+    }
+
+    #[test]
     fn many_samples_make_a_change_significant() {
         let mut base = fixture::profile();
         let mut new = fixture::profile();
@@ -1147,7 +1316,8 @@ mod tests {
     #[test]
     fn percents() {
         assert_eq!(parse_percent("20%"), Some(0.2));
-        assert_eq!(parse_percent(" 2.5 "), Some(0.025));
+        assert_eq!(parse_percent(" 2.5 % "), Some(0.025));
+        assert_eq!(parse_percent("0.05"), None, "a % is required");
         assert_eq!(parse_percent("-1%"), None);
         assert_eq!(parse_percent("abc"), None);
         assert_eq!(percent_text(0.25), "25.0");

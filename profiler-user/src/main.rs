@@ -388,21 +388,7 @@ fn write_outputs(
 ) -> u8 {
     let grouped = group.map(|g| profile.grouped(g));
     let profile = grouped.as_ref().unwrap_or(profile);
-    let mut status = 0;
-    for (out, format) in outputs {
-        let dest = out.dest().display().to_string();
-        let written = output::render(profile, format)
-            .map_err(anyhow::Error::from)
-            .and_then(|bytes| out.commit(&bytes));
-        match written {
-            Ok(()) => eprintln!("wrote {dest} ({format})"),
-            Err(e) => {
-                eprintln!("error: cannot write output {dest}: {e:#}");
-                status = EXIT_FAILURE;
-            }
-        }
-    }
-    status
+    commit_outputs(outputs, |format| Ok(output::render(profile, format)?))
 }
 
 fn profile(args: ProfileArgs) -> Result<u8, Failure> {
@@ -479,12 +465,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     session::install_signal_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
     // rather than after a 30 s session.
-    let pending: Vec<PendingOutput> = args
-        .output
-        .iter()
-        .map(|p| PendingOutput::create(p))
-        .collect::<Result<_>>()
-        .map_err(fail)?;
+    let pending = pending_outputs(&args.output)?;
     let stats_out = args
         .stats
         .as_deref()
@@ -775,21 +756,30 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
     })
 }
 
+/// A profile read and filtered, with what it had before: its total (e.g. `2696 samples`,
+/// `405.5 ms`) and its number of span contexts.
+struct Filtered {
+    profile: Profile,
+    before: String,
+    spans: usize,
+}
+
 /// Reads a profile and applies the filter; fails when the filter leaves nothing.
-fn read_filtered(path: &Path, filter: &Filter) -> Result<(Profile, u64, usize), Failure> {
+fn read_filtered(path: &Path, filter: &Filter) -> Result<Filtered, Failure> {
     let mut profile = read_profile(path)?;
     // Weights: samples of an on-CPU profile, nanoseconds once off-CPU time is in it.
-    let (total, spans) = (summary::total_weight(&profile), profile.spans.len());
+    let amount =
+        |p: &Profile, w: u64| format!("{}{}", summary::amount(p, w), summary::unit_suffix(p));
     let in_spans: u64 = profile
         .samples
         .iter()
         .filter(|s| s.span.is_some())
         .map(|s| profile.weight(s))
         .sum();
-    let unit = summary::unit_suffix(&profile);
-    let before = (
-        summary::amount(&profile, total),
+    let (before, in_spans, spans) = (
+        amount(&profile, summary::total_weight(&profile)),
         summary::amount(&profile, in_spans),
+        profile.spans.len(),
     );
     filter
         .apply(&mut profile)
@@ -798,17 +788,20 @@ fn read_filtered(path: &Path, filter: &Filter) -> Result<(Profile, u64, usize), 
         return Err(Failure(
             EXIT_FAILURE,
             format!(
-                "no samples match {filter}: {} has {}{unit}, {} of them in {spans} spans",
+                "no samples match {filter}: {} has {before}, {in_spans} of them in {spans} spans",
                 path.display(),
-                before.0,
-                before.1,
             ),
         ));
     }
-    Ok((profile, total, spans))
+    Ok(Filtered {
+        profile,
+        before,
+        spans,
+    })
 }
 
-/// What `report` writes: the table of functions, or the profile in one of its formats.
+/// What `report` and `diff` write: a table, or a profile (`report`) or a differential flame
+/// graph (`diff`, as [`Format::Svg`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReportFormat {
     Text,
@@ -818,24 +811,69 @@ enum ReportFormat {
 
 impl ReportFormat {
     fn from_name(name: &str) -> Option<ReportFormat> {
-        match name {
-            "text" | "txt" => Some(ReportFormat::Text),
+        match name.to_ascii_lowercase().as_str() {
+            "text" => Some(ReportFormat::Text),
             "json" => Some(ReportFormat::Json),
             other => Format::from_name(other).map(ReportFormat::Profile),
         }
     }
 
-    /// From a file name: `.txt`, `.json` (not `.speedscope.json`), or a profile's extension.
+    /// From a file name: `.txt`, `.json` (not `.speedscope.json`), or a profile's extension;
+    /// in any case.
     fn from_path(path: &Path) -> Option<ReportFormat> {
         if let Some(f) = Format::from_path(path) {
             return Some(ReportFormat::Profile(f));
         }
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("txt") => Some(ReportFormat::Text),
-            Some("json") => Some(ReportFormat::Json),
+        let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+        match ext.as_str() {
+            "txt" => Some(ReportFormat::Text),
+            "json" => Some(ReportFormat::Json),
             _ => None,
         }
     }
+
+    fn name(self) -> &'static str {
+        match self {
+            ReportFormat::Text => "text",
+            ReportFormat::Json => "json",
+            ReportFormat::Profile(f) => f.name(),
+        }
+    }
+}
+
+/// Renders and commits each output, printing `wrote FILE (FORMAT)` or the error per output;
+/// [`EXIT_FAILURE`] when one could not be written.
+fn commit_outputs<F: Copy + std::fmt::Display>(
+    outputs: Vec<(PendingOutput, F)>,
+    render: impl Fn(F) -> Result<Vec<u8>>,
+) -> u8 {
+    let mut status = 0;
+    for (out, format) in outputs {
+        let dest = out.dest().display().to_string();
+        match render(format).and_then(|bytes| out.commit(&bytes)) {
+            Ok(()) => eprintln!("wrote {dest} ({format})"),
+            Err(e) => {
+                eprintln!("error: cannot write output {dest}: {e:#}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
+    status
+}
+
+impl std::fmt::Display for ReportFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The temporary files of `paths`, created now so that an unwritable path fails at once.
+fn pending_outputs(paths: &[PathBuf]) -> Result<Vec<PendingOutput>, Failure> {
+    paths
+        .iter()
+        .map(|p| PendingOutput::create(p))
+        .collect::<Result<_>>()
+        .map_err(fail)
 }
 
 fn report(args: ReportArgs) -> Result<u8, Failure> {
@@ -880,9 +918,10 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     }
     let group = parse_group_by(args.group_by.as_deref())?;
     let filter = args.filter.parse()?;
-    let (profile, total, spans) = read_filtered(&args.profile, &filter)?;
+    let read = read_filtered(&args.profile, &filter)?;
+    let profile = &read.profile;
     let grouped = group.map(|g| profile.grouped(g));
-    let shown = grouped.as_ref().unwrap_or(&profile);
+    let shown = grouped.as_ref().unwrap_or(profile);
     let functions = spanprof::analysis::Functions::of(shown);
     // A memory profile has no span times.
     let named = span_times(shown).unwrap_or_default();
@@ -897,41 +936,23 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
             ReportFormat::Profile(f) => output::render(shown, f)?,
         })
     };
+    let line = report_line(profile, &filter, &args.profile, &read.before, read.spans);
     if to_stdout {
         if !filter.is_empty() {
-            eprintln!(
-                "{}",
-                report_line(&profile, &filter, &args.profile, total, spans)
-            );
+            eprintln!("{line}");
         }
         let bytes = render(stdout_format).map_err(fail)?;
         return write_stdout(&bytes);
     }
-    let pending: Vec<PendingOutput> = args
-        .output
-        .iter()
-        .map(|p| PendingOutput::create(p))
-        .collect::<Result<_>>()
-        .map_err(fail)?;
-    eprintln!(
-        "{}",
-        report_line(&profile, &filter, &args.profile, total, spans)
-    );
-    if let Some(line) = summary::spans_line(&profile) {
+    let pending = pending_outputs(&args.output)?;
+    eprintln!("{line}");
+    if let Some(line) = summary::spans_line(profile) {
         eprintln!("{line}");
     }
-    let mut status = 0;
-    for (out, format) in pending.into_iter().zip(formats) {
-        let dest = out.dest().display().to_string();
-        match render(format).and_then(|bytes| out.commit(&bytes)) {
-            Ok(()) => eprintln!("wrote {dest}"),
-            Err(e) => {
-                eprintln!("error: cannot write output {dest}: {e:#}");
-                status = EXIT_FAILURE;
-            }
-        }
-    }
-    Ok(status)
+    Ok(commit_outputs(
+        pending.into_iter().zip(formats).collect(),
+        render,
+    ))
 }
 
 /// The sampled time of each span name of `profile` ([`spanprof::analysis::span_times`]).
@@ -953,40 +974,36 @@ fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
 }
 
 fn diff(args: DiffArgs) -> Result<u8, Failure> {
-    use spanprof::analysis::{self, Diff, Which};
+    use spanprof::analysis::{self, Diff};
     let threshold = args
         .fail_on_regression
         .as_deref()
         .map(|t| {
             analysis::parse_percent(t).ok_or_else(|| {
                 usage(format!(
-                    "invalid --fail-on-regression '{t}': expected a share of the total, e.g. 5%"
+                    "invalid --fail-on-regression '{t}': expected points of the total with a %, \
+                     e.g. 5%"
                 ))
             })
         })
         .transpose()?;
-    let json_stdout = match args.format.as_deref() {
-        None | Some("text") => false,
-        Some("json") => true,
-        Some(other) => {
+    let json_stdout = match args.format.as_deref().map(ReportFormat::from_name) {
+        None | Some(Some(ReportFormat::Text)) => false,
+        Some(Some(ReportFormat::Json)) => true,
+        _ => {
             return Err(usage(format!(
-                "unknown format '{other}' for diff: use text or json"
+                "unknown format '{}' for diff: use text or json",
+                args.format.as_deref().unwrap_or_default()
             )))
         }
     };
-    #[derive(Clone, Copy)]
-    enum Out {
-        Svg,
-        Text,
-        Json,
-    }
-    let outs: Vec<Out> = args
+    let outs: Vec<ReportFormat> = args
         .output
         .iter()
-        .map(|p| match p.extension().and_then(|e| e.to_str()) {
-            Some("svg") => Ok(Out::Svg),
-            Some("txt") => Ok(Out::Text),
-            Some("json") => Ok(Out::Json),
+        .map(|p| match ReportFormat::from_path(p) {
+            Some(
+                f @ (ReportFormat::Text | ReportFormat::Json | ReportFormat::Profile(Format::Svg)),
+            ) => Ok(f),
             _ => Err(usage(format!(
                 "unknown output format for '{}': diff writes .svg (a differential flame graph), \
                  .txt or .json",
@@ -995,89 +1012,38 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
         })
         .collect::<Result<_, _>>()?;
     let filter = args.filter.parse()?;
-    let (base, _, _) = read_filtered(&args.base, &filter)?;
-    let (new, _, _) = read_filtered(&args.new, &filter)?;
+    let base = read_filtered(&args.base, &filter)?.profile;
+    let new = read_filtered(&args.new, &filter)?.profile;
     let d = Diff::of(&base, &new).map_err(|e| Failure(EXIT_FAILURE, e))?;
     let (base_name, new_name) = (
         args.base.display().to_string(),
         args.new.display().to_string(),
     );
     let text = analysis::diff_text((&base, &base_name), (&new, &new_name), &d, args.top);
-    let json = analysis::diff_json(&base, &new, &d, args.top);
-    let pending: Vec<PendingOutput> = args
-        .output
-        .iter()
-        .map(|p| PendingOutput::create(p))
-        .collect::<Result<_>>()
-        .map_err(fail)?;
-    let mut status = 0;
-    for (out, kind) in pending.into_iter().zip(outs) {
-        let dest = out.dest().display().to_string();
-        let bytes = match kind {
-            Out::Svg => output::svg::render_diff(&base, &new, &base_name, &new_name)
-                .map_err(anyhow::Error::from),
-            Out::Text => Ok(text.clone().into_bytes()),
-            Out::Json => Ok(json.clone().into_bytes()),
-        };
-        match bytes.and_then(|b| out.commit(&b)) {
-            Ok(()) => eprintln!("wrote {dest}"),
-            Err(e) => {
-                eprintln!("error: cannot write output {dest}: {e:#}");
-                status = EXIT_FAILURE;
-            }
-        }
-    }
+    let json = analysis::diff_json(&base, &new, &d, args.top, threshold);
+    let pending = pending_outputs(&args.output)?;
+    let written = commit_outputs(pending.into_iter().zip(outs).collect(), |f| match f {
+        ReportFormat::Json => Ok(json.clone().into_bytes()),
+        ReportFormat::Profile(_) => Ok(output::svg::render_diff(
+            &base, &new, &base_name, &new_name,
+        )?),
+        ReportFormat::Text => Ok(text.clone().into_bytes()),
+    });
     let printed = write_stdout(if json_stdout {
         json.as_bytes()
     } else {
         text.as_bytes()
     })?;
-    status = status.max(printed);
+    // An output not written is an error before any verdict.
+    if written != 0 || printed != 0 {
+        return Ok(EXIT_FAILURE);
+    }
     let Some(threshold) = threshold else {
-        return Ok(status);
+        return Ok(0);
     };
-    let regressions = d.regressions(threshold);
-    let (failing, noisy): (Vec<_>, Vec<_>) = regressions.iter().partition(|r| r.significant);
-    let describe = |r: &analysis::Regression| {
-        let c = r.change;
-        let (what, from, to, sigma) = match r.which {
-            Which::Self_ => ("self", c.base_self, c.new_self, c.sigma_self),
-            Which::Total => ("total", c.base_total, c.new_total, c.sigma_total),
-        };
-        format!(
-            "{}: {what} share {}% -> {}% ({} points; sampling error {} points)",
-            c.name,
-            analysis::percent_text(from),
-            analysis::percent_text(to),
-            analysis::points_text(to - from),
-            if sigma.is_finite() {
-                format!("{:.1}", sigma * 100.0)
-            } else {
-                "unknown".to_string()
-            }
-        )
-    };
-    let limit = analysis::percent_text(threshold);
-    for r in &noisy {
-        eprintln!(
-            "spanprof diff: not counted, within sampling noise (under {} standard errors): {}",
-            analysis::Z_LIMIT,
-            describe(r)
-        );
-    }
-    if failing.is_empty() {
-        eprintln!("spanprof diff: no function's share grew by more than {limit} points");
-        return Ok(status);
-    }
-    eprintln!(
-        "spanprof diff: regression: {} function{} grew by more than {limit} points of the total:",
-        failing.len(),
-        if failing.len() == 1 { "" } else { "s" }
-    );
-    for r in &failing {
-        eprintln!("  {}", describe(r));
-    }
-    Ok(EXIT_BUDGET)
+    let (verdict, failed) = analysis::verdict(&d, threshold);
+    eprint!("{verdict}");
+    Ok(if failed { EXIT_BUDGET } else { 0 })
 }
 
 fn check(args: CheckArgs) -> Result<u8, Failure> {
@@ -1095,10 +1061,19 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
         return Err(usage("nothing to check: give --max or --max-self"));
     }
     let filter = args.filter.parse()?;
-    let (profile, _, _) = read_filtered(&args.profile, &filter)?;
+    let profile = read_filtered(&args.profile, &filter)?.profile;
     let functions = Functions::of(&profile);
-    println!(
-        "spanprof check: {}: {}",
+    if functions.total == 0 {
+        return Err(Failure(
+            EXIT_FAILURE,
+            format!(
+                "{} has no samples: nothing to check",
+                args.profile.display()
+            ),
+        ));
+    }
+    let mut out = format!(
+        "spanprof check: {}: {}\n",
         args.profile.display(),
         analysis::run_line(&profile)
     );
@@ -1106,41 +1081,44 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
     for b in &budgets {
         let r = analysis::measure(&profile, &functions, b);
         let matched = if r.matched == 0 {
+            eprintln!(
+                "spanprof check: warning: {} matches no function of {}",
+                b.option(),
+                args.profile.display()
+            );
             "matches no function".to_string()
         } else {
             let more = r.matched.saturating_sub(r.functions.len());
-            format!(
-                "{}{}",
-                r.functions.join(", "),
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                }
-            )
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            format!("{}{more}", r.functions.join(", "))
         };
         let kind = match b.kind {
             ShareKind::Total => "with callees",
             ShareKind::Self_ => "self",
         };
+        let (share, max) = (
+            analysis::percent_text(r.share),
+            analysis::percent_text(b.max),
+        );
         if r.crossed() {
             crossed += 1;
-            println!(
-                "  OVER  {}: {}% ({kind}), budget {}%, {} points over: {matched}",
+            out.push_str(&format!(
+                "  OVER  {}: {share}% ({kind}), budget {max}%, {} points over: {matched}\n",
                 b.option(),
-                analysis::percent_text(r.share),
-                analysis::percent_text(b.max),
                 analysis::points_text(r.share - b.max).trim_start_matches('+'),
-            );
+            ));
         } else {
-            println!(
-                "  ok    {}: {}% ({kind}), budget {}%: {matched}",
+            out.push_str(&format!(
+                "  ok    {}: {share}% ({kind}), budget {max}%: {matched}\n",
                 b.option(),
-                analysis::percent_text(r.share),
-                analysis::percent_text(b.max),
-            );
+            ));
         }
     }
+    write_stdout(out.as_bytes())?;
     if crossed > 0 {
         eprintln!(
             "spanprof check: {crossed} of {} budgets exceeded",
@@ -1151,12 +1129,13 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `spanprof report: kept K of N samples, S of T spans (FILTER) from FILE: TARGET, …`.
+/// `spanprof report: kept K of N samples, S of T spans (FILTER) from FILE: TARGET, …`; `before`
+/// is N with its unit, the profile's before the filter.
 fn report_line(
     profile: &Profile,
     filter: &Filter,
     file: &Path,
-    total: u64,
+    before: &str,
     spans: usize,
 ) -> String {
     let m = &profile.meta;
@@ -1166,10 +1145,9 @@ fn report_line(
         filter.to_string()
     };
     format!(
-        "spanprof report: kept {} of {}{}, {} of {spans} spans ({filter}) from {}: \
+        "spanprof report: kept {}{} of {before}, {} of {spans} spans ({filter}) from {}: \
          {}, {:.1} s {}",
         summary::amount(profile, summary::total_weight(profile)),
-        summary::amount(profile, total),
         summary::unit_suffix(profile),
         profile.spans.len(),
         file.display(),

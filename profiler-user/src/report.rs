@@ -631,17 +631,9 @@ impl EventFilter {
         };
         if !has {
             return Err(format!(
-                "--event {}: the profile has no such samples (it has {})",
+                "--event {}: the profile has no such samples (it was profiled with --event {})",
                 self.name(),
-                crate::output::measure(*e)
-                    .map(str::to_string)
-                    .unwrap_or_else(|| if e.heap {
-                        "memory in use".to_string()
-                    } else if e.alloc {
-                        "allocations".to_string()
-                    } else {
-                        "on-CPU samples".to_string()
-                    })
+                crate::analysis::event_names(profile).join(",")
             ));
         }
         match self {
@@ -1258,7 +1250,7 @@ mod tests {
         assert_eq!(off.total_off_cpu_ns(), both.total_off_cpu_ns());
         let err = only(Some(EventFilter::Heap), &[]).unwrap_err();
         assert!(
-            err.contains("no such samples (it has CPU + off-CPU time)"),
+            err.contains("no such samples (it was profiled with --event cpu,offcpu)"),
             "{err}"
         );
         // Threads by name or id.

@@ -214,7 +214,7 @@ fn identical_builds_pass() {
     assert_eq!(out.code(), 0, "two runs of one build\n{out}");
     assert!(
         out.stderr
-            .contains("no function's share grew by more than 5.0 points"),
+            .contains("no significant regression over 5.0 points"),
         "{out}"
     );
     let doc: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -421,6 +421,27 @@ fn check_budgets_on_crafted_profiles() {
     }
     let none = check(&["--max", "nothing_matches=1%"]);
     assert!(none.stdout.contains("matches no function"), "{none}");
+    assert!(
+        none.stderr
+            .contains("warning: --max 'nothing_matches=1.0%' matches no function"),
+        "{none}"
+    );
+    // Spaces around `=` are not part of the pattern.
+    assert_eq!(check(&["--max", "json_* = 25%"]).code(), BUDGET);
+    // A closed pipe is not a crash.
+    let mut piped = Command::new("bash");
+    piped
+        .args([
+            "-o",
+            "pipefail",
+            "-c",
+            "\"$0\" check \"$1\" --max 'json_*=25%' --max 'w*=90%' | head -c 10",
+        ])
+        .arg(spanprof_bin())
+        .arg(&file);
+    let piped = run_with_timeout(piped, Duration::from_secs(60));
+    assert_eq!(piped.code(), BUDGET, "{piped}");
+    assert!(!piped.stderr.contains("panicked"), "{piped}");
     let over = check(&["--max", "json_*=25%"]);
     assert!(
         over.stdout
@@ -430,6 +451,7 @@ fn check_budgets_on_crafted_profiles() {
     for (bad, needle) in [
         ("json_dumps", "expected PATTERN=PERCENT%"),
         ("json=150%", "is not a share"),
+        ("json=20", "is not a share"),
         ("=5%", "expected PATTERN=PERCENT%"),
     ] {
         let out = check(&["--max", bad]);
@@ -453,6 +475,12 @@ fn check_budgets_on_crafted_profiles() {
             .contains("+30.0  json_dumps  30.0% -> 60.0% self"),
         "{out}"
     );
+    // A profile without samples passes no gate.
+    let empty = craft(tmp.path(), "empty", serde_json::json!([]));
+    let out = run_spanprof(args!["check", &empty, "--max", "x=5%"]);
+    assert_error(&out, FAILURE, &["empty.pb.gz has no samples"]);
+    let out = run_spanprof(args!["diff", &file, &empty, "--fail-on-regression", "5%"]);
+    assert_error(&out, FAILURE, &["the new profile has no samples"]);
 }
 
 #[test]

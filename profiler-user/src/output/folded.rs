@@ -60,9 +60,17 @@ pub fn frame_name(frame: &Frame) -> String {
 /// Returns `(stack, weight)` pairs sorted by stack, where `stack` is the `;`-joined frame names,
 /// root first, and `weight` the sum of [`Profile::weight`]. Stacks with a zero total are omitted.
 pub fn collapse(profile: &Profile) -> Result<Vec<(String, u64)>, OutputError> {
+    collapse_by(profile, frame_name)
+}
+
+/// [`collapse`] with frames named by `name` (which must give names safe for a folded line).
+pub fn collapse_by(
+    profile: &Profile,
+    name: impl Fn(&Frame) -> String,
+) -> Result<Vec<(String, u64)>, OutputError> {
     validate(profile)?;
     // Name each frame once; samples share frames heavily.
-    let names: Vec<String> = profile.frames.iter().map(frame_name).collect();
+    let names: Vec<String> = profile.frames.iter().map(name).collect();
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
     let mut stack = String::new();
     for sample in &profile.samples {

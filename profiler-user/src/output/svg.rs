@@ -160,9 +160,11 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
 /// Renders a differential flame graph of `new` against `base` (inferno's, as Brendan Gregg
 /// drew them): the frames are `new`'s, and a frame is red where it has more weight than in
 /// `base`, blue where less, the deeper the color the larger the change. `base` is first scaled
-/// to `new`'s total (inferno's `normalize`), so the colors show shares that changed, not a
-/// longer run; tooltips give the change in points of the total, e.g. `render_output (1,234
-/// samples, 40.00%; +15.00%)`. Functions only in `base` have no width in `new` and are not
+/// to `new`'s total (each stack's weight rounded), so the colors show shares that changed, not
+/// a longer run; tooltips give the change in points of the total, e.g. `render_output (1,234
+/// samples, 40.00%; +15.00%)`. Frames are functions as `spanprof diff` names them
+/// ([`crate::analysis::function_name`]: a Python function without its line, so an edit that
+/// moves lines changes nothing). Functions only in `base` have no width in `new` and are not
 /// drawn (the text diff of `spanprof diff` lists them).
 ///
 /// The profiles must be in the same unit; `base_name` and `new_name` are named in the
@@ -173,21 +175,30 @@ pub fn render_diff(
     base_name: &str,
     new_name: &str,
 ) -> Result<Vec<u8>, OutputError> {
-    let folded = |p: &Profile| -> Result<String, OutputError> {
-        Ok(folded::collapse(p)?
-            .into_iter()
-            .map(|(stack, count)| format!("{stack} {count}\n"))
-            .collect())
+    let name = crate::analysis::function_name;
+    let (before, after) = (
+        folded::collapse_by(base, name)?,
+        folded::collapse_by(new, name)?,
+    );
+    if after.is_empty() {
+        return Ok(empty_svg(new).into_bytes());
+    }
+    let total = |stacks: &[(String, u64)]| stacks.iter().map(|(_, w)| *w as f64).sum::<f64>();
+    let scale = total(&after) / total(&before).max(1.0);
+    let lines = |stacks: &[(String, u64)], scale: f64| -> String {
+        stacks
+            .iter()
+            .map(|(stack, w)| format!("{stack} {}\n", (*w as f64 * scale).round() as u64))
+            .collect()
     };
-    let (before, after) = (folded(base)?, folded(new)?);
     let mut merged = Vec::new();
     differential::from_readers(
         differential::Options {
-            normalize: true,
+            normalize: false,
             strip_hex: false,
         },
-        before.as_bytes(),
-        after.as_bytes(),
+        lines(&before, scale).as_bytes(),
+        lines(&after, 1.0).as_bytes(),
         &mut merged,
     )
     .map_err(OutputError::Svg)?;
@@ -196,9 +207,6 @@ pub fn render_diff(
     let merged = String::from_utf8_lossy(&merged).into_owned();
     let mut lines: Vec<&str> = merged.lines().collect();
     lines.sort_unstable();
-    if after.is_empty() {
-        return Ok(empty_svg(new).into_bytes());
-    }
     let mut options = Options::default();
     options.title = format!("spanprof diff: {}", shown(&new.meta));
     options.subtitle = Some(format!(
@@ -250,10 +258,10 @@ mod tests {
             String::from_utf8(render_diff(&base, &new, "a.pb.gz", "b.pb.gz").unwrap()).unwrap();
         assert!(svg.contains("spanprof diff: pid 100 (app)"));
         assert!(svg.contains("b.pb.gz against a.pb.gz"));
-        // Base scaled to 20 samples: 1 -> 1 (truncated), so +9 of 20.
+        // Base scaled to 20 samples: 1 -> 1.8, rounded to 2, so +8 of 20.
         assert!(
             svg.contains(
-                "<title>[unknown] (libfoo.so+0x1234) (10 samples, 50.00%; +45.00%)</title>"
+                "<title>[unknown] (libfoo.so+0x1234) (10 samples, 50.00%; +40.00%)</title>"
             ),
             "{svg}"
         );
