@@ -19,8 +19,10 @@
 # Outputs in OUTDIR: profile.pb.gz (keep it as the next baseline), flame.svg,
 # report.txt, report.json, and with a baseline diff.svg and diff.txt.
 #
-# Exit status: the benchmark's own when it fails; 3 when a budget is exceeded
-# or a function regressed; 1 when spanprof fails; 0 otherwise.
+# Exit status: the benchmark's own when it fails (so a benchmark that exits 3
+# reads like a regression: its message tells); 3 when a budget is exceeded or
+# a function regressed; 2 for bad arguments (this script's or a bad -t or -m
+# value); 1 when spanprof fails; 0 otherwise. -h prints this help.
 #
 # spanprof needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE); set
 # SPANPROF to the command that runs it (default: spanprof), e.g.
@@ -32,14 +34,16 @@ threshold="5%"
 out="spanprof-out"
 frequency=999
 budgets=()
-while getopts "b:t:o:m:F:" opt; do
+usage() { sed -n '2,29p' "$0"; }
+while getopts "b:t:o:m:F:h" opt; do
 	case "$opt" in
 	b) baseline="$OPTARG" ;;
 	t) threshold="$OPTARG" ;;
 	o) out="$OPTARG" ;;
 	m) budgets+=(--max "$OPTARG") ;;
 	F) frequency="$OPTARG" ;;
-	*) sed -n '2,27p' "$0" >&2; exit 2 ;;
+	h) usage; exit 0 ;;
+	*) usage >&2; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))

@@ -22,7 +22,9 @@
 //! a regression only when it is over the threshold *and* over [`Z_LIMIT`] times its error, so
 //! two runs of one build pass even with a low threshold, and a short run that cannot tell says
 //! so instead of failing by chance. For a time or memory profile, `n` is the total over one
-//! sampling period (or the allocation sampling rate): the number of samples it stands for.
+//! sampling period (or the allocation sampling rate): the number of samples it stands for. That
+//! overstates the independent samples when a few long off-CPU waits (one 2 s sleep counts as
+//! 200 samples at 99 Hz) or large allocations make most of the total.
 //!
 //! # Budgets
 //!
