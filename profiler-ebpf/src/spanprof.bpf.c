@@ -228,6 +228,11 @@ struct scratch {
 	struct spanprof_span_proc scfg;
 	struct spanprof_span span;
 	__u64 tstate;
+	/*
+	 * The objects whose `_name` span_name reads, found by the id readers: the OpenTelemetry
+	 * span (0: not read from the interpreter), OSProfiler's _Profiler.
+	 */
+	__u64 name_obj[2];
 	struct lookup q;
 	__u8 buf[SPAN_BUF];
 	__u8 tblock[TYPE_BLOCK];
@@ -1286,6 +1291,7 @@ static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 	v = dict_get(w, v, c->otel_key, c->otel_key_hash);
 	if (!v) /* no current span */
 		return w->q.status;
+	w->name_obj[0] = v;
 	v = getattr(w, v, c->context_name, c->context_name_hash);
 	if (!v || bpf_probe_read_user(ids, sizeof(ids), (const void *)(v + PY_TUPLE_ITEMS)))
 		return SPAN_FAULT;
@@ -1347,6 +1353,7 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 		return SPAN_FAULT;
 	if (str != c->osp_profiler_type)
 		return 0;
+	w->name_obj[1] = v;
 	v = getattr(w, v, c->osp_stack_name, c->osp_stack_name_hash);
 	if (!v || bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
 		return SPAN_FAULT;
@@ -1381,6 +1388,73 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], w->span.osp_parent))
 		w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
 	return 0;
+}
+
+/*
+ * The str `str` as a name: into out[SPANPROF_SPAN_NAME_MAX], its length into *out_len (0: no
+ * name). Only an exact str (ob_type is str_type) that is compact ASCII gives a name, of which
+ * the first SPANPROF_SPAN_NAME_MAX bytes are kept: a non-ASCII name, a str subclass or another
+ * object gives none. Two reads: the header, then no more data than the str holds.
+ */
+static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __u8 *out_len)
+{
+	__u64 hdr[4] = {}; /* ob_type, length, hash, state (Include/cpython/unicodeobject.h) */
+	__u64 n, data = w->scfg.str_data;
+
+	*out_len = 0;
+	if (!str || bpf_probe_read_user(hdr, sizeof(hdr), (const void *)(str + PY_OB_TYPE)))
+		return SPAN_FAULT;
+	if (hdr[0] != w->scfg.str_type ||
+	    ((__u32)hdr[3] & PY_STR_COMPACT_ASCII) != PY_STR_COMPACT_ASCII)
+		return 0;
+	n = hdr[1] < SPANPROF_SPAN_NAME_MAX ? hdr[1] : SPANPROF_SPAN_NAME_MAX;
+	asm volatile("" : "+r"(n)); /* the bound is checked on the register used */
+	if (n == 0 || n > SPANPROF_SPAN_NAME_MAX)
+		return 0;
+	if (data < PY_STR_STATE + 4 || data > 64 ||
+	    bpf_probe_read_user(out, n, (const void *)(str + data)))
+		return SPAN_FAULT;
+	*out_len = (__u8)n;
+	return 0;
+}
+
+/*
+ * The name of the OpenTelemetry span (osp == 0: its `_name`, set by the SDK's ReadableSpan) or
+ * of OSProfiler's current trace point (osp == 1: the last item of the _Profiler's `_name`
+ * deque, which start() appends to and stop() pops), of the object the id reader left in
+ * w->name_obj. A global function like the readers below: one more getattr inlined into them
+ * would be verified once per path through each.
+ */
+__attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
+{
+	struct scratch *w = get_scratch(slot);
+	__u64 v, d[5] = {}, str = 0;
+	int err;
+
+	if (!w)
+		return 0;
+	v = getattr(w, osp ? w->name_obj[1] : w->name_obj[0], w->scfg.name_attr,
+		    w->scfg.name_attr_hash);
+	if (!v) /* a span without `_name` (NonRecordingSpan), or a fault */
+		return w->q.status;
+	if (!osp) {
+		err = read_name(w, v, w->span.otel_name, &w->span.otel_name_len);
+		if (!err && w->span.otel_name_len)
+			w->span.flags |= SPANPROF_SPAN_OTEL_NAME;
+		return err;
+	}
+	/* deque: ob_size, leftblock, rightblock, leftindex, rightindex; the last item at the right. */
+	if (bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
+		return SPAN_FAULT;
+	if (d[0] == 0) /* no trace point started since init() */
+		return 0;
+	if (!d[2] || d[4] >= DEQUE_BLOCKLEN ||
+	    read_ptr(&str, d[2] + DEQUE_BLOCK_DATA + d[4] * 8))
+		return SPAN_FAULT;
+	err = read_name(w, str, w->span.osp_name, &w->span.osp_name_len);
+	if (!err && w->span.osp_name_len)
+		w->span.flags |= SPANPROF_SPAN_OSP_NAME;
+	return err;
 }
 
 /*
@@ -1423,6 +1497,8 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 		return 0;
 	w->scfg = *cfg;
 	__builtin_memset(&w->span, 0, sizeof(w->span));
+	w->name_obj[0] = 0;
+	w->name_obj[1] = 0;
 	/* What the process publishes itself is the cheapest to read, and read first. */
 	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot))
 		bad = 1;
@@ -1430,6 +1506,16 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 		bad = 1;
 	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot))
 		bad = 1;
+	/*
+	 * Names of what was read from the interpreter (a published context carries no name, and
+	 * its ids are not read again from the objects).
+	 */
+	if (w->scfg.name_attr) {
+		if ((w->span.flags & SPANPROF_SPAN_OTEL) && w->name_obj[0] && span_name(w->slot, 0))
+			bad = 1;
+		if ((w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] && span_name(w->slot, 1))
+			bad = 1;
+	}
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);
 	return w->span.flags ? sizeof(struct spanprof_span) : 0;
