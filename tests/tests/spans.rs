@@ -65,6 +65,18 @@ const OSPROFILER_KEYS: [&str; 3] = [
     "osprofiler.trace_id",
     "osprofiler.parent_id",
 ];
+/// The ids and the name, where names are read (the span contexts read from the interpreter).
+const OTEL_NAMED_KEYS: [&str; 3] = ["trace_id", "span_id", SPAN_NAME];
+const OSPROFILER_NAMED_KEYS: [&str; 4] = [
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+    OSP_NAME,
+];
+/// Name labels, and what spanprof keeps of a name: at most this many bytes, of ASCII only.
+const SPAN_NAME: &str = "span.name";
+const OSP_NAME: &str = "osprofiler.name";
+const NAME_MAX: usize = 64;
 
 /// A CPython interpreter under test and its tracing libraries.
 struct Interp {
@@ -121,7 +133,8 @@ macro_rules! per_version {
 /// One span (or trace point) of the workload: its work function's ids.
 #[derive(Debug)]
 struct SpanTruth {
-    /// The expected labels: `trace_id`/`span_id`, or the three `osprofiler.*`.
+    /// The expected labels: `trace_id`/`span_id` and `span.name`, or the four `osprofiler.*`
+    /// (no name label when spanprof reads none: the workload's names that are not ASCII).
     labels: BTreeMap<&'static str, String>,
     /// The native id of the thread the span ran on.
     tid: i64,
@@ -149,12 +162,12 @@ fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
             done = true;
             continue;
         }
-        let keys: &[&'static str] = match record["kind"].as_str() {
-            Some("otel") => &OTEL_KEYS,
-            Some("osprofiler") => &OSPROFILER_KEYS,
+        let (keys, name_key): (&[&'static str], _) = match record["kind"].as_str() {
+            Some("otel") => (&OTEL_KEYS, SPAN_NAME),
+            Some("osprofiler") => (&OSPROFILER_KEYS, OSP_NAME),
             other => panic!("ground-truth line of unknown kind {other:?}: {line}"),
         };
-        let labels = keys
+        let mut labels: BTreeMap<&'static str, String> = keys
             .iter()
             .map(|key| {
                 let field = key.strip_prefix("osprofiler.").unwrap_or(key);
@@ -164,6 +177,12 @@ fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
                 (*key, value.to_owned())
             })
             .collect();
+        let name = record["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no name in the ground-truth line {line}"));
+        if let Some(kept) = kept_name(name) {
+            labels.insert(name_key, kept);
+        }
         let function = record["function"]
             .as_str()
             .unwrap_or_else(|| panic!("no function in the ground-truth line {line}"))
@@ -187,6 +206,11 @@ fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
     );
     assert!(!spans.is_empty(), "the ground truth has no spans");
     spans
+}
+
+/// What spanprof keeps of a span name: none unless ASCII; the first [`NAME_MAX`] bytes.
+fn kept_name(name: &str) -> Option<String> {
+    (name.is_ascii() && !name.is_empty()).then(|| name[..name.len().min(NAME_MAX)].to_owned())
 }
 
 /// The weighted sample counts of one session, compared with the ground truth.
@@ -500,7 +524,7 @@ fn check_mode(
 // ---------------------------------------------------------------------------
 
 fn otel_threads(interp: &Interp) {
-    check_mode(interp, "otel_threads", &OTEL_KEYS);
+    check_mode(interp, "otel_threads", &OTEL_NAMED_KEYS);
 }
 
 per_version!(otel_threads:
@@ -523,7 +547,7 @@ fn otel_threads_debian_3_11() {
 // ---------------------------------------------------------------------------
 
 fn otel_asyncio(interp: &Interp) {
-    check_mode(interp, "otel_asyncio", &OTEL_KEYS);
+    check_mode(interp, "otel_asyncio", &OTEL_NAMED_KEYS);
 }
 
 per_version!(otel_asyncio:
@@ -540,7 +564,7 @@ per_version!(otel_asyncio:
 // ---------------------------------------------------------------------------
 
 fn osprofiler(interp: &Interp) {
-    check_mode(interp, "osprofiler", &OSPROFILER_KEYS);
+    check_mode(interp, "osprofiler", &OSPROFILER_NAMED_KEYS);
 }
 
 per_version!(osprofiler:
@@ -590,7 +614,7 @@ fn otel_late(interp: &Interp) {
     let workload_out = workload.finish(RUN_TIMEOUT);
     out.assert_success();
     workload_out.assert_success();
-    check_labels(interp, "otel_late", &pprof, &truth, &OTEL_KEYS, &out);
+    check_labels(interp, "otel_late", &pprof, &truth, &OTEL_NAMED_KEYS, &out);
 }
 
 per_version!(otel_late:
