@@ -240,6 +240,12 @@ struct scratch {
 	__u64 kbase; /* target address of kblock[0] */
 	__u32 klen;  /* bytes of kblock read */
 	__u32 _pad3;
+	__u64 kvalues; /* the split values the lookup in kblock was given (0: combined table) */
+	/*
+	 * The object whose attributes' keys kblock holds (the last lookup was a getattr of it that
+	 * found its name), or 0: a second attribute of it is looked up without reading them again.
+	 */
+	__u64 attrs_obj;
 };
 
 /*
@@ -717,31 +723,18 @@ static long dict_probe_step(__u64 n, void *ctx)
 }
 
 /*
- * The value under `key` (compared by identity; `hash` its hash) in the keys object `keys`, with
- * split `values` (0 for a combined table). 0 when absent; SPAN_FAULT in w->q.status on garbage.
+ * The value under `key` (compared by identity; `hash` its hash) in the keys object already read
+ * into w->kblock (at w->kbase), with split `values` (0 for a combined table). 0 when absent;
+ * SPAN_FAULT in w->q.status on garbage.
  */
-static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
-				      __u64 hash)
+static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 key, __u64 hash)
 {
 	struct lookup *q = &w->q;
-	__u64 size, index_bytes;
+	__u64 size, index_bytes, keys = w->kbase;
 	__u32 log2, log2_index, kind;
 
 	q->status = SPAN_FAULT;
 	q->result = 0;
-	if (!keys)
-		return 0;
-	/*
-	 * The header with what follows it: a small table's indices and entries come in the same
-	 * read. A keys object that ends near the end of a mapping takes the header alone.
-	 */
-	w->kbase = keys;
-	w->klen = KEYS_BLOCK;
-	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
-		w->klen = 40;
-		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
-			return 0;
-	}
 	__builtin_memcpy(w->buf, w->kblock, 40);
 	if (w->scfg.dict_kind == SPANPROF_DICT_SIZE) {
 		/* dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices */
@@ -788,6 +781,30 @@ static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 value
 	return q->status == 1 ? q->result : 0;
 }
 
+/* keys_find in the keys object `keys`, read first. */
+static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
+				      __u64 hash)
+{
+	w->q.status = SPAN_FAULT;
+	w->q.result = 0;
+	w->attrs_obj = 0;
+	if (!keys)
+		return 0;
+	/*
+	 * The header with what follows it: a small table's indices and entries come in the same
+	 * read. A keys object that ends near the end of a mapping takes the header alone.
+	 */
+	w->kbase = keys;
+	w->kvalues = values;
+	w->klen = KEYS_BLOCK;
+	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
+		w->klen = 40;
+		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
+			return 0;
+	}
+	return keys_find(w, values, key, hash);
+}
+
 /* dict[key] for a dict object (a subclass too: the dict part comes first). */
 static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, __u64 hash)
 {
@@ -801,7 +818,7 @@ static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, 
 }
 
 /* obj.name for an instance attribute (from the instance's dict or values), or 0. */
-static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+static __always_inline __u64 attr_lookup(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
 {
 	__u64 type = 0, flags, v = 0, keys = 0, pre[2] = {}, tlen;
 	__u32 first = w->scfg.type_basicsize, last = w->scfg.type_dictoffset;
@@ -855,6 +872,16 @@ static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, _
 	if (!v || read_ptr(&keys, type + w->scfg.type_cached_keys))
 		return 0;
 	return keys_get(w, keys, v, name, hash);
+}
+
+/* attr_lookup, noting whose attributes' keys are left in w->kblock when it found the name. */
+static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+{
+	__u64 v = attr_lookup(w, obj, name, hash);
+
+	if (v)
+		w->attrs_obj = obj;
+	return v;
 }
 
 #define HAMT_BITMAP_NODE 1
@@ -1428,13 +1455,20 @@ static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __
 __attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
 {
 	struct scratch *w = get_scratch(slot);
-	__u64 v, d[5] = {}, str = 0;
+	__u64 v, obj, d[5] = {}, str = 0;
 	int err;
 
 	if (!w)
 		return 0;
-	v = getattr(w, osp ? w->name_obj[1] : w->name_obj[0], w->scfg.name_attr,
-		    w->scfg.name_attr_hash);
+	obj = osp ? w->name_obj[1] : w->name_obj[0];
+	/*
+	 * The id reader's last lookup was usually an attribute of this object (`_context`,
+	 * `_trace_stack`): the same keys, still in kblock, and values.
+	 */
+	if (obj && obj == w->attrs_obj)
+		v = keys_find(w, w->kvalues, w->scfg.name_attr, w->scfg.name_attr_hash);
+	else
+		v = getattr(w, obj, w->scfg.name_attr, w->scfg.name_attr_hash);
 	if (!v) /* a span without `_name` (NonRecordingSpan), or a fault */
 		return w->q.status;
 	if (!osp) {
@@ -1499,23 +1533,25 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 	__builtin_memset(&w->span, 0, sizeof(w->span));
 	w->name_obj[0] = 0;
 	w->name_obj[1] = 0;
-	/* What the process publishes itself is the cheapest to read, and read first. */
+	w->attrs_obj = 0;
+	/*
+	 * What the process publishes itself is the cheapest to read, and read first. Names only of
+	 * what was read from the interpreter (a published context carries none, and its ids are
+	 * not read again from the objects), each right after its ids: its object's keys are still
+	 * in the scratch.
+	 */
 	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot))
 		bad = 1;
 	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel(w->slot))
 		bad = 1;
+	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OTEL) && w->name_obj[0] &&
+	    span_name(w->slot, 0))
+		bad = 1;
 	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot))
 		bad = 1;
-	/*
-	 * Names of what was read from the interpreter (a published context carries no name, and
-	 * its ids are not read again from the objects).
-	 */
-	if (w->scfg.name_attr) {
-		if ((w->span.flags & SPANPROF_SPAN_OTEL) && w->name_obj[0] && span_name(w->slot, 0))
-			bad = 1;
-		if ((w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] && span_name(w->slot, 1))
-			bad = 1;
-	}
+	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] &&
+	    span_name(w->slot, 1))
+		bad = 1;
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);
 	return w->span.flags ? sizeof(struct spanprof_span) : 0;
