@@ -925,13 +925,23 @@ mod tests {
         put_typed(mem, module, 64, base + 0x10_000, "module");
         mem.write(module + 16, &globals.to_le_bytes());
         put_str(mem, base + 0x20_000, class, 1);
-        put_dict(mem, globals, globals + 0x800, &[(base + 0x20_000, class_obj)]);
+        put_dict(
+            mem,
+            globals,
+            globals + 0x800,
+            &[(base + 0x20_000, class_obj)],
+        );
         // The class: its own type object; tp_dict at 264.
         let mut c = vec![0u8; 1024];
         c[264..272].copy_from_slice(&class_dict.to_le_bytes());
         mem.insert(class_obj, c);
         put_str(mem, base + 0x21_000, method, 2);
-        put_dict(mem, class_dict, class_dict + 0x800, &[(base + 0x21_000, func)]);
+        put_dict(
+            mem,
+            class_dict,
+            class_dict + 0x800,
+            &[(base + 0x21_000, func)],
+        );
         // A function (3.11: func_code at 48), its code (co_names at 32), the names tuple.
         put_typed(mem, func, 64, base + 0x30_000, "function");
         mem.write(func + 48, &code.to_le_bytes());
@@ -955,7 +965,13 @@ mod tests {
         put_str(&mut mem, other, "_context", 98);
         put_typed(&mut mem, 0x53_000, 16, str_type, "str");
         mem.write(name + 8, &str_type.to_le_bytes());
-        put_module(&mut mem, 0x100_000, "ReadableSpan", "__init__", &[other, name]);
+        put_module(
+            &mut mem,
+            0x100_000,
+            "ReadableSpan",
+            "__init__",
+            &[other, name],
+        );
         put_module(&mut mem, 0x200_000, "_Profiler", "start", &[name]);
         let o = objects(&mem);
         let want = Some(NameObjects {
