@@ -8,7 +8,10 @@
 //! (weighted by value) with a `span_work_N` frame, at least 98% must carry exactly that span's
 //! ids, and at least 98% of those with ids must carry the right ones; of the samples in
 //! `outside_work` (and no span), at most 1% may carry any; at least 100 samples in spans and 30
-//! outside, so no test passes on too little.
+//! outside, so no test passes on too little. Where names are read (`otel_threads`,
+//! `otel_asyncio`, `osprofiler`, `otel_late`), "its ids" include its name: `span.name` or
+//! `osprofiler.name` is the span's or trace point's name cut to its first 64 bytes, and absent
+//! for the workload's names that are not ASCII (every span has a name of its own).
 //! - `otel_threads_*`: two threads running OpenTelemetry spans (some with a child span inside)
 //!   at once: labels `trace_id` (32 hex digits) and `span_id` (16) are the innermost span's, on
 //!   the thread the span ran on (`thread.id` is the span's thread too); also Debian's
