@@ -328,11 +328,12 @@ pub const SPAN_OSP_PARENT: u32 = 4;
 /// [`SpanRecord::flags`]: the ids come from the thread context record the process publishes
 /// (OTEP 4947), not from its tracing libraries' objects.
 pub const SPAN_PUBLISHED: u32 = 8;
-/// [`SpanRecord::flags`]: `otel_name` holds the OpenTelemetry span's name (set only with
-/// [`SPAN_OTEL`], never with [`SPAN_PUBLISHED`] ids: the name is read from the span object).
+/// [`SpanRecord::flags`]: `otel_name` holds the OpenTelemetry span's name. Only with
+/// [`SPAN_OTEL`] ids read from the interpreter: the name is read from the span object, which is
+/// not walked for ids taken from the published record ([`SPAN_PUBLISHED`]).
 pub const SPAN_OTEL_NAME: u32 = 16;
-/// [`SpanRecord::flags`]: `osp_name` holds the current OSProfiler trace point's name (set only
-/// with [`SPAN_OSP`] read from the interpreter).
+/// [`SpanRecord::flags`]: `osp_name` holds the current OSProfiler trace point's name. Only with
+/// [`SPAN_OSP`] ids read from the interpreter, likewise.
 pub const SPAN_OSP_NAME: u32 = 32;
 /// Bytes of a name a [`SpanRecord`] keeps (`SPANPROF_SPAN_NAME_MAX`): a longer name keeps its
 /// first bytes; a str that is not compact ASCII gives no name at all.
