@@ -328,6 +328,16 @@ pub const SPAN_OSP_PARENT: u32 = 4;
 /// [`SpanRecord::flags`]: the ids come from the thread context record the process publishes
 /// (OTEP 4947), not from its tracing libraries' objects.
 pub const SPAN_PUBLISHED: u32 = 8;
+/// [`SpanRecord::flags`]: `otel_name` holds the OpenTelemetry span's name. Only with
+/// [`SPAN_OTEL`] ids read from the interpreter: the name is read from the span object, which is
+/// not walked for ids taken from the published record ([`SPAN_PUBLISHED`]).
+pub const SPAN_OTEL_NAME: u32 = 16;
+/// [`SpanRecord::flags`]: `osp_name` holds the current OSProfiler trace point's name. Only with
+/// [`SPAN_OSP`] ids read from the interpreter, likewise.
+pub const SPAN_OSP_NAME: u32 = 32;
+/// Bytes of a name a [`SpanRecord`] keeps (`SPANPROF_SPAN_NAME_MAX`): a longer name keeps its
+/// first bytes; a str that is not compact ASCII gives no name at all.
+pub const SPAN_NAME_MAX: usize = 64;
 /// [`SpanProc::tls_kind`]: no published thread context.
 pub const TLS_NONE: u32 = 0;
 /// [`SpanProc::tls_kind`]: the thread's `otel_thread_ctx_v1` is at FS base + `tls_offset`.
@@ -354,8 +364,41 @@ pub struct SpanRecord {
     pub osp_parent: [u8; 16],
     /// `SPAN_*`.
     pub flags: u32,
+    /// Bytes of `otel_name` used, with [`SPAN_OTEL_NAME`].
+    pub otel_name_len: u8,
+    /// Bytes of `osp_name` used, with [`SPAN_OSP_NAME`].
+    pub osp_name_len: u8,
     /// Zero.
-    pub _pad: u32,
+    pub _pad: u16,
+    /// The OpenTelemetry SDK span's `_name` (ASCII, as read: user space checks it again).
+    pub otel_name: [u8; SPAN_NAME_MAX],
+    /// OSProfiler's `_Profiler._name[-1]`: the name of the current trace point.
+    pub osp_name: [u8; SPAN_NAME_MAX],
+}
+
+impl SpanRecord {
+    /// The OpenTelemetry span's name bytes, if the record has them.
+    pub fn otel_name(&self) -> Option<&[u8]> {
+        Self::name(
+            self.flags & SPAN_OTEL_NAME != 0,
+            &self.otel_name,
+            self.otel_name_len,
+        )
+    }
+
+    /// The OSProfiler trace point's name bytes, if the record has them.
+    pub fn osp_name(&self) -> Option<&[u8]> {
+        Self::name(
+            self.flags & SPAN_OSP_NAME != 0,
+            &self.osp_name,
+            self.osp_name_len,
+        )
+    }
+
+    fn name(set: bool, bytes: &[u8; SPAN_NAME_MAX], len: u8) -> Option<&[u8]> {
+        let len = usize::from(len);
+        (set && (1..=SPAN_NAME_MAX).contains(&len)).then(|| &bytes[..len])
+    }
 }
 
 /// [`SpanProc::attr_kind`]: a dict at the type's `tp_dictoffset` (3.8–3.10).
@@ -414,6 +457,13 @@ pub struct SpanProc {
     pub osp_stack_name: u64,
     /// Its hash.
     pub osp_stack_name_hash: u64,
+    /// The interned str `_name` (an OpenTelemetry SDK span's name; OSProfiler's deque of trace
+    /// point names), 0 until found.
+    pub name_attr: u64,
+    /// Its hash.
+    pub name_attr_hash: u64,
+    /// `&PyUnicode_Type` (the type of the `_name` str): a name is read only from an exact str.
+    pub str_type: u64,
     /// The ContextVar's hash folded to 32 bits, as the HAMT keys it.
     pub otel_var_hash: u32,
     /// `offsetof(PyThreadState, context)`.

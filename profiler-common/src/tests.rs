@@ -103,7 +103,11 @@ fn c_asserts() -> String {
             osp_current,
             osp_parent,
             flags,
-            _pad
+            otel_name_len,
+            osp_name_len,
+            _pad,
+            otel_name,
+            osp_name
         ),
     ));
     structs.push((
@@ -128,6 +132,9 @@ fn c_asserts() -> String {
             osp_profiler_type,
             osp_stack_name,
             osp_stack_name_hash,
+            name_attr,
+            name_attr_hash,
+            str_type,
             otel_var_hash,
             tstate_context,
             context_vars,
@@ -328,6 +335,9 @@ fn c_asserts() -> String {
         ("SPANPROF_SPAN_OTEL", SPAN_OTEL as u64),
         ("SPANPROF_SPAN_OSP", SPAN_OSP as u64),
         ("SPANPROF_SPAN_OSP_PARENT", SPAN_OSP_PARENT as u64),
+        ("SPANPROF_SPAN_OTEL_NAME", SPAN_OTEL_NAME as u64),
+        ("SPANPROF_SPAN_OSP_NAME", SPAN_OSP_NAME as u64),
+        ("SPANPROF_SPAN_NAME_MAX", SPAN_NAME_MAX as u64),
         ("SPANPROF_SPAN_PUBLISHED", SPAN_PUBLISHED as u64),
         ("SPANPROF_TLS_NONE", TLS_NONE as u64),
         ("SPANPROF_TLS_STATIC", TLS_STATIC as u64),
@@ -548,11 +558,13 @@ fn records_of_every_kind_are_told_apart() {
 
 #[test]
 fn from_bytes_reads_the_span_after_every_frame() {
-    // 1 kernel, 1 user frame, 1 Python frame (3 words), then a span record (10 words).
+    // 1 kernel, 1 user frame, 1 Python frame (3 words), then a span record (26 words).
     let mut frames = vec![1, 2, 0x1000, 0x2000, 7];
-    let mut span = [0u64; 10];
+    let mut span = [0u64; 26];
     span[0] = u64::from_ne_bytes([0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6]);
-    span[9] = u64::from(SPAN_OTEL);
+    // flags, otel_name_len 3, osp_name_len 0; then otel_name.
+    span[9] = u64::from(SPAN_OTEL | SPAN_OTEL_NAME) | 3 << 32;
+    span[10] = u64::from_ne_bytes(*b"GET\0\0\0\0\0");
     frames.extend_from_slice(&span);
     let mut r = record(1, 1, &frames);
     // SAFETY: the buffer holds the header; SampleHeader is Pod.
@@ -562,8 +574,10 @@ fn from_bytes_reads_the_span_after_every_frame() {
     let s = Sample::from_bytes(bytes(&r)).unwrap();
     assert_eq!(s.python_stack().len(), 1);
     let span = s.span().unwrap();
-    assert_eq!(span.flags, SPAN_OTEL);
+    assert_eq!(span.flags, SPAN_OTEL | SPAN_OTEL_NAME);
     assert_eq!(span.trace_id[..4], [0x4b, 0xf9, 0x2f, 0x35]);
+    assert_eq!(span.otel_name(), Some(&b"GET"[..]));
+    assert_eq!(span.osp_name(), None);
 
     // A span cut short by the record's end, or of another size, is not read.
     let short = &bytes(&r)[..bytes(&r).len() - 8];

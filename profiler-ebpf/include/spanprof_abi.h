@@ -167,6 +167,14 @@ struct spanprof_py_frame {
 #define SPANPROF_SPAN_OSP 2	   /* osp_base and osp_current: an OSProfiler trace */
 #define SPANPROF_SPAN_OSP_PARENT 4 /* osp_parent too */
 #define SPANPROF_SPAN_PUBLISHED 8  /* from the thread context record the process publishes */
+#define SPANPROF_SPAN_OTEL_NAME 16 /* otel_name: the OpenTelemetry span's name (with SPAN_OTEL) */
+#define SPANPROF_SPAN_OSP_NAME 32  /* osp_name: the current trace point's name (with SPAN_OSP) */
+
+/*
+ * Bytes of a span or trace point name kept: a longer name keeps its first bytes. Names are read
+ * only from compact ASCII strs (every byte < 0x80); any other str gives no name.
+ */
+#define SPANPROF_SPAN_NAME_MAX 64
 
 /*
  * The tracing context of the sampled thread, read while it was stopped. Ids are bytes in wire
@@ -179,7 +187,13 @@ struct spanprof_span {
 	__u8 osp_current[16]; /* the current trace point: the last id */
 	__u8 osp_parent[16];  /* the one before it */
 	__u32 flags;	      /* SPANPROF_SPAN_* */
-	__u32 _pad;
+	__u8 otel_name_len;   /* bytes of otel_name used (SPANPROF_SPAN_OTEL_NAME), 1 to NAME_MAX */
+	__u8 osp_name_len;    /* bytes of osp_name used (SPANPROF_SPAN_OSP_NAME) */
+	__u16 _pad;
+	/* OpenTelemetry SDK: the current span's `_name`; not NUL-terminated, zeros past the length. */
+	__u8 otel_name[SPANPROF_SPAN_NAME_MAX];
+	/* OSProfiler: `_Profiler._name[-1]`, the name given to the current trace point's start(). */
+	__u8 osp_name[SPANPROF_SPAN_NAME_MAX];
 };
 
 /*
@@ -415,6 +429,14 @@ struct spanprof_span_proc {
 	__u64 osp_profiler_type;
 	__u64 osp_stack_name;
 	__u64 osp_stack_name_hash;
+	/*
+	 * Names: the interned str `_name` (0 until found: the OpenTelemetry SDK's ReadableSpan and
+	 * OSProfiler's _Profiler both keep their names under it) and the type of strs (`str`, read
+	 * from that object), which a name must be exactly.
+	 */
+	__u64 name_attr;
+	__u64 name_attr_hash;
+	__u64 str_type;
 	__u32 otel_var_hash;   /* the ContextVar's hash folded to 32 bits, as the HAMT keys it */
 	__u32 tstate_context;  /* offsetof(PyThreadState, context) */
 	__u32 context_vars;    /* offsetof(PyContext, ctx_vars) */

@@ -228,6 +228,11 @@ struct scratch {
 	struct spanprof_span_proc scfg;
 	struct spanprof_span span;
 	__u64 tstate;
+	/*
+	 * The objects whose `_name` span_name reads, found by the id readers: the OpenTelemetry
+	 * span (0: not read from the interpreter), OSProfiler's _Profiler.
+	 */
+	__u64 name_obj[2];
 	struct lookup q;
 	__u8 buf[SPAN_BUF];
 	__u8 tblock[TYPE_BLOCK];
@@ -235,6 +240,12 @@ struct scratch {
 	__u64 kbase; /* target address of kblock[0] */
 	__u32 klen;  /* bytes of kblock read */
 	__u32 _pad3;
+	__u64 kvalues; /* the split values the lookup in kblock was given (0: combined table) */
+	/*
+	 * The object whose attributes' keys kblock holds (the last lookup was a getattr of it that
+	 * found its name), or 0: a second attribute of it is looked up without reading them again.
+	 */
+	__u64 attrs_obj;
 };
 
 /*
@@ -712,31 +723,18 @@ static long dict_probe_step(__u64 n, void *ctx)
 }
 
 /*
- * The value under `key` (compared by identity; `hash` its hash) in the keys object `keys`, with
- * split `values` (0 for a combined table). 0 when absent; SPAN_FAULT in w->q.status on garbage.
+ * The value under `key` (compared by identity; `hash` its hash) in the keys object already read
+ * into w->kblock (at w->kbase), with split `values` (0 for a combined table). 0 when absent;
+ * SPAN_FAULT in w->q.status on garbage.
  */
-static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
-				      __u64 hash)
+static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 key, __u64 hash)
 {
 	struct lookup *q = &w->q;
-	__u64 size, index_bytes;
+	__u64 size, index_bytes, keys = w->kbase;
 	__u32 log2, log2_index, kind;
 
 	q->status = SPAN_FAULT;
 	q->result = 0;
-	if (!keys)
-		return 0;
-	/*
-	 * The header with what follows it: a small table's indices and entries come in the same
-	 * read. A keys object that ends near the end of a mapping takes the header alone.
-	 */
-	w->kbase = keys;
-	w->klen = KEYS_BLOCK;
-	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
-		w->klen = 40;
-		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
-			return 0;
-	}
 	__builtin_memcpy(w->buf, w->kblock, 40);
 	if (w->scfg.dict_kind == SPANPROF_DICT_SIZE) {
 		/* dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices */
@@ -783,6 +781,30 @@ static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 value
 	return q->status == 1 ? q->result : 0;
 }
 
+/* keys_find in the keys object `keys`, read first. */
+static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
+				      __u64 hash)
+{
+	w->q.status = SPAN_FAULT;
+	w->q.result = 0;
+	w->attrs_obj = 0;
+	if (!keys)
+		return 0;
+	/*
+	 * The header with what follows it: a small table's indices and entries come in the same
+	 * read. A keys object that ends near the end of a mapping takes the header alone.
+	 */
+	w->kbase = keys;
+	w->kvalues = values;
+	w->klen = KEYS_BLOCK;
+	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
+		w->klen = 40;
+		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
+			return 0;
+	}
+	return keys_find(w, values, key, hash);
+}
+
 /* dict[key] for a dict object (a subclass too: the dict part comes first). */
 static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, __u64 hash)
 {
@@ -796,7 +818,7 @@ static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, 
 }
 
 /* obj.name for an instance attribute (from the instance's dict or values), or 0. */
-static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+static __always_inline __u64 attr_lookup(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
 {
 	__u64 type = 0, flags, v = 0, keys = 0, pre[2] = {}, tlen;
 	__u32 first = w->scfg.type_basicsize, last = w->scfg.type_dictoffset;
@@ -850,6 +872,16 @@ static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, _
 	if (!v || read_ptr(&keys, type + w->scfg.type_cached_keys))
 		return 0;
 	return keys_get(w, keys, v, name, hash);
+}
+
+/* attr_lookup, noting whose attributes' keys are left in w->kblock when it found the name. */
+static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+{
+	__u64 v = attr_lookup(w, obj, name, hash);
+
+	if (v)
+		w->attrs_obj = obj;
+	return v;
 }
 
 #define HAMT_BITMAP_NODE 1
@@ -1286,6 +1318,7 @@ static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 	v = dict_get(w, v, c->otel_key, c->otel_key_hash);
 	if (!v) /* no current span */
 		return w->q.status;
+	w->name_obj[0] = v;
 	v = getattr(w, v, c->context_name, c->context_name_hash);
 	if (!v || bpf_probe_read_user(ids, sizeof(ids), (const void *)(v + PY_TUPLE_ITEMS)))
 		return SPAN_FAULT;
@@ -1347,6 +1380,7 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 		return SPAN_FAULT;
 	if (str != c->osp_profiler_type)
 		return 0;
+	w->name_obj[1] = v;
 	v = getattr(w, v, c->osp_stack_name, c->osp_stack_name_hash);
 	if (!v || bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
 		return SPAN_FAULT;
@@ -1381,6 +1415,80 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], w->span.osp_parent))
 		w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
 	return 0;
+}
+
+/*
+ * The str `str` as a name: into out[SPANPROF_SPAN_NAME_MAX], its length into *out_len (0: no
+ * name). Only an exact str (ob_type is str_type) that is compact ASCII gives a name, of which
+ * the first SPANPROF_SPAN_NAME_MAX bytes are kept: a non-ASCII name, a str subclass or another
+ * object gives none. Two reads: the header, then no more data than the str holds.
+ */
+static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __u8 *out_len)
+{
+	__u64 hdr[4] = {}; /* ob_type, length, hash, state (Include/cpython/unicodeobject.h) */
+	__u64 n, data = w->scfg.str_data;
+
+	*out_len = 0;
+	if (!str || bpf_probe_read_user(hdr, sizeof(hdr), (const void *)(str + PY_OB_TYPE)))
+		return SPAN_FAULT;
+	if (hdr[0] != w->scfg.str_type ||
+	    ((__u32)hdr[3] & PY_STR_COMPACT_ASCII) != PY_STR_COMPACT_ASCII)
+		return 0;
+	n = hdr[1] < SPANPROF_SPAN_NAME_MAX ? hdr[1] : SPANPROF_SPAN_NAME_MAX;
+	asm volatile("" : "+r"(n)); /* the bound is checked on the register used */
+	if (n == 0 || n > SPANPROF_SPAN_NAME_MAX)
+		return 0;
+	if (data < PY_STR_STATE + 4 || data > 64 ||
+	    bpf_probe_read_user(out, n, (const void *)(str + data)))
+		return SPAN_FAULT;
+	*out_len = (__u8)n;
+	return 0;
+}
+
+/*
+ * The name of the OpenTelemetry span (osp == 0: its `_name`, set by the SDK's ReadableSpan) or
+ * of OSProfiler's current trace point (osp == 1: the last item of the _Profiler's `_name`
+ * deque, which start() appends to and stop() pops), of the object the id reader left in
+ * w->name_obj. A global function like the readers below: one more getattr inlined into them
+ * would be verified once per path through each.
+ */
+__attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
+{
+	struct scratch *w = get_scratch(slot);
+	__u64 v, obj, d[5] = {}, str = 0;
+	int err;
+
+	if (!w)
+		return 0;
+	obj = osp ? w->name_obj[1] : w->name_obj[0];
+	/*
+	 * The id reader's last lookup was usually an attribute of this object (`_context`,
+	 * `_trace_stack`): the same keys, still in kblock, and values.
+	 */
+	if (obj && obj == w->attrs_obj)
+		v = keys_find(w, w->kvalues, w->scfg.name_attr, w->scfg.name_attr_hash);
+	else
+		v = getattr(w, obj, w->scfg.name_attr, w->scfg.name_attr_hash);
+	if (!v) /* a span without `_name` (NonRecordingSpan), or a fault */
+		return w->q.status;
+	if (!osp) {
+		err = read_name(w, v, w->span.otel_name, &w->span.otel_name_len);
+		if (!err && w->span.otel_name_len)
+			w->span.flags |= SPANPROF_SPAN_OTEL_NAME;
+		return err;
+	}
+	/* deque: ob_size, leftblock, rightblock, leftindex, rightindex; the last item at the right. */
+	if (bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
+		return SPAN_FAULT;
+	if (d[0] == 0) /* no trace point started since init() */
+		return 0;
+	if (!d[2] || d[4] >= DEQUE_BLOCKLEN ||
+	    read_ptr(&str, d[2] + DEQUE_BLOCK_DATA + d[4] * 8))
+		return SPAN_FAULT;
+	err = read_name(w, str, w->span.osp_name, &w->span.osp_name_len);
+	if (!err && w->span.osp_name_len)
+		w->span.flags |= SPANPROF_SPAN_OSP_NAME;
+	return err;
 }
 
 /*
@@ -1423,12 +1531,26 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 		return 0;
 	w->scfg = *cfg;
 	__builtin_memset(&w->span, 0, sizeof(w->span));
-	/* What the process publishes itself is the cheapest to read, and read first. */
+	w->name_obj[0] = 0;
+	w->name_obj[1] = 0;
+	w->attrs_obj = 0;
+	/*
+	 * What the process publishes itself is the cheapest to read, and read first. Names only of
+	 * what was read from the interpreter (a published context carries none, and its ids are
+	 * not read again from the objects), each right after its ids: its object's keys are still
+	 * in the scratch.
+	 */
 	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot))
 		bad = 1;
 	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel(w->slot))
 		bad = 1;
+	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OTEL) && w->name_obj[0] &&
+	    span_name(w->slot, 0))
+		bad = 1;
 	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot))
+		bad = 1;
+	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] &&
+	    span_name(w->slot, 1))
 		bad = 1;
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);

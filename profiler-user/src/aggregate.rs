@@ -24,7 +24,7 @@ use symbolizer::{Symbol, Symbolizer};
 use crate::offcpu::{classify, BlockFacts};
 use crate::profile::{
     Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample,
-    SpanContext, Thread, Timed,
+    SpanContext, SpanName, Thread, Timed,
 };
 use crate::python::{split_token, MergeInfo, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 use crate::resource::ProcessInfo;
@@ -772,6 +772,15 @@ fn span_context(r: &SpanRecord) -> SpanContext {
             trace_id: r.osp_current,
             parent_id: (r.flags & SPAN_OSP_PARENT != 0).then_some(r.osp_parent),
         }),
+        // A name only beside its ids (the kernel sets it no other way).
+        span_name: r
+            .otel_name()
+            .filter(|_| r.flags & SPAN_OTEL != 0)
+            .and_then(SpanName::from_ascii),
+        osprofiler_name: r
+            .osp_name()
+            .filter(|_| r.flags & SPAN_OSP != 0)
+            .and_then(SpanName::from_ascii),
     }
 }
 
@@ -1118,5 +1127,53 @@ mod tests {
             1
         );
         assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
+    }
+
+    /// A span record with OpenTelemetry ids and the given flags and names.
+    fn span_record(flags: u32, otel: &[u8], osp: &[u8]) -> SpanRecord {
+        let mut r = SpanRecord {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            osp_base: [3; 16],
+            osp_current: [4; 16],
+            osp_parent: [5; 16],
+            flags,
+            otel_name_len: otel.len() as u8,
+            osp_name_len: osp.len() as u8,
+            _pad: 0,
+            otel_name: [0; profiler_common::SPAN_NAME_MAX],
+            osp_name: [0; profiler_common::SPAN_NAME_MAX],
+        };
+        r.otel_name[..otel.len()].copy_from_slice(otel);
+        r.osp_name[..osp.len()].copy_from_slice(osp);
+        r
+    }
+
+    #[test]
+    fn span_names_come_with_their_ids_and_only_as_ascii() {
+        use profiler_common::{SPAN_OSP_NAME, SPAN_OTEL_NAME};
+        let both = span_context(&span_record(
+            SPAN_OTEL | SPAN_OTEL_NAME | SPAN_OSP | SPAN_OSP_NAME,
+            b"GET /servers/1",
+            b"wsgi",
+        ));
+        assert_eq!(both.span_name.unwrap().as_str(), "GET /servers/1");
+        assert_eq!(both.osprofiler_name.unwrap().as_str(), "wsgi");
+        // Without the name flag, or without the ids' flag, no name; a zero length, none.
+        let c = span_context(&span_record(SPAN_OTEL | SPAN_OSP, b"a", b"b"));
+        assert_eq!((c.span_name, c.osprofiler_name), (None, None));
+        let c = span_context(&span_record(SPAN_OTEL_NAME | SPAN_OSP, b"a", b""));
+        assert_eq!(c.span_name, None);
+        assert_eq!(c.trace_id, None);
+        let c = span_context(&span_record(SPAN_OSP | SPAN_OSP_NAME, b"", b""));
+        assert_eq!(c.osprofiler_name, None);
+        // A byte of 0x80 or more: the str changed while it was read; dropped.
+        let c = span_context(&span_record(SPAN_OTEL | SPAN_OTEL_NAME, b"caf\xe9", b""));
+        assert_eq!(c.span_name, None);
+        assert!(c.trace_id.is_some());
+        // Names make contexts distinct.
+        let a = span_context(&span_record(SPAN_OTEL | SPAN_OTEL_NAME, b"a", b""));
+        let b = span_context(&span_record(SPAN_OTEL | SPAN_OTEL_NAME, b"b", b""));
+        assert_ne!(a, b);
     }
 }

@@ -164,6 +164,89 @@ pub struct SpanContext {
     pub span_id: Option<[u8; 8]>,
     /// The OSProfiler trace the thread was in.
     pub osprofiler: Option<OsProfilerIds>,
+    /// The OpenTelemetry span's name (SDK spans only; not from a published thread context).
+    pub span_name: Option<SpanName>,
+    /// The name of the current OSProfiler trace point (what `profiler.start(name)` was given).
+    pub osprofiler_name: Option<SpanName>,
+}
+
+/// Bytes of a [`SpanName`] at most: what the kernel reads of a name
+/// ([`profiler_common::SPAN_NAME_MAX`]).
+pub const SPAN_NAME_MAX: usize = profiler_common::SPAN_NAME_MAX;
+
+/// A span or trace point name, inline: at most [`SPAN_NAME_MAX`] bytes of UTF-8, so that a
+/// [`SpanContext`] stays `Copy` and interning one per sample allocates nothing.
+///
+/// A name from the kernel is ASCII; a longer one was cut to its first [`SPAN_NAME_MAX`] bytes
+/// there, and one that was not ASCII was dropped. A name read back from a file is cut the same
+/// way (at a character boundary), so a round trip keeps what spanprof wrote.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SpanName {
+    /// The name, then zeros: equal names are equal arrays, so `Eq` and `Hash` can be derived.
+    bytes: [u8; SPAN_NAME_MAX],
+    len: u8,
+}
+
+impl SpanName {
+    /// A name as the kernel read it: 1 to [`SPAN_NAME_MAX`] ASCII bytes, else none (a byte
+    /// of 0x80 or more means the str changed under the read: garbage).
+    pub fn from_ascii(bytes: &[u8]) -> Option<Self> {
+        if bytes.is_empty() || bytes.len() > SPAN_NAME_MAX || !bytes.is_ascii() {
+            return None;
+        }
+        Some(Self::from_valid(bytes))
+    }
+
+    /// A name from text, cut to at most [`SPAN_NAME_MAX`] bytes at a character boundary; none
+    /// when empty.
+    pub fn new(text: &str) -> Option<Self> {
+        let mut end = text.len().min(SPAN_NAME_MAX);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        (end > 0).then(|| Self::from_valid(&text.as_bytes()[..end]))
+    }
+
+    /// `bytes`: valid UTF-8 of 1 to [`SPAN_NAME_MAX`] bytes.
+    fn from_valid(bytes: &[u8]) -> Self {
+        let mut name = Self {
+            bytes: [0; SPAN_NAME_MAX],
+            len: bytes.len() as u8,
+        };
+        name.bytes[..bytes.len()].copy_from_slice(bytes);
+        name
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // Only valid UTF-8 is ever stored.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for SpanName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for SpanName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialOrd for SpanName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// By text, as a `String` would sort.
+impl Ord for SpanName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
 }
 
 /// OSProfiler's ids of a thread: `profiler.get_base_id()`, `get_id()` and `get_parent_id()`.
@@ -212,12 +295,20 @@ pub mod labels {
     pub const OSP_TRACE_ID: &str = "osprofiler.trace_id";
     /// OSProfiler parent trace point id, a UUID.
     pub const OSP_PARENT_ID: &str = "osprofiler.parent_id";
+    /// OpenTelemetry span name (at most [`super::SPAN_NAME_MAX`] bytes).
+    pub const SPAN_NAME: &str = "span.name";
+    /// OSProfiler current trace point name (at most [`super::SPAN_NAME_MAX`] bytes).
+    pub const OSP_NAME: &str = "osprofiler.name";
 }
 
 impl SpanContext {
-    /// True when no id is known.
+    /// True when nothing is known: no id, no name.
     pub fn is_empty(&self) -> bool {
-        self.trace_id.is_none() && self.span_id.is_none() && self.osprofiler.is_none()
+        self.trace_id.is_none()
+            && self.span_id.is_none()
+            && self.osprofiler.is_none()
+            && self.span_name.is_none()
+            && self.osprofiler_name.is_none()
     }
 
     /// The (key, value) string labels of this context, in a fixed order (see [`labels`]).
@@ -229,12 +320,18 @@ impl SpanContext {
         if let Some(s) = &self.span_id {
             out.push((labels::SPAN_ID, hex(s)));
         }
+        if let Some(n) = &self.span_name {
+            out.push((labels::SPAN_NAME, n.as_str().to_string()));
+        }
         if let Some(o) = &self.osprofiler {
             out.push((labels::OSP_BASE_ID, uuid(&o.base_id)));
             out.push((labels::OSP_TRACE_ID, uuid(&o.trace_id)));
             if let Some(p) = &o.parent_id {
                 out.push((labels::OSP_PARENT_ID, uuid(p)));
             }
+        }
+        if let Some(n) = &self.osprofiler_name {
+            out.push((labels::OSP_NAME, n.as_str().to_string()));
         }
         out
     }
@@ -605,6 +702,38 @@ impl Profile {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn span_names_are_cut_and_checked_the_same_way_whatever_their_source() {
+        let long = "x".repeat(SPAN_NAME_MAX + 10);
+        // From the kernel: ASCII only, already cut.
+        let name = SpanName::from_ascii(b"GET /servers/7").unwrap();
+        assert_eq!(name.as_str(), "GET /servers/7");
+        assert_eq!(format!("{name:?}"), "\"GET /servers/7\"");
+        assert_eq!(SpanName::from_ascii(b""), None);
+        assert_eq!(SpanName::from_ascii("caf\u{e9}".as_bytes()), None);
+        assert_eq!(SpanName::from_ascii(long.as_bytes()), None);
+        // From text: cut to SPAN_NAME_MAX bytes, at a character boundary.
+        assert_eq!(
+            SpanName::new(&long).unwrap().as_str(),
+            &long[..SPAN_NAME_MAX]
+        );
+        let accents = "\u{e9}".repeat(SPAN_NAME_MAX); // 2 bytes each
+        assert_eq!(
+            SpanName::new(&accents).unwrap().as_str(),
+            "\u{e9}".repeat(SPAN_NAME_MAX / 2)
+        );
+        let odd = format!("a{accents}");
+        assert_eq!(
+            SpanName::new(&odd).unwrap().as_str().len(),
+            SPAN_NAME_MAX - 1
+        );
+        assert_eq!(SpanName::new(""), None);
+        // Equal text, equal names; ordered as text.
+        assert_eq!(SpanName::new("abc"), SpanName::from_ascii(b"abc"));
+        assert!(SpanName::new("ab").unwrap() < SpanName::new("b").unwrap());
+        assert!(SpanName::new("a").unwrap() < SpanName::new("ab").unwrap());
+    }
+
     use super::*;
     use crate::output::{self, fixture, Format};
 

@@ -233,6 +233,11 @@ impl Spans {
             v.osp_stack_name = o.stack_name.addr;
             v.osp_stack_name_hash = o.stack_name.hash;
         }
+        if let Some(n) = self.finder.names {
+            v.name_attr = n.attr.addr;
+            v.name_attr_hash = n.attr.hash;
+            v.str_type = n.str_type;
+        }
         Some(v)
     }
 }

@@ -73,7 +73,7 @@ use crate::output::pprof::{
 };
 use crate::profile::{
     hex, labels, uuid, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile,
-    PythonStats, Sample, SpanContext, Thread,
+    PythonStats, Sample, SpanContext, SpanName, Thread,
 };
 
 /// Why a file could not be read back as a spanprof profile.
@@ -503,6 +503,10 @@ impl Reader<'_> {
                 labels::SPAN_ID => {
                     span.span_id = Some(parse_hex(value()?).ok_or_else(|| bad("not 16 hex"))?)
                 }
+                // Cut as spanprof cuts names, so a longer name of another writer reads back
+                // the way spanprof would have written it.
+                labels::SPAN_NAME => span.span_name = SpanName::new(value()?),
+                labels::OSP_NAME => span.osprofiler_name = SpanName::new(value()?),
                 labels::OSP_BASE_ID | labels::OSP_TRACE_ID | labels::OSP_PARENT_ID => {
                     let slot = match key {
                         labels::OSP_BASE_ID => 0,
@@ -1316,6 +1320,32 @@ mod tests {
             "--span-id 00f067aa0ba902b7 --base-id 11111111-1111-1111-1111-111111111111 \
              --osprofiler-id 22222222-2222-2222-2222-222222222222"
         );
+    }
+
+    #[test]
+    fn names_of_other_writers_are_cut_like_ours() {
+        let mut profile = fixture::with_spans();
+        let long = format!("{}-and-more", fixture::LONG_NAME);
+        // Written as is (not through SpanName): what another writer could put in a label.
+        let mut raw = Vec::new();
+        GzDecoder::new(output::render(&profile, Format::Pprof).unwrap().as_slice())
+            .read_to_end(&mut raw)
+            .unwrap();
+        let mut decoded = PprofProfile::decode(raw.as_slice()).unwrap();
+        let i = decoded
+            .string_table
+            .iter()
+            .position(|s| s == fixture::LONG_NAME)
+            .unwrap();
+        decoded.string_table[i] = long.clone();
+        let bytes = decoded.encode_to_vec();
+        let back = read_pprof(&bytes).unwrap();
+        assert_eq!(
+            back.spans[2].osprofiler_name.unwrap().as_str(),
+            &long[..crate::profile::SPAN_NAME_MAX]
+        );
+        profile.spans[2].osprofiler_name = SpanName::new(&long);
+        assert_eq!(back.spans, profile.spans);
     }
 
     #[test]

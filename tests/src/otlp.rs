@@ -846,6 +846,17 @@ pub struct OtelSpan {
     pub span_id: String,
     /// The native thread id it ran on.
     pub tid: u64,
+    /// Its name, as the workload gave it.
+    pub name: String,
+}
+
+impl OtelSpan {
+    /// The `span.name` spanprof gives its samples: none unless the name is ASCII; its first 64
+    /// bytes.
+    pub fn kept_name(&self) -> Option<&str> {
+        let n = &self.name;
+        (n.is_ascii() && !n.is_empty()).then(|| &n[..n.len().min(64)])
+    }
 }
 
 /// The OpenTelemetry spans of a `py_span_workload.py` truth file, by the function that ran
@@ -862,6 +873,7 @@ pub fn read_otel_truth(path: &Path) -> std::collections::BTreeMap<String, OtelSp
                     trace_id: v["trace_id"].as_str().expect("trace_id").to_string(),
                     span_id: v["span_id"].as_str().expect("span_id").to_string(),
                     tid: v["tid"].as_u64().expect("tid"),
+                    name: v["name"].as_str().expect("name").to_string(),
                 },
             )
         })

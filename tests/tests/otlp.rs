@@ -165,7 +165,8 @@ fn otlp_file_of_a_traced_workload() {
         );
     }
 
-    // Links: every on-CPU sample in a span's function carries that span's ids; none outside.
+    // Links: every on-CPU sample in a span's function carries that span's ids (and its name as
+    // the attribute `span.name`, but for names that are not ASCII); none outside.
     let spans = read_otel_truth(&truth);
     assert!(spans.len() >= 4, "{} spans in the truth file", spans.len());
     let tids: Vec<u64> = spans.values().map(|s| s.tid).collect();
@@ -196,6 +197,7 @@ fn otlp_file_of_a_traced_workload() {
             if link["trace_id"] == span.trace_id.as_str()
                 && link["span_id"] == span.span_id.as_str()
                 && s["attributes"]["thread.id"].as_u64() == Some(span.tid)
+                && s["attributes"]["span.name"].as_str() == span.kept_name()
             {
                 right += n;
             }
@@ -213,13 +215,13 @@ fn otlp_file_of_a_traced_workload() {
         assert!(seen_tids.contains(tid), "no sample of span thread {tid}");
     }
     eprintln!(
-        "on-CPU samples in spans: {in_span}, with their span's link and thread: {right}; \
+        "on-CPU samples in spans: {in_span}, with their span's link, thread and name: {right}; \
          outside spans: {outside}, linked: {outside_linked}"
     );
     assert!(in_span >= 100, "only {in_span} samples in spans");
     assert!(
         right as f64 >= 0.98 * in_span as f64,
-        "{right} of {in_span} samples in spans carry their span's link"
+        "{right} of {in_span} samples in spans carry their span's link and name"
     );
     assert!(outside > 0);
     assert!(

@@ -8,7 +8,10 @@
 //! (weighted by value) with a `span_work_N` frame, at least 98% must carry exactly that span's
 //! ids, and at least 98% of those with ids must carry the right ones; of the samples in
 //! `outside_work` (and no span), at most 1% may carry any; at least 100 samples in spans and 30
-//! outside, so no test passes on too little.
+//! outside, so no test passes on too little. Where names are read (`otel_threads`,
+//! `otel_asyncio`, `osprofiler`, `otel_late`), "its ids" include its name: `span.name` or
+//! `osprofiler.name` is the span's or trace point's name cut to its first 64 bytes, and absent
+//! for the workload's names that are not ASCII (every span has a name of its own).
 //! - `otel_threads_*`: two threads running OpenTelemetry spans (some with a child span inside)
 //!   at once: labels `trace_id` (32 hex digits) and `span_id` (16) are the innermost span's, on
 //!   the thread the span ran on (`thread.id` is the span's thread too); also Debian's
@@ -65,6 +68,18 @@ const OSPROFILER_KEYS: [&str; 3] = [
     "osprofiler.trace_id",
     "osprofiler.parent_id",
 ];
+/// The ids and the name, where names are read (the span contexts read from the interpreter).
+const OTEL_NAMED_KEYS: [&str; 3] = ["trace_id", "span_id", SPAN_NAME];
+const OSPROFILER_NAMED_KEYS: [&str; 4] = [
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+    OSP_NAME,
+];
+/// Name labels, and what spanprof keeps of a name: at most this many bytes, of ASCII only.
+const SPAN_NAME: &str = "span.name";
+const OSP_NAME: &str = "osprofiler.name";
+const NAME_MAX: usize = 64;
 
 /// A CPython interpreter under test and its tracing libraries.
 struct Interp {
@@ -121,7 +136,8 @@ macro_rules! per_version {
 /// One span (or trace point) of the workload: its work function's ids.
 #[derive(Debug)]
 struct SpanTruth {
-    /// The expected labels: `trace_id`/`span_id`, or the three `osprofiler.*`.
+    /// The expected labels: `trace_id`/`span_id` and `span.name`, or the four `osprofiler.*`
+    /// (no name label when spanprof reads none: the workload's names that are not ASCII).
     labels: BTreeMap<&'static str, String>,
     /// The native id of the thread the span ran on.
     tid: i64,
@@ -149,12 +165,12 @@ fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
             done = true;
             continue;
         }
-        let keys: &[&'static str] = match record["kind"].as_str() {
-            Some("otel") => &OTEL_KEYS,
-            Some("osprofiler") => &OSPROFILER_KEYS,
+        let (keys, name_key): (&[&'static str], _) = match record["kind"].as_str() {
+            Some("otel") => (&OTEL_KEYS, SPAN_NAME),
+            Some("osprofiler") => (&OSPROFILER_KEYS, OSP_NAME),
             other => panic!("ground-truth line of unknown kind {other:?}: {line}"),
         };
-        let labels = keys
+        let mut labels: BTreeMap<&'static str, String> = keys
             .iter()
             .map(|key| {
                 let field = key.strip_prefix("osprofiler.").unwrap_or(key);
@@ -164,6 +180,12 @@ fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
                 (*key, value.to_owned())
             })
             .collect();
+        let name = record["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no name in the ground-truth line {line}"));
+        if let Some(kept) = kept_name(name) {
+            labels.insert(name_key, kept);
+        }
         let function = record["function"]
             .as_str()
             .unwrap_or_else(|| panic!("no function in the ground-truth line {line}"))
@@ -187,6 +209,11 @@ fn read_truth(path: &Path) -> BTreeMap<String, SpanTruth> {
     );
     assert!(!spans.is_empty(), "the ground truth has no spans");
     spans
+}
+
+/// What spanprof keeps of a span name: none unless ASCII; the first [`NAME_MAX`] bytes.
+fn kept_name(name: &str) -> Option<String> {
+    (name.is_ascii() && !name.is_empty()).then(|| name[..name.len().min(NAME_MAX)].to_owned())
 }
 
 /// The weighted sample counts of one session, compared with the ground truth.
@@ -500,7 +527,7 @@ fn check_mode(
 // ---------------------------------------------------------------------------
 
 fn otel_threads(interp: &Interp) {
-    check_mode(interp, "otel_threads", &OTEL_KEYS);
+    check_mode(interp, "otel_threads", &OTEL_NAMED_KEYS);
 }
 
 per_version!(otel_threads:
@@ -523,7 +550,7 @@ fn otel_threads_debian_3_11() {
 // ---------------------------------------------------------------------------
 
 fn otel_asyncio(interp: &Interp) {
-    check_mode(interp, "otel_asyncio", &OTEL_KEYS);
+    check_mode(interp, "otel_asyncio", &OTEL_NAMED_KEYS);
 }
 
 per_version!(otel_asyncio:
@@ -540,7 +567,7 @@ per_version!(otel_asyncio:
 // ---------------------------------------------------------------------------
 
 fn osprofiler(interp: &Interp) {
-    check_mode(interp, "osprofiler", &OSPROFILER_KEYS);
+    check_mode(interp, "osprofiler", &OSPROFILER_NAMED_KEYS);
 }
 
 per_version!(osprofiler:
@@ -590,7 +617,7 @@ fn otel_late(interp: &Interp) {
     let workload_out = workload.finish(RUN_TIMEOUT);
     out.assert_success();
     workload_out.assert_success();
-    check_labels(interp, "otel_late", &pprof, &truth, &OTEL_KEYS, &out);
+    check_labels(interp, "otel_late", &pprof, &truth, &OTEL_NAMED_KEYS, &out);
 }
 
 per_version!(otel_late:

@@ -31,9 +31,13 @@
 #
 # TRUTH_FILE gets one JSON line per span, written when the span starts:
 #   {"function": "span_work_N", "kind": "otel", "trace_id": "<32 hex>",
-#    "span_id": "<16 hex>", "tid": NATIVE_THREAD_ID}
+#    "span_id": "<16 hex>", "name": "<span name>", "tid": NATIVE_THREAD_ID}
 #   {"function": "span_work_N", "kind": "osprofiler", "base_id": "<uuid>",
-#    "trace_id": "<uuid>", "parent_id": "<uuid>", "tid": NATIVE_THREAD_ID}
+#    "trace_id": "<uuid>", "parent_id": "<uuid>", "name": "<trace point name>",
+#    "tid": NATIVE_THREAD_ID}
+# Every span and trace point has a name of its own (span_name, trace_point_name):
+# mostly short ASCII ones, some longer than spanprof keeps (64 bytes) and some
+# not ASCII (which spanprof does not read).
 # (otel_late adds "since_import": seconds from the import to the span's start)
 # and a last line {"done": true, ...} with the counts. `ready PID` goes to
 # stderr once the work runs (otel_late: once outside_work runs, before
@@ -54,6 +58,24 @@ SPAN_CPU = 0.06
 OUTSIDE_CPU = 0.02
 # asyncio: one chunk of work between two `await asyncio.sleep(0)`.
 CHUNK_CPU = 0.004
+# Every LONG_EVERY-th span (trace point) gets a name longer than spanprof keeps,
+# every NON_ASCII_EVERY-th (of the others) a name that is not ASCII.
+LONG_EVERY = 5
+NON_ASCII_EVERY = 7
+
+
+def span_name(kind, *ids):
+    """A name unique to one span: `kind` and the ids that make it unique."""
+    n = ids[-1]
+    tail = "-".join(str(i) for i in ids)
+    if n % LONG_EVERY == LONG_EVERY - 1:
+        return "%s /v2.1/servers/%s/os-volume_attachments/detail?limit=1000&all_tenants=1" % (
+            kind,
+            tail,
+        )
+    if n % NON_ASCII_EVERY == NON_ASCII_EVERY - 1:
+        return "%s /caf\u00e9/%s" % (kind, tail)
+    return "%s /servers/%s" % (kind, tail)
 
 
 def _work_template(budget):
@@ -144,6 +166,7 @@ def otel_record(truth, name, span):
         "kind": "otel",
         "trace_id": format(ctx.trace_id, "032x"),
         "span_id": format(ctx.span_id, "016x"),
+        "name": span.name,
         "tid": threading.get_native_id(),
     }
     if IMPORTED_AT is not None:
@@ -155,7 +178,7 @@ def otel_thread(truth, tracer, end, started, counts, index):
     first = True
     n = 0
     while time.monotonic() < end:
-        with tracer.start_as_current_span("request-%d-%d" % (index, n)) as span:
+        with tracer.start_as_current_span(span_name("GET", index, n)) as span:
             work, name = truth.new_function()
             otel_record(truth, name, span)
             if first:
@@ -163,7 +186,7 @@ def otel_thread(truth, tracer, end, started, counts, index):
                 first = False
             work(SPAN_CPU / 2)
             if n % 3 == 0:
-                with tracer.start_as_current_span("child-%d-%d" % (index, n)) as child:
+                with tracer.start_as_current_span(span_name("SELECT", index, n)) as child:
                     child_work, child_name = truth.new_function()
                     otel_record(truth, child_name, child)
                     child_work(SPAN_CPU)
@@ -236,7 +259,7 @@ def mode_otel_asyncio(truth, seconds):
     async def task_body(index):
         n = 0
         while time.monotonic() < end:
-            with tracer.start_as_current_span("task-%d-%d" % (index, n)) as span:
+            with tracer.start_as_current_span(span_name("POST", index, n)) as span:
                 work, name = truth.new_function()
                 otel_record(truth, name, span)
                 await chunks(work, SPAN_CPU)
@@ -272,7 +295,8 @@ def osprofiler_thread(truth, end, started, counts, index):
         parent_id = str(uuid.uuid4()) if n % 2 else None
         profiler.init(HMAC_KEY, base_id=base_id, parent_id=parent_id)
         for level in range(LEVELS):
-            profiler.start("level-%d" % level, info={"request": n})
+            point = span_name("wsgi-%d" % level, index, n)
+            profiler.start(point, info={"request": n})
             p = profiler.get()
             work, name = truth.new_function()
             truth.write(
@@ -282,6 +306,7 @@ def osprofiler_thread(truth, end, started, counts, index):
                     "base_id": p.get_base_id(),
                     "trace_id": p.get_id(),
                     "parent_id": p.get_parent_id(),
+                    "name": point,
                     "level": level,
                     "tid": threading.get_native_id(),
                 }

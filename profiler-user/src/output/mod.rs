@@ -430,7 +430,7 @@ pub(crate) mod fixture {
     use crate::offcpu::OffCpuReason;
     use crate::profile::{
         Events, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, Sample,
-        SpanContext, Thread,
+        SpanContext, SpanName, Thread,
     };
 
     fn native(function: &str, address: u64, line: u32) -> Frame {
@@ -568,10 +568,19 @@ pub(crate) mod fixture {
     ];
     /// OSProfiler base id of [`with_spans`]' spans.
     pub(crate) const BASE: [u8; 16] = [0x11; 16];
+    /// Name of [`with_spans`]' first OpenTelemetry span.
+    pub(crate) const SPAN_NAME: &str = "GET /servers/{server_id}";
+    /// Name of [`with_spans`]' first OSProfiler trace point.
+    pub(crate) const OSP_NAME: &str = "wsgi";
+    /// Name of its second trace point: the longest a name is kept ([`crate::profile::SPAN_NAME_MAX`]).
+    pub(crate) const LONG_NAME: &str =
+        "db.SELECT instances.uuid FROM instances WHERE instances.host = ?";
 
     /// [`profile`] with span contexts: sample 0 in an OpenTelemetry span (`00f067aa0ba902b7`),
     /// sample 1 in an OSProfiler trace point (`22…`, base `11…`), sample 2 in both (span
-    /// `00f067aa0ba902b8`, trace point `33…` under `22…`), sample 3 in none.
+    /// `00f067aa0ba902b8`, trace point `33…` under `22…`), sample 3 in none. The first span and
+    /// trace point have names ([`SPAN_NAME`], [`OSP_NAME`]), the span of sample 2 none (a span
+    /// of the API alone), its trace point [`LONG_NAME`].
     pub(crate) fn with_spans() -> Profile {
         let mut p = profile();
         p.spans = vec![
@@ -579,6 +588,8 @@ pub(crate) mod fixture {
                 trace_id: Some(TRACE),
                 span_id: Some([0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]),
                 osprofiler: None,
+                span_name: SpanName::new(SPAN_NAME),
+                osprofiler_name: None,
             },
             SpanContext {
                 trace_id: None,
@@ -588,6 +599,8 @@ pub(crate) mod fixture {
                     trace_id: [0x22; 16],
                     parent_id: None,
                 }),
+                span_name: None,
+                osprofiler_name: SpanName::new(OSP_NAME),
             },
             SpanContext {
                 trace_id: Some(TRACE),
@@ -597,6 +610,8 @@ pub(crate) mod fixture {
                     trace_id: [0x33; 16],
                     parent_id: Some([0x22; 16]),
                 }),
+                span_name: None,
+                osprofiler_name: SpanName::new(LONG_NAME),
             },
         ];
         for (sample, span) in p.samples.iter_mut().zip([Some(0), Some(1), Some(2), None]) {

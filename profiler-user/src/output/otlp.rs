@@ -23,9 +23,10 @@
 //!   | `heap` | `inuse_objects/count`, `inuse_space/bytes` | scaled estimate |
 //!
 //! - **Samples** point to a stack (leaf first), carry the attributes `thread.id`, `thread.name`,
-//!   `off_cpu.reason` (off-CPU samples) and the OSProfiler ids (`osprofiler.base_id`,
-//!   `osprofiler.trace_id`, `osprofiler.parent_id`), and link to the OpenTelemetry trace and
-//!   span they ran in (`link_index`). When the session kept event times
+//!   `off_cpu.reason` (off-CPU samples), the OpenTelemetry span's name (`span.name`), the
+//!   OSProfiler ids (`osprofiler.base_id`, `osprofiler.trace_id`, `osprofiler.parent_id`) and
+//!   trace point name (`osprofiler.name`), and link to the OpenTelemetry trace and span they ran
+//!   in (`link_index`). When the session kept event times
 //!   ([`Sample::times`](crate::profile::Sample::times)), each sample lists `timestamps_unix_nano`
 //!   with one value per timestamp (count profiles leave values out: each timestamp counts 1);
 //!   otherwise (a profile read back from a file) it has one aggregated value. Samples that the
@@ -47,7 +48,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
 use crate::aggregate::scale_allocation;
-use crate::profile::{Frame, FrameKind, Profile, Sample, Timed};
+use crate::profile::{labels, Frame, FrameKind, Profile, Sample, Timed};
 use crate::resource::{resource_attributes, ProcessInfo, Value};
 
 /// The instrumentation scope of every profile.
@@ -512,7 +513,8 @@ fn merge(into: &mut OtlpSample, times: Vec<u64>, vals: Vec<i64>) {
     (into.timestamps_unix_nano, into.values) = pairs.into_iter().unzip();
 }
 
-/// `thread.id`, `thread.name`, `off_cpu.reason` and the OSProfiler ids of a sample.
+/// `thread.id`, `thread.name`, `off_cpu.reason`, and the span labels of a sample but the
+/// OpenTelemetry ids (those are its link): `span.name`, the OSProfiler ids and name.
 fn sample_attributes(profile: &Profile, s: &Sample, dict: &mut Dict) -> Vec<i32> {
     let thread = &profile.threads[s.thread as usize];
     let mut attrs = vec![
@@ -526,11 +528,9 @@ fn sample_attributes(profile: &Profile, s: &Sample, dict: &mut Dict) -> Vec<i32>
         ));
     }
     if let Some(span) = s.span.and_then(|i| profile.spans.get(i as usize)) {
-        if span.osprofiler.is_some() {
-            for (key, value) in span.labels() {
-                if key.starts_with("osprofiler.") {
-                    attrs.push(dict.attribute(key, AttrKey::Str(value)));
-                }
+        for (key, value) in span.labels() {
+            if key != labels::TRACE_ID && key != labels::SPAN_ID {
+                attrs.push(dict.attribute(key, AttrKey::Str(value)));
             }
         }
     }
@@ -644,6 +644,40 @@ mod tests {
             .collect();
         assert!(keys.contains(&"osprofiler.base_id"));
         assert!(keys.contains(&"thread.id"));
+        // Names are attributes; the OpenTelemetry ids only links.
+        assert!(!keys.contains(&"trace_id") && !keys.contains(&"span_id"));
+        let str_values = |key: &str| -> Vec<String> {
+            let mut v: Vec<String> = d
+                .attribute_table
+                .iter()
+                .filter(|a| d.string_table[a.key_strindex as usize] == key)
+                .filter_map(|a| match a.value.as_ref()?.value.as_ref()? {
+                    opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s) => {
+                        Some(s.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(str_values("span.name"), [fixture::SPAN_NAME]);
+        assert_eq!(
+            str_values("osprofiler.name"),
+            [fixture::LONG_NAME, fixture::OSP_NAME]
+        );
+        // The sample of span 0 (`00f0…b7`) carries its name.
+        let named = samples
+            .iter()
+            .find(|s| {
+                s.link_index > 0
+                    && d.link_table[s.link_index as usize].span_id
+                        == [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
+            })
+            .expect("a sample linked to span 0");
+        assert!(named.attribute_indices.iter().any(|&a| {
+            d.string_table[d.attribute_table[a as usize].key_strindex as usize] == "span.name"
+        }));
     }
 
     #[test]

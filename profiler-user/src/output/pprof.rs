@@ -48,8 +48,11 @@
 //!   `off_cpu.reason` for an off-CPU sample.
 //! - A sample taken inside a tracing span also carries the span's string labels, after those,
 //!   in this order and only those known: `trace_id` and `span_id` (OpenTelemetry, lower-case
-//!   hex, 32 and 16 digits), `osprofiler.base_id`, `osprofiler.trace_id` and
-//!   `osprofiler.parent_id` (OSProfiler, UUIDs `8-4-4-4-12`); see [`crate::profile::labels`].
+//!   hex, 32 and 16 digits), `span.name` (the OpenTelemetry span's name), `osprofiler.base_id`,
+//!   `osprofiler.trace_id` and `osprofiler.parent_id` (OSProfiler, UUIDs `8-4-4-4-12`),
+//!   `osprofiler.name` (the trace point's name); see [`crate::profile::labels`]. Names are at
+//!   most [`SPAN_NAME_MAX`](crate::profile::SPAN_NAME_MAX) bytes (longer ones keep their
+//!   first bytes; names that are not ASCII are not read).
 //!   `go tool pprof -tagfocus trace_id=…` or `spanprof report --trace-id …` select one trace.
 //! - One mapping per distinct module, ids from 1, `filename` the module path. Kernel frames all go
 //!   in one `[kernel.kallsyms]` mapping (perf's name) whatever their module says, Python frames
@@ -766,14 +769,22 @@ mod tests {
             labels(&p, &p.sample[0]),
             with(
                 thread("100", "app"),
-                &[("trace_id", trace), ("span_id", "00f067aa0ba902b7")]
+                &[
+                    ("trace_id", trace),
+                    ("span_id", "00f067aa0ba902b7"),
+                    ("span.name", fixture::SPAN_NAME)
+                ]
             )
         );
         assert_eq!(
             labels(&p, &p.sample[1]),
             with(
                 thread("101", "worker"),
-                &[("osprofiler.base_id", base), ("osprofiler.trace_id", point)]
+                &[
+                    ("osprofiler.base_id", base),
+                    ("osprofiler.trace_id", point),
+                    ("osprofiler.name", fixture::OSP_NAME)
+                ]
             )
         );
         assert_eq!(
@@ -786,6 +797,7 @@ mod tests {
                     ("osprofiler.base_id", base),
                     ("osprofiler.trace_id", nested),
                     ("osprofiler.parent_id", point),
+                    ("osprofiler.name", fixture::LONG_NAME),
                 ]
             )
         );
@@ -919,7 +931,8 @@ mod tests {
                 "unwind",
                 OFF_CPU_REASON_LABEL,
                 "trace_id",
-                "span_id"
+                "span_id",
+                "span.name"
             ]
         );
         // Totals per type: samples, CPU time, off-CPU time.
@@ -1069,7 +1082,8 @@ mod tests {
                 "process.id",
                 "unwind",
                 "trace_id",
-                "span_id"
+                "span_id",
+                "span.name"
             ]
         );
         assert_eq!(

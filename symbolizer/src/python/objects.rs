@@ -1,7 +1,8 @@
 //! Reading Python objects of a live process from user space, to find what the BPF program needs
 //! to read span contexts: the objects of OpenTelemetry and OSProfiler (modules, the
 //! `current_context` ContextVar, the span key, interned attribute names, OSProfiler's
-//! `threading.local`) and the offsets of the version.
+//! `threading.local`, the interned `_name` that spans and trace points keep their names under)
+//! and the offsets of the version.
 //!
 //! # Overview
 //! [`ObjectOffsets::for_version`] gives the layouts (3.8–3.13), checked against each version's
@@ -524,12 +525,32 @@ pub struct OspObjects {
     pub stack_name: Key,
 }
 
+/// What span and trace point names are read through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NameObjects {
+    /// The interned `_name`: the attribute of an OpenTelemetry SDK span (`ReadableSpan`) that
+    /// holds its name, and of OSProfiler's `_Profiler` that holds its deque of trace point
+    /// names. One object: every identifier a code object uses is interned in one table.
+    pub attr: Key,
+    /// `&PyUnicode_Type`, the type of `attr`: a name must be an exact str.
+    pub str_type: u64,
+}
+
 /// Modules span reading needs.
 const OTEL_CONTEXT: &str = "opentelemetry.context";
 const OTEL_PROPAGATION: &str = "opentelemetry.trace.propagation";
 const OTEL_SPAN: &str = "opentelemetry.trace.span";
 const OSP_PROFILER: &str = "osprofiler.profiler";
-const WANTED: [&str; 4] = [OTEL_CONTEXT, OTEL_PROPAGATION, OTEL_SPAN, OSP_PROFILER];
+/// The SDK, for span names only: spans of the API alone (NonRecordingSpan) have none, and the
+/// SDK may be imported after the API.
+const OTEL_SDK_TRACE: &str = "opentelemetry.sdk.trace";
+const WANTED: [&str; 5] = [
+    OTEL_CONTEXT,
+    OTEL_PROPAGATION,
+    OTEL_SPAN,
+    OSP_PROFILER,
+    OTEL_SDK_TRACE,
+];
 
 /// A library's modules are in `sys.modules` from the start of their import, its objects only
 /// once it ran: after the modules appear, their objects are looked for at every look for this
@@ -544,27 +565,30 @@ pub struct SpanFinder {
     /// The keys object of `sys.modules` scanned last, and how many entries it had.
     scanned: (u64, u64),
     /// Module objects found, by [`WANTED`] index.
-    modules: [u64; 4],
+    modules: [u64; 5],
     /// Looks since a library's module was seen without its objects being found.
     unresolved_looks: u32,
     /// Found so far.
     pub otel: Option<OtelObjects>,
     /// Found so far.
     pub osp: Option<OspObjects>,
+    /// Found so far (from the SDK or from OSProfiler, whichever comes first).
+    pub names: Option<NameObjects>,
 }
 
 impl SpanFinder {
     /// Looks at `sys.modules` again (only its new entries) and at the modules found; true when
     /// something new was found. `runtime` is `_PyRuntime`'s address.
     pub fn look<M: ProcessMemory>(&mut self, o: &Objects<'_, M>, runtime: u64) -> bool {
-        if self.otel.is_some() && self.osp.is_some() {
+        if self.otel.is_some() && self.osp.is_some() && self.names.is_some() {
             return false;
         }
-        let before = (self.otel, self.osp);
+        let before = (self.otel, self.osp, self.names);
         // New modules, or a module found whose objects were not (a look in the middle of its
         // import, or a read that raced with the process).
         let unresolved = (self.otel.is_none() && self.modules[..3].iter().any(|&m| m != 0))
-            || (self.osp.is_none() && self.modules[3] != 0);
+            || (self.osp.is_none() && self.modules[3] != 0)
+            || (self.names.is_none() && (self.modules[3] != 0 || self.modules[4] != 0));
         let retry = unresolved
             && (self.unresolved_looks < EAGER_LOOKS
                 || self.unresolved_looks.is_multiple_of(RETRY_EVERY));
@@ -578,8 +602,11 @@ impl SpanFinder {
             if self.osp.is_none() {
                 self.osp = self.find_osp(o).ok().flatten();
             }
+            if self.names.is_none() {
+                self.names = self.find_names(o).ok().flatten();
+            }
         }
-        before != (self.otel, self.osp)
+        before != (self.otel, self.osp, self.names)
     }
 
     /// Reads the entries of `sys.modules` added since the last scan; true if there were any.
@@ -619,7 +646,7 @@ impl SpanFinder {
     }
 
     fn find_otel<M: ProcessMemory>(&self, o: &Objects<'_, M>) -> Result<Option<OtelObjects>> {
-        let [ctx, prop, span, _] = self.modules;
+        let [ctx, prop, span, ..] = self.modules;
         if ctx == 0 || prop == 0 || span == 0 {
             return Ok(None);
         }
@@ -671,6 +698,42 @@ impl SpanFinder {
                 hash: o.str_hash(name)?,
             },
         }))
+    }
+
+    /// The interned `_name`, from the code that sets it: the SDK's `ReadableSpan.__init__`
+    /// (`self._name = name`) or OSProfiler's `_Profiler.start` (`self._name.append(name)`).
+    fn find_names<M: ProcessMemory>(&self, o: &Objects<'_, M>) -> Result<Option<NameObjects>> {
+        let places = [
+            (self.modules[4], "ReadableSpan", "__init__"),
+            (self.modules[3], "_Profiler", "start"),
+        ];
+        for (module, class, method) in places {
+            if module == 0 {
+                continue;
+            }
+            // One library not ready (mid-import) does not hide the other.
+            let found = (|| -> Result<Option<u64>> {
+                let Some((_, ty)) = o.dict_get(o.module_dict(module)?, class)? else {
+                    return Ok(None);
+                };
+                let Some(func) = o.type_attr(ty, method)? else {
+                    return Ok(None);
+                };
+                o.code_name(func, "_name")
+            })();
+            let Ok(Some(attr)) = found else { continue };
+            if o.type_name(attr)? != "str" {
+                return Err(ObjectError::Invalid("_name is not a str"));
+            }
+            return Ok(Some(NameObjects {
+                attr: Key {
+                    addr: attr,
+                    hash: o.str_hash(attr)?,
+                },
+                str_type: o.ptr(attr.wrapping_add(OB_TYPE))?,
+            }));
+        }
+        Ok(None)
     }
 
     fn find_osp<M: ProcessMemory>(&self, o: &Objects<'_, M>) -> Result<Option<OspObjects>> {
@@ -834,6 +897,109 @@ mod tests {
             objects(&mem).keys_entries(0x10_000, 0),
             Err(ObjectError::Invalid(_))
         ));
+    }
+
+    /// An object of the type named `name` at `obj` (`size` bytes), its type at `ty`.
+    fn put_typed(mem: &mut FixtureMemory, obj: u64, size: usize, ty: u64, name: &str) {
+        let mut o = vec![0u8; size];
+        o[8..16].copy_from_slice(&ty.to_le_bytes());
+        mem.insert(obj, o);
+        // The type: tp_name at 24 (pointing to the text right after it), tp_dict at 264.
+        let mut t = vec![0u8; 1024];
+        t[24..32].copy_from_slice(&(ty + 512).to_le_bytes());
+        t[512..512 + name.len()].copy_from_slice(name.as_bytes());
+        mem.insert(ty, t);
+    }
+
+    /// A module whose class `class` has the method `method`, whose code names `names`.
+    fn put_module(mem: &mut FixtureMemory, base: u64, class: &str, method: &str, names: &[u64]) {
+        let (module, globals, class_obj, class_dict, func, code, tuple) = (
+            base,
+            base + 0x1000,
+            base + 0x3000,
+            base + 0x4000,
+            base + 0x6000,
+            base + 0x7000,
+            base + 0x8000,
+        );
+        put_typed(mem, module, 64, base + 0x10_000, "module");
+        mem.write(module + 16, &globals.to_le_bytes());
+        put_str(mem, base + 0x20_000, class, 1);
+        put_dict(
+            mem,
+            globals,
+            globals + 0x800,
+            &[(base + 0x20_000, class_obj)],
+        );
+        // The class: its own type object; tp_dict at 264.
+        let mut c = vec![0u8; 1024];
+        c[264..272].copy_from_slice(&class_dict.to_le_bytes());
+        mem.insert(class_obj, c);
+        put_str(mem, base + 0x21_000, method, 2);
+        put_dict(
+            mem,
+            class_dict,
+            class_dict + 0x800,
+            &[(base + 0x21_000, func)],
+        );
+        // A function (3.11: func_code at 48), its code (co_names at 32), the names tuple.
+        put_typed(mem, func, 64, base + 0x30_000, "function");
+        mem.write(func + 48, &code.to_le_bytes());
+        let mut c = vec![0u8; 64];
+        c[32..40].copy_from_slice(&tuple.to_le_bytes());
+        mem.insert(code, c);
+        let mut t = vec![0u8; 24 + 8 * names.len()];
+        t[16..24].copy_from_slice(&(names.len() as u64).to_le_bytes());
+        for (i, n) in names.iter().enumerate() {
+            t[24 + 8 * i..32 + 8 * i].copy_from_slice(&n.to_le_bytes());
+        }
+        mem.insert(tuple, t);
+    }
+
+    #[test]
+    fn name_attribute_is_found_in_either_library() {
+        let mut mem = FixtureMemory::new();
+        // The interned `_name`, a str (its type named "str"), and another name.
+        let (name, other, str_type) = (0x50_000, 0x51_000, 0x52_000);
+        put_str(&mut mem, name, "_name", 99);
+        put_str(&mut mem, other, "_context", 98);
+        put_typed(&mut mem, 0x53_000, 16, str_type, "str");
+        mem.write(name + 8, &str_type.to_le_bytes());
+        put_module(
+            &mut mem,
+            0x100_000,
+            "ReadableSpan",
+            "__init__",
+            &[other, name],
+        );
+        put_module(&mut mem, 0x200_000, "_Profiler", "start", &[name]);
+        let o = objects(&mem);
+        let want = Some(NameObjects {
+            attr: Key {
+                addr: name,
+                hash: 99,
+            },
+            str_type,
+        });
+        // The SDK alone, OSProfiler alone, both.
+        let mut finder = SpanFinder::default();
+        assert_eq!(finder.find_names(&o).unwrap(), None, "no library yet");
+        finder.modules[4] = 0x100_000;
+        assert_eq!(finder.find_names(&o).unwrap(), want);
+        finder.modules = [0, 0, 0, 0x200_000, 0];
+        assert_eq!(finder.find_names(&o).unwrap(), want);
+        // An SDK mid-import (no ReadableSpan yet: garbage for a module) does not hide OSProfiler.
+        finder.modules[4] = 0x53_000;
+        assert_eq!(finder.find_names(&o).unwrap(), want);
+        // Code without `_name`: not found.
+        let mut mem = FixtureMemory::new();
+        put_str(&mut mem, other, "_context", 98);
+        put_module(&mut mem, 0x100_000, "ReadableSpan", "__init__", &[other]);
+        let finder = SpanFinder {
+            modules: [0, 0, 0, 0, 0x100_000],
+            ..SpanFinder::default()
+        };
+        assert_eq!(finder.find_names(&objects(&mem)).unwrap(), None);
     }
 
     #[test]
