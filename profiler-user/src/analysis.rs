@@ -33,6 +33,9 @@
 //! Patterns are globs (`*` any run of characters, `?` one) matched against the whole function
 //! name, or against the name before its first ` (` (so `handle` matches `handle (app.py)`).
 //!
+//! `--span-max 'NAME=DURATION'` bounds the mean time of the spans of each name its glob
+//! matches ([`span_times`]: the time their own samples stand for).
+//!
 //! Everything here is deterministic: rows are sorted by weight, then by name.
 
 use std::collections::HashMap;
@@ -391,6 +394,20 @@ impl SpanTime {
     /// Mean nanoseconds per span.
     pub fn mean_ns(&self) -> u64 {
         self.total_ns / self.spans.max(1)
+    }
+}
+
+/// A span context's name and the id of the span it names, for [`span_times`]: the OpenTelemetry
+/// span's name and id, else the OSProfiler trace point's name and id.
+pub fn span_name_and_id(c: &crate::profile::SpanContext) -> Option<(&str, [u8; 16])> {
+    if let (Some(name), Some(id)) = (c.span_name.as_ref(), c.span_id) {
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&id);
+        return Some((name.as_str(), key));
+    }
+    match (c.osprofiler_name.as_ref(), c.osprofiler.as_ref()) {
+        (Some(name), Some(o)) => Some((name.as_str(), o.trace_id)),
+        _ => None,
     }
 }
 

@@ -185,6 +185,10 @@ struct FilterArgs {
     /// Keep samples taken in this OSProfiler trace point (its own id, not a parent's).
     #[arg(long, value_name = "UUID")]
     osprofiler_id: Option<String>,
+    /// Keep samples in spans (OpenTelemetry) or trace points (OSProfiler) of this name, a glob
+    /// (`GET /servers*`); repeat for several.
+    #[arg(long = "span", value_name = "NAME")]
+    span: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -273,6 +277,10 @@ struct CheckArgs {
     /// most this share.
     #[arg(long = "max-self", value_name = "PATTERN=PERCENT%")]
     max_self: Vec<String>,
+    /// NAME=DURATION: spans of this name (a glob; OpenTelemetry span or OSProfiler trace point)
+    /// may take at most this long on average, as their samples show (e.g. 'GET /servers=30ms').
+    #[arg(long = "span-max", value_name = "NAME=DURATION")]
+    span_max: Vec<String>,
 }
 
 /// A one-line error and the exit status it gets.
@@ -715,6 +723,11 @@ impl FilterArgs {
         Ok(Filter {
             event,
             threads: self.thread.clone(),
+            span_names: self
+                .span
+                .iter()
+                .map(|n| spanprof::analysis::Pattern::new(n))
+                .collect(),
             trace_id: parse_id(
                 self.trace_id.as_deref(),
                 "--trace-id",
@@ -957,7 +970,7 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
 
 /// The sampled time of each span name of `profile` ([`spanprof::analysis::span_times`]).
 fn span_times(profile: &Profile) -> Result<Vec<spanprof::analysis::SpanTime>, String> {
-    spanprof::analysis::span_times(profile, |_| None)
+    spanprof::analysis::span_times(profile, spanprof::analysis::span_name_and_id)
 }
 
 /// Writes `bytes` to standard output; a closed pipe (`| head`) is not an error.
@@ -1057,8 +1070,15 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
             budgets.push(Budget::parse(v, kind).map_err(usage)?);
         }
     }
-    if budgets.is_empty() {
-        return Err(usage("nothing to check: give --max or --max-self"));
+    let span_budgets: Vec<analysis::SpanBudget> = args
+        .span_max
+        .iter()
+        .map(|v| analysis::SpanBudget::parse(v).map_err(usage))
+        .collect::<Result<_, _>>()?;
+    if budgets.is_empty() && span_budgets.is_empty() {
+        return Err(usage(
+            "nothing to check: give --max, --max-self or --span-max",
+        ));
     }
     let filter = args.filter.parse()?;
     let profile = read_filtered(&args.profile, &filter)?.profile;
@@ -1118,12 +1138,45 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
             ));
         }
     }
+    // Each span name a --span-max matches is a budget of its own.
+    let mut checked = budgets.len();
+    if !span_budgets.is_empty() {
+        let times = span_times(&profile)
+            .map_err(|e| Failure(EXIT_FAILURE, format!("{}: {e}", args.profile.display())))?;
+        for b in &span_budgets {
+            let option = format!("--span-max '{}'", b.text);
+            let found = b.measure(&times);
+            if found.is_empty() {
+                eprintln!(
+                    "spanprof check: warning: {option} matches no span name of {} (spans are \
+                     named when their samples carry span.name or osprofiler.name)",
+                    args.profile.display()
+                );
+                out.push_str(&format!("  ok    {option}: matches no span name\n"));
+            }
+            for (t, over) in found {
+                checked += 1;
+                let what = format!(
+                    "{}: {} on average over {} span{} ({} in all), budget {}",
+                    t.name,
+                    analysis::duration_text(t.mean_ns()),
+                    t.spans,
+                    if t.spans == 1 { "" } else { "s" },
+                    analysis::duration_text(t.total_ns),
+                    analysis::duration_text(b.max_ns),
+                );
+                if over {
+                    crossed += 1;
+                    out.push_str(&format!("  OVER  {option}: {what}\n"));
+                } else {
+                    out.push_str(&format!("  ok    {option}: {what}\n"));
+                }
+            }
+        }
+    }
     write_stdout(out.as_bytes())?;
     if crossed > 0 {
-        eprintln!(
-            "spanprof check: {crossed} of {} budgets exceeded",
-            budgets.len()
-        );
+        eprintln!("spanprof check: {crossed} of {checked} budgets exceeded");
         return Ok(EXIT_BUDGET);
     }
     Ok(0)

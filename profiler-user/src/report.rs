@@ -678,6 +678,9 @@ pub struct Filter {
     pub base_id: Option<[u8; 16]>,
     /// `--osprofiler-id`: the OSProfiler trace point the thread was in (not its parents).
     pub osprofiler_id: Option<[u8; 16]>,
+    /// `--span`: globs of span names (OpenTelemetry) or trace point names (OSProfiler); a
+    /// sample in a span of any of them is kept.
+    pub span_names: Vec<crate::analysis::Pattern>,
 }
 
 impl Filter {
@@ -688,7 +691,8 @@ impl Filter {
 
     /// Whether the filter keeps every sample whatever its span (no id asked for).
     fn no_ids(&self) -> bool {
-        self.trace_id.is_none()
+        self.span_names.is_empty()
+            && self.trace_id.is_none()
             && self.span_id.is_none()
             && self.base_id.is_none()
             && self.osprofiler_id.is_none()
@@ -712,7 +716,13 @@ impl Filter {
             return false;
         };
         let osp = span.osprofiler.as_ref();
-        self.trace_id.is_none_or(|t| span.trace_id == Some(t))
+        let named = self.span_names.is_empty()
+            || [span.span_name, span.osprofiler_name]
+                .iter()
+                .flatten()
+                .any(|n| self.span_names.iter().any(|p| p.matches(n.as_str())));
+        named
+            && self.trace_id.is_none_or(|t| span.trace_id == Some(t))
             && self.span_id.is_none_or(|s| span.span_id == Some(s))
             && self
                 .base_id
@@ -744,6 +754,9 @@ impl fmt::Display for Filter {
         }
         for t in &self.threads {
             parts.push(format!("--thread {t}"));
+        }
+        for n in &self.span_names {
+            parts.push(format!("--span '{n}'"));
         }
         if let Some(t) = &self.trace_id {
             parts.push(format!("--trace-id {}", hex(t)));
@@ -1290,6 +1303,19 @@ mod tests {
             (p.total_samples(), p.spans.len(), p.threads.len())
         };
         assert_eq!(kept(&Filter::default()), (11, 3, 2));
+        // By name: one span each; a glob over both kinds of name.
+        let by_name = |globs: &[&str]| Filter {
+            span_names: globs
+                .iter()
+                .map(|g| crate::analysis::Pattern::new(g))
+                .collect(),
+            ..Filter::default()
+        };
+        assert_eq!(kept(&by_name(&[fixture::SPAN_NAME])).1, 1);
+        assert_eq!(kept(&by_name(&["wsgi", "db.*"])).1, 2);
+        assert_eq!(kept(&by_name(&["*"])).1, 3);
+        assert_eq!(kept(&by_name(&["nothing"])).0, 0);
+        assert_eq!(by_name(&["GET *"]).to_string(), "--span 'GET *'");
         let trace = Filter {
             trace_id: Some(fixture::TRACE),
             ..Filter::default()

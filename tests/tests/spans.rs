@@ -928,4 +928,79 @@ fn report_one_span_of_a_real_profile() {
         );
         assert_eq!(stack.frames[0], root, "root of a stack of {name}");
     }
+
+    // By name: names are unique per span in the workload, so `--span NAME` keeps the samples
+    // labelled with that span's id.
+    let (named, _) = per_function
+        .iter()
+        .filter(|(f, _)| truth[*f].labels.contains_key("span.name"))
+        .max_by_key(|(_, &n)| n)
+        .expect("a span with a name read");
+    let name = &truth[named].labels["span.name"];
+    let named_id = &truth[named].labels["span_id"];
+    let labelled_named: u64 = profile["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .filter(|s| sample_str_labels(s).get("span_id") == Some(named_id))
+        .map(|s| s["values"][0].as_u64().expect("value"))
+        .sum();
+    let by_name = tmp.join("by-name.folded");
+    run_spanprof([
+        "report",
+        pprof_arg,
+        "--span",
+        name,
+        "-o",
+        by_name.to_str().unwrap(),
+    ])
+    .assert_success();
+    let kept: u64 = read_folded(&by_name).iter().map(|s| s.count).sum();
+    assert_eq!(kept, labelled_named, "report --span {name:?}");
+
+    // Span times: that span's samples, and GET spans (60 ms of CPU of their own each) near
+    // 60 ms on average.
+    let out = run_spanprof(["report", pprof_arg, "--format", "json", "--top", "0"]);
+    out.assert_success();
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).expect("report JSON");
+    let spans = doc["spans"].as_array().expect("spans");
+    let period = 1_000_000_000 / u64::from(FREQUENCY);
+    let row = spans
+        .iter()
+        .find(|t| t["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("no span {name:?} in {spans:?}"));
+    assert_eq!(
+        (row["spans"].as_u64(), row["total_ns"].as_u64()),
+        (Some(1), Some(labelled_named * period)),
+        "{row}"
+    );
+    let (mut get_ns, mut get_spans) = (0, 0);
+    for t in spans
+        .iter()
+        .filter(|t| t["name"].as_str().unwrap().starts_with("GET "))
+    {
+        get_ns += t["total_ns"].as_u64().unwrap();
+        get_spans += t["spans"].as_u64().unwrap();
+    }
+    let mean_ms = get_ns as f64 / get_spans.max(1) as f64 / 1e6;
+    println!("GET spans: {get_spans} named, {mean_ms:.1} ms of samples on average (60 ms of CPU)");
+    assert!(
+        (40.0..80.0).contains(&mean_ms),
+        "GET spans average {mean_ms:.1} ms of samples over {get_spans}, for 60 ms of CPU"
+    );
+
+    // Budgets on span names.
+    let check = |budget: &str| run_spanprof(["check", pprof_arg, "--span-max", budget]);
+    let over = check("GET *=20ms");
+    assert_eq!(over.code(), 3, "{over}");
+    assert!(
+        over.stdout
+            .contains("OVER  --span-max 'GET *=20ms': GET /servers/"),
+        "{over}"
+    );
+    let within = check("GET *=10s");
+    assert_eq!(within.code(), 0, "{within}");
+    let none = check("DELETE *=1ms");
+    assert_eq!(none.code(), 0, "{none}");
+    assert!(none.stderr.contains("matches no span name"), "{none}");
 }
