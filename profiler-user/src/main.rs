@@ -196,6 +196,7 @@ struct FilterArgs {
                   spanprof report run.pb.gz\n  \
                   spanprof report run.pb.gz --format json --top 0 > functions.json\n  \
                   spanprof report run.pb.gz --event offcpu --thread worker-1 -o blocked.svg\n  \
+                  spanprof report run.pb.gz --span 'GET /servers*' -o servers.svg\n  \
                   spanprof report run.pb.gz --trace-id 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.svg\n\n\
                   Without -o the report goes to standard output: a table of the top functions \
                   (self and total shares) by default. \
@@ -258,7 +259,8 @@ struct DiffArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
-                  spanprof check run.pb.gz --max 'json_*=20%' --max-self 'memcpy*=5%'\n\n\
+                  spanprof check run.pb.gz --max 'json_*=20%' --max-self 'memcpy*=5%'\n  \
+                  spanprof check run.pb.gz --span-max 'GET /servers*=30ms'\n\n\
                   Patterns are globs (* and ?) matched against whole function names, or the \
                   name before its ` (` (a Python function: `handle` matches `handle (app.py)`). \
                   Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
