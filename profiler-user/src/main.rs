@@ -775,7 +775,8 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
 /// `405.5 ms`) and its number of span contexts.
 struct Filtered {
     profile: Profile,
-    before: String,
+    /// The total and what follows it ([`summary::unit_suffix`]).
+    before: (String, &'static str),
     spans: usize,
 }
 
@@ -783,8 +784,7 @@ struct Filtered {
 fn read_filtered(path: &Path, filter: &Filter) -> Result<Filtered, Failure> {
     let mut profile = read_profile(path)?;
     // Weights: samples of an on-CPU profile, nanoseconds once off-CPU time is in it.
-    let amount =
-        |p: &Profile, w: u64| format!("{}{}", summary::amount(p, w), summary::unit_suffix(p));
+    let amount = |p: &Profile, w: u64| (summary::amount(p, w), summary::unit_suffix(p));
     let in_spans: u64 = profile
         .samples
         .iter()
@@ -803,8 +803,10 @@ fn read_filtered(path: &Path, filter: &Filter) -> Result<Filtered, Failure> {
         return Err(Failure(
             EXIT_FAILURE,
             format!(
-                "no samples match {filter}: {} has {before}, {in_spans} of them in {spans} spans",
+                "no samples match {filter}: {} has {}{}, {in_spans} of them in {spans} spans",
                 path.display(),
+                before.0,
+                before.1,
             ),
         ));
     }
@@ -1185,12 +1187,13 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
 }
 
 /// `spanprof report: kept K of N samples, S of T spans (FILTER) from FILE: TARGET, …`; `before`
-/// is N with its unit, the profile's before the filter.
+/// is N and its unit suffix, the profile's before the filter (which `--event` can change:
+/// `kept 11 samples of 405.5 ms`).
 fn report_line(
     profile: &Profile,
     filter: &Filter,
     file: &Path,
-    before: &str,
+    before: &(String, &'static str),
     spans: usize,
 ) -> String {
     let m = &profile.meta;
@@ -1200,10 +1203,16 @@ fn report_line(
         filter.to_string()
     };
     format!(
-        "spanprof report: kept {}{} of {before}, {} of {spans} spans ({filter}) from {}: \
+        "spanprof report: kept {}{} of {}{}, {} of {spans} spans ({filter}) from {}: \
          {}, {:.1} s {}",
         summary::amount(profile, summary::total_weight(profile)),
-        summary::unit_suffix(profile),
+        if summary::unit_suffix(profile) == before.1 {
+            ""
+        } else {
+            summary::unit_suffix(profile)
+        },
+        before.0,
+        before.1,
         profile.spans.len(),
         file.display(),
         m.target,
