@@ -19,10 +19,10 @@
 //!    reader (every 50 ms, as modules are imported). Counts are kept per span context too.
 //! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`],
 //!    Python frames merged into the native stacks ([`aggregate::merge`]).
-//! 4. [`output`] renders the profile as SVG, folded stacks, pprof (span ids as labels) or
+//! 4. [`output`] renders the profile as SVG, folded stacks, pprof (span ids and names as labels) or
 //!    speedscope, grouped by span if asked; [`write`](mod@write) puts the files in place atomically with
 //!    mode 0600. [`report`] reads such a pprof file back and keeps one trace's or span's
-//!    samples (or one event's, or threads'); [`analysis`] gives `report`, `diff` and `check`
+//!    samples (by id or name glob; or one event's, or threads'); [`analysis`] gives `report`, `diff` and `check`
 //!    each function's share, the change of shares between two runs and budgets; [`summary`]
 //!    prints the session's summary.
 //!

@@ -663,7 +663,7 @@ impl EventFilter {
 }
 
 /// Which samples `spanprof report` keeps: those of the threads and measure asked for, whose
-/// span context has every id given.
+/// span context has every id given and a name matching one of the `--span` globs (if any).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     /// `--event`: one measure of the profile.
