@@ -979,17 +979,24 @@ fn gil_waits(interp: &Interp) {
         }
     }
     let main_total = table.thread_total("main");
-    let main_lock: f64 = table
-        .cells
-        .iter()
-        .filter(|((t, _), _)| t == "main")
-        .filter_map(|(_, cols)| cols.get("lock"))
-        .sum::<i64>() as f64;
-    if main_lock < 0.9 * main_total {
+    let main_reason = |reason: &str| {
+        table
+            .cells
+            .iter()
+            .filter(|((t, _), _)| t == "main")
+            .filter_map(|(_, cols)| cols.get(reason))
+            .sum::<i64>() as f64
+    };
+    let (main_lock, main_gil) = (main_reason("lock"), main_reason("gil"));
+    // NB: main also waits for the GIL while it starts the spinners, longer on a loaded machine
+    // (a CI run: 140.7 ms of 1014.9): its join is most of its waits, the GIL the rest.
+    if main_lock < 0.8 * main_total || main_lock + main_gil < 0.95 * main_total {
         problems.push(format!(
-            "main: {:.1} ms of {:.1} ms off-CPU is lock (join; expected 90%)",
+            "main: {:.1} ms of {:.1} ms off-CPU is lock (join; expected 80%), {:.1} ms gil \
+             (expected the two to make 95%)",
             ms(main_lock),
-            ms(main_total)
+            ms(main_total),
+            ms(main_gil)
         ));
     }
     assert!(
