@@ -835,13 +835,16 @@ fn report_one_span_of_a_real_profile() {
 
     // Every sample labelled with the span: its work, and the workload's own code in the span
     // (e.g. writing the ground truth).
-    let labelled: u64 = profile["samples"]
-        .as_array()
-        .expect("samples")
-        .iter()
-        .filter(|s| sample_str_labels(s).get("span_id") == Some(span_id))
-        .map(|s| s["values"][0].as_u64().expect("value"))
-        .sum();
+    let labelled_with = |id: &String| -> u64 {
+        profile["samples"]
+            .as_array()
+            .expect("samples")
+            .iter()
+            .filter(|s| sample_str_labels(s).get("span_id") == Some(id))
+            .map(|s| s["values"][0].as_u64().expect("value"))
+            .sum()
+    };
+    let labelled = labelled_with(span_id);
     let one = tmp.join("one.folded");
     let pprof_arg = pprof.to_str().expect("UTF-8 temp path");
     run_spanprof([
@@ -938,13 +941,7 @@ fn report_one_span_of_a_real_profile() {
         .expect("a span with a name read");
     let name = &truth[named].labels["span.name"];
     let named_id = &truth[named].labels["span_id"];
-    let labelled_named: u64 = profile["samples"]
-        .as_array()
-        .expect("samples")
-        .iter()
-        .filter(|s| sample_str_labels(s).get("span_id") == Some(named_id))
-        .map(|s| s["values"][0].as_u64().expect("value"))
-        .sum();
+    let labelled_named = labelled_with(named_id);
     let by_name = tmp.join("by-name.folded");
     run_spanprof([
         "report",
