@@ -1320,6 +1320,8 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
     // Per child: (samples, with child_spin, with child_spin under `<module> (<string>:9)`).
     let mut per_child: BTreeMap<i64, (i64, i64, i64)> = BTreeMap::new();
     let mut wrong_caller = Vec::new();
+    // Per child: its samples without child_spin, by the leaf end of their stacks.
+    let mut other_stacks: BTreeMap<i64, BTreeMap<String, i64>> = BTreeMap::new();
     for sample in profile["samples"].as_array().expect("samples") {
         let labels = sample["labels"].as_array().expect("labels");
         let Some(pid) = labels
@@ -1358,6 +1360,18 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
             .iter()
             .position(|(function, file, _)| *function == "child_spin" && *file == "<string>")
         else {
+            // Kept to show what a child without child_spin was doing, its leaf end.
+            let leaf: Vec<String> = frames
+                .iter()
+                .rev()
+                .take(8)
+                .map(|(function, file, line)| format!("{function} ({file}:{line})"))
+                .collect();
+            *other_stacks
+                .entry(pid)
+                .or_default()
+                .entry(leaf.join(" <- "))
+                .or_default() += value;
             continue;
         };
         entry.1 += value;
@@ -1381,8 +1395,20 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
         ));
         // ~100 ms of child_spin after a ~20 ms start-up: ~40 of ~60 samples.
         if *samples >= 20 && (*spin as f64) < 0.4 * *samples as f64 {
+            let mut others: Vec<(&String, &i64)> = other_stacks
+                .get(pid)
+                .map(|m| m.iter().collect())
+                .unwrap_or_default();
+            others.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            let others: Vec<String> = others
+                .iter()
+                .take(5)
+                .map(|(stack, n)| format!("      {n} {stack}"))
+                .collect();
             problems.push(format!(
-                "child {pid}: only {spin} of its {samples} samples have child_spin (<string>)"
+                "child {pid}: only {spin} of its {samples} samples have child_spin (<string>); \
+                 its other samples, leaf first:\n{}",
+                others.join("\n")
             ));
         }
         // Names are checked above; a stray sample may catch the call being made.
