@@ -483,6 +483,92 @@ fn check_budgets_on_crafted_profiles() {
     assert_error(&out, FAILURE, &["the new profile has no samples"]);
 }
 
+/// `check --span-max` on a crafted profile whose span times are known: three `GET /servers`
+/// spans of 2, 4 and 6 samples at 100 Hz (20, 40 and 60 ms, a mean of 40 ms), one `POST
+/// /servers` span of 10 samples (100 ms), and samples outside any span, which count for none.
+#[test]
+fn span_budgets_on_crafted_profiles() {
+    let tmp = TempDir::new("ci-span-budgets");
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let span = |id: u64, name: &str| {
+        serde_json::json!({
+            "trace_id": trace,
+            "span_id": format!("{id:016x}"),
+            "span.name": name,
+        })
+    };
+    let file = craft(
+        tmp.path(),
+        "spans",
+        serde_json::json!([
+            [
+                ["main", "handle", "list_servers"],
+                2,
+                span(1, "GET /servers")
+            ],
+            [
+                ["main", "handle", "list_servers"],
+                3,
+                span(2, "GET /servers")
+            ],
+            [["main", "handle", "db_query"], 1, span(2, "GET /servers")],
+            [
+                ["main", "handle", "list_servers"],
+                6,
+                span(3, "GET /servers")
+            ],
+            [
+                ["main", "handle", "create_server"],
+                10,
+                span(4, "POST /servers")
+            ],
+            [["main", "idle"], 50]
+        ]),
+    );
+    let check = |budgets: &[&str]| {
+        let mut a = args!["check", &file];
+        a.extend(budgets.iter().map(std::ffi::OsString::from));
+        run_spanprof(a)
+    };
+    for (budgets, code) in [
+        (&["--span-max", "GET /servers=40ms"][..], 0),
+        (&["--span-max", "GET /servers=39ms"][..], BUDGET),
+        (&["--span-max", "* /servers=100ms"][..], 0),
+        (&["--span-max", "* /servers=99ms"][..], BUDGET),
+        (
+            &["--span-max", "GET *=45ms", "--span-max", "POST *=95ms"][..],
+            BUDGET,
+        ),
+        (&["--span-max", "DELETE *=1ms"][..], 0),
+    ] {
+        let out = check(budgets);
+        assert_eq!(out.code(), code, "{budgets:?}\n{out}");
+        assert!(!out.stderr.contains("panicked"), "{out}");
+    }
+    // The explanation names the spans, their mean and the budget.
+    let over = check(&["--span-max", "GET /servers=30ms"]);
+    assert_eq!(over.code(), BUDGET, "{over}");
+    let line = over
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("OVER"))
+        .unwrap_or_else(|| panic!("no OVER line\n{over}"));
+    for needle in ["GET /servers", "40.0 ms", "30.0 ms", "3 spans"] {
+        assert!(line.contains(needle), "{needle:?} not in {line:?}\n{over}");
+    }
+    // report's table of span names has the same figures.
+    let out = run_spanprof(args!["report", &file, "--format", "json"]);
+    out.assert_success();
+    let json: Value = serde_json::from_str(&out.stdout).expect("report JSON");
+    let spans = json["spans"].as_array().expect("spans array");
+    let get = spans
+        .iter()
+        .find(|s| s["name"] == "GET /servers")
+        .unwrap_or_else(|| panic!("no GET /servers in {spans:?}"));
+    assert_eq!(get["spans"], 3, "{get}");
+    assert_eq!(get["mean_ns"], 40_000_000, "{get}");
+}
+
 #[test]
 fn bad_or_truncated_profiles_give_one_clear_error() {
     let r = runs();

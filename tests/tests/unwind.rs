@@ -357,7 +357,8 @@ const PYTHON_ROOT_FRAMES: &[&str] = &[
 /// `outer -> middle -> spanprof_cext.crunch -> crunch_outer -> crunch_inner`: at least 90%
 /// of the samples in `crunch_inner` have, root to leaf, a native frame of the process's
 /// start-up, then the Python frames `outer (py_cext.py:N);middle (py_cext.py:N)`, then the
-/// extension's `crunch_outer;crunch_inner` at the leaf.
+/// extension's `crunch_outer;crunch_inner` at the leaf; and at least 90% of the process's
+/// stacks are complete.
 #[test]
 fn python_calling_a_c_extension() {
     require_profiling();
@@ -406,7 +407,14 @@ fn python_calling_a_c_extension() {
         "{good} of {n} crunch_inner samples have one of {PYTHON_ROOT_FRAMES:?}, then \
          outer;middle (py_cext.py), then crunch_outer;crunch_inner\n{context}"
     );
-    session.check_stats(pid, "dwarf");
+    let process = session.check_stats(pid, "dwarf");
+    assert!(
+        process.complete_share() >= 90.0,
+        "only {:.1}% of the stacks are complete ({} of {})\n{context}",
+        process.complete_share(),
+        process.complete,
+        process.samples
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -11,6 +11,10 @@ encoder, and follows the conventions spanprof's reader asks for: sample types
 
 SPEC is {"target": "crafted", "frequency": 100,
          "stacks": [[["main", "work", "leaf"], 30], ...]}   (root first)
+
+A stack may have a third element, string labels of its sample, e.g. a span:
+    [["main", "handle"], 4, {"trace_id": "4bf9...", "span_id": "00f0...",
+                            "span.name": "GET /servers"}]
 """
 
 import gzip
@@ -41,7 +45,9 @@ def craft(pb2, spec):
     prof.mapping.add(id=1, filename=s("/usr/bin/crafted"), memory_start=0x1000,
                      memory_limit=0x100000, has_functions=True)
     locations = {}
-    for stack, count in spec["stacks"]:
+    for entry in spec["stacks"]:
+        stack, count = entry[0], entry[1]
+        labels = entry[2] if len(entry) > 2 else {}
         ids = []
         for name in reversed(stack):  # pprof: leaf first
             if name not in locations:
@@ -55,6 +61,8 @@ def craft(pb2, spec):
         sample.label.add(key=s("thread.id"), num=42)
         sample.label.add(key=s("thread.name"), str=s("crafted"))
         sample.label.add(key=s("process.id"), num=42)
+        for key, value in labels.items():
+            sample.label.add(key=s(key), str=s(value))
     prof.string_table.extend(strings)
     return prof
 
