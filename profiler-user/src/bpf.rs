@@ -271,6 +271,41 @@ pub struct Programs {
     /// Allocator modules probed: (device, inode).
     probed: std::collections::HashSet<(u64, u64)>,
     alloc_live: Option<HashMap<MapData, AllocKey, LiveAlloc>>,
+    /// Keeps the kernel's run time statistics of BPF programs on while it is open (`None`:
+    /// `BPF_ENABLE_STATS` was refused, it needs CAP_SYS_ADMIN).
+    stats: Option<std::os::fd::OwnedFd>,
+}
+
+/// What spanprof's programs cost in the kernel so far: the `run_time_ns` and `run_cnt` counters
+/// the kernel keeps per program while statistics are enabled (`bpftool prog show` prints them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelTime {
+    /// Time in every program (sampling, fork/exec/exit tracking, off-CPU, allocation probes).
+    pub total_ns: u64,
+    /// Runs of every program.
+    pub total_runs: u64,
+    /// Time in the timer sampling program, `on_cpu_sample`.
+    pub sampling_ns: u64,
+    /// Its runs: one per cpu-clock tick on a CPU, profiled process or not.
+    pub sampling_runs: u64,
+}
+
+impl KernelTime {
+    /// The change since `earlier`.
+    pub fn since(&self, earlier: &KernelTime) -> KernelTime {
+        KernelTime {
+            total_ns: self.total_ns.saturating_sub(earlier.total_ns),
+            total_runs: self.total_runs.saturating_sub(earlier.total_runs),
+            sampling_ns: self.sampling_ns.saturating_sub(earlier.sampling_ns),
+            sampling_runs: self.sampling_runs.saturating_sub(earlier.sampling_runs),
+        }
+    }
+}
+
+/// Whether the kernel already keeps BPF run time statistics for everyone
+/// (`sysctl kernel.bpf_stats_enabled=1`).
+fn stats_enabled_by_sysctl() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|v| v.trim() == "1")
 }
 
 impl std::fmt::Debug for Programs {
@@ -338,6 +373,10 @@ impl Programs {
                 detail: format!("{what}: {e}"),
             })?
             .max(1) as u32;
+        // The kernel counts the programs' run time only while someone holds statistics on; the
+        // counters cost two clock reads per run. Refused without CAP_SYS_ADMIN: then the
+        // summary has no in-kernel figure (unless the sysctl has them on anyway).
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         let mut loader = EbpfLoader::new();
         if let Some(btf) = &custom_btf {
             loader.btf(Some(btf));
@@ -496,7 +535,30 @@ impl Programs {
             span_procs,
             stack_copy_sizes,
             errors,
+            stats,
         })
+    }
+
+    /// The in-kernel run time of the loaded programs so far; `None` when the kernel does not
+    /// count it (statistics could not be enabled).
+    pub fn kernel_time(&self) -> Option<KernelTime> {
+        if self.stats.is_none() && !stats_enabled_by_sysctl() {
+            return None;
+        }
+        let mut t = KernelTime::default();
+        for (name, program) in self.ebpf.programs() {
+            // NB: a program of the object that was not loaded (an event not asked for) has no
+            // info.
+            let Ok(info) = program.info() else { continue };
+            let ns = u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            t.total_ns = t.total_ns.saturating_add(ns);
+            t.total_runs = t.total_runs.saturating_add(info.run_count());
+            if name == "on_cpu_sample" {
+                t.sampling_ns = ns;
+                t.sampling_runs = info.run_count();
+            }
+        }
+        Some(t)
     }
 
     /// Adds a process the user named to the profiled set.

@@ -116,6 +116,9 @@ pub struct Overhead {
     pub sampling: Duration,
     /// The process's CPU time when sampling ended; later phases are measured from here.
     pub cpu_at_end_of_sampling: Duration,
+    /// The programs' run time in the kernel while sampling; `None` when the kernel did not
+    /// count it (see [`crate::bpf::KernelTime`]).
+    pub kernel: Option<crate::bpf::KernelTime>,
 }
 
 /// This process's CPU time so far (user + system).
@@ -444,6 +447,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         eprintln!("spanprof: profiling {target_desc} {what} {until}; Ctrl-C to stop early");
     }
     let cpu_at_sampling = process_cpu_time();
+    let kernel_at_sampling = programs.kernel_time();
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let mut agg = Aggregator::new(opts.aggregate);
@@ -515,6 +519,10 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     };
     let duration = start.elapsed();
     let cpu_at_end = process_cpu_time();
+    let kernel = programs
+        .kernel_time()
+        .zip(kernel_at_sampling)
+        .map(|(end, start)| end.since(&start));
     drain(&mut programs, &mut agg, &mut python, &mut copy);
     progress.finish();
     let errors = programs.error_counts();
@@ -569,6 +577,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             setup: cpu_at_sampling.saturating_sub(cpu_at_start),
             sampling: cpu_at_end.saturating_sub(cpu_at_sampling),
             cpu_at_end_of_sampling: cpu_at_end,
+            kernel,
         },
     })
 }

@@ -81,6 +81,88 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
     )
 }
 
+/// spanprof's cost while sampling, next to the CPU time of what it profiled: the figures the
+/// session summary, `spanprof verify` and the daemon's metrics give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    /// Samples taken: kept and lost.
+    pub samples: u64,
+    /// Run time of spanprof's programs in the kernel; `None` when the kernel did not count it.
+    pub kernel_ns: Option<u64>,
+    /// spanprof's own CPU time (user + system) while sampling.
+    pub own_ns: u64,
+    /// The targets' CPU time as sampling saw it (samples × period); `None` without on-CPU
+    /// samples (a memory or off-CPU-only profile).
+    pub target_cpu_ns: Option<u64>,
+}
+
+impl Cost {
+    /// The cost of a session that made `profile`.
+    pub fn of(profile: &Profile, o: &Overhead) -> Cost {
+        let samples = profile
+            .total_samples()
+            .saturating_add(profile.meta.lost_samples);
+        let events = profile.meta.events;
+        let on_cpu = events.cpu || events.wall;
+        Cost {
+            samples,
+            kernel_ns: o.kernel.map(|k| k.total_ns),
+            own_ns: u64::try_from(o.sampling.as_nanos()).unwrap_or(u64::MAX),
+            target_cpu_ns: (on_cpu && !events.in_bytes() && samples > 0)
+                .then(|| samples.saturating_mul(profile.meta.period_ns())),
+        }
+    }
+
+    /// Nanoseconds in the kernel per sample.
+    pub fn kernel_per_sample(&self) -> Option<f64> {
+        let k = self.kernel_ns?;
+        (self.samples > 0).then(|| k as f64 / self.samples as f64)
+    }
+
+    /// Nanoseconds of spanprof's own CPU per sample.
+    pub fn own_per_sample(&self) -> Option<f64> {
+        (self.samples > 0).then(|| self.own_ns as f64 / self.samples as f64)
+    }
+
+    /// spanprof's CPU (in the kernel and its own) as a fraction of the targets' CPU; without
+    /// the kernel's figure, its own CPU alone.
+    pub fn share(&self) -> Option<f64> {
+        let target = self.target_cpu_ns.filter(|&t| t > 0)?;
+        let spent = self.own_ns.saturating_add(self.kernel_ns.unwrap_or(0));
+        Some(spent as f64 / target as f64)
+    }
+
+    /// `spanprof overhead while sampling: 2.1 µs in the kernel and 9.8 µs of its own CPU per
+    /// sample, 1.20% of the targets' 2.95 s of CPU`: the share is of the CPU time sampling saw.
+    pub fn line(&self) -> String {
+        let micros =
+            |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.1} µs", ns / 1e3));
+        let own = micros(self.own_per_sample());
+        let spent = match self.kernel_ns {
+            Some(_) => format!(
+                "{} in the kernel and {own} of its own CPU per sample",
+                micros(self.kernel_per_sample())
+            ),
+            None => format!("{own} of its own CPU per sample"),
+        };
+        let share = match (self.share(), self.target_cpu_ns) {
+            (Some(share), Some(target)) => format!(
+                ", {:.2}% of the targets' {:.2} s of CPU",
+                share * 100.0,
+                target as f64 / 1e9
+            ),
+            _ => String::new(),
+        };
+        let uncounted = if self.kernel_ns.is_none() {
+            " (in-kernel time not counted: the kernel counts it for CAP_SYS_ADMIN, or with \
+             sysctl kernel.bpf_stats_enabled=1)"
+        } else {
+            ""
+        };
+        format!("spanprof overhead while sampling: {spent}{share}{uncounted}")
+    }
+}
+
 /// The sum of [`Profile::weight`]: samples, nanoseconds when off-CPU time is in the profile, or
 /// bytes for a memory profile.
 pub fn total_weight(profile: &Profile) -> u64 {
@@ -520,6 +602,7 @@ mod tests {
             setup: Duration::from_millis(12),
             sampling: Duration::from_micros(1500),
             cpu_at_end_of_sampling: Duration::ZERO,
+            kernel: None,
         };
         let after = Duration::from_millis(3);
         assert_eq!(
@@ -532,6 +615,42 @@ mod tests {
             "spanprof own CPU: 12.0 ms setup, 1.5 ms while sampling, 3.0 ms symbolizing and \
              writing"
         );
+    }
+
+    #[test]
+    fn cost_lines() {
+        let mut o = Overhead {
+            setup: Duration::from_millis(12),
+            sampling: Duration::from_micros(1500),
+            cpu_at_end_of_sampling: Duration::ZERO,
+            kernel: Some(crate::bpf::KernelTime {
+                total_ns: 30_000,
+                total_runs: 40,
+                sampling_ns: 20_000,
+                sampling_runs: 20,
+            }),
+        };
+        // 15 samples at 100 Hz: 150 ms of the targets' CPU.
+        let profile = fixture::profile();
+        let cost = Cost::of(&profile, &o);
+        assert_eq!(cost.samples, 15);
+        assert_eq!(cost.target_cpu_ns, Some(150_000_000));
+        assert_eq!(
+            cost.line(),
+            "spanprof overhead while sampling: 2.0 µs in the kernel and 100.0 µs of its own CPU \
+             per sample, 1.02% of the targets' 0.15 s of CPU"
+        );
+        o.kernel = None;
+        assert_eq!(
+            Cost::of(&profile, &o).line(),
+            "spanprof overhead while sampling: 100.0 µs of its own CPU per sample, 1.00% of the \
+             targets' 0.15 s of CPU (in-kernel time not counted: the kernel counts it for \
+             CAP_SYS_ADMIN, or with sysctl kernel.bpf_stats_enabled=1)"
+        );
+        // A memory profile has no CPU time of its targets to compare with.
+        let memory = Cost::of(&fixture::memory(), &o);
+        assert_eq!(memory.target_cpu_ns, None);
+        assert_eq!(memory.share(), None);
     }
 
     #[test]
