@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use object::elf::{R_X86_64_DTPMOD64, R_X86_64_TLSDESC, R_X86_64_TPOFF64};
 use object::read::elf::{ElfFile64, ProgramHeader};
-use object::read::ReadCache;
+use object::read::{ReadCache, ReadRef};
 use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
 
 use crate::python::detect::{load_bias, parse_maps};
@@ -54,9 +54,9 @@ pub enum TlsAccess {
     },
 }
 
-/// What a module's file says of the symbol.
+/// What a module's file says of the symbol ([`parse_module_bytes`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct TlsSymbol {
+pub struct TlsSymbol {
     /// `st_value`: offset in the module's TLS block.
     value: u64,
     /// The dynamic relocation of the symbol, `(r_type, r_offset)`, if any.
@@ -104,8 +104,18 @@ pub struct ModuleCache {
 /// Reads only what it needs of the file (the ELF header, program headers, `.dynsym` and its
 /// strings, the dynamic relocations): a big libpython is not read whole.
 fn parse_module(file: File) -> Option<TlsSymbol> {
-    let cache = ReadCache::new(file);
-    let file = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
+    parse_elf(&ReadCache::new(file))
+}
+
+/// [`parse_module`] of a module's bytes: what the file says of `otel_thread_ctx_v1`, `None`
+/// when it has no such symbol or is not a 64-bit ELF file (for tests and fuzzing; the file is
+/// untrusted).
+pub fn parse_module_bytes(bytes: &[u8]) -> Option<TlsSymbol> {
+    parse_elf(bytes)
+}
+
+fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Option<TlsSymbol> {
+    let file = ElfFile64::<object::Endianness, R>::parse(data).ok()?;
     let sym = file.dynamic_symbols().find(|s| {
         s.name() == Ok(THREAD_CTX_SYMBOL) && s.kind() == SymbolKind::Tls && s.size() == 8
     })?;
@@ -131,7 +141,7 @@ fn parse_module(file: File) -> Option<TlsSymbol> {
         .find(|p| p.p_type(endian) == object::elf::PT_TLS)
         .map(|p| {
             let align = p.p_align(endian).max(1);
-            p.p_memsz(endian).div_ceil(align) * align
+            p.p_memsz(endian).div_ceil(align).saturating_mul(align)
         });
     let executable = file.elf_header().e_type.get(endian) == object::elf::ET_EXEC
         || headers
@@ -192,44 +202,10 @@ impl ModuleCache {
             };
             let bias = load_bias(&maps, &m.path, &sym.loads)
                 .ok_or_else(|| bad("no mapping matches a load segment"))?;
-            let read = |addr: u64| mem.read_u64(addr).map_err(|e| CtxError::Mem(e.to_string()));
-            let access = match sym.reloc {
-                Some((R_X86_64_TLSDESC, off)) => {
-                    // struct tlsdesc { entry; arg; }: arg is a TP offset (static) or points to
-                    // { module, offset, generation } (dynamic).
-                    // glibc x86_64: a static argument is `st_value - l_tls_offset`, below the
-                    // thread pointer, so negative; a dynamic one is a heap pointer.
-                    let arg = read(bias.wrapping_add(off).wrapping_add(8))?;
-                    if (arg as i64) < 0 {
-                        TlsAccess::Static {
-                            tp_offset: arg as i64,
-                        }
-                    } else {
-                        TlsAccess::Dynamic {
-                            module: read(arg)?,
-                            offset: read(arg.wrapping_add(8))?,
-                        }
-                    }
-                }
-                Some((R_X86_64_DTPMOD64, off)) => TlsAccess::Dynamic {
-                    module: read(bias.wrapping_add(off))?,
-                    offset: read(bias.wrapping_add(off).wrapping_add(8))?,
-                },
-                Some((_, off)) => TlsAccess::Static {
-                    tp_offset: read(bias.wrapping_add(off))? as i64,
-                },
-                // Local-exec in an executable: its block ends at the thread pointer.
-                None if sym.executable => TlsAccess::Static {
-                    tp_offset: sym.value as i64
-                        - sym.tls_size.ok_or_else(|| bad("no PT_TLS segment"))? as i64,
-                },
-                None => return Err(bad("no TLS relocation for otel_thread_ctx_v1")),
-            };
-            if let TlsAccess::Dynamic { module, offset } = access {
-                if module == 0 || module > 1 << 16 || offset > 1 << 20 {
-                    return Err(bad("implausible TLS module id or offset"));
-                }
-            }
+            let access = tls_access(&sym, bias, mem).map_err(|e| match e {
+                AccessError::Mem(e) => CtxError::Mem(e),
+                AccessError::Unsupported(reason) => bad(reason),
+            })?;
             return Ok(Some(ThreadCtxVar {
                 module: m.path.clone(),
                 access,
@@ -237,6 +213,80 @@ impl ModuleCache {
         }
         Ok(None)
     }
+}
+
+/// Why [`tls_access`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessError {
+    /// A read of the process failed.
+    Mem(String),
+    /// The symbol's access could not be worked out.
+    Unsupported(&'static str),
+}
+
+/// How a thread's copy of the symbol `sym` describes is found, in a process that loaded its
+/// module at `bias`: from what the dynamic loader wrote into the relocation's target (read
+/// through `mem`), or from the TLS segment of an executable without a relocation.
+pub fn tls_access<M: ProcessMemory>(
+    sym: &TlsSymbol,
+    bias: u64,
+    mem: &M,
+) -> Result<TlsAccess, AccessError> {
+    let read = |addr: u64| {
+        mem.read_u64(addr)
+            .map_err(|e| AccessError::Mem(e.to_string()))
+    };
+    let access = match sym.reloc {
+        Some((R_X86_64_TLSDESC, off)) => {
+            // struct tlsdesc { entry; arg; }: arg is a TP offset (static) or points to
+            // { module, offset, generation } (dynamic).
+            // glibc x86_64: a static argument is `st_value - l_tls_offset`, below the
+            // thread pointer, so negative; a dynamic one is a heap pointer.
+            let arg = read(bias.wrapping_add(off).wrapping_add(8))?;
+            if (arg as i64) < 0 {
+                TlsAccess::Static {
+                    tp_offset: arg as i64,
+                }
+            } else {
+                TlsAccess::Dynamic {
+                    module: read(arg)?,
+                    offset: read(arg.wrapping_add(8))?,
+                }
+            }
+        }
+        Some((R_X86_64_DTPMOD64, off)) => TlsAccess::Dynamic {
+            module: read(bias.wrapping_add(off))?,
+            offset: read(bias.wrapping_add(off).wrapping_add(8))?,
+        },
+        Some((_, off)) => TlsAccess::Static {
+            tp_offset: read(bias.wrapping_add(off))? as i64,
+        },
+        // Local-exec in an executable: its block ends at the thread pointer.
+        None if sym.executable => {
+            let size = sym
+                .tls_size
+                .ok_or(AccessError::Unsupported("no PT_TLS segment"))?;
+            let implausible = AccessError::Unsupported("implausible TLS segment size or offset");
+            let value = i64::try_from(sym.value).map_err(|_| implausible.clone())?;
+            let size = i64::try_from(size).map_err(|_| implausible.clone())?;
+            TlsAccess::Static {
+                tp_offset: value.checked_sub(size).ok_or(implausible)?,
+            }
+        }
+        None => {
+            return Err(AccessError::Unsupported(
+                "no TLS relocation for otel_thread_ctx_v1",
+            ))
+        }
+    };
+    if let TlsAccess::Dynamic { module, offset } = access {
+        if module == 0 || module > 1 << 16 || offset > 1 << 20 {
+            return Err(AccessError::Unsupported(
+                "implausible TLS module id or offset",
+            ));
+        }
+    }
+    Ok(access)
 }
 
 /// Mapping names of a published process context (OTEP 4719), as `/proc/PID/maps` shows them.
@@ -270,6 +320,12 @@ pub fn read_process_ctx<M: ProcessMemory>(pid: u32, mem: &M) -> Option<ProcessCt
             .any(|n| name.starts_with(n))
             .then(|| u64::from_str_radix(line.split('-').next()?, 16).ok())?
     })?;
+    read_process_ctx_at(start, mem)
+}
+
+/// Reads a process context whose header is at `start` (the `OTEL_CTX` mapping's start).
+/// `None`: not a valid header, being updated, or a payload that does not decode.
+pub fn read_process_ctx_at<M: ProcessMemory>(start: u64, mem: &M) -> Option<ProcessCtx> {
     let mut hdr = [0u8; 32];
     mem.read(start, &mut hdr).ok()?;
     let u32_at = |o: usize| u32::from_le_bytes(hdr[o..o + 4].try_into().unwrap());
@@ -406,6 +462,50 @@ pub fn decode_process_ctx(payload: &[u8]) -> Option<ProcessCtx> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::python::memory::FixtureMemory;
+
+    #[test]
+    fn tls_access_of_garbage_is_an_error_not_an_overflow() {
+        let exe = |value: u64, tls_size: Option<u64>| TlsSymbol {
+            value,
+            reloc: None,
+            tls_size,
+            executable: true,
+            loads: Vec::new(),
+        };
+        let mem = FixtureMemory::new();
+        // Local-exec: the block ends at the thread pointer.
+        assert_eq!(
+            tls_access(&exe(8, Some(16)), 0, &mem),
+            Ok(TlsAccess::Static { tp_offset: -8 })
+        );
+        for sym in [
+            exe(u64::MAX, Some(16)),
+            exe(0, Some(u64::MAX)),
+            exe(i64::MIN as u64, Some(1)),
+        ] {
+            assert!(
+                matches!(tls_access(&sym, 0, &mem), Err(AccessError::Unsupported(_))),
+                "{sym:?}"
+            );
+        }
+        assert!(matches!(
+            tls_access(&exe(0, None), 0, &mem),
+            Err(AccessError::Unsupported("no PT_TLS segment"))
+        ));
+        // A relocation whose target cannot be read.
+        let shared = TlsSymbol {
+            reloc: Some((R_X86_64_TLSDESC, u64::MAX - 4)),
+            executable: false,
+            ..exe(0, Some(8))
+        };
+        assert!(matches!(
+            tls_access(&shared, 0x1000, &mem),
+            Err(AccessError::Mem(_))
+        ));
+        // Not an ELF file at all.
+        assert_eq!(parse_module_bytes(b"\x7fELF garbage"), None);
+    }
 
     fn tag(n: u64, wire: u64) -> u8 {
         (n << 3 | wire) as u8

@@ -15,6 +15,7 @@ mod bench;
 mod bench_alloc;
 mod bench_daemon;
 mod deps;
+mod fuzz;
 mod run;
 mod workloads;
 
@@ -35,7 +36,13 @@ tasks:
   workloads  build the C test workloads into target/workloads/
   test       deps, workloads, release build, cargo fmt --check, clippy -D warnings,
              then cargo test --workspace --release with the integration tests
-             running the real binary (needs root)
+             running the real binary (needs root), then every fuzz target for
+             20 s
+  fuzz [--seconds N] [TARGET...]
+             build the fuzz targets of fuzz/ (libFuzzer on stable Rust) and run
+             each (default: all) for N seconds (default 60) from its seeds in
+             fuzz/corpus/TARGET; a crash fails it, with the input saved in
+             target/fuzz/artifacts/TARGET/
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
@@ -100,7 +107,7 @@ fn main() -> ExitCode {
 fn dispatch(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let task = args.first().map(String::as_str);
-    if args.len() > 1 && task != Some("bench") {
+    if args.len() > 1 && !matches!(task, Some("bench" | "fuzz")) {
         bail!("unexpected arguments after `{}`\n{USAGE}", args[0]);
     }
     match task {
@@ -109,6 +116,7 @@ fn dispatch(args: &[String]) -> Result<()> {
         Some("test") => test(&root),
         Some("demo") => demo(&root),
         Some("bench") => bench(&root, &args[1..]),
+        Some("fuzz") => fuzz::task(&root, &args[1..]),
         Some("help" | "-h" | "--help") => {
             print!("{USAGE}");
             Ok(())
@@ -155,6 +163,15 @@ fn test(root: &Path) -> Result<()> {
         failures.push("cargo fmt --check");
     }
 
+    step("checking formatting of the fuzz targets: cargo fmt --manifest-path fuzz/Cargo.toml -- --check");
+    if let Err(err) = cargo(root)
+        .args(["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"])
+        .run()
+    {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo fmt --check (fuzz)");
+    }
+
     let bin = build_release(root)?;
 
     step("linting: cargo clippy --workspace --all-targets -- -D warnings");
@@ -171,6 +188,23 @@ fn test(root: &Path) -> Result<()> {
     {
         eprintln!("xtask: {err:#}");
         failures.push("cargo clippy");
+    }
+
+    step("linting the fuzz targets: cargo clippy --manifest-path fuzz/Cargo.toml -- -D warnings");
+    if let Err(err) = cargo(root)
+        .args([
+            "clippy",
+            "--manifest-path",
+            "fuzz/Cargo.toml",
+            "--all-targets",
+        ])
+        .arg("--target-dir")
+        .arg(root.join("target/fuzz-clippy"))
+        .args(["--", "-D", "warnings"])
+        .run()
+    {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo clippy (fuzz)");
     }
 
     step("testing: cargo test --workspace --release --no-fail-fast");
@@ -209,6 +243,20 @@ fn test(root: &Path) -> Result<()> {
     {
         eprintln!("xtask: {err:#}");
         failures.push("cargo test (debug)");
+    }
+
+    // Every reader of untrusted bytes under libFuzzer for a bounded time.
+    match fuzz::build(root) {
+        Ok(bins) => {
+            if let Err(err) = fuzz::run(root, &bins, &fuzz::TARGETS, fuzz::TEST_SECONDS) {
+                eprintln!("xtask: {err:#}");
+                failures.push("fuzzing");
+            }
+        }
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            failures.push("fuzz build");
+        }
     }
 
     if failures.is_empty() {

@@ -1,0 +1,37 @@
+//! Helpers shared by spanprof's fuzz targets (`fuzz_targets/`).
+//!
+//! # Overview
+//! Each target feeds libFuzzer's bytes to one of spanprof's readers of untrusted input: profile
+//! files given to `report`/`diff`/`check`, and what is read from a profiled process's memory
+//! or module files. A target must never panic, hang or allocate without bound, whatever the
+//! bytes. `cargo xtask fuzz` builds them with coverage instrumentation on stable Rust and runs
+//! each for a bounded time from the seeds in `fuzz/corpus/<target>/`; `cargo xtask test` runs
+//! it too.
+
+use symbolizer::python::memory::FixtureMemory;
+
+/// Where [`memory`] maps the input: low, so that pointers into it are small numbers the
+/// fuzzer's comparison tracing finds quickly, and above the first page (a null pointer plus an
+/// offset, which readers refuse).
+pub const BASE: u64 = 0x1_0000;
+
+/// An address space holding `data` at [`BASE`], as a target process's memory would: pointers
+/// in it that fall inside `[BASE, BASE + data.len())` lead back into it, others fail to read.
+pub fn memory(data: &[u8]) -> FixtureMemory {
+    let mut mem = FixtureMemory::new();
+    mem.insert(BASE, data.to_vec());
+    mem
+}
+
+/// Splits a selector byte off the input: which variant of a target to run.
+pub fn split_selector(data: &[u8]) -> Option<(u8, &[u8])> {
+    let (&first, rest) = data.split_first()?;
+    Some((first, rest))
+}
+
+/// A little-endian `u32` from the first 4 bytes, 0 if there are fewer.
+pub fn u32_at(data: &[u8], at: usize) -> u32 {
+    data.get(at..at + 4)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}

@@ -1,0 +1,165 @@
+//! `cargo xtask fuzz`: builds the fuzz targets of `fuzz/` with libFuzzer's coverage
+//! instrumentation on stable Rust and runs each for a bounded time from its committed seeds.
+//!
+//! The flags are cargo-fuzz's with `--sanitizer none` (which needs no nightly): SanitizerCoverage
+//! through LLVM passes, and the fuzz profile's overflow checks and debug assertions. `--target`
+//! is given so that the flags reach only the target's code, not build scripts and proc macros.
+//! A run ends at the time limit or at the first crash, which libFuzzer writes as an artifact;
+//! the crash fails the task with the target, the artifact and the log named. Fixed crashes are
+//! kept as regression cases beside the seeds in `fuzz/corpus/<target>/`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+use crate::run::{cargo, step};
+
+/// Every fuzz target (`fuzz/Cargo.toml`'s binaries).
+pub const TARGETS: [&str; 5] = [
+    "pprof_profile",
+    "otel_process_ctx",
+    "otel_thread_ctx_elf",
+    "python_line_table",
+    "python_memory",
+];
+
+/// Seconds each target runs in `cargo xtask test`.
+pub const TEST_SECONDS: u64 = 20;
+
+const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
+const RUSTFLAGS: &str = "-Cpasses=sancov-module \
+    -Cllvm-args=-sanitizer-coverage-level=4 \
+    -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+    -Cllvm-args=-sanitizer-coverage-pc-table \
+    -Cllvm-args=-sanitizer-coverage-trace-compares \
+    --cfg fuzzing";
+
+/// Builds the targets into `target/fuzz`; returns the directory of the binaries.
+pub fn build(root: &Path) -> Result<PathBuf> {
+    step("building the fuzz targets (libFuzzer, coverage instrumentation, stable Rust)");
+    let target_dir = root.join("target/fuzz");
+    cargo(root)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--bins",
+            "--target",
+            TRIPLE,
+        ])
+        .arg("--manifest-path")
+        .arg(root.join("fuzz/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("RUSTFLAGS", RUSTFLAGS)
+        .run()?;
+    Ok(target_dir.join(TRIPLE).join("release"))
+}
+
+/// Runs each of `targets` for `seconds` from its seeds; fails naming every target that
+/// crashed, hung or ran out of memory.
+pub fn run(root: &Path, bins: &Path, targets: &[&str], seconds: u64) -> Result<()> {
+    let mut failed = Vec::new();
+    for &target in targets {
+        let seeds = root.join("fuzz/corpus").join(target);
+        let work = root.join("target/fuzz/corpus").join(target);
+        let artifacts = root.join("target/fuzz/artifacts").join(target);
+        let log = root.join("target/fuzz/logs").join(format!("{target}.log"));
+        for dir in [&work, &artifacts, &seeds] {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("failed to create {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(log.parent().expect("the log has a directory"))?;
+        let seed_count = std::fs::read_dir(&seeds)?.count();
+        if seed_count == 0 {
+            bail!("{}: no seeds", seeds.display());
+        }
+        step(&format!(
+            "fuzzing {target} for {seconds} s from {seed_count} seeds (log: {})",
+            log.display()
+        ));
+        let out =
+            File::create(&log).with_context(|| format!("failed to create {}", log.display()))?;
+        // NB: libFuzzer adds what it finds to the first directory only: the seeds stay as
+        // committed.
+        let status = Command::new(bins.join(target))
+            .arg(format!("-max_total_time={seconds}"))
+            .arg("-timeout=10")
+            .arg("-rss_limit_mb=2048")
+            .arg("-print_final_stats=1")
+            .arg(format!("-artifact_prefix={}/", artifacts.display()))
+            .arg(&work)
+            .arg(&seeds)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .status()
+            .with_context(|| format!("failed to start the fuzz target {target}"))?;
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let runs = text
+            .lines()
+            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+            .map_or("?".to_string(), |n| n.trim().to_string());
+        let coverage = text
+            .lines()
+            .rev()
+            .find(|l| l.contains(" cov: "))
+            .and_then(|l| l.split(" cov: ").nth(1))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or("?");
+        if status.success() {
+            step(&format!(
+                "{target}: {runs} runs, coverage {coverage} edges, no crash"
+            ));
+        } else {
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!(
+                "xtask: {target} failed ({status}); artifacts in {}; end of its log:",
+                artifacts.display()
+            );
+            for line in tail.into_iter().rev() {
+                eprintln!("  {line}");
+            }
+            failed.push(target);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        bail!("fuzz targets failed: {}", failed.join(", "))
+    }
+}
+
+/// `fuzz [--seconds N] [TARGET…]`.
+pub fn task(root: &Path, args: &[String]) -> Result<()> {
+    let mut seconds = 60;
+    let mut targets: Vec<&str> = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                let value = it.next().context("`--seconds` needs a value")?;
+                seconds = value
+                    .parse()
+                    .ok()
+                    .filter(|&s| (1..=86_400).contains(&s))
+                    .with_context(|| format!("invalid --seconds `{value}` (1 to 86400)"))?;
+            }
+            name => match TARGETS.iter().find(|&&t| t == name) {
+                Some(&t) => targets.push(t),
+                None => bail!(
+                    "unknown fuzz target `{name}` (one of {})",
+                    TARGETS.join(", ")
+                ),
+            },
+        }
+    }
+    if targets.is_empty() {
+        targets = TARGETS.to_vec();
+    }
+    let bins = build(root)?;
+    run(root, &bins, &targets, seconds)
+}
