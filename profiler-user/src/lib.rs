@@ -45,6 +45,7 @@ pub mod export;
 pub mod offcpu;
 pub mod output;
 pub mod preflight;
+pub mod privacy;
 pub mod profile;
 pub mod python;
 pub mod report;

@@ -140,6 +140,8 @@ struct ProfileArgs {
     /// why) as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
+    #[command(flatten)]
+    privacy: PrivacyArgs,
     /// Put every sample under a root frame named after its span: `span`.
     #[arg(long, value_name = "GROUP")]
     group_by: Option<String>,
@@ -191,6 +193,48 @@ struct FilterArgs {
     span: Vec<String>,
 }
 
+/// What the outputs may not show (see the README's Privacy).
+#[derive(Debug, clap::Args)]
+struct PrivacyArgs {
+    /// Reduce every file path in the outputs (modules, source files, the executable, the
+    /// target's command line) to its base name: `--redact-paths` or `--redact-paths=basename`;
+    /// `--redact-paths=hash` keeps the base name behind a hash of the directory
+    /// (`<3f2a9c1b>/libc.so.6`).
+    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true,
+          default_missing_value = "basename")]
+    redact_paths: Option<String>,
+    /// Leave a sample label or resource attribute out of every output, e.g. thread.name,
+    /// span.name, process.command_line, host.name; repeat for several.
+    #[arg(long = "drop-label", value_name = "KEY")]
+    drop_label: Vec<String>,
+}
+
+impl PrivacyArgs {
+    fn parse(&self) -> Result<spanprof::privacy::Privacy, Failure> {
+        use spanprof::privacy::{PathMode, Privacy};
+        let redact_paths = self
+            .redact_paths
+            .as_deref()
+            .map(|m| {
+                PathMode::from_name(m).ok_or_else(|| {
+                    usage(format!(
+                        "invalid --redact-paths={m}: expected basename or hash"
+                    ))
+                })
+            })
+            .transpose()?;
+        let drop_labels = self
+            .drop_label
+            .iter()
+            .map(|k| Privacy::parse_label(k).map_err(usage))
+            .collect::<Result<_, _>>()?;
+        Ok(Privacy {
+            redact_paths,
+            drop_labels,
+        })
+    }
+}
+
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
                   spanprof report run.pb.gz\n  \
@@ -221,6 +265,8 @@ struct ReportArgs {
     /// Functions in the table (0: all of them).
     #[arg(long, default_value_t = 20, value_name = "N")]
     top: usize,
+    #[command(flatten)]
+    privacy: PrivacyArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -471,6 +517,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     let exporter = otlp_config(&args)?;
+    let privacy = args.privacy.parse()?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
     session::install_signal_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
@@ -508,6 +555,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         offcpu_min_ns: u64::try_from(offcpu_min.as_nanos()).unwrap_or(u64::MAX),
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
+    // Before anything is printed or written: the summary shows no more than the files.
+    privacy.apply(&mut outcome.profile);
     let profile = &outcome.profile;
     match &outcome.ending {
         Ending::Duration | Ending::CommandExited | Ending::TargetsExited(_) => {}
@@ -936,7 +985,9 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     }
     let group = parse_group_by(args.group_by.as_deref())?;
     let filter = args.filter.parse()?;
-    let read = read_filtered(&args.profile, &filter)?;
+    let privacy = args.privacy.parse()?;
+    let mut read = read_filtered(&args.profile, &filter)?;
+    privacy.apply(&mut read.profile);
     let profile = &read.profile;
     let grouped = group.map(|g| profile.grouped(g));
     let shown = grouped.as_ref().unwrap_or(profile);

@@ -371,6 +371,9 @@ pub struct Meta {
     pub host: Option<crate::resource::HostInfo>,
     /// The commit and branch a CI system said it was building ([`Build::from_env`]).
     pub build: Build,
+    /// Labels and resource attributes the sinks leave out (`--drop-label`, sorted; see
+    /// [`crate::privacy`]).
+    pub dropped_labels: Vec<String>,
 }
 
 /// The commit and branch of the code a CI run profiled, as its CI system names them.

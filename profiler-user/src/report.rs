@@ -239,6 +239,7 @@ impl Reader<'_> {
             python: PythonStats::default(),
             host,
             build,
+            dropped_labels: Vec::new(),
         };
 
         let (frames, frame_of_location) = self.frames()?;

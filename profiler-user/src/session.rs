@@ -557,6 +557,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         python: Default::default(),
         host: Some(crate::resource::HostInfo::current()),
         build: crate::profile::Build::from_env(),
+        dropped_labels: Vec::new(),
     };
     if opts.progress {
         eprintln!("spanprof: symbolizing {} samples", agg.samples());

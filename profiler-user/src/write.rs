@@ -3,8 +3,9 @@
 //! Each output is first created as a hidden temporary file (`O_EXCL`, mode 0600) next to its
 //! destination, which proves early that the path is writable; the bytes go to that file and a
 //! `rename` puts it in place. A failed session removes the temporary files, so no partial or
-//! garbage output is ever left at the destination, and a symlink at the destination is
-//! replaced rather than followed.
+//! garbage output is ever left at the destination. A symlink at the destination is refused
+//! (it could point anywhere a privileged spanprof may write); one put there during the session
+//! is replaced by the rename, never followed.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -70,6 +71,16 @@ impl PendingOutput {
             .with_context(|| format!("cannot write output {}: not a file name", dest.display()))?;
         if dest.is_dir() {
             anyhow::bail!("cannot write output {}: is a directory", dest.display());
+        }
+        if dest
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            anyhow::bail!(
+                "cannot write output {}: it is a symbolic link, and outputs are never written \
+                 through one (remove it or choose another path)",
+                dest.display()
+            );
         }
         let tmp = dir.join(format!(
             ".{}.spanprof-{}.tmp",
@@ -157,13 +168,19 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("spanprof-write-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let dest = dir.join("out.folded");
-        // A symlink at the destination is replaced, not followed.
+        // A symlink at the destination is refused.
         let victim = dir.join("victim");
         std::fs::write(&victim, "keep").unwrap();
         std::os::unix::fs::symlink(&victim, &dest).unwrap();
+        let err = PendingOutput::create(&dest).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        std::fs::remove_file(&dest).unwrap();
+        // One put there during the session is replaced by the rename, not followed.
         let out = PendingOutput::create(&dest).unwrap();
+        std::os::unix::fs::symlink(&victim, &dest).unwrap();
         out.commit(b"a;b 1\n").unwrap();
         assert_eq!(std::fs::read_to_string(&dest).unwrap(), "a;b 1\n");
+        assert!(!dest.symlink_metadata().unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         let mode = std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);

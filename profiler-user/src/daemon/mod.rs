@@ -258,6 +258,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 python: Default::default(),
                 host: Some(crate::resource::HostInfo::current()),
                 build: Default::default(),
+                dropped_labels: Vec::new(),
             };
             lost_before = lost;
             window_start = Instant::now();

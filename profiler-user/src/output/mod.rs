@@ -462,6 +462,7 @@ pub(crate) mod fixture {
                 python: Default::default(),
                 host: None,
                 build: Default::default(),
+                dropped_labels: Vec::new(),
             },
             frames: vec![
                 native("main", 0x1000, 10),

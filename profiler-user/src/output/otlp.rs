@@ -455,8 +455,10 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
                 attributes.push((key.to_string(), Value::Str(v.clone())));
             }
         }
+        let dropped = &profile.meta.dropped_labels;
         let attributes = attributes
             .into_iter()
+            .filter(|(key, _)| !dropped.contains(key))
             .map(|(key, value)| KeyValue {
                 key,
                 value: Some(any_value(match value {
@@ -515,22 +517,29 @@ fn merge(into: &mut OtlpSample, times: Vec<u64>, vals: Vec<i64>) {
 
 /// `thread.id`, `thread.name`, `off_cpu.reason`, and the span labels of a sample but the
 /// OpenTelemetry ids (those are its link): `span.name`, the OSProfiler ids and name.
+/// Labels `--drop-label` took away are left out.
 fn sample_attributes(profile: &Profile, s: &Sample, dict: &mut Dict) -> Vec<i32> {
     let thread = &profile.threads[s.thread as usize];
-    let mut attrs = vec![
-        dict.attribute("thread.id", AttrKey::Int(i64::from(thread.tid))),
-        dict.attribute("thread.name", AttrKey::Str(thread.name.clone())),
-    ];
+    let dropped = &profile.meta.dropped_labels;
+    let mut attrs = Vec::with_capacity(4);
+    let mut push = |dict: &mut Dict, key: &str, value: AttrKey| {
+        if !dropped.iter().any(|d| d == key) {
+            attrs.push(dict.attribute(key, value));
+        }
+    };
+    push(dict, "thread.id", AttrKey::Int(i64::from(thread.tid)));
+    push(dict, "thread.name", AttrKey::Str(thread.name.clone()));
     if let Some(reason) = s.off_cpu {
-        attrs.push(dict.attribute(
+        push(
+            dict,
             super::pprof::OFF_CPU_REASON_LABEL,
             AttrKey::Str(reason.name().to_string()),
-        ));
+        );
     }
     if let Some(span) = s.span.and_then(|i| profile.spans.get(i as usize)) {
         for (key, value) in span.labels() {
             if key != labels::TRACE_ID && key != labels::SPAN_ID {
-                attrs.push(dict.attribute(key, AttrKey::Str(value)));
+                push(dict, key, AttrKey::Str(value));
             }
         }
     }

@@ -440,6 +440,13 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
                 });
             }
         }
+        if !meta.dropped_labels.is_empty() {
+            let strings = &b.strings.strings;
+            label.retain(|l| {
+                let key = usize::try_from(l.key).ok().and_then(|k| strings.get(k));
+                !key.is_some_and(|k| meta.dropped_labels.contains(k))
+            });
+        }
         samples.push(Sample {
             location_id,
             value,

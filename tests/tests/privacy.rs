@@ -1,0 +1,402 @@
+//! Privacy controls: `--redact-paths` leaves no directory name in any output format,
+//! `--drop-label` leaves the label out of pprof and OTLP, and output files are 0600 and never
+//! written through a symlink.
+//!
+//! The workload is a Python script in a directory whose name is a needle
+//! (`very-private-checkout`); CPython 3.12 from pyenv runs it, so the profile holds the paths of
+//! pyenv's interpreter, the C library, the script and the test's temporary directory. Every
+//! output is searched byte for byte (gzip undone) for those directories, and pprof and OTLP are
+//! also decoded by the independent decoders to check what was kept.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use spanprof_tests::otlp;
+use spanprof_tests::{
+    args, assert_error, assert_private_output, decode_pprof, profiling_lock, pyenv_python,
+    pyenv_root, require_profiling, run_spanprof, sample_str_labels, workspace_root, RunOutput,
+    TempDir,
+};
+
+const SECRET_DIR: &str = "very-private-checkout";
+/// spanprof's exit status for runtime errors.
+const FAILURE: i32 = 1;
+
+/// A CPU-bound script with two functions of known names, in two threads.
+const SCRIPT: &str = r#"
+import threading, time
+
+def private_hot():
+    total = 0
+    for i in range(20000):
+        total += i * i
+    return total
+
+def private_worker(stop):
+    while time.monotonic() < stop:
+        private_hot()
+
+stop = time.monotonic() + 1.5
+t = threading.Thread(target=private_worker, args=(stop,))
+t.start()
+private_worker(stop)
+t.join()
+"#;
+
+/// The two sessions every test here reads: one plain, one with the privacy flags.
+struct Runs {
+    _tmp: TempDir,
+    dir: PathBuf,
+    script: PathBuf,
+    plain: RunOutput,
+    private: RunOutput,
+}
+
+impl Runs {
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+/// Formats written by the private session, by file name.
+const PRIVATE_OUTPUTS: [&str; 6] = [
+    "r.svg",
+    "r.pb.gz",
+    "r.folded",
+    "r.speedscope.json",
+    "r.otlp",
+    "r.stats.json",
+];
+
+fn runs() -> &'static Runs {
+    static RUNS: OnceLock<Runs> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        require_profiling();
+        let python = pyenv_python(12);
+        let tmp = TempDir::new("privacy");
+        let dir = tmp.path().to_path_buf();
+        let secret = dir.join(SECRET_DIR).join("srv");
+        std::fs::create_dir_all(&secret).unwrap();
+        let script = secret.join("private_app.py");
+        std::fs::write(&script, SCRIPT).unwrap();
+        let _lock = profiling_lock();
+        let session = |extra: &[&str], outputs: &[&str]| {
+            let mut a = args!["profile", "--quiet", "--duration", "10s", "-F", "199"];
+            a.extend(extra.iter().map(std::ffi::OsString::from));
+            for o in outputs {
+                a.push("-o".into());
+                a.push(dir.join(o).into());
+            }
+            a.push("--".into());
+            a.push(python.clone().into());
+            a.push(script.clone().into());
+            let out = run_spanprof(a);
+            out.assert_success();
+            out
+        };
+        let plain = session(&[], &["u.pb.gz", "u.otlp"]);
+        let stats = dir.join("r.stats.json");
+        let stats = stats.to_str().expect("UTF-8 temp path");
+        let private = session(
+            &[
+                "--redact-paths",
+                "--drop-label",
+                "thread.name",
+                "--drop-label",
+                "process.command_line",
+                "--drop-label",
+                "host.name",
+                "--stats",
+                stats,
+            ],
+            &PRIVATE_OUTPUTS[..5],
+        );
+        Runs {
+            _tmp: tmp,
+            dir,
+            script,
+            plain,
+            private,
+        }
+    })
+}
+
+/// A file's bytes, gzip undone.
+fn contents(path: &Path) -> Vec<u8> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(bytes.as_slice())
+            .read_to_end(&mut out)
+            .unwrap();
+        out
+    } else {
+        bytes
+    }
+}
+
+/// Directories of this machine that a profile of the workload names unless redacted: the
+/// script's, the temporary directory's, pyenv's, the C library's, the checkout's.
+fn directory_needles(r: &Runs) -> Vec<String> {
+    let parent = r.script.parent().unwrap().to_str().unwrap().to_string();
+    vec![
+        SECRET_DIR.to_string(),
+        parent,
+        r.dir.to_str().unwrap().to_string(),
+        pyenv_root().to_str().unwrap().to_string(),
+        "/versions/3.12".to_string(),
+        "x86_64-linux-gnu".to_string(),
+        "/usr/".to_string(),
+        workspace_root().to_str().unwrap().to_string(),
+    ]
+}
+
+fn find(haystack: &[u8], needle: &str) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes())
+}
+
+/// What surrounds the first `needle` in `haystack`, for a failure message.
+fn around(haystack: &[u8], at: usize) -> String {
+    let start = at.saturating_sub(60);
+    let end = (at + 60).min(haystack.len());
+    String::from_utf8_lossy(&haystack[start..end]).into_owned()
+}
+
+/// The control: without the flags, the outputs do name the directories and labels the private
+/// session must leave out, so the searches below can fail.
+#[test]
+fn unredacted_outputs_name_the_directories() {
+    let r = runs();
+    for file in ["u.pb.gz", "u.otlp"] {
+        let bytes = contents(&r.path(file));
+        assert!(
+            find(&bytes, SECRET_DIR).is_some(),
+            "{file} does not name {SECRET_DIR}: the check below proves nothing"
+        );
+    }
+    let pprof = decode_pprof(&r.path("u.pb.gz"));
+    let named = pprof["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| sample_str_labels(s).contains_key("thread.name"));
+    assert!(named, "a sample of the plain run has no thread.name");
+}
+
+#[test]
+fn redact_paths_leaves_no_directory_in_any_output_format() {
+    let r = runs();
+    let needles = directory_needles(r);
+    let mut problems = Vec::new();
+    for file in PRIVATE_OUTPUTS {
+        let path = r.path(file);
+        assert_private_output(&path);
+        let bytes = contents(&path);
+        for needle in &needles {
+            if let Some(at) = find(&bytes, needle) {
+                problems.push(format!("{file} names {needle:?}: …{}…", around(&bytes, at)));
+            }
+        }
+    }
+    // The summary on stderr shows no more than the files.
+    if let Some(at) = find(r.private.stderr.as_bytes(), SECRET_DIR) {
+        problems.push(format!(
+            "the summary names {SECRET_DIR}: …{}…",
+            around(r.private.stderr.as_bytes(), at)
+        ));
+    }
+    assert!(
+        problems.is_empty(),
+        "{}\n{}",
+        problems.join("\n"),
+        r.private
+    );
+
+    // What is kept: base names, read by the independent decoders.
+    let pprof = decode_pprof(&r.path("r.pb.gz"));
+    let files: Vec<&str> = pprof["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["filename"].as_str())
+        .collect();
+    assert!(
+        files.contains(&"private_app.py"),
+        "no function of file private_app.py in {files:?}"
+    );
+    assert!(
+        files.iter().all(|f| !f.contains('/')),
+        "a function's file keeps a directory: {files:?}"
+    );
+    let mappings: Vec<&str> = pprof["mappings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["filename"].as_str())
+        .collect();
+    assert!(
+        mappings.iter().any(|m| m.starts_with("libc.so")),
+        "no libc mapping by base name in {mappings:?}"
+    );
+    assert!(
+        mappings.iter().all(|m| !m.contains('/')),
+        "a mapping keeps a directory: {mappings:?}"
+    );
+    let decoded = otlp::decode_file(&r.path("r.otlp"));
+    otlp::assert_valid(&decoded);
+    let resource = &decoded["resources"][0]["attributes"];
+    assert_eq!(
+        resource["process.executable.path"].as_str(),
+        Some("python3.12"),
+        "{resource:#}"
+    );
+}
+
+#[test]
+fn dropped_labels_are_left_out_of_pprof_and_otlp() {
+    let r = runs();
+    let pprof = decode_pprof(&r.path("r.pb.gz"));
+    let samples = pprof["samples"].as_array().unwrap();
+    assert!(
+        samples.len() > 10,
+        "{} samples\n{}",
+        samples.len(),
+        r.private
+    );
+    for s in samples {
+        let keys: Vec<&str> = s["labels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l["key"].as_str())
+            .collect();
+        assert!(!keys.contains(&"thread.name"), "thread.name kept: {keys:?}");
+        assert!(
+            keys.contains(&"thread.id"),
+            "thread.id dropped too: {keys:?}"
+        );
+    }
+    let comments: Vec<&str> = pprof["comments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        comments.iter().all(|c| !c.starts_with("host:")),
+        "host comment kept: {comments:?}"
+    );
+    assert!(
+        comments.contains(&"target: [command line dropped]"),
+        "{comments:?}"
+    );
+    let decoded = otlp::decode_file(&r.path("r.otlp"));
+    otlp::assert_valid(&decoded);
+    for resource in decoded["resources"].as_array().unwrap() {
+        let attrs = &resource["attributes"];
+        for key in ["process.command_line", "host.name"] {
+            assert!(attrs.get(key).is_none(), "{key} kept: {attrs:#}");
+        }
+        assert!(attrs.get("process.pid").is_some(), "{attrs:#}");
+    }
+    let otlp_samples = otlp::samples(&decoded, "samples/count");
+    assert!(!otlp_samples.is_empty());
+    for s in otlp_samples {
+        assert!(s["attributes"].get("thread.name").is_none(), "{s:#}");
+        assert!(s["attributes"].get("thread.id").is_some(), "{s:#}");
+    }
+    // In the plain run the same resource has its command line (the control).
+    let plain = otlp::decode_file(&r.path("u.otlp"));
+    assert!(
+        plain["resources"][0]["attributes"]
+            .get("process.command_line")
+            .is_some(),
+        "{plain:#}"
+    );
+}
+
+/// `report --redact-paths=hash` on the plain profile: the directories go, a hash of each
+/// stands before its base name.
+#[test]
+fn report_redacts_a_written_profile_with_hashed_directories() {
+    let r = runs();
+    let outs = [
+        "h.svg",
+        "h.pb.gz",
+        "h.folded",
+        "h.speedscope.json",
+        "h.otlp",
+    ];
+    let mut a = args!["report", r.path("u.pb.gz"), "--redact-paths=hash"];
+    for o in outs {
+        a.push("-o".into());
+        a.push(r.path(o).into());
+    }
+    let out = run_spanprof(a);
+    out.assert_success();
+    let needles = directory_needles(r);
+    for file in outs {
+        let bytes = contents(&r.path(file));
+        for needle in &needles {
+            assert!(
+                find(&bytes, needle).is_none(),
+                "{file} names {needle:?}: …{}…",
+                find(&bytes, needle).map_or(String::new(), |at| around(&bytes, at))
+            );
+        }
+    }
+    let pprof = decode_pprof(&r.path("h.pb.gz"));
+    let hashed = pprof["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["filename"].as_str())
+        .find(|f| f.ends_with(">/private_app.py"))
+        .unwrap_or_else(|| panic!("no hashed private_app.py in {:#}", pprof["functions"]));
+    assert_eq!(hashed.len(), "<01234567>/private_app.py".len(), "{hashed}");
+}
+
+#[test]
+fn an_output_path_that_is_a_symlink_is_refused() {
+    let r = runs();
+    let tmp = TempDir::new("privacy-symlink");
+    let victim = tmp.join("victim");
+    std::fs::write(&victim, "keep me").unwrap();
+    let link = tmp.join("flame.svg");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let out = run_spanprof(args!["report", r.path("u.pb.gz"), "-o", &link]);
+    assert_error(&out, FAILURE, &["symbolic link", "flame.svg"]);
+    let out = run_spanprof(args![
+        "profile",
+        "--duration",
+        "1s",
+        "-o",
+        &link,
+        "--",
+        "/bin/true"
+    ]);
+    assert_error(&out, FAILURE, &["symbolic link", "flame.svg"]);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was replaced"
+    );
+    assert_eq!(tmp.entries().len(), 2, "files left: {:?}", tmp.entries());
+}
+
+#[test]
+fn privacy_flags_are_checked() {
+    let r = runs();
+    let profile = r.path("u.pb.gz");
+    let out = run_spanprof(args!["report", &profile, "--drop-label", "thread"]);
+    assert_error(&out, 2, &["--drop-label 'thread'", "thread.name"]);
+    let out = run_spanprof(args!["report", &profile, "--redact-paths=full"]);
+    assert_error(&out, 2, &["--redact-paths=full", "basename or hash"]);
+}
