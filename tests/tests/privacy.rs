@@ -178,6 +178,11 @@ fn unredacted_outputs_name_the_directories() {
             "{file} does not name {SECRET_DIR}: the check below proves nothing"
         );
     }
+    assert!(
+        r.plain.stderr.contains(SECRET_DIR),
+        "the plain summary does not name {SECRET_DIR}\n{}",
+        r.plain
+    );
     let pprof = decode_pprof(&r.path("u.pb.gz"));
     let named = pprof["samples"]
         .as_array()
