@@ -688,9 +688,22 @@ impl Programs {
             };
             program
                 .attach(point, module, UProbeScope::AllProcesses)
-                .map_err(|e| LoadError::Aya {
-                    what: "attach the allocation probes",
-                    detail: format!("{} ({symbol}): {}", module.display(), one_line(&e)),
+                .map_err(|e| {
+                    let detail = one_line(&e);
+                    // Measured on 6.18: a uprobe's perf_event_open wants CAP_SYS_ADMIN, where
+                    // CAP_PERFMON is enough for the other events.
+                    let hint = if detail.contains("Permission denied")
+                        && !crate::preflight::has_sys_admin()
+                    {
+                        " (missing capability CAP_SYS_ADMIN: this kernel attaches uprobes, \
+                         which --event alloc and heap need, only with it)"
+                    } else {
+                        ""
+                    };
+                    LoadError::Aya {
+                        what: "attach the allocation probes",
+                        detail: format!("{} ({symbol}): {detail}{hint}", module.display()),
+                    }
                 })?;
         }
         Ok(())

@@ -623,8 +623,10 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     if outcome.unwind.modules_unreadable > 0 {
         eprintln!(
             "spanprof: {} module files could not be read for their unwind tables: their frames \
-             were unwound by frame pointer",
-            outcome.unwind.modules_unreadable
+             were unwound by frame pointer{}",
+            outcome.unwind.modules_unreadable,
+            spanprof::preflight::file_access_hint()
+                .map_or(String::new(), |hint| format!(" ({hint})"))
         );
     }
     eprint!("{}", summary::render(profile, &outcome.errors));

@@ -3,7 +3,10 @@
 use std::fs;
 
 /// Linux capability numbers (include/uapi/linux/capability.h).
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_SYS_PTRACE: u32 = 19;
 const CAP_SYS_ADMIN: u32 = 21;
+const CAP_SYSLOG: u32 = 34;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
@@ -39,6 +42,20 @@ pub enum PreflightError {
         tid: u32,
         /// Its process.
         pid: u32,
+    },
+    /// The process's files and memory are not ours to read: another user's process, without
+    /// CAP_SYS_PTRACE.
+    #[error(
+        "missing capability CAP_SYS_PTRACE: pid {pid} ({name}) belongs to another user, and \
+         its module files and memory cannot be read without it: run spanprof as root, or \
+         grant it with \
+         `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_syslog+ep spanprof`"
+    )]
+    NoPtraceAccess {
+        /// Pid.
+        pid: u32,
+        /// Its comm.
+        name: String,
     },
     /// The pid is a kernel thread, which has no user space to profile.
     #[error("pid {pid} ({name}) is a kernel thread; spanprof profiles user-space processes")]
@@ -153,7 +170,65 @@ pub fn check_pid(pid: u32) -> Result<ProcStat, PreflightError> {
             name: stat.comm,
         });
     }
+    // NB: /proc/PID/maps is readable with CAP_PERFMON alone; the process's root (its module
+    // files) and its memory (process_vm_readv) need ptrace access, which readlink checks.
+    if let Err(e) = fs::read_link(format!("/proc/{pid}/root")) {
+        if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) {
+            return Err(PreflightError::NoPtraceAccess {
+                pid,
+                name: stat.comm,
+            });
+        }
+    }
     Ok(stat)
+}
+
+/// Whether this process holds CAP_SYS_ADMIN.
+pub fn has_sys_admin() -> bool {
+    has(CAP_SYS_ADMIN)
+}
+
+/// Whether this process holds capability `cap` in its effective set.
+fn has(cap: u32) -> bool {
+    effective_caps() & (1u64 << cap) != 0
+}
+
+/// Why files of other users' processes may be unreadable, when spanprof lacks what reads
+/// them: `None` when it has both capabilities.
+pub fn file_access_hint() -> Option<&'static str> {
+    match (has(CAP_SYS_PTRACE), has(CAP_DAC_READ_SEARCH)) {
+        (true, true) => None,
+        (false, _) => Some(
+            "missing capability CAP_SYS_PTRACE (files of another user's process) or \
+             CAP_DAC_READ_SEARCH (files in directories spanprof's user cannot search)",
+        ),
+        (true, false) => Some(
+            "missing capability CAP_DAC_READ_SEARCH: files in directories spanprof's user \
+             cannot search (e.g. under /root) are unreadable without it",
+        ),
+    }
+}
+
+/// A warning when kernel symbol addresses are hidden from spanprof (`kernel.kptr_restrict`
+/// shows them as zeros without CAP_SYSLOG): kernel frames would be unnamed.
+pub fn kernel_symbols_warning() -> Option<String> {
+    use std::io::{BufRead, BufReader};
+    let file = fs::File::open("/proc/kallsyms").ok()?;
+    let mut line = String::new();
+    BufReader::new(file).read_line(&mut line).ok()?;
+    let address = line.split_whitespace().next()?;
+    if !address.bytes().all(|b| b == b'0') {
+        return None;
+    }
+    let why = if has(CAP_SYSLOG) {
+        "kernel.kptr_restrict hides them even with CAP_SYSLOG"
+    } else {
+        "missing capability CAP_SYSLOG"
+    };
+    Some(format!(
+        "kernel symbol addresses are hidden from spanprof ({why}): kernel frames will be \
+         unnamed ([unknown] in [kernel.kallsyms]); use --no-kernel to leave them out"
+    ))
 }
 
 #[cfg(test)]

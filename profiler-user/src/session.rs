@@ -370,6 +370,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             target_desc.push_str(&format!("pid {pid} ({})", stat.comm));
         }
     }
+    if opts.aggregate.kernel && !opts.aggregate.python_only {
+        if let Some(warning) = preflight::kernel_symbols_warning() {
+            eprintln!("spanprof: warning: {warning}");
+        }
+    }
     let cpu_at_start = process_cpu_time();
     let mut programs = Programs::load(&LoadOptions {
         frequency: opts.frequency,
@@ -687,12 +692,12 @@ impl Probes {
         }
         // Through /proc/PID/map_files, the file the process maps even when it was replaced on
         // disk since (a glibc upgrade under a running service: `libc.so.6 (deleted)`).
-        let Some(range) = maps.lines().find_map(|l| {
+        let Some((range, path)) = maps.lines().find_map(|l| {
             let mut fields = l.split_whitespace();
             let range = fields.next()?;
             let path = fields.nth(4)?;
             let name = path.rsplit('/').next().unwrap_or(path);
-            (name.starts_with("libc.so") || name.starts_with("libc-2.")).then_some(range)
+            (name.starts_with("libc.so") || name.starts_with("libc-2.")).then_some((range, path))
         }) else {
             eprintln!(
                 "spanprof: warning: pid {pid} has no C library mapped: its malloc calls are not \
@@ -700,7 +705,22 @@ impl Probes {
             );
             return Ok(());
         };
-        programs.attach_allocator(&PathBuf::from(format!("/proc/{pid}/map_files/{range}")))?;
+        let mut module = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
+        // NB: map_files needs CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN); without it, the file
+        // at the mapped path, through the process's root (the same file unless replaced).
+        if let Err(e) = std::fs::metadata(&module) {
+            if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+                if path.ends_with("(deleted)") {
+                    anyhow::bail!(
+                        "pid {pid}'s C library was replaced on disk, and the file it maps is \
+                         reached only through /proc/{pid}/map_files, which needs \
+                         CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN: its malloc calls are not seen"
+                    );
+                }
+                module = PathBuf::from(format!("/proc/{pid}/root{path}"));
+            }
+        }
+        programs.attach_allocator(&module)?;
         Ok(())
     }
 

@@ -348,3 +348,127 @@ fn event_arguments_are_checked() {
     }
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
+
+/// The capabilities README's "Capabilities" section documents for profiling another user's
+/// processes (setpriv names): CAP_BPF and CAP_PERFMON to load and attach, CAP_SYS_PTRACE for
+/// the target's files and memory, CAP_DAC_READ_SEARCH for files in directories the user
+/// cannot search (pyenv's under /root), CAP_SYSLOG for kernel symbols.
+const DOCUMENTED: &str = "+bpf,+perfmon,+sys_ptrace,+dac_read_search,+syslog";
+
+/// Runs spanprof as uid/gid 65534 holding exactly `caps` (setpriv names, e.g. `+bpf,+perfmon`)
+/// with `args`, from a copy of the binary in a directory that user can enter; `dir` is where
+/// that user may write its outputs.
+fn run_as_nobody(caps: &str, dir: &TempDir, args: Vec<std::ffi::OsString>) -> RunOutput {
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = dir.join("spanprof");
+    if !bin.exists() {
+        std::fs::copy(spanprof_bin(), &bin).expect("copy spanprof");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let drop_all = if caps.is_empty() {
+        "-all".to_string()
+    } else {
+        format!("-all,{caps}")
+    };
+    let mut setpriv: Vec<std::ffi::OsString> = vec![
+        "--reuid=65534".into(),
+        "--regid=65534".into(),
+        "--clear-groups".into(),
+        format!("--inh-caps={drop_all}").into(),
+        format!("--ambient-caps={drop_all}").into(),
+        bin.into(),
+    ];
+    setpriv.extend(args);
+    let mut out = run_with_timeout(clone_command(&setpriv), RUN_TIMEOUT);
+    // NB: ETXTBSY while another test thread's fork still holds the fresh copy (see above).
+    for _ in 0..20 {
+        if !out.stderr.contains("Text file busy") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        out = run_with_timeout(clone_command(&setpriv), RUN_TIMEOUT);
+    }
+    out
+}
+
+/// A non-root user holding only the documented capabilities profiles a root-owned CPython
+/// process (pyenv's, under /root) with on- and off-CPU stacks: Python frames of the workload,
+/// named kernel frames, a 0600 output of its own, and no capability warning. Dropping
+/// CAP_SYS_PTRACE is an error naming it; dropping CAP_SYSLOG a warning naming it; the
+/// allocation probes without CAP_SYS_ADMIN an error naming that.
+#[test]
+fn documented_capabilities_suffice_for_a_non_root_user() {
+    require_profiling();
+    let python = spanprof_tests::pyenv_python(12);
+    let _lock = profiling_lock();
+    let workload = spanprof_tests::start_py_workload(&python, "py_offcpu.py", &["40"]);
+    let pid = workload.pid().to_string();
+    let tmp = TempDir::new("err-caps");
+    let out = tmp.join("out.pb.gz");
+    let profile = |duration: &str, extra: &[&str]| {
+        let mut a = args!["profile", "--pid", &pid, "--duration", duration, "-o", &out];
+        a.extend(extra.iter().map(std::ffi::OsString::from));
+        a
+    };
+    let run = run_as_nobody(DOCUMENTED, &tmp, profile("2s", &["--event", "cpu,offcpu"]));
+    run.assert_success();
+    assert!(
+        !run.stderr.contains("capability"),
+        "a capability is said to be missing\n{run}"
+    );
+    assert_private_output(&out);
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&out).unwrap().uid(), 65534);
+    let decoded = spanprof_tests::decode_pprof(&out);
+    let samples = decoded["samples"].as_array().unwrap();
+    let functions = |s: &serde_json::Value| spanprof_tests::sample_functions(s);
+    let with = |name: &str| {
+        samples
+            .iter()
+            .filter(|s| functions(s).iter().any(|f| f.starts_with(name)))
+            .count()
+    };
+    assert!(
+        with("sleeper") > 0 && with("spin") > 0,
+        "no Python frames of the workload (sleeper {}, spin {}) in {} samples\n{run}",
+        with("sleeper"),
+        with("spin"),
+        samples.len()
+    );
+    let kernel_named = samples.iter().any(|s| {
+        s["stack"].as_array().unwrap().iter().any(|f| {
+            f["mapping"].as_str() == Some("[kernel.kallsyms]")
+                && f["function"].as_str() == Some("do_syscall_64")
+        })
+    });
+    let kernel_frames: std::collections::BTreeSet<String> = samples
+        .iter()
+        .flat_map(|s| s["stack"].as_array().unwrap().iter())
+        .filter(|f| f["mapping"].as_str() == Some("[kernel.kallsyms]"))
+        .map(|f| f["function"].to_string())
+        .collect();
+    assert!(
+        kernel_named,
+        "no named kernel frame (do_syscall_64) among {kernel_frames:?}\n{run}"
+    );
+
+    let alloc = run_as_nobody(DOCUMENTED, &tmp, profile("2s", &["--event", "alloc"]));
+    assert_error(&alloc, FAILURE, &["missing capability CAP_SYS_ADMIN"]);
+    let no_ptrace = run_as_nobody(
+        "+bpf,+perfmon,+dac_read_search,+syslog",
+        &tmp,
+        profile("2s", &[]),
+    );
+    assert_error(&no_ptrace, FAILURE, &["missing capability CAP_SYS_PTRACE"]);
+    let no_syslog = run_as_nobody(
+        "+bpf,+perfmon,+sys_ptrace,+dac_read_search",
+        &tmp,
+        profile("500ms", &[]),
+    );
+    no_syslog.assert_success();
+    assert!(
+        no_syslog.stderr.contains("missing capability CAP_SYSLOG"),
+        "{no_syslog}"
+    );
+    drop(workload);
+}

@@ -109,6 +109,13 @@ pub enum DetectError {
         #[source]
         source: std::io::Error,
     },
+    /// A module that may be the interpreter could not be opened: permission denied.
+    #[error(
+        "cannot open {path} to look for the python interpreter: permission denied (spanprof \
+         needs CAP_SYS_PTRACE for another user's process, and CAP_DAC_READ_SEARCH for files in \
+         directories its user cannot search)"
+    )]
+    Denied { path: PathBuf },
     /// The version could be found neither in symbols, strings nor the file name.
     #[error("cannot tell the python version of {0}")]
     UnknownVersion(PathBuf),
@@ -356,6 +363,13 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
         let on_disk = PathBuf::from(format!("/proc/{pid}/root"))
             .join(module.strip_prefix("/").unwrap_or(module));
         let Some(syms) = lookup_symbols(&inspector, &on_disk) else {
+            // NB: an unreadable candidate is said, not skipped: else a process spanprof may
+            // not read looks like one without Python.
+            if let Err(e) = File::open(&on_disk) {
+                if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) {
+                    return Err(DetectError::Denied { path: on_disk });
+                }
+            }
             continue;
         };
         let file = File::open(&on_disk).map_err(|source| DetectError::Io {
