@@ -231,6 +231,53 @@ pub fn kernel_symbols_warning() -> Option<String> {
     ))
 }
 
+/// Capabilities spanprof keeps once its programs are loaded and attached, when it still
+/// finds processes, reads their files and memory and names kernel frames: CAP_SYS_PTRACE
+/// (another user's files through /proc/PID/root, `process_vm_readv`), CAP_DAC_READ_SEARCH
+/// (files in directories its user cannot search), CAP_SYSLOG (kernel symbols, read again every
+/// minute), CAP_NET_BIND_SERVICE (a metrics port below 1024 after SIGHUP), and with `uprobes`
+/// what attaching the allocation probes to a new C library takes: CAP_BPF, CAP_PERFMON and
+/// CAP_SYS_ADMIN.
+pub fn capabilities_after_loading(uprobes: bool) -> Vec<caps::Capability> {
+    use caps::Capability as C;
+    let mut keep = vec![
+        C::CAP_SYS_PTRACE,
+        C::CAP_DAC_READ_SEARCH,
+        C::CAP_SYSLOG,
+        C::CAP_NET_BIND_SERVICE,
+    ];
+    if uprobes {
+        keep.extend([C::CAP_BPF, C::CAP_PERFMON, C::CAP_SYS_ADMIN]);
+    }
+    keep
+}
+
+/// Drops every capability but `keep` from this thread's effective, permitted, inheritable and
+/// ambient sets, for good (threads started later inherit the smaller sets). Returns the names
+/// of the capabilities still held, sorted.
+pub fn drop_capabilities(keep: &[caps::Capability]) -> Result<Vec<String>, String> {
+    use caps::CapSet;
+    let permitted = caps::read(None, CapSet::Permitted).map_err(|e| e.to_string())?;
+    let kept: caps::CapsHashSet = permitted
+        .iter()
+        .copied()
+        .filter(|c| keep.contains(c))
+        .collect();
+    // NB: the effective set must stay within the permitted one at each step.
+    caps::clear(None, CapSet::Ambient).map_err(|e| e.to_string())?;
+    let none = caps::CapsHashSet::new();
+    for (set, value, name) in [
+        (CapSet::Effective, &kept, "effective"),
+        (CapSet::Inheritable, &none, "inheritable"),
+        (CapSet::Permitted, &kept, "permitted"),
+    ] {
+        caps::set(None, set, value).map_err(|e| format!("cannot set the {name} set: {e}"))?;
+    }
+    let mut names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
+    names.sort();
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,6 +120,33 @@ impl Daemon {
 }
 
 /// The resource attributes of every resource of a decoded request, by `process.pid`.
+/// `CapEff` and `CapPrm` of every thread of `pid`, by thread id.
+fn thread_capabilities(pid: u32) -> BTreeMap<u32, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let entry = entry.unwrap();
+        let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .unwrap_or_else(|| panic!("no {name} in {status}"))
+        };
+        out.insert(tid, (field("CapEff:"), field("CapPrm:")));
+    }
+    out
+}
+
+/// CAP_DAC_READ_SEARCH, CAP_NET_BIND_SERVICE, CAP_SYS_PTRACE and CAP_SYSLOG
+/// (linux/capability.h): what the daemon keeps after loading without allocation probes.
+const KEPT_CAPABILITIES: u64 = 1 << 2 | 1 << 10 | 1 << 19 | 1 << 34;
+
 fn resources(decoded: &Value) -> BTreeMap<u64, Value> {
     decoded["resources"]
         .as_array()
@@ -177,6 +204,17 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
         ),
     );
     sink.wait_for_requests(2, Duration::from_secs(30));
+    // Root, but after loading it holds only what finding and reading processes needs, in
+    // every thread (the exporter's and the metrics server's were started after the drop).
+    let threads = thread_capabilities(daemon.process.pid());
+    assert!(threads.len() >= 2, "{threads:?}");
+    for (tid, (eff, prm)) in &threads {
+        assert_eq!(
+            (*eff, *prm),
+            (KEPT_CAPABILITIES, KEPT_CAPABILITIES),
+            "thread {tid}: CapEff {eff:#x}, CapPrm {prm:#x}"
+        );
+    }
     let (status, body) = daemon.get("/healthz");
     assert!(status.contains("200") && body == "ok\n", "{status} {body}");
     let windows = daemon.metric("spanprof_windows_total");

@@ -137,6 +137,20 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         enabled: config.events.alloc,
     };
     probes.libc_of(&mut programs, me)?;
+    // Loaded and attached: what only that needed goes, before any other thread starts.
+    match crate::preflight::drop_capabilities(&crate::preflight::capabilities_after_loading(
+        config.events.alloc,
+    )) {
+        Ok(kept) => eprintln!(
+            "spanprof daemon: programs loaded; capabilities kept: {}",
+            if kept.is_empty() {
+                "none".to_string()
+            } else {
+                kept.join(", ")
+            }
+        ),
+        Err(e) => eprintln!("spanprof daemon: warning: capabilities not dropped: {e}"),
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
