@@ -199,11 +199,24 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
         &dir,
         &format!(
             "[sampling]\nfrequency = 99\nwindow = \"2s\"\n[scope]\npids = [{pid}]\n\
-             [export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\n",
+             [export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\n\
+             [privacy]\nredact_paths = \"basename\"\ndrop_labels = [\"process.command_line\"]\n",
             sink.endpoint()
         ),
     );
     sink.wait_for_requests(2, Duration::from_secs(30));
+    // Its overhead, as a session's summary gives it: the kernel's BPF statistics (root may
+    // enable them), its own CPU per sample and the share of the targets' sampled CPU.
+    let bpf = daemon.metric("spanprof_bpf_run_seconds_total");
+    let kernel = daemon.metric("spanprof_window_kernel_seconds_per_sample");
+    let own = daemon.metric("spanprof_window_cpu_seconds_per_sample");
+    let ratio = daemon.metric("spanprof_window_overhead_ratio");
+    assert!(bpf > 0.0, "spanprof_bpf_run_seconds_total {bpf}");
+    assert!(
+        kernel > 0.0 && kernel < 1e-3 && own > 0.0 && own < 0.1,
+        "per sample: {kernel} s in the kernel, {own} s of its own CPU"
+    );
+    assert!(ratio > 0.0 && ratio < 1.0, "overhead ratio {ratio}");
     // Root, but after loading it holds only what finding and reading processes needs, in
     // every thread (the exporter's and the metrics server's were started after the drop).
     let threads = thread_capabilities(daemon.process.pid());
@@ -237,6 +250,9 @@ fn daemon_exports_windows_over_http_and_flushes_on_sigterm() {
         found += 1;
         assert_eq!(attrs["service.name"], "split-service");
         assert_eq!(attrs["process.executable.name"], "python3.12");
+        // [privacy]: paths reduced to base names, the command line left out.
+        assert_eq!(attrs["process.executable.path"], "python3.12");
+        assert!(attrs.get("process.command_line").is_none(), "{attrs:#}");
         let (a, b, g) = (
             weight_of(&decoded, pid, "alpha"),
             weight_of(&decoded, pid, "Worker.beta"),

@@ -57,6 +57,16 @@ struct File {
     limits: LimitsFile,
     #[serde(default)]
     metrics: MetricsFile,
+    #[serde(default)]
+    privacy: PrivacyFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrivacyFile {
+    redact_paths: Option<String>,
+    #[serde(default)]
+    drop_labels: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -184,6 +194,9 @@ pub struct DaemonConfig {
     pub max_stacks: usize,
     /// Where `/metrics` and `/healthz` are served, if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// `[privacy]`: what the exported profiles may not show (as `--redact-paths` and
+    /// `--drop-label`).
+    pub privacy: crate::privacy::Privacy,
 }
 
 /// Default bytes of stack copied per sample (`--stack-copy`'s default).
@@ -348,6 +361,23 @@ impl DaemonConfig {
                     .map_err(|_| format!("metrics.listen: {a:?} is not an address:port"))?,
             ),
         };
+        let privacy = crate::privacy::Privacy {
+            redact_paths: match file.privacy.redact_paths.as_deref() {
+                None | Some("none") => None,
+                Some(m) => Some(crate::privacy::PathMode::from_name(m).ok_or_else(|| {
+                    format!("privacy.redact_paths: {m:?}: use basename, hash or none")
+                })?),
+            },
+            drop_labels: file
+                .privacy
+                .drop_labels
+                .iter()
+                .map(|k| {
+                    crate::privacy::Privacy::parse_label(k)
+                        .map_err(|e| format!("privacy.drop_labels: {e}"))
+                })
+                .collect::<Result<_, _>>()?,
+        };
         Ok(DaemonConfig {
             frequency,
             events,
@@ -362,6 +392,7 @@ impl DaemonConfig {
             max_processes: file.limits.max_processes.unwrap_or(4096).max(1),
             max_stacks: file.limits.max_stacks.unwrap_or(200_000).max(1),
             metrics,
+            privacy,
         })
     }
 }

@@ -17,6 +17,10 @@
 //! | `spanprof_cpu_seconds_total` | counter | CPU time of the daemon (user + system) |
 //! | `spanprof_resident_memory_bytes` | gauge | the daemon's resident memory |
 //! | `spanprof_last_export_timestamp_seconds` | gauge | Unix time of the last accepted export |
+//! | `spanprof_bpf_run_seconds_total` | counter | run time of spanprof's BPF programs in the kernel (from the kernel's BPF statistics; absent when they are not counted) |
+//! | `spanprof_window_kernel_seconds_per_sample` | gauge | in the last window: in-kernel time per sample (absent when not counted) |
+//! | `spanprof_window_cpu_seconds_per_sample` | gauge | in the last window: spanprof's own CPU per sample |
+//! | `spanprof_window_overhead_ratio` | gauge | in the last window: spanprof's CPU (in the kernel and its own) over the CPU time its on-CPU samples stand for (absent without on-CPU samples) |
 //!
 //! `/healthz` answers 200 `ok` while the sampling loop runs (it went round in the last 10
 //! seconds), else 503.
@@ -45,6 +49,12 @@ pub struct Metrics {
     pub last_export_unix: AtomicU64,
     /// Milliseconds since `start` when the sampling loop last went round.
     pub last_tick_ms: AtomicU64,
+    /// Nanoseconds of BPF run time so far; `u64::MAX`: not counted.
+    pub bpf_run_ns: AtomicU64,
+    /// The last window's [`crate::summary::Cost`] figures as `f64` bits; NaN: none.
+    pub window_kernel_per_sample: AtomicU64,
+    pub window_cpu_per_sample: AtomicU64,
+    pub window_overhead: AtomicU64,
     start: Instant,
 }
 
@@ -65,6 +75,10 @@ impl Default for Metrics {
             targets_failed: AtomicU64::new(0),
             last_export_unix: AtomicU64::new(0),
             last_tick_ms: AtomicU64::new(0),
+            bpf_run_ns: AtomicU64::new(u64::MAX),
+            window_kernel_per_sample: AtomicU64::new(f64::NAN.to_bits()),
+            window_cpu_per_sample: AtomicU64::new(f64::NAN.to_bits()),
+            window_overhead: AtomicU64::new(f64::NAN.to_bits()),
             start: Instant::now(),
         }
     }
@@ -87,6 +101,18 @@ pub fn resident_bytes() -> u64 {
 }
 
 impl Metrics {
+    /// Records the cost of a window that closed, and the BPF run time so far.
+    pub fn set_cost(&self, cost: &crate::summary::Cost, bpf_run_ns: Option<u64>) {
+        let store = |a: &AtomicU64, v: Option<f64>| {
+            a.store(v.unwrap_or(f64::NAN).to_bits(), Ordering::Relaxed)
+        };
+        store(&self.window_kernel_per_sample, cost.kernel_per_sample());
+        store(&self.window_cpu_per_sample, cost.own_per_sample());
+        store(&self.window_overhead, cost.share());
+        self.bpf_run_ns
+            .store(bpf_run_ns.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
     /// The sampling loop went round now.
     pub fn tick(&self) {
         self.last_tick_ms
@@ -195,8 +221,40 @@ impl Metrics {
                 get(&self.last_export_unix).to_string(),
             ),
         ];
+        let float = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
+        let bpf = get(&self.bpf_run_ns);
+        let optional = [
+            (
+                "spanprof_bpf_run_seconds_total",
+                "counter",
+                "Run time of spanprof's BPF programs in the kernel.",
+                (bpf != u64::MAX).then(|| bpf as f64 / 1e9),
+            ),
+            (
+                "spanprof_window_kernel_seconds_per_sample",
+                "gauge",
+                "In-kernel time per sample in the last window.",
+                Some(float(&self.window_kernel_per_sample) / 1e9),
+            ),
+            (
+                "spanprof_window_cpu_seconds_per_sample",
+                "gauge",
+                "spanprof's own CPU per sample in the last window.",
+                Some(float(&self.window_cpu_per_sample) / 1e9),
+            ),
+            (
+                "spanprof_window_overhead_ratio",
+                "gauge",
+                "spanprof's CPU over the CPU time its on-CPU samples stand for, last window.",
+                Some(float(&self.window_overhead)),
+            ),
+        ];
+        let optional = optional.into_iter().filter_map(|(n, k, h, v)| {
+            v.filter(|v| v.is_finite())
+                .map(|v| (n, k, h, format!("{v:.9}")))
+        });
         let mut out = String::new();
-        for (name, kind, help, value) in rows {
+        for (name, kind, help, value) in rows.into_iter().chain(optional) {
             out.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
             ));

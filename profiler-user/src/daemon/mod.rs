@@ -208,6 +208,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             ))
     );
 
+    let mut cpu_at_window = crate::session::process_cpu_time();
+    let mut kernel_at_window = programs.kernel_time();
     let mut window_start = Instant::now();
     let mut window_wall = SystemTime::now();
     let mut window_id = 0u64;
@@ -280,8 +282,25 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             let window = agg.take_window();
             samples_total += window.samples();
             dropped_total += window.dropped();
-            let profile = window.into_profile(&mut symbolizer, &python, meta);
+            let mut profile = window.into_profile(&mut symbolizer, &python, meta);
             symbolizer.forget_exited();
+            // The window's cost, as a session's summary gives it.
+            let kernel_now = programs.kernel_time();
+            let cpu_now = crate::session::process_cpu_time();
+            let overhead = crate::session::Overhead {
+                setup: Duration::ZERO,
+                sampling: cpu_now.saturating_sub(cpu_at_window),
+                cpu_at_end_of_sampling: cpu_now,
+                kernel: kernel_now
+                    .zip(kernel_at_window)
+                    .map(|(now, then)| now.since(&then)),
+            };
+            metrics.set_cost(
+                &crate::summary::Cost::of(&profile, &overhead),
+                kernel_now.map(|k| k.total_ns),
+            );
+            (cpu_at_window, kernel_at_window) = (cpu_now, kernel_now);
+            config.privacy.apply(&mut profile);
             metrics
                 .processes
                 .store(profile.processes.len() as u64, Ordering::Relaxed);
