@@ -53,4 +53,5 @@ pub mod resource;
 pub mod session;
 pub mod stats;
 pub mod summary;
+pub mod verify;
 pub mod write;

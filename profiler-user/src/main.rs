@@ -57,6 +57,49 @@ enum Cmd {
     Check(CheckArgs),
     /// Profile the host (or selected processes) continuously, exporting OTLP profiles.
     Daemon(DaemonArgs),
+    /// Check that profiling works here: calibrated workloads (or a target) profiled and
+    /// compared with their truth, with every figure; exit 1 when a check fails.
+    Verify(VerifyArgs),
+    /// A calibrated native workload of `spanprof verify` (not for direct use).
+    #[command(name = "__verify-workload", hide = true)]
+    VerifyWorkload {
+        kind: String,
+        out: PathBuf,
+        seconds: f64,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  spanprof verify\n  \
+                  spanprof verify --pid 1234 --otlp-endpoint http://localhost:4317\n  \
+                  spanprof verify -- python3 app.py\n\n\
+                  Without a target it profiles built-in workloads whose truth is known: native \
+                  functions sharing the CPU 3:1, a known allocation volume, and with python3 two \
+                  Python functions sharing it 2:1 and requests traced with OpenTelemetry and \
+                  OSProfiler (skipped when the libraries cannot be imported). \
+                  Exit status: 1 when a check fails; 2 for bad arguments.")]
+struct VerifyArgs {
+    /// Check these running processes instead of the built-in workloads.
+    #[arg(short, long, value_name = "PID[,PID…]", conflicts_with = "command")]
+    pid: Option<String>,
+    /// How long a --pid target is profiled.
+    #[arg(short, long, value_name = "DURATION", default_value = "10s")]
+    duration: String,
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long, default_value_t = 199)]
+    frequency: u64,
+    /// The Python of the Python workloads (default: python3 on PATH).
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// Also send the profile to this OTLP collector and check its answer.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (default from OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    otlp_protocol: Option<String>,
+    /// Command to run and check, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<OsString>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -698,6 +741,57 @@ fn otlp_config(args: &ProfileArgs) -> Result<Option<ExporterConfig>, Failure> {
     Ok(Some(config))
 }
 
+fn verify(args: VerifyArgs) -> Result<u8, Failure> {
+    let target = match (&args.pid, args.command.is_empty()) {
+        (Some(p), _) => Some(Target::Pids(parse_pids(p)?)),
+        (None, false) => Some(Target::Command(args.command.clone())),
+        (None, true) => None,
+    };
+    let duration = parse_duration(&args.duration)?;
+    if !(1..=10_000).contains(&args.frequency) {
+        return Err(usage(format!(
+            "invalid --frequency {}: expected 1 to 10000",
+            args.frequency
+        )));
+    }
+    let exporter = match &args.otlp_endpoint {
+        None => None,
+        Some(endpoint) => {
+            let mut config = ExporterConfig::from_env().map_err(usage)?;
+            if let Some(p) = &args.otlp_protocol {
+                config.set_protocol(Protocol::from_name(p).map_err(usage)?);
+            }
+            config.set_endpoint(endpoint).map_err(usage)?;
+            Some(config)
+        }
+    };
+    session::install_signal_handlers();
+    let opts = spanprof::verify::VerifyOptions {
+        target,
+        duration,
+        frequency: args.frequency,
+        python: args.python,
+        exporter,
+        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
+    };
+    eprintln!("spanprof verify: profiling calibrated workloads (a few seconds each)");
+    let checks = spanprof::verify::run(&opts);
+    write_stdout(spanprof::verify::table(&checks).as_bytes())?;
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| c.status == spanprof::verify::Status::Fail)
+        .map(|c| c.name.as_str())
+        .collect();
+    if failed.is_empty() {
+        Ok(0)
+    } else {
+        eprintln!("spanprof verify: failed: {}", failed.join(", "));
+        Ok(EXIT_FAILURE)
+    }
+}
+
 /// Sends the profile to the collector; prints what happened and returns whether it was taken.
 fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
     let endpoint = config.endpoint.clone();
@@ -1304,6 +1398,12 @@ fn main() -> ExitCode {
         Cmd::Daemon(args) => spanprof::daemon::run(args.config)
             .map(|()| 0)
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),
+        Cmd::Verify(args) => verify(args),
+        Cmd::VerifyWorkload { kind, out, seconds } => {
+            spanprof::verify::workload(&kind, &out, seconds)
+                .map(|()| 0)
+                .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -183,6 +183,21 @@ pub fn check_pid(pid: u32) -> Result<ProcStat, PreflightError> {
     Ok(stat)
 }
 
+/// Whether this process holds the capability named `name` (`CAP_BPF`, …); unknown names are
+/// not held.
+pub fn holds(name: &str) -> bool {
+    let number = match name {
+        "CAP_DAC_READ_SEARCH" => CAP_DAC_READ_SEARCH,
+        "CAP_SYS_PTRACE" => CAP_SYS_PTRACE,
+        "CAP_SYS_ADMIN" => CAP_SYS_ADMIN,
+        "CAP_SYSLOG" => CAP_SYSLOG,
+        "CAP_PERFMON" => CAP_PERFMON,
+        "CAP_BPF" => CAP_BPF,
+        _ => return false,
+    };
+    has(number)
+}
+
 /// Whether this process holds CAP_SYS_ADMIN.
 pub fn has_sys_admin() -> bool {
     has(CAP_SYS_ADMIN)

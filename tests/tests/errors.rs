@@ -472,3 +472,23 @@ fn documented_capabilities_suffice_for_a_non_root_user() {
     );
     drop(workload);
 }
+
+/// `spanprof verify` as a user without capabilities: the capability check fails naming
+/// CAP_BPF, nothing else runs, exit 1.
+#[test]
+fn verify_without_cap_bpf_names_it() {
+    require_profiling();
+    let tmp = TempDir::new("err-verify-nocaps");
+    let out = run_as_nobody("", &tmp, args!["verify"]);
+    assert_eq!(out.code(), FAILURE, "{out}");
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("capabilities "))
+        .unwrap_or_else(|| panic!("no capabilities row\n{out}"));
+    assert!(
+        line.contains("FAIL") && line.contains("missing capability CAP_BPF"),
+        "{line}"
+    );
+    assert!(!out.stdout.contains("native: functions"), "{out}");
+}
