@@ -284,6 +284,7 @@ fn redact_profile(profile: &mut Profile, mode: PathMode) {
 mod tests {
     use super::*;
     use crate::output::fixture;
+    use std::io::Read;
 
     #[test]
     fn paths_keep_their_base_name_or_a_hash_of_their_directory() {
@@ -340,6 +341,54 @@ mod tests {
         let err = Privacy::parse_label("thread").unwrap_err();
         assert!(err.contains("thread.id, thread.name"), "{err}");
         assert_eq!(DROPPABLE.iter().filter(|k| k.is_empty()).count(), 0);
+    }
+
+    #[test]
+    fn dropped_labels_stay_dropped_when_a_profile_is_read_back() {
+        use crate::output::{self, Format};
+        let mut profile = fixture::profile();
+        let privacy = Privacy {
+            drop_labels: ["thread.id", "process.id", "thread.name"]
+                .map(String::from)
+                .into(),
+            ..Privacy::default()
+        };
+        privacy.apply(&mut profile);
+        let bytes = output::render(&profile, Format::Pprof).unwrap();
+        let back = crate::report::read_pprof(&bytes).unwrap();
+        assert_eq!(back.meta.dropped_labels, profile.meta.dropped_labels);
+        assert!(back.threads.iter().all(|t| t.tid == 0 && t.name.is_empty()));
+        // Written again, the labels are still left out.
+        let again = output::render(&back, Format::Pprof).unwrap();
+        let again = crate::report::read_pprof(&again).unwrap();
+        assert_eq!(again.meta.dropped_labels, profile.meta.dropped_labels);
+        let raw = {
+            use ::pprof::protos::Message as _;
+            let mut bytes = Vec::new();
+            let rendered = output::render(&back, Format::Pprof).unwrap();
+            flate2::read::GzDecoder::new(&rendered[..])
+                .read_to_end(&mut bytes)
+                .unwrap();
+            ::pprof::protos::Profile::decode(bytes.as_slice()).unwrap()
+        };
+        let keys: std::collections::BTreeSet<&str> = raw
+            .sample
+            .iter()
+            .flat_map(|s| &s.label)
+            .map(|l| raw.string_table[l.key as usize].as_str())
+            .collect();
+        for key in ["thread.id", "process.id", "thread.name"] {
+            assert!(!keys.contains(key), "{key} in {keys:?}");
+        }
+        assert!(raw
+            .string_table
+            .iter()
+            .any(|c| c == "dropped labels: process.id, thread.id, thread.name"));
+        // A file without the comment and without the labels is not spanprof's.
+        let mut plain = fixture::profile();
+        plain.meta.dropped_labels = vec!["thread.id".to_string()];
+        let bytes = output::render(&plain, Format::Pprof).unwrap();
+        assert!(crate::report::read_pprof(&bytes).is_ok());
     }
 
     #[test]

@@ -67,9 +67,9 @@ use symbolizer::unwind::UnwindStatus;
 use crate::offcpu::OffCpuReason;
 use crate::output::pprof::{
     Shape, ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE, BRANCH_COMMENT, COMMIT_COMMENT, CPU_TYPE,
-    HOST_COMMENT, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE, KERNEL_MAPPING, LOST_COMMENT,
-    OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT, PYTHON_MAPPING, SAMPLES_TYPE,
-    TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
+    DROPPED_COMMENT, HOST_COMMENT, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE, KERNEL_MAPPING,
+    LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT, PYTHON_MAPPING,
+    SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
 };
 use crate::profile::{
     hex, labels, uuid, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile,
@@ -203,6 +203,14 @@ impl Reader<'_> {
             commit: comment(COMMIT_COMMENT),
             branch: comment(BRANCH_COMMENT),
         };
+        let dropped_labels: Vec<String> = comment(DROPPED_COMMENT)
+            .map(|list| {
+                list.split(", ")
+                    .filter(|k| crate::privacy::DROPPABLE.contains(k))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut processes = comments
             .iter()
             .filter_map(|c| c.strip_prefix(PROCESS_COMMENT))
@@ -239,7 +247,7 @@ impl Reader<'_> {
             python: PythonStats::default(),
             host,
             build,
-            dropped_labels: Vec::new(),
+            dropped_labels,
         };
 
         let (frames, frame_of_location) = self.frames()?;
@@ -265,7 +273,7 @@ impl Reader<'_> {
                 span,
                 unwind,
                 off_cpu,
-            } = self.labels(i, s)?;
+            } = self.labels(i, s, &meta.dropped_labels)?;
             let thread = *thread_ids.entry(thread).or_insert_with_key(|t| {
                 threads.push(t.clone());
                 threads.len() as u32 - 1
@@ -476,7 +484,12 @@ impl Reader<'_> {
     }
 
     /// What the labels of sample `i` say.
-    fn labels(&self, i: usize, s: &::pprof::protos::Sample) -> Result<SampleLabels, ReportError> {
+    fn labels(
+        &self,
+        i: usize,
+        s: &::pprof::protos::Sample,
+        dropped_labels: &[String],
+    ) -> Result<SampleLabels, ReportError> {
         let (mut tid, mut pid, mut name) = (None, None, None);
         let (mut unwind, mut unwind_reason) = (None, None);
         let mut off_cpu = None;
@@ -520,11 +533,35 @@ impl Reader<'_> {
                 _ => {}
             }
         }
+        // A label `--drop-label` left out reads as unknown (0, no name); one missing otherwise
+        // means the file is not spanprof's.
+        let dropped = |label: &str| dropped_labels.iter().any(|d| d == label);
         let missing = |label: &str| damaged(format!("sample {i} has no {label} label"));
         let thread = Thread {
-            pid: pid.ok_or_else(|| missing("process.id"))?,
-            tid: tid.ok_or_else(|| missing("thread.id"))?,
-            name: name.ok_or_else(|| missing("thread.name"))?,
+            pid: pid.map_or_else(
+                || {
+                    dropped("process.id")
+                        .then_some(0)
+                        .ok_or_else(|| missing("process.id"))
+                },
+                Ok,
+            )?,
+            tid: tid.map_or_else(
+                || {
+                    dropped("thread.id")
+                        .then_some(0)
+                        .ok_or_else(|| missing("thread.id"))
+                },
+                Ok,
+            )?,
+            name: name.map_or_else(
+                || {
+                    dropped("thread.name")
+                        .then(String::new)
+                        .ok_or_else(|| missing("thread.name"))
+                },
+                Ok,
+            )?,
         };
         span.osprofiler = match osp {
             [Some(base_id), Some(trace_id), parent_id] => Some(OsProfilerIds {

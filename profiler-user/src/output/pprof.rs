@@ -103,6 +103,9 @@ pub const HOST_COMMENT: &str = "host: ";
 pub const COMMIT_COMMENT: &str = "commit: ";
 /// Prefix of the comment that names its branch.
 pub const BRANCH_COMMENT: &str = "branch: ";
+/// Prefix of the comment that lists the labels `--drop-label` left out, comma-separated, so
+/// that a profile read back and written again leaves them out too.
+pub const DROPPED_COMMENT: &str = "dropped labels: ";
 
 /// Sample label: how the native user stack was unwound ([`symbolizer::unwind::UnwindStatus::kind`]).
 pub const UNWIND_LABEL: &str = "unwind";
@@ -371,6 +374,12 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
             b.strings
                 .intern(&format!("{PROCESS_COMMENT}{} ({})", p.pid, p.name)),
         );
+    }
+    if !meta.dropped_labels.is_empty() {
+        comment.push(b.strings.intern(&format!(
+            "{DROPPED_COMMENT}{}",
+            meta.dropped_labels.join(", ")
+        )));
     }
 
     let mut location_of_frame: Vec<Option<u64>> = vec![None; profile.frames.len()];
