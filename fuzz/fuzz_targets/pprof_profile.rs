@@ -1,16 +1,32 @@
 //! A profile given to `spanprof report`, `diff` or `check` (`.pb.gz` or plain profile.proto):
-//! read it, then compute and render everything those commands can from it.
+//! read it, then compute and render everything those commands can from it (for half the
+//! inputs after the privacy rewrite, with the written pprof read back).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use spanprof::analysis::{self, Diff, Functions};
 use spanprof::output::{self, Format};
+use spanprof::privacy::{PathMode, Privacy};
 use spanprof::report;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(profile) = report::read_pprof(data) else {
+    let Ok(mut profile) = report::read_pprof(data) else {
         return;
     };
+    // What `report --redact-paths=hash --drop-label …` does before rendering, and a read back
+    // of what it writes.
+    if data.len() % 2 == 0 {
+        Privacy {
+            redact_paths: Some(PathMode::Hash),
+            drop_labels: ["thread.id", "thread.name", "osprofiler.trace_id"]
+                .map(String::from)
+                .into(),
+        }
+        .apply(&mut profile);
+        if let Ok(bytes) = output::render(&profile, Format::Pprof) {
+            let _ = report::read_pprof(&bytes);
+        }
+    }
     let functions = Functions::of(&profile);
     let spans = analysis::span_times(&profile, analysis::span_name_and_id).unwrap_or_default();
     let _ = analysis::report_text(&profile, &functions, &spans, 20);

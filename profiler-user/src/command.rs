@@ -88,7 +88,7 @@ impl GatedCommand {
         let (gate_r, gate_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         // SAFETY: between fork and exec/_exit the child only calls functions that are
-        // async-signal-safe (close, read, signal, sigprocmask, write, _exit) or, for execvp,
+        // async-signal-safe (close, read, signal, sigprocmask, prctl, write, _exit) or, for execvp,
         // safe in glibc (stack buffers only), on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -117,6 +117,15 @@ impl GatedCommand {
                 let mut empty: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut empty);
                 libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+                // Capabilities spanprof holds as ambient ones (setpriv, systemd's
+                // AmbientCapabilities=) are not the command's to keep.
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                    0 as libc::c_ulong,
+                    0 as libc::c_ulong,
+                    0 as libc::c_ulong,
+                );
                 libc::execvp(ptrs[0], ptrs.as_ptr());
                 let errno = *libc::__errno_location();
                 libc::write(err_w.as_raw_fd(), (&errno as *const i32).cast(), 4);

@@ -246,8 +246,8 @@ struct PrivacyArgs {
     #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true,
           default_missing_value = "basename")]
     redact_paths: Option<String>,
-    /// Leave a sample label or resource attribute out of every output, e.g. thread.name,
-    /// span.name, process.command_line, host.name; repeat for several.
+    /// Leave a sample label or resource attribute out of the pprof and OTLP outputs, e.g.
+    /// thread.name, span.name, process.command_line, host.name; repeat for several.
     #[arg(long = "drop-label", value_name = "KEY")]
     drop_label: Vec<String>,
 }
@@ -596,6 +596,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         stack_copy_bytes,
         events,
         offcpu_min_ns: u64::try_from(offcpu_min.as_nanos()).unwrap_or(u64::MAX),
+        redact_paths: privacy.redact_paths,
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
     // Before anything is printed or written: the summary shows no more than the files.

@@ -22,7 +22,7 @@ pub enum PreflightError {
     /// Capabilities needed to load and attach the programs are missing.
     #[error(
         "missing capability {0}: run spanprof as root, or grant it with \
-         `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_syslog+ep spanprof`"
+         `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search,cap_syslog+ep spanprof`"
     )]
     MissingCapabilities(String),
     /// spanprof runs in a pid namespace other than the host's, where its pids are not the ones
@@ -49,7 +49,7 @@ pub enum PreflightError {
         "missing capability CAP_SYS_PTRACE: pid {pid} ({name}) belongs to another user, and \
          its module files and memory cannot be read without it: run spanprof as root, or \
          grant it with \
-         `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_syslog+ep spanprof`"
+         `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search,cap_syslog+ep spanprof`"
     )]
     NoPtraceAccess {
         /// Pid.
@@ -263,8 +263,27 @@ pub fn capabilities_after_loading(uprobes: bool) -> Vec<caps::Capability> {
     ];
     if uprobes {
         keep.extend([C::CAP_BPF, C::CAP_PERFMON, C::CAP_SYS_ADMIN]);
+    } else if !kernel_at_least(6, 5) {
+        // NB: before 6.5, with kernel.unprivileged_bpf_disabled set, every bpf() command
+        // (map updates through an open fd too) wants CAP_BPF; since, only creating maps and
+        // loading programs does (measured on 6.18: targets are added without it).
+        keep.push(C::CAP_BPF);
     }
     keep
+}
+
+/// Whether the running kernel is at least `major.minor` (`/proc/sys/kernel/osrelease`); an
+/// unreadable release is taken as old.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
 }
 
 /// Drops every capability but `keep` from this thread's effective, permitted, inheritable and
@@ -287,6 +306,14 @@ pub fn drop_capabilities(keep: &[caps::Capability]) -> Result<Vec<String>, Strin
         (CapSet::Permitted, &kept, "permitted"),
     ] {
         caps::set(None, set, value).map_err(|e| format!("cannot set the {name} set: {e}"))?;
+    }
+    // An execve (none is made) could not give back what was dropped.
+    // SAFETY: prctl with these arguments only sets a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "cannot set no_new_privs: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     let mut names: Vec<String> = kept.iter().map(|c| c.to_string()).collect();
     names.sort();

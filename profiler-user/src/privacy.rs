@@ -63,10 +63,9 @@ pub const SAMPLE_LABELS: [&str; 13] = [
 ];
 
 /// Resource attributes (OTLP) and run facts (pprof comments) `--drop-label` takes.
-pub const RESOURCE_LABELS: [&str; 8] = [
+pub const RESOURCE_LABELS: [&str; 7] = [
     "process.command_line",
     "process.executable.path",
-    "process.executable.name",
     "host.name",
     "host.id",
     "container.id",
@@ -75,8 +74,8 @@ pub const RESOURCE_LABELS: [&str; 8] = [
 ];
 
 /// Every key `--drop-label` takes.
-pub const DROPPABLE: [&str; 21] = {
-    let mut all = [""; 21];
+pub const DROPPABLE: [&str; 20] = {
+    let mut all = [""; 20];
     let mut i = 0;
     while i < SAMPLE_LABELS.len() {
         all[i] = SAMPLE_LABELS[i];
@@ -194,7 +193,9 @@ impl Privacy {
                     o.parent_id = None;
                 }
             }
-            if dropped(labels::OSP_BASE_ID) && dropped(labels::OSP_TRACE_ID) {
+            // NB: the ids come as a pair (a reader refuses one without the other): dropping
+            // either drops both.
+            if dropped(labels::OSP_BASE_ID) || dropped(labels::OSP_TRACE_ID) {
                 span.osprofiler = None;
             }
         }
@@ -211,6 +212,8 @@ pub fn redact_path(path: &str, mode: PathMode) -> String {
     let (dir, base) = (&path[..slash], &path[slash + 1..]);
     match mode {
         PathMode::Basename => base.to_string(),
+        // Redacting a redacted profile again changes nothing.
+        PathMode::Hash if is_hashed(dir) => path.to_string(),
         PathMode::Hash => {
             let digest = Sha256::digest(dir.as_bytes());
             let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
@@ -219,32 +222,37 @@ pub fn redact_path(path: &str, mode: PathMode) -> String {
     }
 }
 
-/// Free text (a command line, a note) with every word that holds a `/` redacted as a path;
-/// a word's surrounding punctuation (`(`, `)`, `,`, `'`, `"`, `=`…) is kept.
+/// Free text (a command line, a note) with every path in it redacted: a path is a run of
+/// characters holding a `/` between spaces and the punctuation around paths (`=`, `,`, `:`,
+/// `(`, `)`, `[`, `]`, quotes), so `--include=/a/x,/b/y` keeps its option and both base names.
 pub fn redact_text(text: &str, mode: PathMode) -> String {
+    const AROUND: [char; 10] = [' ', '=', ',', ':', '(', ')', '[', ']', '\'', '"'];
     let mut out = String::with_capacity(text.len());
-    for (i, word) in text.split(' ').enumerate() {
-        if i > 0 {
-            out.push(' ');
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest.find(AROUND).unwrap_or(rest.len());
+        let (piece, tail) = rest.split_at(end);
+        if piece.contains('/') {
+            out.push_str(&redact_path(piece, mode));
+        } else {
+            out.push_str(piece);
         }
-        if !word.contains('/') {
-            out.push_str(word);
-            continue;
+        // The separator itself, then what follows.
+        let mut chars = tail.chars();
+        if let Some(c) = chars.next() {
+            out.push(c);
         }
-        // `--config=/etc/app.conf`, `(/usr/bin/python3)`: the path starts after the last
-        // `=` or opening punctuation before its first `/`.
-        let first_slash = word.find('/').unwrap_or(0);
-        let start = word[..first_slash]
-            .rfind(['=', '(', '[', '\'', '"', ':', ','])
-            .map_or(0, |i| i + 1);
-        let end = word[start..]
-            .find([')', ']', '\'', '"', ','])
-            .map_or(word.len(), |i| start + i);
-        out.push_str(&word[..start]);
-        out.push_str(&redact_path(&word[start..end], mode));
-        out.push_str(&word[end..]);
+        rest = chars.as_str();
     }
     out
+}
+
+/// A path that [`redact_path`] in hash mode already wrote: `<8 hex digits>/name`.
+fn is_hashed(dir: &str) -> bool {
+    dir.len() == 10
+        && dir.starts_with('<')
+        && dir.ends_with('>')
+        && dir[1..9].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn redact_profile(profile: &mut Profile, mode: PathMode) {
@@ -269,7 +277,11 @@ fn redact_profile(profile: &mut Profile, mode: PathMode) {
     for p in &mut profile.processes {
         text(&mut p.name);
         if let Some(exe) = &mut p.info.exe_path {
-            text(exe);
+            // One path, spaces and all; /proc's " (deleted)" stays a suffix.
+            *exe = match exe.strip_suffix(" (deleted)") {
+                Some(file) => format!("{} (deleted)", redact_path(file, mode)),
+                None => redact_path(exe, mode),
+            };
         }
         if let Some(cmd) = &mut p.info.command_line {
             text(cmd);
@@ -325,6 +337,21 @@ mod tests {
             "pid 12 (app) and 'y', done"
         );
         assert_eq!(redact_text("no paths here", b), "no paths here");
+        assert_eq!(
+            redact_text(
+                "--include=/home/alice/a,/home/alice/b x=/a/b\"/home/alice/c\"",
+                b
+            ),
+            "--include=a,b x=b\"c\""
+        );
+        assert_eq!(
+            redact_text("PATH=/usr/bin:/home/alice/bin", b),
+            "PATH=bin:bin"
+        );
+        // Hash mode twice is hash mode once.
+        let once = redact_text("/srv/app/main.py --log=/var/log/app.log", PathMode::Hash);
+        assert_eq!(redact_text(&once, PathMode::Hash), once);
+        assert!(!once.contains("srv") && !once.contains("var"), "{once}");
         assert_eq!(redact_text("", b), "");
         // Never a panic on odd text.
         for odd in ["/", "//", "=/", "(/)", "a/(b", "é/ü", "'/'"] {

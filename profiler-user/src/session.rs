@@ -67,6 +67,9 @@ pub struct Options {
     pub events: Events,
     /// Off-CPU intervals shorter than this are not counted (`--offcpu-min`).
     pub offcpu_min_ns: u64,
+    /// `--redact-paths`: the paths in what the session prints (the start line, warnings) are
+    /// redacted as the profile's will be.
+    pub redact_paths: Option<crate::privacy::PathMode>,
 }
 
 /// How a session ended.
@@ -449,6 +452,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             (true, 0 | 1) => "recording every allocation".to_string(),
             (true, rate) => format!("sampling allocations every {rate} bytes on average"),
         };
+        if let Some(mode) = opts.redact_paths {
+            target_desc = crate::privacy::redact_text(&target_desc, mode);
+        }
         eprintln!("spanprof: profiling {target_desc} {what} {until}; Ctrl-C to stop early");
     }
     let cpu_at_sampling = process_cpu_time();
@@ -693,10 +699,12 @@ impl Probes {
         // Through /proc/PID/map_files, the file the process maps even when it was replaced on
         // disk since (a glibc upgrade under a running service: `libc.so.6 (deleted)`).
         let Some((range, path)) = maps.lines().find_map(|l| {
-            let mut fields = l.split_whitespace();
+            // NB: the path is the rest of the line (it may hold spaces, and " (deleted)").
+            let mut fields = l.splitn(6, ' ');
             let range = fields.next()?;
-            let path = fields.nth(4)?;
-            let name = path.rsplit('/').next().unwrap_or(path);
+            let path = fields.nth(4)?.trim_start();
+            let file = path.strip_suffix(" (deleted)").unwrap_or(path);
+            let name = file.rsplit('/').next().unwrap_or(file);
             (name.starts_with("libc.so") || name.starts_with("libc-2.")).then_some((range, path))
         }) else {
             eprintln!(

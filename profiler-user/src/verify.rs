@@ -213,6 +213,7 @@ fn options(
         stack_copy_bytes: 16384,
         events,
         offcpu_min_ns: 5_000,
+        redact_paths: None,
     }
 }
 
@@ -232,12 +233,27 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new() -> Result<Scratch> {
-        let dir = std::env::temp_dir().join(format!(
-            "spanprof-verify-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        ));
-        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        // NB: create_dir fails on anything already there (a planted directory or link): a new
+        // name is tried.
+        let mut last = None;
+        for attempt in 0..16u32 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let dir = std::env::temp_dir().join(format!(
+                "spanprof-verify-{}-{nanos:09}-{attempt}",
+                std::process::id()
+            ));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => return Scratch::private(dir),
+                Err(e) => last = Some((dir, e)),
+            }
+        }
+        let (dir, e) = last.expect("tried at least once");
+        Err(anyhow::anyhow!("cannot create {}: {e}", dir.display()))
+    }
+
+    fn private(dir: PathBuf) -> Result<Scratch> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         Ok(Scratch(dir))

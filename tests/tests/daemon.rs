@@ -119,7 +119,6 @@ impl Daemon {
     }
 }
 
-/// The resource attributes of every resource of a decoded request, by `process.pid`.
 /// `CapEff` and `CapPrm` of every thread of `pid`, by thread id.
 fn thread_capabilities(pid: u32) -> BTreeMap<u32, (u64, u64)> {
     let mut out = BTreeMap::new();
@@ -147,6 +146,7 @@ fn thread_capabilities(pid: u32) -> BTreeMap<u32, (u64, u64)> {
 /// (linux/capability.h): what the daemon keeps after loading without allocation probes.
 const KEPT_CAPABILITIES: u64 = 1 << 2 | 1 << 10 | 1 << 19 | 1 << 34;
 
+/// The resource attributes of every resource of a decoded request, by `process.pid`.
 fn resources(decoded: &Value) -> BTreeMap<u64, Value> {
     decoded["resources"]
         .as_array()

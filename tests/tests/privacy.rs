@@ -83,7 +83,7 @@ fn runs() -> &'static Runs {
         std::fs::write(&script, SCRIPT).unwrap();
         let _lock = profiling_lock();
         let session = |extra: &[&str], outputs: &[&str]| {
-            let mut a = args!["profile", "--quiet", "--duration", "10s", "-F", "199"];
+            let mut a = args!["profile", "--duration", "10s", "-F", "199"];
             a.extend(extra.iter().map(std::ffi::OsString::from));
             for o in outputs {
                 a.push("-o".into());
@@ -207,12 +207,27 @@ fn redact_paths_leaves_no_directory_in_any_output_format() {
             }
         }
     }
-    // The summary on stderr shows no more than the files.
-    if let Some(at) = find(r.private.stderr.as_bytes(), SECRET_DIR) {
-        problems.push(format!(
-            "the summary names {SECRET_DIR}: …{}…",
-            around(r.private.stderr.as_bytes(), at)
-        ));
+    // What it prints on stderr (the start line, progress, the summary) shows no more than
+    // the files; the `wrote PATH` lines name the outputs the user asked for.
+    assert!(
+        r.private.stderr.contains("spanprof: profiling"),
+        "{}",
+        r.private
+    );
+    let printed: String = r
+        .private
+        .stderr
+        .lines()
+        .filter(|l| !l.starts_with("wrote "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for needle in &needles {
+        if let Some(at) = find(printed.as_bytes(), needle) {
+            problems.push(format!(
+                "stderr names {needle:?}: …{}…",
+                around(printed.as_bytes(), at)
+            ));
+        }
     }
     assert!(
         problems.is_empty(),
