@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // What `report --redact-paths=hash --drop-label …` does before rendering, and a read back
     // of what it writes.
-    if data.len() % 2 == 0 {
+    if data.len().is_multiple_of(2) {
         Privacy {
             redact_paths: Some(PathMode::Hash),
             drop_labels: ["thread.id", "thread.name", "osprofiler.trace_id"]

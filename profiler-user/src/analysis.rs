@@ -736,6 +736,13 @@ pub fn change_line(c: &Change) -> String {
 /// 2026-12-01T08:00:00Z on ci-7; commit 9fceb02 (main)`.
 pub fn run_line(profile: &Profile) -> String {
     let m = &profile.meta;
+    // Folded stacks say nothing of the run: only the samples.
+    if m.frequency == 0 && m.start == std::time::UNIX_EPOCH && !m.events.in_bytes() {
+        return format!(
+            "{} samples (no rate or time in the file)",
+            profile.total_samples()
+        );
+    }
     let mut s = crate::output::svg::subtitle(profile);
     let _ = write!(
         s,

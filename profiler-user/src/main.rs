@@ -29,6 +29,8 @@ const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeade
 const EXIT_USAGE: u8 = 2;
 /// Exit status for a failed session.
 const EXIT_FAILURE: u8 = 1;
+/// Largest profile file `report`, `diff` and `check` read.
+const MAX_INPUT_BYTES: u64 = 1 << 30;
 /// Exit status of `check` and `diff` when a budget is exceeded or a function regressed.
 const EXIT_BUDGET: u8 = 3;
 
@@ -289,7 +291,8 @@ impl PrivacyArgs {
                   (self and total shares) by default. \
                   Exit status: 2 for bad arguments; 1 for other errors, and when no sample matches.")]
 struct ReportArgs {
-    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed).
+    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed), or folded
+    /// stacks (`.folded`).
     #[arg(value_name = "PROFILE")]
     profile: PathBuf,
     #[command(flatten)]
@@ -355,7 +358,7 @@ struct DiffArgs {
                   Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
                   errors.")]
 struct CheckArgs {
-    /// A pprof file written by `spanprof profile`.
+    /// A pprof file written by `spanprof profile`, or folded stacks (`.folded`).
     #[arg(value_name = "PROFILE")]
     profile: PathBuf,
     #[command(flatten)]
@@ -907,10 +910,33 @@ impl FilterArgs {
 
 /// Reads a profile spanprof wrote; one line on failure.
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
+    use std::io::Read as _;
     let shown = path.display();
-    let bytes = std::fs::read(path)
-        .map_err(|e| Failure(EXIT_FAILURE, format!("cannot read {shown}: {e}")))?;
-    report::read_pprof(&bytes).map_err(|e| {
+    let cannot = |e: std::io::Error| Failure(EXIT_FAILURE, format!("cannot read {shown}: {e}"));
+    // NB: a FIFO or device at the path is refused rather than read without end.
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(Failure(
+            EXIT_FAILURE,
+            format!("cannot read {shown}: not a regular file"),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_INPUT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(Failure(
+            EXIT_FAILURE,
+            format!("{shown}: larger than {} MiB", MAX_INPUT_BYTES >> 20),
+        ));
+    }
+    let read = match Format::from_path(path) {
+        Some(Format::Folded) => report::read_folded(&bytes),
+        _ => report::read_pprof(&bytes),
+    };
+    read.map_err(|e| {
         Failure(
             EXIT_FAILURE,
             format!("{shown}: {:#}", anyhow::Error::from(e)),

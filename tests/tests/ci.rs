@@ -714,3 +714,54 @@ fn example_workflow_is_valid_and_runs_the_script() {
         "no triggers: {doc}"
     );
 }
+
+/// Folded stacks as input (`.folded`): `report`, `check` and `diff` read them as they read the
+/// pprof the same run wrote. The folded files are written by `spanprof report` from the runs'
+/// pprof, so each function's share must be the pprof's; `diff` names the slowed function first.
+#[test]
+fn folded_stacks_are_read_by_report_check_and_diff() {
+    let r = runs();
+    let tmp = TempDir::new("ci-folded");
+    for name in ["fast", "slow"] {
+        let out = run_spanprof(args![
+            "report",
+            r.path(&format!("{name}.pb.gz")),
+            "-o",
+            tmp.join(&format!("{name}.folded"))
+        ]);
+        out.assert_success();
+    }
+    let (fast, slow) = (tmp.join("fast.folded"), tmp.join("slow.folded"));
+    let from_pprof = report_json(&r.path("fast.pb.gz"));
+    let from_folded = report_json(&fast);
+    let mut compared = 0;
+    for f in from_pprof["functions"].as_array().unwrap().iter().take(10) {
+        let name = f["name"].as_str().unwrap();
+        let (a, b) = (
+            f["self_share"].as_f64().unwrap(),
+            self_share(&from_folded, name),
+        );
+        assert!(
+            (a - b).abs() < 1e-9,
+            "{name}: {a} in the pprof, {b} in the folded"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 10);
+    let share = self_share(&from_folded, "render_output");
+    let over = format!("render_output={:.1}%", share * 100.0 - 1.0);
+    let check = run_spanprof(args!["check", &fast, "--max-self", &over]);
+    assert_eq!(check.code(), BUDGET, "{check}");
+    let diff = run_spanprof(args!["diff", &fast, &slow, "--format", "json"]);
+    diff.assert_success();
+    let json: Value = serde_json::from_str(&diff.stdout).unwrap();
+    assert_eq!(json["grew"][0]["name"], "render_output", "{}", diff.stdout);
+    // A line without a count is one clear error.
+    let bad = tmp.join("bad.folded");
+    std::fs::write(&bad, "main;work 12\nmain;work\n").unwrap();
+    assert_error(
+        &run_spanprof(args!["report", &bad]),
+        FAILURE,
+        &["bad.folded", "line 2", "no count"],
+    );
+}
