@@ -43,6 +43,7 @@ pub mod command;
 pub mod daemon;
 pub mod export;
 pub mod offcpu;
+pub mod otlp_input;
 pub mod output;
 pub mod preflight;
 pub mod privacy;

@@ -291,8 +291,8 @@ impl PrivacyArgs {
                   (self and total shares) by default. \
                   Exit status: 2 for bad arguments; 1 for other errors, and when no sample matches.")]
 struct ReportArgs {
-    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed), or folded
-    /// stacks (`.folded`).
+    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed), folded
+    /// stacks (`.folded`) or an OTLP profiles request (`.otlp`).
     #[arg(value_name = "PROFILE")]
     profile: PathBuf,
     #[command(flatten)]
@@ -358,7 +358,8 @@ struct DiffArgs {
                   Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
                   errors.")]
 struct CheckArgs {
-    /// A pprof file written by `spanprof profile`, or folded stacks (`.folded`).
+    /// A pprof file written by `spanprof profile`, folded stacks (`.folded`) or an OTLP
+    /// profiles request (`.otlp`).
     #[arg(value_name = "PROFILE")]
     profile: PathBuf,
     #[command(flatten)]
@@ -934,6 +935,7 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
     }
     let read = match Format::from_path(path) {
         Some(Format::Folded) => report::read_folded(&bytes),
+        Some(Format::Otlp) => spanprof::otlp_input::read_otlp(&bytes),
         _ => report::read_pprof(&bytes),
     };
     read.map_err(|e| {

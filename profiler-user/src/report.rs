@@ -95,6 +95,9 @@ pub enum ReportError {
     /// Folded stacks with a line that is not `FRAME;FRAME… COUNT`.
     #[error("not folded stacks: {0}")]
     Folded(String),
+    /// Not an OTLP profiles request: bad gzip data or protobuf.
+    #[error("not an OTLP profiles request")]
+    NotOtlp(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Largest uncompressed profile read.

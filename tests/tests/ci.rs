@@ -715,11 +715,12 @@ fn example_workflow_is_valid_and_runs_the_script() {
     );
 }
 
-/// Folded stacks as input (`.folded`): `report`, `check` and `diff` read them as they read the
-/// pprof the same run wrote. The folded files are written by `spanprof report` from the runs'
-/// pprof, so each function's share must be the pprof's; `diff` names the slowed function first.
+/// Folded stacks (`.folded`) and OTLP requests (`.otlp`) as input: `report`, `check` and
+/// `diff` read them as they read the pprof the same run wrote. The files are written by
+/// `spanprof report` from the runs' pprof, so each function's share must be the pprof's; `diff`
+/// names the slowed function first.
 #[test]
-fn folded_stacks_are_read_by_report_check_and_diff() {
+fn folded_and_otlp_files_are_read_by_report_check_and_diff() {
     let r = runs();
     let tmp = TempDir::new("ci-folded");
     for name in ["fast", "slow"] {
@@ -727,10 +728,43 @@ fn folded_stacks_are_read_by_report_check_and_diff() {
             "report",
             r.path(&format!("{name}.pb.gz")),
             "-o",
-            tmp.join(&format!("{name}.folded"))
+            tmp.join(&format!("{name}.folded")),
+            "-o",
+            tmp.join(&format!("{name}.otlp"))
         ]);
         out.assert_success();
     }
+    let from_pprof = report_json(&r.path("fast.pb.gz"));
+    let from_otlp = report_json(&tmp.join("fast.otlp"));
+    for f in from_pprof["functions"].as_array().unwrap().iter().take(10) {
+        let name = f["name"].as_str().unwrap();
+        let (a, b) = (
+            f["self_share"].as_f64().unwrap(),
+            self_share(&from_otlp, name),
+        );
+        assert!(
+            (a - b).abs() < 1e-9,
+            "{name}: {a} in the pprof, {b} in the OTLP"
+        );
+    }
+    let diff = run_spanprof(args![
+        "diff",
+        tmp.join("fast.otlp"),
+        tmp.join("slow.otlp"),
+        "--format",
+        "json"
+    ]);
+    diff.assert_success();
+    let json: Value = serde_json::from_str(&diff.stdout).unwrap();
+    assert_eq!(json["grew"][0]["name"], "render_output", "{}", diff.stdout);
+    let truncated = tmp.join("cut.otlp");
+    let bytes = std::fs::read(tmp.join("fast.otlp")).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    assert_error(
+        &run_spanprof(args!["report", &truncated]),
+        FAILURE,
+        &["cut.otlp", "not an OTLP profiles request"],
+    );
     let (fast, slow) = (tmp.join("fast.folded"), tmp.join("slow.folded"));
     let from_pprof = report_json(&r.path("fast.pb.gz"));
     let from_folded = report_json(&fast);

@@ -17,9 +17,10 @@ use anyhow::{bail, Context, Result};
 use crate::run::{cargo, step};
 
 /// Every fuzz target (`fuzz/Cargo.toml`'s binaries).
-pub const TARGETS: [&str; 6] = [
+pub const TARGETS: [&str; 7] = [
     "pprof_profile",
     "folded_profile",
+    "otlp_profile",
     "otel_process_ctx",
     "otel_thread_ctx_elf",
     "python_line_table",
