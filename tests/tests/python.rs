@@ -265,15 +265,16 @@ fn split_matches_truth_and_py_spy(interp: &Interp) {
             ));
         }
     }
-    // Enough samples for ±5 points to mean something: ~2500 are expected
-    // from each profiler; a busy machine may halve them.
-    if ours.total() < 1200 {
+    // Enough samples for ±5 points to mean something (at 1000, a 50% share has a standard
+    // error of 1.6 points): ~2500 are expected from each profiler; a busy machine may halve
+    // them (a fresh-clone run beside other builds had 1087 and 1158).
+    if ours.total() < 1000 {
         problems.push(format!(
             "only {} of spanprof's {total} samples are in the three functions",
             ours.total()
         ));
     }
-    if theirs.total() < 1200 {
+    if theirs.total() < 1000 {
         problems.push(format!(
             "only {} of py-spy's samples are in the three functions",
             theirs.total()
