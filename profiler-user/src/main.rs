@@ -88,7 +88,7 @@ struct VerifyArgs {
     #[arg(short, long, value_name = "DURATION", default_value = "10s")]
     duration: String,
     /// Samples per second on each CPU.
-    #[arg(short = 'F', long, default_value_t = 199)]
+    #[arg(short = 'F', long, default_value_t = 499)]
     frequency: u64,
     /// The Python of the Python workloads (default: python3 on PATH).
     #[arg(long, value_name = "PATH")]

@@ -515,8 +515,10 @@ print(json.dumps(pids), flush=True)
         with_runtime >= 45,
         "{with_runtime} of 50 recognized as CPython"
     );
+    // NB: the parent, which mostly waits for its children, may have no sample of its own in
+    // the window (a CI run had none): the 50 children are what is checked.
     let distinct: BTreeSet<u64> = found.keys().copied().collect();
-    assert!(distinct.len() >= 51, "the parent and 50 children");
+    assert!(distinct.len() >= 50, "50 children: {distinct:?}");
 }
 
 /// SIGHUP applies a new selector: windows before it have no sample of the workload (the scope

@@ -188,12 +188,13 @@ fn files_that_are_not_spanprof_profiles_fail() {
         assert_error(&out, FAILURE, needles);
         assert!(!out_file.exists(), "{} written", out_file.display());
     }
-    // The folded stacks of a session are not a pprof profile either.
-    let out = report(
-        &session().dir.join("profile.folded"),
-        &["-o", arg(&out_file)],
-    );
-    assert_error(&out, FAILURE, &["profile.folded: not a"]);
+    // Folded stacks are read as such (`.folded`); the same bytes under a pprof name are not a
+    // pprof profile.
+    let folded = session().dir.join("profile.folded");
+    let misnamed = tmp.join("stacks.pb.gz");
+    std::fs::copy(&folded, &misnamed).unwrap();
+    let out = report(&misnamed, &["-o", arg(&out_file)]);
+    assert_error(&out, FAILURE, &["stacks.pb.gz: not a"]);
     assert!(!out_file.exists());
 }
 
