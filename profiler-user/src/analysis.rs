@@ -344,7 +344,9 @@ pub fn measure(profile: &Profile, functions: &Functions, budget: &Budget) -> Bud
         .filter(|r| budget.pattern.matches_function(&r.name))
         .collect();
     let weight = match budget.kind {
-        ShareKind::Self_ => matched.iter().map(|r| r.self_weight).sum(),
+        ShareKind::Self_ => matched
+            .iter()
+            .fold(0u64, |t, r| t.saturating_add(r.self_weight)),
         // Samples with any matching frame, once each (two matching functions can share a stack).
         ShareKind::Total => {
             let hit: Vec<bool> = profile

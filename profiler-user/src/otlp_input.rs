@@ -159,6 +159,7 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReportError> {
         ..Events::default()
     };
     let (mut start, mut end, mut period) = (u64::MAX, 0u64, 0i64);
+    let mut total = 0u64;
     for rp in &request.resource_profiles {
         let attrs = rp
             .resource
@@ -239,8 +240,12 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReportError> {
                         s.values
                             .iter()
                             .map(|&v| u64::try_from(v).unwrap_or(0))
-                            .fold(0u64, u64::saturating_add)
+                            .try_fold(0u64, u64::checked_add)
+                            .ok_or_else(|| damaged(format!("sample {i}: values past 2^64")))?
                     };
+                    total = total
+                        .checked_add(weight)
+                        .ok_or_else(|| damaged("the sample values add up past 2^64"))?;
                     let (mut tid, mut tname, mut reason) = (0u32, String::new(), None);
                     let mut span = SpanContext::default();
                     let mut osp: [Option<[u8; 16]>; 3] = [None; 3];

@@ -529,7 +529,10 @@ pub struct Profile {
 impl Profile {
     /// Total number of on-CPU samples.
     pub fn total_samples(&self) -> u64 {
-        self.samples.iter().map(|s| s.count).sum()
+        // NB: counts read from a file are untrusted: saturating, never an overflow.
+        self.samples
+            .iter()
+            .fold(0u64, |t, s| t.saturating_add(s.count))
     }
 
     /// A sample's weight in the profile's unit: bytes in use (`heap`) or allocated (`alloc`) for

@@ -140,6 +140,7 @@ pub fn read_folded(bytes: &[u8]) -> Result<Profile, ReportError> {
     let mut frames: Vec<Frame> = Vec::new();
     let mut ids: HashMap<Frame, u32> = HashMap::new();
     let mut samples: Vec<Sample> = Vec::new();
+    let mut total = 0u64;
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
@@ -158,6 +159,9 @@ pub fn read_folded(bytes: &[u8]) -> Result<Profile, ReportError> {
         if stack.is_empty() {
             return Err(bad(format!("line {}: an empty stack", n + 1)));
         }
+        total = total
+            .checked_add(count)
+            .ok_or_else(|| bad(format!("line {}: the counts add up past 2^64", n + 1)))?;
         let mut of_line = Vec::new();
         for name in stack.split(';') {
             let frame = folded_frame(name);
