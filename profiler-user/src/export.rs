@@ -490,6 +490,24 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Sends one request and waits for the answer, on a runtime of its own: the end of a
+/// `profile` session and `verify`'s export check.
+pub fn export_once(
+    config: ExporterConfig,
+    request: &ExportProfilesServiceRequest,
+) -> Result<Accepted, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(async {
+                let exporter = Exporter::new(config)?;
+                exporter.export(request).await.map_err(|e| e.to_string())
+            })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use spanprof::aggregate;
 use spanprof::command::CannotRun;
-use spanprof::export::{Exporter, ExporterConfig, Protocol};
+use spanprof::export::{ExporterConfig, Protocol};
 use spanprof::output::{self, Format};
 use spanprof::profile::{Events, GroupBy, Profile};
 use spanprof::report::{self, Filter};
@@ -808,16 +808,7 @@ fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
         .flat_map(|r| &r.scope_profiles)
         .map(|s| s.profiles.len())
         .sum();
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| {
-            rt.block_on(async {
-                let exporter = Exporter::new(config)?;
-                exporter.export(&request).await.map_err(|e| e.to_string())
-            })
-        });
+    let result = spanprof::export::export_once(config, &request);
     match result {
         Ok(accepted) if accepted.rejected_profiles > 0 => {
             eprintln!(

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::export::{Exporter, ExporterConfig};
+use crate::export::ExporterConfig;
 use crate::profile::{Events, FrameKind, Profile};
 use crate::session::{self, Options, Outcome, Target};
 use crate::summary::Cost;
@@ -312,7 +312,13 @@ fn builtin(opts: &VerifyOptions, checks: &mut Vec<Check>) {
         )),
         Ok((outcome, status)) => {
             let profile = &outcome.profile;
-            checks.push(native_split(profile, &truth, status));
+            checks.push(split_check(
+                "native: functions",
+                profile,
+                &truth,
+                status,
+                ("verify_native_alpha", "verify_native_beta"),
+            ));
             checks.push(names_resolved("native: frames named", profile));
             checks.push(stacks_complete("native: stacks complete", profile));
             checks.push(resource_check(profile));
@@ -379,7 +385,13 @@ fn builtin(opts: &VerifyOptions, checks: &mut Vec<Check>) {
     checks.push(
         match profile_command(opts, py("split", &truth), Events::default()) {
             Err(e) => Check::new("python: functions", Status::Fail, format!("{e:#}")),
-            Ok((outcome, status)) => python_split(&outcome.profile, &truth, status),
+            Ok((outcome, status)) => split_check(
+                "python: functions",
+                &outcome.profile,
+                &truth,
+                status,
+                ("verify_alpha", "verify_beta"),
+            ),
         },
     );
     let truth = scratch.path("traced.json");
@@ -460,34 +472,25 @@ fn workload_failed(name: &str, status: i32) -> Option<Check> {
     (status != 0).then(|| Check::new(name, Status::Fail, format!("the workload exited {status}")))
 }
 
-fn native_split(profile: &Profile, truth: &Path, status: i32) -> Check {
-    const NAME: &str = "native: functions";
-    if let Some(c) = workload_failed(NAME, status) {
+/// A split workload's check: the two functions' shares against the truth file's `alpha` and
+/// `beta` CPU seconds.
+fn split_check(
+    name: &str,
+    profile: &Profile,
+    truth: &Path,
+    status: i32,
+    (alpha, beta): (&str, &str),
+) -> Check {
+    if let Some(c) = workload_failed(name, status) {
         return c;
     }
     match read_json(truth) {
-        Err(e) => Check::new(NAME, Status::Fail, format!("{e:#}")),
+        Err(e) => Check::new(name, Status::Fail, format!("{e:#}")),
         Ok(t) => share_check(
-            NAME,
+            name,
             profile,
-            ("verify_native_alpha", t["alpha"].as_f64().unwrap_or(0.0)),
-            ("verify_native_beta", t["beta"].as_f64().unwrap_or(0.0)),
-        ),
-    }
-}
-
-fn python_split(profile: &Profile, truth: &Path, status: i32) -> Check {
-    const NAME: &str = "python: functions";
-    if let Some(c) = workload_failed(NAME, status) {
-        return c;
-    }
-    match read_json(truth) {
-        Err(e) => Check::new(NAME, Status::Fail, format!("{e:#}")),
-        Ok(t) => share_check(
-            NAME,
-            profile,
-            ("verify_alpha", t["alpha"].as_f64().unwrap_or(0.0)),
-            ("verify_beta", t["beta"].as_f64().unwrap_or(0.0)),
+            (alpha, t["alpha"].as_f64().unwrap_or(0.0)),
+            (beta, t["beta"].as_f64().unwrap_or(0.0)),
         ),
     }
 }
@@ -709,16 +712,7 @@ fn export_check(profile: &Profile, config: ExporterConfig) -> Check {
         .flat_map(|r| &r.scope_profiles)
         .map(|s| s.profiles.len())
         .sum();
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
-        .and_then(|rt| {
-            rt.block_on(async {
-                let exporter = Exporter::new(config)?;
-                exporter.export(&request).await.map_err(|e| e.to_string())
-            })
-        });
+    let result = crate::export::export_once(config, &request);
     match result {
         Ok(a) => Check::judged(
             NAME,
