@@ -3,27 +3,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use spanprof::analysis::{self, Diff, Functions};
-use spanprof::output::{self, Format};
-use spanprof::report;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(profile) = report::read_folded(data) else {
-        return;
-    };
-    let functions = Functions::of(&profile);
-    let _ = analysis::report_text(&profile, &functions, &[], 20);
-    let _ = analysis::report_json(&profile, &functions, &[], 0);
-    let _ = analysis::run_line(&profile);
-    if let Ok(d) = Diff::of(&profile, &profile) {
-        let _ = analysis::diff_text((&profile, "a"), (&profile, "b"), &d, 20);
-    }
-    for format in [Format::Folded, Format::Svg, Format::Pprof, Format::Otlp] {
-        if let Ok(bytes) = output::render(&profile, format) {
-            // What spanprof writes of folded input reads back.
-            if format == Format::Pprof {
-                let _ = report::read_pprof(&bytes);
-            }
-        }
+    if let Ok(profile) = spanprof::report::read_folded(data) {
+        spanprof_fuzz::report_everything(&profile);
     }
 });

@@ -35,3 +35,34 @@ pub fn u32_at(data: &[u8], at: usize) -> u32 {
         .and_then(|b| b.try_into().ok())
         .map_or(0, u32::from_le_bytes)
 }
+
+/// What `report`, `diff` and `check` compute and render from a profile they read: the
+/// function table, span times, the text and JSON reports, the run line, a diff with itself,
+/// every output format, and a read back of the pprof written.
+pub fn report_everything(profile: &spanprof::profile::Profile) {
+    use spanprof::analysis::{self, Diff, Functions};
+    use spanprof::output::{self, Format};
+    let functions = Functions::of(profile);
+    let spans = analysis::span_times(profile, analysis::span_name_and_id).unwrap_or_default();
+    let _ = analysis::report_text(profile, &functions, &spans, 20);
+    let _ = analysis::report_json(profile, &functions, &spans, 0);
+    let _ = analysis::run_line(profile);
+    if let Ok(d) = Diff::of(profile, profile) {
+        let _ = analysis::diff_text((profile, "a"), (profile, "b"), &d, 20);
+        let _ = analysis::diff_json(profile, profile, &d, 20, Some(0.05));
+        let _ = analysis::verdict(&d, 0.05);
+    }
+    for format in [
+        Format::Folded,
+        Format::Svg,
+        Format::Pprof,
+        Format::Speedscope,
+        Format::Otlp,
+    ] {
+        if let Ok(bytes) = output::render(profile, format) {
+            if format == Format::Pprof {
+                let _ = spanprof::report::read_pprof(&bytes);
+            }
+        }
+    }
+}

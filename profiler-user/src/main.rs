@@ -802,12 +802,7 @@ fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
     let endpoint = config.endpoint.clone();
     let protocol = config.protocol.name();
     let request = spanprof::output::otlp::request(profile);
-    let profiles: usize = request
-        .resource_profiles
-        .iter()
-        .flat_map(|r| &r.scope_profiles)
-        .map(|s| s.profiles.len())
-        .sum();
+    let profiles = spanprof::output::otlp::profile_count(&request);
     let result = spanprof::export::export_once(config, &request);
     match result {
         Ok(accepted) if accepted.rejected_profiles > 0 => {

@@ -706,12 +706,7 @@ fn export_check(profile: &Profile, config: ExporterConfig) -> Check {
     const NAME: &str = "OTLP export";
     let endpoint = format!("{} ({})", config.endpoint, config.protocol.name());
     let request = crate::output::otlp::request(profile);
-    let profiles: usize = request
-        .resource_profiles
-        .iter()
-        .flat_map(|r| &r.scope_profiles)
-        .map(|s| s.profiles.len())
-        .sum();
+    let profiles = crate::output::otlp::profile_count(&request);
     let result = crate::export::export_once(config, &request);
     match result {
         Ok(a) => Check::judged(

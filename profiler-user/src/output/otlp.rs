@@ -336,6 +336,16 @@ fn values(profile: &Profile, s: &Sample, kind: Kind) -> (Vec<u64>, Vec<i64>) {
     }
 }
 
+/// How many profiles a request holds, over all its resources and scopes.
+pub fn profile_count(request: &ExportProfilesServiceRequest) -> usize {
+    request
+        .resource_profiles
+        .iter()
+        .flat_map(|r| &r.scope_profiles)
+        .map(|s| s.profiles.len())
+        .sum()
+}
+
 /// The OTLP request of a profile (see the module documentation for the layout).
 pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
     let mut dict = Dict::new();
