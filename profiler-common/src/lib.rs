@@ -52,7 +52,7 @@ pub const PY_INSTR_POINTER: u32 = 3;
 pub const PY_ENTRY_EVERY_FRAME: u32 = 1;
 /// [`PyProc::entry_kind`]: a bool field `is_entry` (3.11).
 pub const PY_ENTRY_FIELD: u32 = 2;
-/// [`PyProc::entry_kind`]: C-stack shim frames, `owner == FRAME_OWNED_BY_CSTACK` (3.12+).
+/// [`PyProc::entry_kind`]: shim frames, `owner >= 3` (C stack, interpreter; 3.12+).
 pub const PY_ENTRY_SHIM: u32 = 3;
 /// "No such field" in [`PyProc`].
 pub const PY_NO_OFFSET: u32 = u32::MAX;

@@ -330,7 +330,7 @@ struct spanprof_exec {
 /* How the end of one interpreter-loop call is marked (spanprof_py_proc.entry_kind). */
 #define SPANPROF_PY_ENTRY_EVERY_FRAME 1 /* 3.8–3.10 */
 #define SPANPROF_PY_ENTRY_FIELD 2	/* 3.11: a bool at frame_entry */
-#define SPANPROF_PY_ENTRY_SHIM 3	/* 3.12+: frames with owner (at frame_entry) == 3 */
+#define SPANPROF_PY_ENTRY_SHIM 3	/* 3.12+: frames with owner (at frame_entry) >= 3 */
 
 /* No such field in this version. */
 #define SPANPROF_PY_NO_OFFSET 0xffffffff

@@ -70,8 +70,14 @@ struct pt_regs___kernel {
 /* include/linux/sched.h: a task leaving the CPU for good. */
 #define TASK_DEAD 0x80
 
-/* FRAME_OWNED_BY_CSTACK, Include/internal/pycore_frame.h (3.12, 3.13). */
-#define PY_OWNED_BY_CSTACK 3
+/*
+ * The lowest _PyInterpreterFrame.owner of a frame that runs no Python function: the C-stack
+ * shim of 3.12 and 3.13 (FRAME_OWNED_BY_CSTACK = 3), 3.14's interpreter base frame (3) and
+ * C-stack shim (4), 3.15's entry shim (FRAME_OWNED_BY_INTERPRETER = 3).
+ */
+#define PY_OWNED_BY_SHIM 3
+/* Tag bits of a _PyStackRef (3.14+ f_executable); objects are 8-byte aligned in every version. */
+#define PY_STACKREF_TAG_MASK 7ULL
 /* Steps of the frame walk: every frame, plus one C-stack shim per interpreter call at most. */
 #define PY_FRAME_LOOPS (2 * SPANPROF_MAX_PY_FRAMES + 1)
 /* Thread states visited to find the sampled thread's. */
@@ -406,7 +412,7 @@ static long py_frame_step(__u64 i, void *ctx)
 		goto fault;
 	rel = (__u32)rel64;
 	if (w->cfg.entry_kind == SPANPROF_PY_ENTRY_SHIM &&
-	    load_u8(w->win, rel + w->cfg.frame_entry, SPANPROF_PY_WINDOW) == PY_OWNED_BY_CSTACK) {
+	    load_u8(w->win, rel + w->cfg.frame_entry, SPANPROF_PY_WINDOW) >= PY_OWNED_BY_SHIM) {
 		/* The frame recorded last was the first one this interpreter call ran. */
 		if (w->n > 0) {
 			off = w->py_base + (w->n - 1) * SPANPROF_PY_FRAME_SIZE;
@@ -421,7 +427,8 @@ static long py_frame_step(__u64 i, void *ctx)
 		w->s.py_status |= SPANPROF_PY_TRUNCATED;
 		return 1;
 	}
-	code = load_u64(w->win, rel + w->cfg.frame_code, SPANPROF_PY_WINDOW);
+	code = load_u64(w->win, rel + w->cfg.frame_code, SPANPROF_PY_WINDOW) &
+	       ~PY_STACKREF_TAG_MASK;
 	if (code == 0)
 		goto fault;
 	switch (w->cfg.instr_kind) {

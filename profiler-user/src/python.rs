@@ -36,7 +36,7 @@ use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
 use symbolizer::python::objects::{AttrLayout, DictLayout, ObjectOffsets, Objects, SpanFinder};
 use symbolizer::python::offsets::{
-    DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN,
+    DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN, NEWEST_MINOR,
 };
 use symbolizer::python::walk::{TypeAddrs, STR_HASH};
 
@@ -526,19 +526,38 @@ impl Python {
         let pid = process.pid;
         let version = process.version;
         let minor = format!("{}.{}", version.major, version.minor);
-        let offsets = process
-            .offsets()
-            .ok_or_else(|| format!("python {minor} is not supported (3.8 to 3.13 are)"))?;
+        let unsupported = |what: &str| {
+            format!(
+                "{what}: not supported, profiled as native code only (spanprof reads the \
+                 Python frames of GIL builds of CPython 3.8 to 3.{NEWEST_MINOR})"
+            )
+        };
+        if process.debug_build {
+            return Err(unsupported(&format!("python {version} is a debug build")));
+        }
         let mem = LiveMemory::new(pid);
         if version.minor >= 13 {
-            // The runtime publishes its own offsets: trust the table only if they agree.
+            // The runtime publishes its own offsets and its build: trust the table only if
+            // they agree, and never walk a free-threaded build with a GIL build's table.
             let mut raw = vec![0u8; DEBUG_OFFSETS_LEN];
             mem.read(process.runtime_addr, &mut raw)
                 .map_err(|e| format!("python {minor}: cannot read _PyRuntime: {e}"))?;
-            DebugOffsets::parse(&raw)
+            let debug = DebugOffsets::parse(&raw);
+            if debug.as_ref().is_ok_and(|d| d.free_threaded != 0) {
+                return Err(unsupported(&format!(
+                    "python {version} is a free-threaded build"
+                )));
+            }
+            let offsets = process
+                .offsets()
+                .ok_or_else(|| unsupported(&format!("python {minor}")))?;
+            debug
                 .and_then(|d| d.check(offsets))
                 .map_err(|e| format!("python {version} does not match spanprof's tables: {e}"))?;
         }
+        let offsets = process
+            .offsets()
+            .ok_or_else(|| unsupported(&format!("python {minor}")))?;
         let value = py_proc(&process, offsets).map_err(|e| format!("python {version}: {e}"))?;
         self.writes.push((pid, value));
         // Spans are an extra: a process whose span objects cannot be set up is still walked.
@@ -836,6 +855,7 @@ mod tests {
             unicode_type_addr: None,
             hamt_types: [None; 3],
             eval_ranges: vec![],
+            debug_build: false,
             frame_pointers: false,
         }
     }

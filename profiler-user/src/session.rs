@@ -690,22 +690,16 @@ impl Probes {
             return Ok(());
         }
         // A process that exited meanwhile has nothing left to probe.
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(maps) = symbolizer::mapped::read_maps(pid) else {
             return Ok(());
         };
         if maps.is_empty() {
             return Ok(());
         }
-        // Through /proc/PID/map_files, the file the process maps even when it was replaced on
-        // disk since (a glibc upgrade under a running service: `libc.so.6 (deleted)`).
-        let Some((range, path)) = maps.lines().find_map(|l| {
-            // NB: the path is the rest of the line (it may hold spaces, and " (deleted)").
-            let mut fields = l.splitn(6, ' ');
-            let range = fields.next()?;
-            let path = fields.nth(4)?.trim_start();
-            let file = path.strip_suffix(" (deleted)").unwrap_or(path);
+        let Some(libc_map) = maps.iter().find(|m| {
+            let file = m.file_path();
             let name = file.rsplit('/').next().unwrap_or(file);
-            (name.starts_with("libc.so") || name.starts_with("libc-2.")).then_some((range, path))
+            name.starts_with("libc.so") || name.starts_with("libc-2.")
         }) else {
             eprintln!(
                 "spanprof: warning: pid {pid} has no C library mapped: its malloc calls are not \
@@ -713,21 +707,22 @@ impl Probes {
             );
             return Ok(());
         };
-        let mut module = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
-        // NB: map_files needs CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN); without it, the file
-        // at the mapped path, through the process's root (the same file unless replaced).
-        if let Err(e) = std::fs::metadata(&module) {
-            if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
-                if path.ends_with("(deleted)") {
-                    anyhow::bail!(
-                        "pid {pid}'s C library was replaced on disk, and the file it maps is \
-                         reached only through /proc/{pid}/map_files, which needs \
-                         CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN: its malloc calls are not seen"
-                    );
-                }
-                module = PathBuf::from(format!("/proc/{pid}/root{path}"));
-            }
-        }
+        // The file the process maps (a container's own libc, or the one replaced on disk
+        // since: `libc.so.6 (deleted)`), never another of its path.
+        let (file, _) = match symbolizer::mapped::open_mapped(pid, libc_map) {
+            Ok(opened) => opened,
+            Err(e) if libc_map.path.ends_with("(deleted)") => anyhow::bail!(
+                "pid {pid}'s C library was replaced on disk, and the file it maps is reached \
+                 only through /proc/{pid}/map_files, which needs CAP_CHECKPOINT_RESTORE or \
+                 CAP_SYS_ADMIN ({e}): its malloc calls are not seen"
+            ),
+            Err(e) => anyhow::bail!(
+                "cannot open pid {pid}'s C library {} ({e}): its malloc calls are not seen",
+                libc_map.path
+            ),
+        };
+        use std::os::fd::AsRawFd;
+        let module = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         programs.attach_allocator(&module)?;
         Ok(())
     }

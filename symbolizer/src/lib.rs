@@ -22,11 +22,12 @@
 //! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
 //! the next one.
 
+pub mod mapped;
 pub mod otel_ctx;
 pub mod python;
 pub mod unwind;
 
-use std::collections::hash_map::Entry;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
@@ -69,32 +70,6 @@ pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<u64
     Some((addresses, text_end))
 }
 
-/// Opens a file a process maps, through `/proc/PID/root` (its mount namespace), for reading
-/// its ELF headers and sections. `None` unless it is a regular file, and, when `inode` is given
-/// (from `/proc/PID/maps`), that very file: the path of a mapping may since name another file,
-/// a FIFO (whose opening would block) or a device (whose opening may act). So the path is
-/// first opened with `O_PATH`, which opens nothing, checked, then reopened through
-/// `/proc/self/fd`.
-pub fn open_module(pid: u32, path: &str, inode: Option<u64>) -> Option<std::fs::File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let on_disk = PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
-    let handle = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH)
-        .open(on_disk)
-        .ok()?;
-    let meta = handle.metadata().ok()?;
-    if !meta.is_file() || inode.is_some_and(|i| i != meta.ino()) {
-        return None;
-    }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(format!("/proc/self/fd/{}", handle.as_raw_fd()))
-        .ok()
-}
-
 /// Module name used for kernel frames.
 pub const KERNEL_MODULE: &str = "[kernel.kallsyms]";
 
@@ -113,6 +88,25 @@ pub struct Symbol {
     pub line: Option<u32>,
     /// Why `function` is `None`.
     pub unknown_reason: Option<String>,
+}
+
+/// A module file of the profiled processes, opened while a process mapping it lived
+/// ([`mapped::open_mapped`]): symbolization reads that very file, never another of the same
+/// path (a container's libc is not the host's).
+#[derive(Debug)]
+struct Module {
+    /// The path as `/proc/PID/maps` names it, for outputs.
+    path: PathBuf,
+    /// The open file; `None` when it could not be opened, with the reason.
+    file: Result<std::fs::File, String>,
+}
+
+/// What makes two modules the same: the file's device and inode, or, for a file that could
+/// not be opened, the process and path (its name is unknown either way).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ModuleKey {
+    File { dev: u64, inode: u64 },
+    Unopened { pid: u32, path: PathBuf },
 }
 
 /// Where a user address lives, once normalized.
@@ -146,8 +140,8 @@ pub struct Symbolizer {
     /// modules or BPF programs come and go, so a kept one would name new code after its
     /// neighbours for ever.
     kernel_symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
-    modules: Vec<PathBuf>,
-    module_ids: FxHashMap<PathBuf, u32>,
+    modules: Vec<Module>,
+    module_ids: FxHashMap<ModuleKey, u32>,
     user: FxHashMap<(u32, u64), Location>,
     stats: Stats,
 }
@@ -189,6 +183,19 @@ impl Symbolizer {
                 .entry(pid)
                 .or_insert_with(|| Path::new(&format!("/proc/{pid}")).exists())
         });
+        // Module files no address refers to any more are closed (opened again when a
+        // process maps them), so a long-running caller does not keep every file it saw.
+        let mut used = vec![false; self.modules.len()];
+        for loc in self.user.values() {
+            if let Location::Elf { module, .. } = loc {
+                used[*module as usize] = true;
+            }
+        }
+        for (module, used) in self.modules.iter_mut().zip(used) {
+            if !used && module.file.is_ok() {
+                module.file = Err("module file closed: no process maps it".to_string());
+            }
+        }
     }
 
     /// Counters so far.
@@ -227,10 +234,17 @@ impl Symbolizer {
                     })
                     .collect();
                 let outputs = out.outputs;
+                let mut maps: Option<Vec<mapped::Mapping>> = None;
+                let mut ids: Vec<Option<u32>> = vec![None; metas.len()];
                 for (&addr, (value, meta_idx)) in addrs.iter().zip(outputs) {
                     let loc = match metas.get(meta_idx) {
                         Some(Ok(path)) => Location::Elf {
-                            module: self.intern_module(path),
+                            module: *ids[meta_idx].get_or_insert_with(|| {
+                                let maps = maps.get_or_insert_with(|| {
+                                    mapped::read_maps(pid).unwrap_or_default()
+                                });
+                                self.intern_module(pid, path, maps)
+                            }),
                             offset: value,
                         },
                         Some(Err(reason)) => Location::Unknown {
@@ -263,16 +277,45 @@ impl Symbolizer {
         }
     }
 
-    fn intern_module(&mut self, path: &Path) -> u32 {
-        match self.module_ids.entry(path.to_path_buf()) {
-            Entry::Occupied(e) => *e.get(),
-            Entry::Vacant(e) => {
-                let id = self.modules.len() as u32;
-                self.modules.push(path.to_path_buf());
-                e.insert(id);
-                id
+    /// The module of `path` in process `pid`: the file of its maps line, opened now, while
+    /// the process lives.
+    fn intern_module(&mut self, pid: u32, path: &Path, maps: &[mapped::Mapping]) -> u32 {
+        let line = maps
+            .iter()
+            .find(|m| Path::new(&m.path) == path || Path::new(m.file_path()) == path);
+        let key = match line {
+            Some(m) => ModuleKey::File {
+                dev: m.dev,
+                inode: m.inode,
+            },
+            None => ModuleKey::Unopened {
+                pid,
+                path: path.to_owned(),
+            },
+        };
+        if let Some(&id) = self.module_ids.get(&key) {
+            // A file closed by `forget_exited` is opened again for a process that maps it.
+            let module = &mut self.modules[id as usize];
+            if let (Err(_), Some(m)) = (&module.file, line) {
+                if let Ok((file, _)) = mapped::open_mapped(pid, m) {
+                    module.file = Ok(file);
+                }
             }
+            return id;
         }
+        let file = match line {
+            Some(m) => mapped::open_mapped(pid, m)
+                .map(|(f, _)| f)
+                .map_err(|e| format!("cannot open the file the process maps: {e}")),
+            None => Err("the process's memory map has no such file any more".to_string()),
+        };
+        let id = self.modules.len() as u32;
+        self.modules.push(Module {
+            path: path.to_path_buf(),
+            file,
+        });
+        self.module_ids.insert(key, id);
+        id
     }
 
     /// Resolves user addresses (`(pid, addr)` pairs normalized earlier) and kernel addresses.
@@ -294,7 +337,7 @@ impl Symbolizer {
                 Some(Location::Elf { module, offset }) => {
                     per_module.entry(*module).or_default().push((i, *offset));
                     user_out.push(unknown(
-                        Some(&self.modules[*module as usize]),
+                        Some(&self.modules[*module as usize].path),
                         *offset,
                         "not symbolized",
                     ));
@@ -304,9 +347,20 @@ impl Symbolizer {
             }
         }
         for (module, items) in per_module {
-            let path = &self.modules[module as usize];
+            let Module { path, file } = &self.modules[module as usize];
+            let file = match file {
+                Ok(file) => file,
+                Err(reason) => {
+                    for (i, offset) in &items {
+                        user_out[*i] = unknown(Some(path), *offset, reason);
+                    }
+                    continue;
+                }
+            };
             let offsets: Vec<u64> = items.iter().map(|&(_, o)| o).collect();
-            let src = Source::Elf(Elf::new(path));
+            // The open file, by a path that stays this file (blazesym opens by path; its
+            // cache checks device and inode, so a reused descriptor number is not mistaken).
+            let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
             match symbolizer.symbolize(&src, Input::FileOffset(&offsets)) {
                 Ok(results) => {
                     for ((i, offset), result) in items.iter().zip(results) {

@@ -18,14 +18,15 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use object::elf::{R_X86_64_DTPMOD64, R_X86_64_TLSDESC, R_X86_64_TPOFF64};
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::read::{ReadCache, ReadRef};
 use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
 
-use crate::python::detect::{load_bias, parse_maps};
+use crate::mapped::{open_mapped, read_maps};
+use crate::python::detect::load_bias;
 use crate::python::memory::ProcessMemory;
 
 /// The thread-local symbol of OTEP 4947.
@@ -169,22 +170,16 @@ impl ModuleCache {
         pid: u32,
         mem: &M,
     ) -> Result<Option<ThreadCtxVar>, CtxError> {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        let Ok(maps) = read_maps(pid) else {
             return Ok(None);
         };
-        let maps = parse_maps(&text);
-        let mut seen: Vec<&Path> = Vec::new();
+        let mut seen: Vec<&str> = Vec::new();
         for m in &maps {
-            if seen.contains(&m.path.as_path()) {
+            if seen.contains(&m.path.as_str()) {
                 continue;
             }
             seen.push(&m.path);
-            // NB: not File::open: a FIFO at a mapping's path would block the session.
-            let Some(file) = m
-                .path
-                .to_str()
-                .and_then(|p| crate::open_module(pid, p, None))
-            else {
+            let Ok((file, _)) = open_mapped(pid, m) else {
                 continue;
             };
             let Ok(meta) = file.metadata() else { continue };
@@ -197,7 +192,7 @@ impl ModuleCache {
                 continue;
             };
             let bad = |reason| CtxError::Unsupported {
-                path: m.path.clone(),
+                path: m.file_path().into(),
                 reason,
             };
             let bias = load_bias(&maps, &m.path, &sym.loads)
@@ -207,7 +202,7 @@ impl ModuleCache {
                 AccessError::Unsupported(reason) => bad(reason),
             })?;
             return Ok(Some(ThreadCtxVar {
-                module: m.path.clone(),
+                module: m.file_path().into(),
                 access,
             }));
         }

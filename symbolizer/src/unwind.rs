@@ -399,6 +399,8 @@ struct ExecMapping {
     start: u64,
     end: u64,
     offset: u64,
+    /// `makedev(major, minor)` of the line.
+    dev: u64,
     inode: u64,
     path: String,
 }
@@ -413,7 +415,11 @@ fn exec_mappings(text: &str) -> Vec<ExecMapping> {
                 return None;
             }
             let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-            let _dev = it.next()?;
+            let (major, minor) = it.next()?.split_once(':')?;
+            let dev = libc::makedev(
+                u32::from_str_radix(major, 16).ok()?,
+                u32::from_str_radix(minor, 16).ok()?,
+            );
             let inode = it.next()?.parse().ok()?;
             // NB: a path may hold spaces; it is the rest of the line.
             let path = line
@@ -425,6 +431,7 @@ fn exec_mappings(text: &str) -> Vec<ExecMapping> {
                 start: u64::from_str_radix(start, 16).ok()?,
                 end: u64::from_str_radix(end, 16).ok()?,
                 offset,
+                dev,
                 inode,
                 path,
             })
@@ -738,7 +745,16 @@ fn file_sections(
     files: &mut FxHashMap<(u64, u64), Option<Arc<Sections>>>,
     stats: &mut UnwindStats,
 ) -> Option<Arc<Sections>> {
-    let Some(file) = crate::open_module(pid, &m.path, Some(m.inode)) else {
+    let mapping = crate::mapped::Mapping {
+        start: m.start,
+        end: m.end,
+        perms: *b"r-xp",
+        offset: m.offset,
+        dev: m.dev,
+        inode: m.inode,
+        path: m.path.clone(),
+    };
+    let Ok((file, _)) = crate::mapped::open_mapped(pid, &mapping) else {
         stats.modules_unreadable += 1;
         return None;
     };

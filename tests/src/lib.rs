@@ -28,6 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub mod otlp;
+pub mod rootfs;
 
 /// A `Vec<OsString>` of command-line arguments from anything string- or path-like:
 /// `args!["profile", "--pid", pid.to_string(), "-o", &path]`.
@@ -70,7 +71,7 @@ pub fn missing_prerequisite(what: &str, fix: &str) -> ! {
     panic!("spanprof integration test prerequisite missing: {what}\n  fix: {fix}\n  ({context})");
 }
 
-fn path_from_env(var: &str, fallback: &str) -> PathBuf {
+pub(crate) fn path_from_env(var: &str, fallback: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(v) if !v.is_empty() => PathBuf::from(v),
         _ => workspace_root().join(fallback),

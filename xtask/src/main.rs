@@ -16,6 +16,7 @@ mod bench_alloc;
 mod bench_daemon;
 mod deps;
 mod fuzz;
+mod rootfs;
 mod run;
 mod workloads;
 
@@ -34,7 +35,10 @@ tasks:
              apt-get when root; Python venv in target/venv with protobuf,
              grpcio-tools and py-spy)
   workloads  build the C test workloads into target/workloads/
-  test       deps, workloads, release build, cargo fmt --check, clippy -D warnings,
+  rootfs     make the Debian sid root file system of the container and chroot
+             tests in target/sid-rootfs (debootstrap; CPython 3.13, 3.14, 3.15;
+             needs root; a few minutes once, then nothing)
+  test       deps, workloads, rootfs, release build, cargo fmt --check, clippy -D warnings,
              then cargo test --workspace --release with the integration tests
              running the real binary (needs root), then every fuzz target for
              20 s
@@ -113,6 +117,7 @@ fn dispatch(args: &[String]) -> Result<()> {
     match task {
         Some("deps") => deps::ensure(&root).map(|_| ()),
         Some("workloads") => workloads::build(&root).map(|_| ()),
+        Some("rootfs") => rootfs::ensure(&root).map(|_| ()),
         Some("test") => test(&root),
         Some("demo") => demo(&root),
         Some("bench") => bench(&root, &args[1..]),
@@ -155,6 +160,7 @@ fn build_release(root: &Path) -> Result<PathBuf> {
 fn test(root: &Path) -> Result<()> {
     let env = deps::ensure(root)?;
     let workloads = workloads::build(root)?;
+    let rootfs = rootfs::ensure(root)?;
     let mut failures: Vec<&str> = Vec::new();
 
     step("checking formatting: cargo fmt --all -- --check");
@@ -219,6 +225,7 @@ fn test(root: &Path) -> Result<()> {
         .env("SPANPROF_PYSPY", &env.py_spy)
         .env("SPANPROF_FP_PYTHON", &env.fp_python)
         .env("SPANPROF_SPAN_LIBS", &env.span_libs)
+        .env("SPANPROF_ROOTFS", &rootfs)
         .run()
     {
         eprintln!("xtask: {err:#}");

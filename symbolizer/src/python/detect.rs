@@ -8,6 +8,7 @@
 //! `PY_VERSION` string (`"3.9.18"`) in `.rodata`, else from the file name (minor only).
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -15,6 +16,7 @@ use blazesym::inspect::source::{Elf, Source};
 use blazesym::inspect::Inspector;
 
 use super::offsets::{self, PyOffsets};
+use crate::mapped::{open_mapped, read_maps, Mapping, OpenError};
 
 /// A CPython version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -73,6 +75,9 @@ pub struct PythonProcess {
     /// (`_PyEval_EvalFrameDefault` and its `.cold` part when the symbol table has it): a native
     /// frame there is running Python frames.
     pub eval_ranges: Vec<(u64, u64)>,
+    /// A debug build (`Py_REF_DEBUG`: `_Py_RefTotal` before 3.12, `_Py_GetGlobalRefTotal`
+    /// after), whose objects and frames are laid out differently.
+    pub debug_build: bool,
     /// The interpreter loop keeps a frame pointer (`push %rbp; mov %rsp,%rbp` prologue), so a
     /// frame-pointer walk of the native stack gets through it. pyenv's and Debian's builds
     /// (`-O3`, 3.8–3.13) do not.
@@ -116,42 +121,16 @@ pub enum DetectError {
          directories its user cannot search)"
     )]
     Denied { path: PathBuf },
+    /// A CPython older than any spanprof reads (no `_PyRuntime`: 3.6 and before).
+    #[error(
+        "python {version} ({path}): not supported, profiled as native code only (spanprof reads \
+         the Python frames of GIL builds of CPython 3.8 to 3.{newest})",
+        newest = offsets::NEWEST_MINOR
+    )]
+    TooOld { version: PyVersion, path: PathBuf },
     /// The version could be found neither in symbols, strings nor the file name.
     #[error("cannot tell the python version of {0}")]
     UnknownVersion(PathBuf),
-}
-
-/// One file-backed line of `/proc/PID/maps`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-/// A file-backed line of `/proc/PID/maps`.
-pub(crate) struct Mapping {
-    pub(crate) start: u64,
-    pub(crate) offset: u64,
-    pub(crate) path: PathBuf,
-}
-
-/// The file-backed mappings of a `/proc/PID/maps` text.
-pub(crate) fn parse_maps(text: &str) -> Vec<Mapping> {
-    text.lines()
-        .filter_map(|line| {
-            let mut it = line.splitn(6, ' ');
-            let range = it.next()?;
-            let _perms = it.next()?;
-            let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-            let _dev = it.next()?;
-            let _inode = it.next()?;
-            let path = it.next()?.trim_start();
-            if !path.starts_with('/') {
-                return None;
-            }
-            let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
-            Some(Mapping {
-                start,
-                offset,
-                path: PathBuf::from(path),
-            })
-        })
-        .collect()
 }
 
 /// `(major, minor)` from a file name like `libpython3.11.so.1.0`, `python3.9` or
@@ -267,7 +246,12 @@ fn versions_in(bytes: &[u8]) -> Vec<(u8, u8, u8)> {
 }
 
 struct Symbols {
-    runtime: u64,
+    /// `_PyRuntime` (3.7+).
+    runtime: Option<u64>,
+    /// `Py_Initialize`: the module is a CPython, whatever its version.
+    initialize: bool,
+    /// A `Py_REF_DEBUG` symbol.
+    debug: bool,
     py_version: Option<u64>,
     code_type: Option<u64>,
     unicode_type: Option<u64>,
@@ -296,6 +280,9 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
         "_PyHamt_BitmapNode_Type",
         "_PyHamt_ArrayNode_Type",
         "_PyHamt_CollisionNode_Type",
+        "Py_Initialize",
+        "_Py_RefTotal",
+        "_Py_GetGlobalRefTotal",
     ];
     let found = inspector.lookup(&Source::Elf(elf), &names).ok()?;
     let first = |i: usize| found.get(i).and_then(|v| v.first()).map(|s| s.addr);
@@ -307,8 +294,15 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
         .get(4)
         .and_then(|v| v.first())
         .and_then(|s| s.file_offset);
+    let runtime = first(0);
+    let initialize = first(9).is_some();
+    if runtime.is_none() && !initialize {
+        return None;
+    }
     Some(Symbols {
-        runtime: first(0)?,
+        runtime,
+        initialize,
+        debug: first(10).is_some() || first(11).is_some(),
         py_version: found
             .get(1)
             .and_then(|v| v.first())
@@ -321,70 +315,67 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
     })
 }
 
-/// Finds the CPython interpreter of process `pid`.
+/// Finds the CPython interpreter of process `pid`. Its files are read through
+/// [`crate::mapped::open_mapped`]: the files the process maps, whatever its root.
 pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
-    let maps_path = format!("/proc/{pid}/maps");
-    let maps =
-        std::fs::read_to_string(&maps_path).map_err(|source| DetectError::Maps { pid, source })?;
-    let maps = parse_maps(&maps);
+    let maps = read_maps(pid).map_err(|source| DetectError::Maps { pid, source })?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
 
-    // Candidates in order: libpython, then the executable, then anything named python*.
-    let mut candidates: Vec<&Path> = Vec::new();
-    let named = |m: &&Mapping, lib: bool| {
-        let name = m.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if lib {
-            name.starts_with("libpython")
-        } else {
-            name.starts_with("python")
-        }
+    // Candidates in order: libpython, then the executable, then anything named python*; the
+    // first mapping of each file.
+    let name = |m: &Mapping| {
+        let p = m.file_path();
+        p.rsplit('/').next().unwrap_or(p).to_owned()
     };
-    let libs = maps
-        .iter()
-        .filter(|m| named(m, true))
-        .map(|m| m.path.as_path());
-    let exes = maps
-        .iter()
-        .filter(|m| Some(&m.path) == exe.as_ref())
-        .map(|m| m.path.as_path());
-    let others = maps
-        .iter()
-        .filter(|m| named(m, false))
-        .map(|m| m.path.as_path());
-    for p in libs.chain(exes).chain(others) {
-        if !candidates.contains(&p) {
-            candidates.push(p);
+    let libs = maps.iter().filter(|m| name(m).starts_with("libpython"));
+    let exes = maps.iter().filter(|m| {
+        exe.as_deref()
+            .is_some_and(|e| e.as_os_str() == m.path.as_str())
+    });
+    let others = maps.iter().filter(|m| name(m).starts_with("python"));
+    let mut candidates: Vec<&Mapping> = Vec::new();
+    for m in libs.chain(exes).chain(others) {
+        if !candidates.iter().any(|c| c.path == m.path) {
+            candidates.push(m);
         }
     }
 
     let inspector = Inspector::new();
-    for module in candidates {
-        // Read the file through the process's root so a containerized target's paths resolve.
-        let on_disk = PathBuf::from(format!("/proc/{pid}/root"))
-            .join(module.strip_prefix("/").unwrap_or(module));
-        let Some(syms) = lookup_symbols(&inspector, &on_disk) else {
+    for mapping in candidates {
+        let module = Path::new(mapping.file_path());
+        let (file, _) = match open_mapped(pid, mapping) {
+            Ok(opened) => opened,
             // NB: an unreadable candidate is said, not skipped: else a process spanprof may
             // not read looks like one without Python.
-            if let Err(e) = File::open(&on_disk) {
-                if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) {
-                    return Err(DetectError::Denied { path: on_disk });
-                }
+            Err(OpenError::Denied) => {
+                return Err(DetectError::Denied {
+                    path: module.to_owned(),
+                })
             }
+            Err(OpenError::NotFound) => continue,
+        };
+        // blazesym opens by path: the open file's, which stays this very file.
+        let on_disk = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let Some(syms) = lookup_symbols(&inspector, &on_disk) else {
             continue;
         };
-        let file = File::open(&on_disk).map_err(|source| DetectError::Io {
-            path: on_disk.clone(),
-            source,
-        })?;
-        let elf = parse_elf(&file, &on_disk)?;
-        let load_bias = load_bias(&maps, module, &elf.loads).ok_or(DetectError::Elf {
-            path: on_disk.clone(),
+        let elf = parse_elf(&file, module)?;
+        let load_bias = load_bias(&maps, &mapping.path, &elf.loads).ok_or(DetectError::Elf {
+            path: module.to_owned(),
             reason: "no mapping matches a load segment",
         })?;
-        let (version, version_source) = find_version(&file, &on_disk, module, &syms, &elf)?;
+        let (version, version_source) = find_version(&file, module, module, &syms, &elf)?;
+        let Some(runtime) = syms.runtime else {
+            // A CPython all the same (it exports Py_Initialize): said, not skipped as native.
+            debug_assert!(syms.initialize);
+            return Err(DetectError::TooOld {
+                version,
+                path: module.to_owned(),
+            });
+        };
         let frame_pointers = syms
             .eval_file_offset
-            .and_then(|off| read_at(&file, &on_disk, off, 8).ok())
+            .and_then(|off| read_at(&file, module, off, 8).ok())
             .is_some_and(|code| has_frame_pointer_prologue(&code));
         return Ok(PythonProcess {
             pid,
@@ -392,7 +383,7 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             version_source,
             module: module.to_owned(),
             load_bias,
-            runtime_addr: syms.runtime.wrapping_add(load_bias),
+            runtime_addr: runtime.wrapping_add(load_bias),
             code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
             unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
             hamt_types: syms
@@ -403,6 +394,7 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
                 .iter()
                 .map(|&(s, e)| (s.wrapping_add(load_bias), e.wrapping_add(load_bias)))
                 .collect(),
+            debug_build: syms.debug,
             frame_pointers,
         });
     }
@@ -419,7 +411,7 @@ fn has_frame_pointer_prologue(code: &[u8]) -> bool {
 /// segment that maps that file offset.
 /// Run-time minus link-time addresses of `module`, from its lowest mapping and its PT_LOADs
 /// `(p_offset, p_vaddr, p_filesz)`.
-pub(crate) fn load_bias(maps: &[Mapping], module: &Path, loads: &[(u64, u64, u64)]) -> Option<u64> {
+pub(crate) fn load_bias(maps: &[Mapping], module: &str, loads: &[(u64, u64, u64)]) -> Option<u64> {
     let first = maps
         .iter()
         .filter(|m| m.path == module)
@@ -485,20 +477,7 @@ fn find_version(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn maps_lines_parse() {
-        let text = "\
-55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 123 /usr/bin/python3.11
-7f00-8f00 rw-p 00000000 00:00 0 
-7ffd-7ffe rw-p 00000000 00:00 0                          [stack]
-7f0000001000-7f0000002000 r-xp 00001000 fe:01 456       /opt/my dir/libpython3.9.so.1.0
-";
-        let maps = parse_maps(text);
-        assert_eq!(maps.len(), 2);
-        assert_eq!(maps[1].path, Path::new("/opt/my dir/libpython3.9.so.1.0"));
-        assert_eq!(maps[1].offset, 0x1000);
-    }
+    use crate::mapped::parse_maps;
 
     #[test]
     fn file_names_give_minor_versions() {
@@ -538,13 +517,10 @@ mod tests {
     fn bias_of_pie_and_non_pie() {
         let maps = parse_maps("7f0000000000-7f0000001000 r--p 00000000 fe:01 1 /l.so\n");
         assert_eq!(
-            load_bias(&maps, Path::new("/l.so"), &[(0, 0, 0x1000)]),
+            load_bias(&maps, "/l.so", &[(0, 0, 0x1000)]),
             Some(0x7f00_0000_0000)
         );
         let maps = parse_maps("400000-401000 r--p 00000000 fe:01 1 /exe\n");
-        assert_eq!(
-            load_bias(&maps, Path::new("/exe"), &[(0, 0x400000, 0x1000)]),
-            Some(0)
-        );
+        assert_eq!(load_bias(&maps, "/exe", &[(0, 0x400000, 0x1000)]), Some(0));
     }
 }

@@ -39,9 +39,19 @@ pub enum ThreadIdMatch {
 /// measured on Debian 12's glibc 2.36). Not valid for musl.
 pub const GLIBC_PTHREAD_TID_OFFSET: u64 = 720;
 
-/// `FRAME_OWNED_BY_CSTACK` (Include/internal/pycore_frame.h, 3.12 and 3.13): a shim frame pushed
-/// when C code calls into the interpreter; it is not a Python function.
-pub const FRAME_OWNED_BY_CSTACK: u8 = 3;
+/// The lowest `_PyInterpreterFrame.owner` of a frame that is not a Python function: 3.12 and 3.13
+/// push a shim frame owned by the C stack (`FRAME_OWNED_BY_CSTACK` = 3) when C code calls into
+/// the interpreter; 3.14 numbers that one 4 and adds `FRAME_OWNED_BY_INTERPRETER` = 3 for the
+/// base frame at the bottom of every thread's stack; 3.15 drops the C-stack owner and marks the
+/// entry shim with the interpreter's (Include/internal/pycore_frame.h, 3.12–3.13;
+/// pycore_interpframe_structs.h, 3.14–3.15). Every such frame (`owner >= 3`) ends one
+/// interpreter call: the frame recorded before it is an entry frame.
+pub const FRAME_OWNED_BY_SHIM: u8 = 3;
+
+/// The low bits of a `_PyStackRef` (3.14+: `f_executable`) that tag it rather than address the
+/// object (`Py_TAG_BITS`, 1 in GIL builds). Objects are at least 8-byte aligned, so clearing
+/// three bits is right for every version, tagged or not.
+pub const STACKREF_TAG_MASK: u64 = 7;
 
 /// The offsets one CPython minor version needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,27 +257,97 @@ const PY313: PyOffsets = PyOffsets {
     unicode_compact_size: 56,
 };
 
+// Include/internal/pycore_runtime_structs.h, pycore_interp_structs.h, Include/cpython/pystate.h,
+// Include/internal/pycore_interpframe_structs.h (f_executable is a tagged _PyStackRef; the
+// owner moved to 74 after return_offset), Include/cpython/code.h; Debian sid's 3.14.10
+// (libpython3.14-dev), the same in the runtime's _Py_DebugOffsets.
+const PY314: PyOffsets = PyOffsets {
+    version: (3, 14),
+    runtime_interpreters_head: 808,
+    interp_threads_head: 7344,
+    frame_owner: Some(74),
+    code_adaptive: Some(208),
+    ..PY313
+};
+
+// As 3.14 (Debian sid's 3.15.2, libpython3.15-dev): PyThreadState gained fields before
+// thread_id; the frame and code layouts are 3.14's.
+const PY315: PyOffsets = PyOffsets {
+    version: (3, 15),
+    runtime_interpreters_head: 936,
+    interp_threads_head: 7336,
+    tstate_thread_id: 176,
+    thread_match: ThreadIdMatch::NativeThreadId(184),
+    ..PY314
+};
+
 /// Every supported table.
-pub const ALL: [&PyOffsets; 6] = [&PY38, &PY39, &PY310, &PY311, &PY312, &PY313];
+pub const ALL: [&PyOffsets; 8] = [&PY38, &PY39, &PY310, &PY311, &PY312, &PY313, &PY314, &PY315];
+
+/// The newest supported minor version of CPython 3.
+pub const NEWEST_MINOR: u8 = 15;
 
 /// The table for CPython `major.minor`, if supported.
 pub fn for_version(major: u8, minor: u8) -> Option<&'static PyOffsets> {
     ALL.iter().copied().find(|o| o.version == (major, minor))
 }
 
-/// `_Py_Debug_Cookie` (Include/internal/pycore_runtime.h, 3.13).
+/// `_Py_Debug_Cookie` (Include/internal/pycore_runtime.h, 3.13; pycore_debug_offsets.h, 3.14+).
 pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
 
-/// Size read from the start of `_PyRuntime` to parse [`DebugOffsets`]: the 3.13.0 struct is
-/// 73 `uint64_t` words after the 8-byte cookie is counted as one.
-pub const DEBUG_OFFSETS_LEN: usize = 73 * 8;
+/// Where the fields [`DebugOffsets`] keeps sit in one version's `_Py_DebugOffsets`: word
+/// (`uint64_t`) indices from the start of the struct, whose layout is `char cookie[8];
+/// uint64_t version; uint64_t free_threaded;` then nested structs of `uint64_t`, each starting
+/// with `size`. The layout is the same in free-threaded and debug builds of a version (no field
+/// is conditional), so [`DebugOffsets::free_threaded`] can be read from any build.
+struct DebugLayout {
+    minor: u8,
+    /// Words in the whole struct.
+    words: usize,
+    /// runtime interpreters_head, interp threads_head, tstate next, current_frame, thread_id,
+    /// native_thread_id, frame previous, executable, instr_ptr, owner, code filename, name,
+    /// qualname, linetable, firstlineno, co_code_adaptive, unicode state, length,
+    /// asciiobject_size.
+    at: [usize; 19],
+}
 
-/// The fields of 3.13's `_Py_DebugOffsets` that [`PyOffsets`] also carries.
-///
-/// Layout: Include/internal/pycore_runtime.h, v3.13.0 — `char cookie[8]; uint64_t version;
-/// uint64_t free_threaded;` then nested structs of `uint64_t`, each starting with `size`.
-/// The indices below are word indices into that struct. 3.14 changed the layout, so only
-/// a 3.13 `version` is accepted.
+/// The `_Py_DebugOffsets` layouts known here, from each version's headers (3.13.0; sid's
+/// 3.14.10 and 3.15.2 `pycore_debug_offsets.h`, with `offsetof` under `Py_BUILD_CORE`).
+const DEBUG_LAYOUTS: [DebugLayout; 3] = [
+    // runtime_state 3..=5, interpreter_state 6..=18, thread_state 19..=27,
+    // interpreter_frame 28..=33, code_object 34..=43, …, unicode 67..=70, gc 71..=72.
+    DebugLayout {
+        minor: 13,
+        words: 73,
+        at: [
+            5, 9, 21, 23, 24, 25, 29, 30, 31, 33, 35, 36, 37, 38, 39, 43, 68, 69, 70,
+        ],
+    },
+    // interpreter_state 6..=21 (gc, gil, code_object_generation…), thread_state 22..=30,
+    // interpreter_frame 31..=38, code_object 39..=49, …, unicode 77..=80, … 95 words.
+    DebugLayout {
+        minor: 14,
+        words: 95,
+        at: [
+            5, 9, 24, 26, 27, 28, 32, 33, 34, 36, 40, 41, 42, 43, 44, 48, 78, 79, 80,
+        ],
+    },
+    // thread_state 22..=37 (base_frame, last_profiled_frame… before thread_id), err_stackitem
+    // 38, interpreter_frame 39..=46, code_object 47..=57, …, unicode 89..=92, … 111 words.
+    DebugLayout {
+        minor: 15,
+        words: 111,
+        at: [
+            5, 9, 24, 26, 30, 31, 40, 41, 42, 44, 48, 49, 50, 51, 52, 56, 90, 91, 92,
+        ],
+    },
+];
+
+/// Bytes read from the start of `_PyRuntime` to parse [`DebugOffsets`]: the largest layout
+/// known (3.15's 111 words); `_PyRuntime` is far larger, so the read never runs off it.
+pub const DEBUG_OFFSETS_LEN: usize = 111 * 8;
+
+/// The fields of `_Py_DebugOffsets` (3.13+) that [`PyOffsets`] also carries, and the build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DebugOffsets {
     /// `PY_VERSION_HEX` of the runtime.
@@ -318,14 +398,18 @@ pub struct DebugOffsets {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DebugOffsetsError {
     /// Fewer bytes than the struct.
-    #[error("debug offsets need {DEBUG_OFFSETS_LEN} bytes, got {0}")]
-    Short(usize),
+    #[error("debug offsets need {need} bytes, got {got}")]
+    Short { need: usize, got: usize },
     /// No `xdebugpy` cookie: not 3.13+, or not `_PyRuntime`.
     #[error("no _Py_DebugOffsets cookie")]
     NoCookie,
     /// A version whose layout is not known here.
     #[error("unsupported _Py_DebugOffsets layout for version {0:#x}")]
     UnsupportedVersion(u64),
+    /// The struct's own size field of a part disagrees with the layout (a build whose struct
+    /// is not the one its version number says).
+    #[error("_Py_DebugOffsets of version {0:#x} is not laid out as that version's headers say")]
+    Layout(u64),
     /// A field disagrees with the compiled-in table.
     #[error("{field}: runtime says {runtime}, table says {table}")]
     Mismatch {
@@ -336,10 +420,14 @@ pub enum DebugOffsetsError {
 }
 
 impl DebugOffsets {
-    /// Parses the start of `_PyRuntime` of a 3.13 process.
+    /// Parses the start of `_PyRuntime` of a 3.13+ process, by the layout of the version the
+    /// struct names.
     pub fn parse(bytes: &[u8]) -> Result<Self, DebugOffsetsError> {
-        if bytes.len() < DEBUG_OFFSETS_LEN {
-            return Err(DebugOffsetsError::Short(bytes.len()));
+        if bytes.len() < 16 {
+            return Err(DebugOffsetsError::Short {
+                need: 16,
+                got: bytes.len(),
+            });
         }
         if &bytes[..8] != DEBUG_COOKIE {
             return Err(DebugOffsetsError::NoCookie);
@@ -350,37 +438,54 @@ impl DebugOffsets {
             u64::from_le_bytes(b)
         };
         let version_hex = w(1);
-        if version_hex >> 16 != 0x030d {
-            return Err(DebugOffsetsError::UnsupportedVersion(version_hex));
+        let layout = DEBUG_LAYOUTS
+            .iter()
+            .find(|l| version_hex >> 16 == 0x0300 | u64::from(l.minor))
+            .ok_or(DebugOffsetsError::UnsupportedVersion(version_hex))?;
+        if bytes.len() < layout.words * 8 {
+            return Err(DebugOffsetsError::Short {
+                need: layout.words * 8,
+                got: bytes.len(),
+            });
         }
-        // Word indices: cookie 0, version 1, free_threaded 2, runtime_state 3..=5,
-        // interpreter_state 6..=18, thread_state 19..=27, interpreter_frame 28..=33,
-        // code_object 34..=43, pyobject 44..=45, type_object 46..=49, tuple 50..=52,
-        // list 53..=55, dict 56..=58, float 59..=60, long 61..=63, bytes 64..=66,
-        // unicode 67..=70, gc 71..=72.
+        // The runtime_state part starts at word 3 with its own size: sizeof(_PyRuntimeState),
+        // which is far larger than the debug offsets themselves. A garbage struct rarely
+        // passes that and the ascending field offsets below.
+        if w(3) < (layout.words * 8) as u64 {
+            return Err(DebugOffsetsError::Layout(version_hex));
+        }
+        let a = layout.at;
         Ok(Self {
             version_hex,
             free_threaded: w(2),
-            runtime_interpreters_head: w(5),
-            interp_threads_head: w(9),
-            tstate_next: w(21),
-            tstate_current_frame: w(23),
-            tstate_thread_id: w(24),
-            tstate_native_thread_id: w(25),
-            frame_previous: w(29),
-            frame_executable: w(30),
-            frame_instr_ptr: w(31),
-            frame_owner: w(33),
-            code_filename: w(35),
-            code_name: w(36),
-            code_qualname: w(37),
-            code_linetable: w(38),
-            code_firstlineno: w(39),
-            code_adaptive: w(43),
-            unicode_state: w(68),
-            unicode_length: w(69),
-            unicode_ascii_size: w(70),
+            runtime_interpreters_head: w(a[0]),
+            interp_threads_head: w(a[1]),
+            tstate_next: w(a[2]),
+            tstate_current_frame: w(a[3]),
+            tstate_thread_id: w(a[4]),
+            tstate_native_thread_id: w(a[5]),
+            frame_previous: w(a[6]),
+            frame_executable: w(a[7]),
+            frame_instr_ptr: w(a[8]),
+            frame_owner: w(a[9]),
+            code_filename: w(a[10]),
+            code_name: w(a[11]),
+            code_qualname: w(a[12]),
+            code_linetable: w(a[13]),
+            code_firstlineno: w(a[14]),
+            code_adaptive: w(a[15]),
+            unicode_state: w(a[16]),
+            unicode_length: w(a[17]),
+            unicode_ascii_size: w(a[18]),
         })
+    }
+
+    /// `(major, minor)` of the runtime.
+    pub fn version(&self) -> (u8, u8) {
+        (
+            (self.version_hex >> 24) as u8,
+            (self.version_hex >> 16) as u8,
+        )
     }
 
     /// Checks every shared field against a compiled-in table.
@@ -471,18 +576,18 @@ mod tests {
 
     #[test]
     fn every_supported_version_has_one_table() {
-        for minor in 8..=13 {
+        for minor in 8..=NEWEST_MINOR {
             assert_eq!(for_version(3, minor).map(|o| o.version), Some((3, minor)));
         }
         assert!(for_version(3, 7).is_none());
-        assert!(for_version(3, 14).is_none());
+        assert!(for_version(3, NEWEST_MINOR + 1).is_none());
     }
 
     #[test]
     fn debug_offsets_reject_garbage() {
         assert_eq!(
             DebugOffsets::parse(&[0; 8]),
-            Err(DebugOffsetsError::Short(8))
+            Err(DebugOffsetsError::Short { need: 16, got: 8 })
         );
         assert_eq!(
             DebugOffsets::parse(&[0; DEBUG_OFFSETS_LEN]),
@@ -490,10 +595,23 @@ mod tests {
         );
         let mut b = vec![0u8; DEBUG_OFFSETS_LEN];
         b[..8].copy_from_slice(DEBUG_COOKIE);
-        b[8..16].copy_from_slice(&0x030e_00f0u64.to_le_bytes());
+        b[8..16].copy_from_slice(&0x0310_00f0u64.to_le_bytes());
         assert_eq!(
             DebugOffsets::parse(&b),
-            Err(DebugOffsetsError::UnsupportedVersion(0x030e_00f0))
+            Err(DebugOffsetsError::UnsupportedVersion(0x0310_00f0))
+        );
+        // A 3.14 header with the rest zero: its runtime_state size is not plausible.
+        b[8..16].copy_from_slice(&0x030e_0af0u64.to_le_bytes());
+        assert_eq!(
+            DebugOffsets::parse(&b[..100 * 8]),
+            Err(DebugOffsetsError::Layout(0x030e_0af0))
+        );
+        assert_eq!(
+            DebugOffsets::parse(&b[..90 * 8]),
+            Err(DebugOffsetsError::Short {
+                need: 95 * 8,
+                got: 90 * 8
+            })
         );
     }
 }

@@ -13,7 +13,9 @@ use rustc_hash::FxHashSet;
 use super::lines::{line_for_prefix, LineTableFormat, MAX_LINE_TABLE};
 use super::memory::{MemError, ProcessMemory};
 use super::offsets::GLIBC_PTHREAD_TID_OFFSET;
-use super::offsets::{FrameLayout, PyOffsets, ThreadIdMatch, FRAME_OWNED_BY_CSTACK};
+use super::offsets::{
+    FrameLayout, PyOffsets, ThreadIdMatch, FRAME_OWNED_BY_SHIM, STACKREF_TAG_MASK,
+};
 
 /// At most this many frames are walked; a deeper stack is marked truncated.
 pub const MAX_FRAMES: usize = 1024;
@@ -216,11 +218,11 @@ fn read_frame<M: ProcessMemory>(
 ) -> Result<(Option<Frame>, u64), WalkError> {
     let previous = mem.read_ptr(frame.wrapping_add(off.frame_previous))?;
     if let Some(owner) = off.frame_owner {
-        if mem.read_u8(frame.wrapping_add(owner))? == FRAME_OWNED_BY_CSTACK {
+        if mem.read_u8(frame.wrapping_add(owner))? >= FRAME_OWNED_BY_SHIM {
             return Ok((None, previous));
         }
     }
-    let code = mem.read_ptr(frame.wrapping_add(off.frame_code))?;
+    let code = mem.read_ptr(frame.wrapping_add(off.frame_code))? & !STACKREF_TAG_MASK;
     if code == 0 {
         return Err(WalkError::Invalid("null code object"));
     }

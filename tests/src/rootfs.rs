@@ -1,0 +1,223 @@
+//! Targets in the Debian sid root file system (`SPANPROF_ROOTFS`, else `target/sid-rootfs`,
+//! made by `cargo xtask rootfs`): run in a container (a mount namespace of their own after
+//! `pivot_root`, as container runtimes do) or in a plain `chroot`, and profiled from outside by
+//! pid. Nothing of the host is changed: the mounts are made in the child's own namespace.
+
+use std::ffi::CString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{missing_prerequisite, path_from_env, py_workload_source, Background};
+
+/// How a target is confined to the rootfs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confinement {
+    /// Own mount namespace, the rootfs bind-mounted, `pivot_root` into it, a fresh `/proc`,
+    /// the old root unmounted: `/proc/PID/maps` shows the container's paths.
+    Container,
+    /// `chroot` in spanprof's mount namespace: `/proc/PID/maps` shows host paths under the
+    /// rootfs.
+    Chroot,
+}
+
+impl Confinement {
+    pub const BOTH: [Confinement; 2] = [Confinement::Container, Confinement::Chroot];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Confinement::Container => "container",
+            Confinement::Chroot => "chroot",
+        }
+    }
+}
+
+/// The rootfs; a missing one fails the test in CI (it is a prerequisite, not an option).
+pub fn rootfs() -> PathBuf {
+    let dir = path_from_env("SPANPROF_ROOTFS", "target/sid-rootfs");
+    if !dir.join(".spanprof-rootfs").is_file() {
+        missing_prerequisite(
+            &format!("the Debian sid rootfs {}", dir.display()),
+            "run `cargo xtask rootfs` (as root)",
+        );
+    }
+    dir
+}
+
+/// A directory inside the rootfs for one test's files, removed on drop.
+#[derive(Debug)]
+pub struct RootfsDir {
+    /// Its path on the host.
+    pub host: PathBuf,
+    /// Its path inside the rootfs.
+    pub inside: PathBuf,
+}
+
+impl RootfsDir {
+    pub fn new(rootfs: &Path, label: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let inside = PathBuf::from(format!("/tmp/spanprof-{label}-{}-{n}", std::process::id()));
+        let host = rootfs.join(inside.strip_prefix("/").expect("absolute"));
+        std::fs::create_dir_all(&host).expect("create a directory in the rootfs");
+        Self { host, inside }
+    }
+
+    /// Copies the workload `script` (in `tests/workloads`) in; its path inside the rootfs.
+    pub fn workload(&self, script: &str) -> PathBuf {
+        std::fs::copy(py_workload_source(script), self.host.join(script))
+            .expect("copy a workload into the rootfs");
+        self.inside.join(script)
+    }
+}
+
+impl Drop for RootfsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.host);
+    }
+}
+
+/// `argv` (its program a path inside the rootfs) confined to `rootfs`, as a command to spawn.
+pub fn confined_command(rootfs: &Path, how: Confinement, argv: &[&str]) -> Command {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]);
+    let c = |s: &Path| CString::new(s.as_os_str().as_encoded_bytes()).expect("no NUL in paths");
+    let root = c(rootfs);
+    let dot = c(Path::new("."));
+    let old = c(Path::new(".oldroot"));
+    let slash = c(Path::new("/"));
+    let old_abs = c(Path::new("/.oldroot"));
+    let proc_ = c(Path::new("/proc"));
+    let proc_type = c(Path::new("proc"));
+    let check = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: between fork and exec the closure makes only system calls on strings made
+    // before the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            match how {
+                Confinement::Chroot => {
+                    check(libc::chroot(root.as_ptr()))?;
+                    check(libc::chdir(slash.as_ptr()))?;
+                }
+                Confinement::Container => {
+                    let none = std::ptr::null();
+                    check(libc::unshare(libc::CLONE_NEWNS))?;
+                    // Nothing done below propagates to the host's mounts.
+                    check(libc::mount(
+                        none,
+                        slash.as_ptr(),
+                        none,
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ))?;
+                    check(libc::mount(
+                        root.as_ptr(),
+                        root.as_ptr(),
+                        none,
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ))?;
+                    check(libc::chdir(root.as_ptr()))?;
+                    check(libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), old.as_ptr()) as i32)?;
+                    check(libc::chdir(slash.as_ptr()))?;
+                    check(libc::mount(
+                        proc_type.as_ptr(),
+                        proc_.as_ptr(),
+                        proc_type.as_ptr(),
+                        0,
+                        std::ptr::null(),
+                    ))?;
+                    check(libc::umount2(old_abs.as_ptr(), libc::MNT_DETACH))?;
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Starts `python` (a path inside the rootfs) on the workload `script` with `args`, confined,
+/// and waits for its `ready PID` line.
+#[track_caller]
+pub fn start_confined_py(
+    rootfs: &Path,
+    dir: &RootfsDir,
+    how: Confinement,
+    python: &str,
+    script: &str,
+    args: &[&str],
+) -> Background {
+    let script = dir.workload(script);
+    let mut argv = vec![python, script.to_str().expect("UTF-8 path")];
+    argv.extend_from_slice(args);
+    let cmd = confined_command(rootfs, how, &argv);
+    let mut workload = Background::spawn(cmd);
+    let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
+    let pid: Option<u32> = line
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok());
+    assert_eq!(
+        pid,
+        Some(workload.pid()),
+        "{python} {} in a {} printed {line:?} instead of `ready {}`",
+        script.display(),
+        how.name(),
+        workload.pid()
+    );
+    workload
+}
+
+/// The files `pid` maps for execution, as host paths (the rootfs prefix added to a
+/// container's paths), read from `/proc/PID/maps` while it lives.
+pub fn exec_mapped_files(pid: u32, rootfs: &Path, how: Confinement) -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read the maps");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        let (Some(perms), Some(path)) = (fields.get(1), fields.get(5)) else {
+            continue;
+        };
+        let path = path.trim_start();
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let host = match how {
+            Confinement::Container => rootfs.join(path.trim_start_matches('/')),
+            Confinement::Chroot => PathBuf::from(path),
+        };
+        if !files.contains(&host) {
+            files.push(host);
+        }
+    }
+    files
+}
+
+/// Every symbol name `nm -D` and `nm` (binutils, not spanprof) find in `files`.
+pub fn nm_symbols(files: &[PathBuf]) -> std::collections::HashSet<String> {
+    let mut names = std::collections::HashSet::new();
+    for file in files {
+        for dynamic in [true, false] {
+            let mut cmd = Command::new("nm");
+            if dynamic {
+                cmd.arg("-D");
+            }
+            let out = cmd.arg(file).output().expect("run nm (binutils)");
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                // "ADDR T name" or "                 U name", with `@VERSION` on dynamic ones.
+                if let Some(name) = line.split_whitespace().last() {
+                    let name = name.split('@').next().unwrap_or(name);
+                    names.insert(name.to_string());
+                }
+            }
+        }
+    }
+    names
+}

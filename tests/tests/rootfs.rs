@@ -1,0 +1,229 @@
+//! Where fleets run: Debian sid's stripped distro builds of CPython 3.13, 3.14 and 3.15, in a
+//! container (own mount namespace after `pivot_root`) and in a chroot, profiled from outside
+//! by pid (`tests/src/rootfs.rs` makes both; `cargo xtask rootfs` makes the rootfs).
+//!
+//! For each version and confinement, `py_split31.py` (a 3:1 CPU split of `hot_a` and `hot_b`)
+//! must come out:
+//! - within ±5 points of the split the workload measured for itself;
+//! - with Python frames on ≥ 95% of its samples, and ≥ 95% of the native stacks complete
+//!   (`--stats`);
+//! - with the hot line of each function equal to the line the interpreter reports for itself;
+//! - with every native function name present in the symbol tables (`nm -D`, `nm`) of the
+//!   files the target maps, read from the rootfs: a name taken from the host's file of the
+//!   same path (the host's libc for the container's) fails this.
+//!
+//! And sid's debug build of 3.14 and pyenv's 3.6 each get one warning naming the build or
+//! version, and no Python frame.
+
+use std::path::Path;
+
+use spanprof_tests::rootfs::{
+    exec_mapped_files, nm_symbols, rootfs, start_confined_py, Confinement, RootfsDir,
+};
+use spanprof_tests::*;
+
+/// One session of `py_split31.py` under `python` in the rootfs, and what it found.
+fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
+    let rootfs = rootfs();
+    let python = format!("/usr/bin/python3.{minor}");
+    let dir = RootfsDir::new(&rootfs, "split");
+    let workload = start_confined_py(&rootfs, &dir, how, &python, "py_split31.py", &["5"]);
+    let pid = workload.pid();
+    let files = exec_mapped_files(pid, &rootfs, how);
+    let tmp = TempDir::new("rootfs");
+    let folded = tmp.join("out.folded");
+    let stats = tmp.join("stats.json");
+    let out = profile_pid(
+        pid,
+        "3s",
+        499,
+        &[&folded],
+        &["--stats", stats.to_str().expect("UTF-8")],
+    );
+    let result = workload.finish(std::time::Duration::from_secs(30));
+    result.assert_success();
+    out.assert_success();
+    let truth = last_json_line(&result.stdout);
+    let stacks = read_folded(&folded);
+    let stats = read_unwind_stats(&stats);
+    let label = format!("3.{minor} in a {}", how.name());
+    let context = format!(
+        "{label}\nheaviest stacks:\n{}\nspanprof: {}",
+        folded_summary(&stacks, 8),
+        out.stderr
+    );
+    let mut problems = Vec::new();
+    if truth["version"].as_str() != Some(&format!("3.{minor}")) {
+        problems.push(format!("the workload ran {:?}", truth["version"]));
+    }
+
+    // Python frames and the split.
+    let total = folded_total(&stacks);
+    let with_python = folded_count(&stacks, |s| !s.py_frames().is_empty());
+    if total < 500 || (with_python as f64) < 0.95 * total as f64 {
+        problems.push(format!(
+            "{with_python} of {total} samples have Python frames (want >= 95% of >= 500)"
+        ));
+    }
+    let in_fn = |name: &'static str| {
+        folded_count(&stacks, move |s| {
+            s.py_qualnames().last() == Some(&name) || {
+                // The probe call on the hot line is a frame of its own.
+                let q = s.py_qualnames();
+                q.len() >= 2 && q[q.len() - 2] == name && q[q.len() - 1] == "probe"
+            }
+        })
+    };
+    let (a, b) = (in_fn("hot_a"), in_fn("hot_b"));
+    let share = 100.0 * a as f64 / (a + b).max(1) as f64;
+    let want = 100.0 * truth["truth"]["hot_a"].as_f64().unwrap_or(f64::NAN);
+    if a + b < 400 || (share - want).abs().is_nan() || (share - want).abs() > 5.0 {
+        problems.push(format!(
+            "hot_a has {share:.1}% of {} samples in the two functions, the workload measured \
+             {want:.1}% (want within 5 points)",
+            a + b
+        ));
+    }
+
+    // Lines: the line each function's frame is on most often.
+    for name in ["hot_a", "hot_b"] {
+        let mut per_line: std::collections::BTreeMap<u32, u64> = Default::default();
+        for s in &stacks {
+            if let Some(f) = s.py_frames().iter().rev().find(|f| f.qualname == name) {
+                *per_line.entry(f.line.unwrap_or(0)).or_default() += s.count;
+            }
+        }
+        let hot = per_line.iter().max_by_key(|(_, n)| **n).map(|(l, _)| *l);
+        let want = truth["lines"][name].as_u64().map(|l| l as u32);
+        if hot.is_none() || hot != want {
+            problems.push(format!(
+                "{name}: hottest line {hot:?} ({per_line:?}), the interpreter says {want:?}"
+            ));
+        }
+    }
+
+    // Native stacks complete.
+    match stats.process(pid) {
+        Some(p) if p.complete_share() >= 95.0 => {}
+        Some(p) => problems.push(format!(
+            "only {:.1}% of the native stacks are complete ({:?})",
+            p.complete_share(),
+            p.reasons
+        )),
+        None => problems.push("the stats have no entry for the target".into()),
+    }
+
+    // Every native name is one of the target's own files.
+    let symbols = nm_symbols(&files);
+    let mut foreign: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut native = 0u64;
+    for s in &stacks {
+        for f in &s.frames {
+            if is_kernel_frame(f) || is_py_frame(f) || f.starts_with('[') {
+                continue;
+            }
+            native += s.count;
+            if !symbols.contains(f.as_str()) {
+                *foreign.entry(f.clone()).or_default() += s.count;
+            }
+        }
+    }
+    if native == 0 {
+        problems.push("no native frame was named".into());
+    }
+    if !foreign.is_empty() {
+        problems.push(format!(
+            "native names not in the symbol tables of {files:?}: {foreign:?}"
+        ));
+    }
+    problems
+        .into_iter()
+        .map(|p| format!("{p}\n{context}"))
+        .collect()
+}
+
+fn check(minor: u8) {
+    require_profiling();
+    let _lock = profiling_lock();
+    let mut problems = Vec::new();
+    for how in Confinement::BOTH {
+        problems.extend(split_in_rootfs(minor, how));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+#[test]
+fn sid_python_3_13_in_a_container_and_a_chroot() {
+    check(13);
+}
+
+#[test]
+fn sid_python_3_14_in_a_container_and_a_chroot() {
+    check(14);
+}
+
+#[test]
+fn sid_python_3_15_in_a_container_and_a_chroot() {
+    check(15);
+}
+
+/// A session of `python` on `py_split31.py` (`rootfs`: in a container), for the warnings.
+fn unsupported_session(python: &Path, rootfs: Option<&Path>) -> RunOutput {
+    let tmp = TempDir::new("unsupported");
+    let folded = tmp.join("out.folded");
+    let (workload, _dir) = match rootfs {
+        Some(root) => {
+            let dir = RootfsDir::new(root, "unsupported");
+            let w = start_confined_py(
+                root,
+                &dir,
+                Confinement::Container,
+                python.to_str().expect("UTF-8"),
+                "py_split31.py",
+                &["3"],
+            );
+            (w, Some(dir))
+        }
+        None => (start_py_workload(python, "py_split31.py", &["3"]), None),
+    };
+    let out = profile_pid(workload.pid(), "1s", 199, &[&folded], &[]);
+    drop(workload);
+    out.assert_success();
+    let stacks = read_folded(&folded);
+    let python_samples = folded_count(&stacks, |s| !s.py_frames().is_empty());
+    assert_eq!(
+        python_samples,
+        0,
+        "{} was read as Python\n{}",
+        python.display(),
+        folded_summary(&stacks, 5)
+    );
+    assert!(folded_total(&stacks) > 0, "no samples\n{out}");
+    out
+}
+
+/// The one warning line for the target: it names `needle` and says native only.
+#[track_caller]
+fn assert_one_warning(out: &RunOutput, needle: &str) {
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("not supported, profiled as native code only"))
+        .collect();
+    assert_eq!(lines.len(), 1, "want one `not supported` warning\n{out}");
+    assert!(
+        lines[0].contains(needle),
+        "the warning does not say {needle:?}\n{out}"
+    );
+}
+
+#[test]
+fn python_3_6_and_a_debug_build_each_get_one_warning() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let out = unsupported_session(&pyenv_python(6), None);
+    assert_one_warning(&out, "python 3.6");
+    let root = rootfs();
+    let out = unsupported_session(Path::new("/usr/bin/python3.14d"), Some(&root));
+    assert_one_warning(&out, "debug build");
+}
