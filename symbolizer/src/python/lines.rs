@@ -1,6 +1,6 @@
 //! Line numbers from a code object's line table and a frame's instruction offset.
 //!
-//! Three formats exist across 3.8–3.13; each decoder below follows the CPython function that
+//! Three formats exist across 3.8–3.15; each decoder below follows the CPython function that
 //! answers the same question (`PyCode_Addr2Line` of that version, Objects/codeobject.c), and
 //! takes the instruction offset in bytes, as [`super::walk::Frame::instr_offset`] gives it:
 //!
@@ -9,7 +9,7 @@
 //! - 3.10, `co_linetable` ([`LineTableFormat::Pep626`], Objects/lnotab_notes.txt of 3.10):
 //!   byte pairs (unsigned address delta in bytes, signed line delta), a line delta of -128
 //!   meaning "no line"; entries of zero width only carry line deltas.
-//! - 3.11–3.13, `co_linetable` ([`LineTableFormat::Locations`], Objects/locations.md): entries
+//! - 3.11–3.15, `co_linetable` ([`LineTableFormat::Locations`], Objects/locations.md): entries
 //!   whose first byte has bit 7 set, the kind in bits 3–6 and (length − 1) in code units in
 //!   bits 0–2, followed by varints. Only the line delta is decoded; columns are skipped.
 //!
@@ -32,12 +32,13 @@ pub enum LineTableFormat {
 }
 
 impl LineTableFormat {
-    /// The format of CPython 3.`minor`, for the supported 3.8–3.13.
+    /// The format of CPython 3.`minor`, for the supported 3.8–3.15.
     pub fn for_minor(minor: u8) -> Option<Self> {
         match minor {
             8 | 9 => Some(Self::Lnotab),
             10 => Some(Self::Pep626),
-            11..=13 => Some(Self::Locations),
+            // NB: InternalDocs/code_objects.md of 3.14 and 3.15 describe the 3.11 format.
+            11..=15 => Some(Self::Locations),
             _ => None,
         }
     }

@@ -86,8 +86,13 @@ impl<M: ProcessMemory> CodeNames<M> {
     /// if the object looks freed. A freed object keeps its old fields, so its reference count
     /// tells: pymalloc writes its free-list pointer there, and glibc's allocator a pointer too
     /// (and its key over `ob_type`); a live object's count is below 2^32 (immortal ones included).
+    /// From 3.14 the word is `uint32_t ob_refcnt; uint16_t ob_overflow; uint16_t ob_flags`:
+    /// the flags (top 16 bits) are set on live objects, so they are left out.
     fn check_now(&self, code: u64) -> Option<u64> {
-        let refcnt = self.mem.read_u64(code).ok()?;
+        let mut refcnt = self.mem.read_u64(code).ok()?;
+        if self.offsets.version >= (3, 14) {
+            refcnt &= (1 << 48) - 1;
+        }
         if refcnt == 0 || refcnt >= 1 << 32 {
             return None;
         }
