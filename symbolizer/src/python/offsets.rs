@@ -614,4 +614,68 @@ mod tests {
             })
         );
     }
+
+    /// A `_Py_DebugOffsets` as version 3.`minor`'s runtime would publish it for `table`.
+    fn publish(minor: u8, table: &PyOffsets, free_threaded: u64) -> Vec<u8> {
+        let layout = DEBUG_LAYOUTS.iter().find(|l| l.minor == minor).unwrap();
+        let mut b = vec![0u8; DEBUG_OFFSETS_LEN];
+        b[..8].copy_from_slice(DEBUG_COOKIE);
+        let mut put =
+            |word: usize, v: u64| b[word * 8..word * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        put(1, 0x0300_0000 | u64::from(minor) << 16 | 0x0af0);
+        put(2, free_threaded);
+        put(3, 4096); // sizeof(_PyRuntimeState)
+        let native = match table.thread_match {
+            ThreadIdMatch::NativeThreadId(o) => o,
+            ThreadIdMatch::PthreadId => unreachable!(),
+        };
+        let values = [
+            table.runtime_interpreters_head,
+            table.interp_threads_head,
+            table.tstate_next,
+            table.tstate_frame,
+            table.tstate_thread_id,
+            native,
+            table.frame_previous,
+            table.frame_code,
+            table.frame_instr,
+            table.frame_owner.unwrap(),
+            table.code_filename,
+            table.code_name,
+            table.code_qualname.unwrap(),
+            table.code_linetable,
+            table.code_firstlineno,
+            table.code_adaptive.unwrap(),
+            table.unicode_state,
+            table.unicode_length,
+            table.unicode_ascii_size,
+        ];
+        for (word, v) in layout.at.iter().zip(values) {
+            put(*word, v);
+        }
+        b
+    }
+
+    #[test]
+    fn debug_offsets_of_each_layout_round_trip_and_name_free_threaded_builds() {
+        for minor in 13..=NEWEST_MINOR {
+            let table = for_version(3, minor).unwrap();
+            let d = DebugOffsets::parse(&publish(minor, table, 0)).unwrap();
+            assert_eq!(d.version(), (3, minor));
+            assert_eq!(d.check(table), Ok(()), "3.{minor}");
+            // A free-threaded build says so, and is never checked as a GIL build's.
+            let d = DebugOffsets::parse(&publish(minor, table, 1)).unwrap();
+            assert_eq!(d.free_threaded, 1);
+            assert!(matches!(
+                d.check(table),
+                Err(DebugOffsetsError::Mismatch {
+                    field: "free_threaded",
+                    ..
+                })
+            ));
+            // Another version's table does not pass for this one.
+            let other = for_version(3, if minor == 13 { 14 } else { 13 }).unwrap();
+            assert!(d.check(other).is_err());
+        }
+    }
 }
