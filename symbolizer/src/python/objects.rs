@@ -144,7 +144,7 @@ const COMMON: ObjectOffsets = ObjectOffsets {
     local_dicts: None,
 };
 
-const TABLES: [ObjectOffsets; 6] = [
+const TABLES: [ObjectOffsets; 8] = [
     ObjectOffsets {
         version: (3, 8),
         interp_modules: 56,
@@ -202,6 +202,43 @@ const TABLES: [ObjectOffsets; 6] = [
         dict_values: 8,
         attr_layout: AttrLayout::Inline,
         type_cached_keys: 880,
+        long_tag: true,
+        func_code: 48,
+        code_names: 32,
+        local_key: None,
+        local_dicts: Some(40),
+        ..COMMON
+    },
+    // Debian sid's 3.14.10 headers (pycore_interp_structs.h moved PyInterpreterState); the
+    // object layouts are 3.13's.
+    ObjectOffsets {
+        version: (3, 14),
+        interp_modules: 7688,
+        tstate_context: 208,
+        tstate_dict: 128,
+        tstate_local_key: Some(288),
+        dict_layout: DictLayout::Log2,
+        dict_values: 8,
+        attr_layout: AttrLayout::Inline,
+        type_cached_keys: 880,
+        long_tag: true,
+        func_code: 48,
+        code_names: 32,
+        local_key: None,
+        local_dicts: Some(40),
+        ..COMMON
+    },
+    // Debian sid's 3.15.2 headers: PyThreadState and PyHeapTypeObject grew.
+    ObjectOffsets {
+        version: (3, 15),
+        interp_modules: 7592,
+        tstate_context: 232,
+        tstate_dict: 152,
+        tstate_local_key: Some(328),
+        dict_layout: DictLayout::Log2,
+        dict_values: 8,
+        attr_layout: AttrLayout::Inline,
+        type_cached_keys: 888,
         long_tag: true,
         func_code: 48,
         code_names: 32,
@@ -1011,7 +1048,7 @@ mod tests {
 
     #[test]
     fn every_version_has_a_table() {
-        for minor in 8..=13 {
+        for minor in 8..=crate::python::offsets::NEWEST_MINOR {
             assert!(ObjectOffsets::for_version(3, minor).is_some());
         }
         assert!(ObjectOffsets::for_version(3, 7).is_none());
