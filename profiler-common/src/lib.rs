@@ -503,8 +503,8 @@ pub struct SpanProc {
     /// Attribute key indexes of `osprofiler.base_id`, `.trace_id`, `.parent_id` and
     /// `spanprof.python_context` in the thread context record, or [`NO_KEY`].
     pub osp_keys: [u8; 4],
-    /// Zero.
-    pub _pad: u32,
+    /// `offsetof(PyTupleObject, ob_item)`: 24, 32 from 3.14 (`ob_hash` before the items).
+    pub tuple_items: u32,
 }
 
 /// One Python frame of a sample (`struct spanprof_py_frame`).

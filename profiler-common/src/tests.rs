@@ -154,7 +154,7 @@ fn c_asserts() -> String {
             tls_offset,
             tls_module,
             osp_keys,
-            _pad
+            tuple_items
         ),
     ));
     structs.push((

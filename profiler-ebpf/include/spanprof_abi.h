@@ -462,7 +462,7 @@ struct spanprof_span_proc {
 	 * context's key map, or SPANPROF_NO_KEY.
 	 */
 	__u8 osp_keys[4];
-	__u32 _pad;
+	__u32 tuple_items; /* offsetof(PyTupleObject, ob_item): 24, 32 from 3.14 (ob_hash) */
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */

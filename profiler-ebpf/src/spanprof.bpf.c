@@ -647,7 +647,6 @@ fault:
 #define DEQUE_ITEMS 8
 /* Objects: ob_type; a tuple's items; a PyLong's size or tag, then its 30-bit digits. */
 #define PY_OB_TYPE 8
-#define PY_TUPLE_ITEMS 24
 #define PY_LONG_SIZE 16
 #define PY_LONG_DIGITS 24
 #define PY_LONG_SHIFT 30
@@ -1327,7 +1326,7 @@ static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 		return w->q.status;
 	w->name_obj[0] = v;
 	v = getattr(w, v, c->context_name, c->context_name_hash);
-	if (!v || bpf_probe_read_user(ids, sizeof(ids), (const void *)(v + PY_TUPLE_ITEMS)))
+	if (!v || bpf_probe_read_user(ids, sizeof(ids), (const void *)(v + c->tuple_items)))
 		return SPAN_FAULT;
 	if (read_int(w, ids[0], w->span.trace_id, 16) || read_int(w, ids[1], w->span.span_id, 8))
 		return SPAN_FAULT;

@@ -731,6 +731,7 @@ pub fn span_proc(
         type_cached_keys: u(o.type_cached_keys, "ht_cached_keys")?,
         long_kind: if o.long_tag { LONG_TAG } else { LONG_SIZE },
         str_data: u(py.unicode_ascii_size, "PyASCIIObject data")?,
+        tuple_items: u(o.tuple_items, "PyTupleObject.ob_item")?,
         osp_keys: [NO_KEY; 4],
         ..SpanProc::default()
     })

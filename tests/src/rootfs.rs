@@ -154,10 +154,28 @@ pub fn start_confined_py(
     script: &str,
     args: &[&str],
 ) -> Background {
+    start_confined_py_with_libs(rootfs, dir, how, python, None, script, args)
+}
+
+/// [`start_confined_py`] with `PYTHONPATH=libs` (a directory inside the rootfs, such as the
+/// tracing libraries `cargo xtask rootfs` installs in `/opt/span-libs/3.X`).
+#[track_caller]
+pub fn start_confined_py_with_libs(
+    rootfs: &Path,
+    dir: &RootfsDir,
+    how: Confinement,
+    python: &str,
+    libs: Option<&str>,
+    script: &str,
+    args: &[&str],
+) -> Background {
     let script = dir.workload(script);
     let mut argv = vec![python, script.to_str().expect("UTF-8 path")];
     argv.extend_from_slice(args);
-    let cmd = confined_command(rootfs, how, &argv);
+    let mut cmd = confined_command(rootfs, how, &argv);
+    if let Some(libs) = libs {
+        cmd.env("PYTHONPATH", libs).env("PYTHONNOUSERSITE", "1");
+    }
     let mut workload = Background::spawn(cmd);
     let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
     let pid: Option<u32> = line

@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use spanprof_tests::rootfs::{rootfs, start_confined_py_with_libs, Confinement, RootfsDir};
 use spanprof_tests::{
     decode_pprof, profile_pid, profiling_lock, published_span_samples, pyenv_python, read_folded,
     require_root, require_span_libs, require_spanprof_context, run_spanprof, run_with_timeout,
@@ -86,6 +87,8 @@ struct Interp {
     path: PathBuf,
     libs: PathBuf,
     label: String,
+    /// Run in a container of the Debian sid rootfs: `path` and `libs` are its paths.
+    container: bool,
 }
 
 impl Interp {
@@ -94,7 +97,23 @@ impl Interp {
         let path = pyenv_python(minor);
         let libs = span_libs(minor);
         let label = format!("pyenv {}", path.display());
-        Self { path, libs, label }
+        Self {
+            path,
+            libs,
+            label,
+            container: false,
+        }
+    }
+
+    /// Debian sid's python3.`minor` in a container (`tests/src/rootfs.rs`), with the libraries
+    /// `cargo xtask rootfs` installs in its `/opt/span-libs/3.X`.
+    fn sid_container(minor: u8) -> Self {
+        Self {
+            path: PathBuf::from(format!("/usr/bin/python3.{minor}")),
+            libs: PathBuf::from(format!("/opt/span-libs/3.{minor}")),
+            label: format!("Debian sid python3.{minor} in a container"),
+            container: true,
+        }
     }
 
     /// Debian's python3.11 with the libraries pip installed for pyenv's 3.11 (same ABI).
@@ -105,6 +124,7 @@ impl Interp {
             path,
             libs: span_libs(11),
             label: "Debian /usr/bin/python3.11".into(),
+            container: false,
         }
     }
 }
@@ -114,7 +134,12 @@ impl Interp {
 fn require_span_profiling(interp: &Interp) {
     require_root();
     spanprof_bin();
-    require_span_libs(&interp.path, &interp.libs);
+    if interp.container {
+        // The workload's import of the libraries fails it otherwise.
+        rootfs();
+    } else {
+        require_span_libs(&interp.path, &interp.libs);
+    }
 }
 
 /// Runs the checks of one test for each interpreter version, one test per version.
@@ -504,16 +529,35 @@ fn check_mode(
     require_span_profiling(interp);
     let _lock = profiling_lock();
     let tmp = TempDir::new(&format!("spans-{mode}"));
-    let truth = tmp.join("truth.jsonl");
     let pprof = tmp.join("spans.pb.gz");
-    let truth_arg = truth.to_str().expect("UTF-8 temp path");
+    let (truth, workload, _in_rootfs);
     // The workload outlives the 5 s session, whatever its start-up.
-    let workload = start_py_workload_with_libs(
-        &interp.path,
-        &interp.libs,
-        WORKLOAD,
-        &[mode, "7.5", truth_arg],
-    );
+    if interp.container {
+        let root = rootfs();
+        let dir = RootfsDir::new(&root, "spans");
+        truth = dir.host.join("truth.jsonl");
+        let inside = dir.inside.join("truth.jsonl");
+        workload = start_confined_py_with_libs(
+            &root,
+            &dir,
+            Confinement::Container,
+            interp.path.to_str().expect("UTF-8"),
+            interp.libs.to_str(),
+            WORKLOAD,
+            &[mode, "7.5", inside.to_str().expect("UTF-8")],
+        );
+        _in_rootfs = Some(dir);
+    } else {
+        truth = tmp.join("truth.jsonl");
+        let truth_arg = truth.to_str().expect("UTF-8 temp path");
+        workload = start_py_workload_with_libs(
+            &interp.path,
+            &interp.libs,
+            WORKLOAD,
+            &[mode, "7.5", truth_arg],
+        );
+        _in_rootfs = None;
+    }
     let out = profile_pid(workload.pid(), "5s", FREQUENCY, &[&pprof], &[]);
     let workload_out = workload.finish(RUN_TIMEOUT);
     out.assert_success();
@@ -538,6 +582,17 @@ per_version!(otel_threads:
     otel_threads_3_12 => 12,
     otel_threads_3_13 => 13,
 );
+
+/// Debian sid's stripped 3.14 and 3.15, in a container (its own mount namespace).
+#[test]
+fn otel_threads_sid_3_14_in_a_container() {
+    otel_threads(&Interp::sid_container(14));
+}
+
+#[test]
+fn otel_threads_sid_3_15_in_a_container() {
+    otel_threads(&Interp::sid_container(15));
+}
 
 /// Debian's own python3.11 (stripped, interpreter linked into the executable).
 #[test]
@@ -578,6 +633,16 @@ per_version!(osprofiler:
     osprofiler_3_12 => 12,
     osprofiler_3_13 => 13,
 );
+
+#[test]
+fn osprofiler_sid_3_14_in_a_container() {
+    osprofiler(&Interp::sid_container(14));
+}
+
+#[test]
+fn osprofiler_sid_3_15_in_a_container() {
+    osprofiler(&Interp::sid_container(15));
+}
 
 // ---------------------------------------------------------------------------
 // 4. OpenTelemetry imported after spanprof attached

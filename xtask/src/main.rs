@@ -36,7 +36,8 @@ tasks:
              grpcio-tools and py-spy)
   workloads  build the C test workloads into target/workloads/
   rootfs     make the Debian sid root file system of the container and chroot
-             tests in target/sid-rootfs (debootstrap; CPython 3.13, 3.14, 3.15;
+             tests in target/sid-rootfs (debootstrap; CPython 3.13, 3.14, 3.15,
+             a debug 3.14, OpenTelemetry's SDK and OSProfiler for 3.14 and 3.15;
              needs root; a few minutes once, then nothing)
   test       deps, workloads, rootfs, release build, cargo fmt --check, clippy -D warnings,
              then cargo test --workspace --release with the integration tests
@@ -117,7 +118,10 @@ fn dispatch(args: &[String]) -> Result<()> {
     match task {
         Some("deps") => deps::ensure(&root).map(|_| ()),
         Some("workloads") => workloads::build(&root).map(|_| ()),
-        Some("rootfs") => rootfs::ensure(&root).map(|_| ()),
+        Some("rootfs") => {
+            let env = deps::ensure(&root)?;
+            rootfs::ensure(&root, &env.python).map(|_| ())
+        }
         Some("test") => test(&root),
         Some("demo") => demo(&root),
         Some("bench") => bench(&root, &args[1..]),
@@ -160,7 +164,7 @@ fn build_release(root: &Path) -> Result<PathBuf> {
 fn test(root: &Path) -> Result<()> {
     let env = deps::ensure(root)?;
     let workloads = workloads::build(root)?;
-    let rootfs = rootfs::ensure(root)?;
+    let rootfs = rootfs::ensure(root, &env.python)?;
     let mut failures: Vec<&str> = Vec::new();
 
     step("checking formatting: cargo fmt --all -- --check");

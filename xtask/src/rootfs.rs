@@ -43,17 +43,27 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The tracing libraries of the span tests, for 3.14 and 3.15, in the rootfs's
+/// `/opt/span-libs/3.X` (the same releases as pyenv's 3.13 gets, `deps.rs`).
+const SPAN_LIBS: &[&str] = &["opentelemetry-sdk==1.45.2", "osprofiler==4.4.0"];
+/// Minor versions that get them.
+const SPAN_LIB_MINORS: [u8; 2] = [14, 15];
+
 /// What the rootfs was made from: a change here rebuilds it.
 fn recipe() -> String {
     let names: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).collect();
     format!(
-        "debootstrap --variant=minbase sid {MIRROR}; apt-get install {}\n",
-        names.join(" ")
+        "debootstrap --variant=minbase sid {MIRROR}; apt-get install {}\n\
+         pip install --target /opt/span-libs/3.X {}\n",
+        names.join(" "),
+        SPAN_LIBS.join(" ")
     )
 }
 
-/// The ready rootfs, made when missing or made from another recipe.
-pub fn ensure(root: &Path) -> Result<PathBuf> {
+/// The ready rootfs, made when missing or made from another recipe. `pip_python` (the
+/// tests' venv, `deps.rs`) installs the tracing libraries: the rootfs has no pip, and the
+/// machine's proxy certificate is the host's.
+pub fn ensure(root: &Path, pip_python: &Path) -> Result<PathBuf> {
     let dir = root.join("target/sid-rootfs");
     let stamp = dir.join(".spanprof-rootfs");
     let want = recipe();
@@ -121,6 +131,52 @@ pub fn ensure(root: &Path) -> Result<PathBuf> {
             .succeeds()
         {
             bail!("{python} does not run in the sid rootfs {}", new.display());
+        }
+    }
+    // Wheels for the rootfs's interpreters, by the host's pip (pure Python, or built for
+    // CPython 3.X on manylinux x86_64).
+    for minor in SPAN_LIB_MINORS {
+        let dir = new.join(format!("opt/span-libs/3.{minor}"));
+        Cmd::new(pip_python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-warn-script-location",
+                "--only-binary=:all:",
+                "--implementation",
+                "cp",
+            ])
+            .arg("--python-version")
+            .arg(format!("3.{minor}"))
+            .arg("--abi")
+            .arg(format!("cp3{minor}"))
+            .args([
+                "--abi",
+                "abi3",
+                "--abi",
+                "none",
+                "--platform",
+                "manylinux_2_17_x86_64",
+                "--platform",
+                "manylinux2014_x86_64",
+                "--platform",
+                "any",
+            ])
+            .arg("--target")
+            .arg(&dir)
+            .args(SPAN_LIBS)
+            .run()
+            .with_context(|| format!("installing the tracing libraries for 3.{minor}"))?;
+        let probe = Cmd::new("chroot")
+            .arg(&new)
+            .args(["env", &format!("PYTHONPATH=/opt/span-libs/3.{minor}")])
+            .arg(format!("/usr/bin/python3.{minor}"))
+            .args(["-c", "import opentelemetry.sdk.trace, osprofiler.profiler"]);
+        if !probe.succeeds() {
+            bail!("python3.{minor} in the rootfs cannot import the tracing libraries");
         }
     }
     // The directory the container tests pivot_root away from.

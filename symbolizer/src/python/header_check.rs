@@ -71,6 +71,11 @@ fn object_checks(o: &ObjectOffsets) -> Vec<Check> {
     let minor = o.version.1;
     let mut c = vec![
         check(
+            "tuple_items",
+            "offsetof(PyTupleObject, ob_item)",
+            o.tuple_items,
+        ),
+        check(
             "interp_modules",
             if minor <= 11 {
                 "offsetof(PyInterpreterState, modules)"

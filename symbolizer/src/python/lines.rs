@@ -233,14 +233,14 @@ mod tests {
             LineTableFormat::for_minor(10),
             Some(LineTableFormat::Pep626)
         );
-        for minor in 11..=13 {
+        for minor in 11..=15 {
             assert_eq!(
                 LineTableFormat::for_minor(minor),
                 Some(LineTableFormat::Locations)
             );
         }
-        assert_eq!(LineTableFormat::for_minor(14), None);
-        assert_eq!(line_for(14, 1, &[], 0), None);
+        assert_eq!(LineTableFormat::for_minor(16), None);
+        assert_eq!(line_for(16, 1, &[], 0), None);
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub struct ObjectOffsets {
     pub local_key: Option<u64>,
     /// `offsetof(localobject, localdicts)` (3.13).
     pub local_dicts: Option<u64>,
+    /// `offsetof(PyTupleObject, ob_item)`: 3.14 put the cached `ob_hash` before the items.
+    pub tuple_items: u64,
 }
 
 /// `Py_TPFLAGS_INLINE_VALUES` (3.13).
@@ -103,8 +105,6 @@ pub const TPFLAGS_MANAGED_DICT: u64 = 1 << 4;
 const OB_TYPE: u64 = 8;
 /// `offsetof(PyVarObject, ob_size)`.
 const OB_SIZE: u64 = 16;
-/// `offsetof(PyTupleObject, ob_item)`.
-const TUPLE_ITEMS: u64 = 24;
 /// `offsetof(PyModuleObject, md_dict)` (Objects/moduleobject.c, 3.8–3.13).
 const MODULE_DICT: u64 = 16;
 /// `offsetof(PyASCIIObject, hash)`.
@@ -142,6 +142,7 @@ const COMMON: ObjectOffsets = ObjectOffsets {
     code_names: 64,
     local_key: Some(16),
     local_dicts: None,
+    tuple_items: 24,
 };
 
 const TABLES: [ObjectOffsets; 8] = [
@@ -226,6 +227,7 @@ const TABLES: [ObjectOffsets; 8] = [
         code_names: 32,
         local_key: None,
         local_dicts: Some(40),
+        tuple_items: 32,
         ..COMMON
     },
     // Debian sid's 3.15.2 headers: PyThreadState and PyHeapTypeObject grew.
@@ -244,6 +246,7 @@ const TABLES: [ObjectOffsets; 8] = [
         code_names: 32,
         local_key: None,
         local_dicts: Some(40),
+        tuple_items: 32,
         ..COMMON
     },
 ];
@@ -485,7 +488,8 @@ impl<M: ProcessMemory> Objects<'_, M> {
             return Err(ObjectError::Invalid("tuple size"));
         }
         let mut raw = vec![0u8; n as usize * 8];
-        self.mem.read(obj.wrapping_add(TUPLE_ITEMS), &mut raw)?;
+        self.mem
+            .read(obj.wrapping_add(self.obj.tuple_items), &mut raw)?;
         Ok(raw
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
