@@ -198,6 +198,8 @@ pub struct Aggregator {
     span_ids: FxHashMap<SpanContext, u32>,
     /// Latest `comm` of each (pid, tid).
     threads: FxHashMap<(u32, u32), [u8; TASK_COMM_LEN]>,
+    /// The `threading.Thread` name of each Python (pid, tid) that has one: it wins over `comm`.
+    python_thread_names: FxHashMap<(u32, u32), String>,
     processes: BTreeMap<u32, String>,
     pending: FxHashMap<u32, Vec<u64>>,
     samples: u64,
@@ -243,6 +245,7 @@ impl Aggregator {
             spans: Vec::new(),
             span_ids: FxHashMap::default(),
             threads: FxHashMap::default(),
+            python_thread_names: FxHashMap::default(),
             processes: BTreeMap::new(),
             pending: FxHashMap::default(),
             samples: 0,
@@ -386,6 +389,20 @@ impl Aggregator {
             sample.python_status() != PY_NONE,
             rec.time_ns,
         );
+        // A Python thread's `threading.Thread` name, read while it runs.
+        if !frames.is_empty() {
+            if let Some(name) = python.thread_name(rec.pid, rec.tid) {
+                if self
+                    .python_thread_names
+                    .get(&(rec.pid, rec.tid))
+                    .map(String::as_str)
+                    != Some(name)
+                {
+                    self.python_thread_names
+                        .insert((rec.pid, rec.tid), name.to_owned());
+                }
+            }
+        }
         let mut n = python.tokens(
             rec.pid,
             frames,
@@ -610,7 +627,11 @@ impl Aggregator {
             .map(|&(pid, tid)| Thread {
                 pid,
                 tid,
-                name: comm_string(&self.threads[&(pid, tid)]),
+                name: self
+                    .python_thread_names
+                    .get(&(pid, tid))
+                    .cloned()
+                    .unwrap_or_else(|| comm_string(&self.threads[&(pid, tid)])),
             })
             .collect();
 

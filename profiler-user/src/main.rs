@@ -187,7 +187,8 @@ struct ProfileArgs {
     stats: Option<PathBuf>,
     #[command(flatten)]
     privacy: PrivacyArgs,
-    /// Put every sample under a root frame named after its span: `span`.
+    /// Put every sample under a root frame named after its span (`span`) or its thread
+    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
     #[arg(long, value_name = "GROUP")]
     group_by: Option<String>,
     /// No progress bar or progress lines.
@@ -297,7 +298,8 @@ struct ReportArgs {
     profile: PathBuf,
     #[command(flatten)]
     filter: FilterArgs,
-    /// Put every sample under a root frame named after its span: `span`.
+    /// Put every sample under a root frame named after its span (`span`) or its thread
+    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
     #[arg(long, value_name = "GROUP")]
     group_by: Option<String>,
     /// Output file; repeat for several formats. `.txt` and `.json` get the table of
@@ -476,8 +478,11 @@ fn output_formats(outputs: &[PathBuf], format: Option<&str>) -> Result<Vec<Forma
 
 fn parse_group_by(name: Option<&str>) -> Result<Option<GroupBy>, Failure> {
     name.map(|name| {
-        GroupBy::from_name(name)
-            .ok_or_else(|| usage(format!("invalid --group-by '{name}': expected span")))
+        GroupBy::from_name(name).ok_or_else(|| {
+            usage(format!(
+                "invalid --group-by '{name}': expected span or thread"
+            ))
+        })
     })
     .transpose()
 }

@@ -565,13 +565,16 @@ impl Profile {
 pub enum GroupBy {
     /// One root per span context ([`SpanContext::group_name`]), `[no span]` for the others.
     Span,
+    /// One root per thread name, `[thread NAME]` (the `threading.Thread` name of a Python
+    /// thread, else the OS name): threads of one name share a root.
+    Thread,
 }
 
 impl GroupBy {
     /// Every grouping, in the order help texts list them.
-    pub const ALL: [GroupBy; 1] = [GroupBy::Span];
+    pub const ALL: [GroupBy; 2] = [GroupBy::Span, GroupBy::Thread];
 
-    /// Parses a `--group-by` value: `span` (ASCII case ignored).
+    /// Parses a `--group-by` value: `span` or `thread` (ASCII case ignored).
     pub fn from_name(name: &str) -> Option<GroupBy> {
         GroupBy::ALL
             .into_iter()
@@ -582,6 +585,7 @@ impl GroupBy {
     pub fn name(self) -> &'static str {
         match self {
             GroupBy::Span => "span",
+            GroupBy::Thread => "thread",
         }
     }
 }
@@ -653,20 +657,30 @@ impl Profile {
                 frames.len() as u32 - 1
             })
         };
-        // One root per span index (and one for samples without), looked up once each.
+        // One root per span index (and one for samples without), or per thread index, looked
+        // up once each.
         let mut roots: std::collections::HashMap<Option<u32>, u32> = Default::default();
         for i in 0..out.samples.len() {
-            let span = out.samples[i].span;
-            let root = match roots.get(&span) {
+            let key = match group {
+                GroupBy::Span => out.samples[i].span,
+                GroupBy::Thread => Some(out.samples[i].thread),
+            };
+            let root = match roots.get(&key) {
                 Some(&root) => root,
                 None => {
                     let name = match group {
                         GroupBy::Span => self
                             .span_of(&out.samples[i])
                             .map_or_else(|| NO_SPAN_FRAME.to_string(), SpanContext::group_name),
+                        GroupBy::Thread => format!(
+                            "[thread {}]",
+                            self.threads
+                                .get(out.samples[i].thread as usize)
+                                .map_or("?", |t| t.name.as_str())
+                        ),
                     };
                     let root = root_of(name, &mut out.frames);
-                    roots.insert(span, root);
+                    roots.insert(key, root);
                     root
                 }
             };
@@ -760,6 +774,7 @@ mod tests {
         assert_eq!(SpanContext::default().group_name(), NO_SPAN_FRAME);
         assert_eq!(GroupBy::from_name("SPAN"), Some(GroupBy::Span));
         assert_eq!(GroupBy::from_name("trace"), None);
+        assert_eq!(GroupBy::from_name("Thread"), Some(GroupBy::Thread));
     }
 
     #[test]

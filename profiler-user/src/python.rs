@@ -114,12 +114,57 @@ struct Merge {
 #[derive(Debug)]
 struct Ready {
     names: CodeNames<LiveMemory>,
+    /// `threading.Thread` names of the process's threads.
+    threads: ThreadNames,
     merge: Merge,
     /// `CLOCK_MONOTONIC` (the clock of `bpf_ktime_get_ns`) when `py_procs` was written: a later
     /// sample without Python status means the kernel lost the entry (an exec record lost).
     since_ns: u64,
     /// The tracing libraries of the process, looked for until found (`None`: `--no-spans`).
     spans: Option<Box<Spans>>,
+}
+
+/// `threading.Thread` names of one process, read from `threading._active` in user space when
+/// a thread not named yet is sampled, at most every [`THREAD_NAMES_EVERY`].
+#[derive(Debug)]
+struct ThreadNames {
+    mem: LiveMemory,
+    py: &'static PyOffsets,
+    objects: Option<&'static ObjectOffsets>,
+    runtime_addr: u64,
+    /// Native thread id → its Python name (the last read).
+    names: FxHashMap<u32, String>,
+    /// When `threading._active` may be read again.
+    next: Instant,
+}
+
+/// The shortest time between two reads of a process's thread names: a thread is named by
+/// `threading` before its `run()` starts, so a thread sampled unnamed is a C thread, or one
+/// started since the last read.
+const THREAD_NAMES_EVERY: Duration = Duration::from_millis(250);
+
+impl ThreadNames {
+    /// The Python name of thread `tid`, reading the names again when it has none and the last
+    /// read is old enough. Allocation-free when the thread is known.
+    fn get(&mut self, tid: u32) -> Option<&str> {
+        if !self.names.contains_key(&tid) && Instant::now() >= self.next {
+            self.next = Instant::now() + THREAD_NAMES_EVERY;
+            if let Some(obj) = self.objects {
+                let o = Objects {
+                    mem: &self.mem,
+                    py: self.py,
+                    obj,
+                };
+                if let Ok(found) = o.thread_names(self.runtime_addr) {
+                    self.names = found
+                        .into_iter()
+                        .filter_map(|(id, name)| Some((u32::try_from(id).ok()?, name)))
+                        .collect();
+                }
+            }
+        }
+        self.names.get(&tid).map(String::as_str)
+    }
 }
 
 /// How often a Python process is looked at for tracing libraries it imported since (at most one
@@ -591,6 +636,14 @@ impl Python {
         };
         Ok(Ready {
             names: CodeNames::new(mem, offsets, types),
+            threads: ThreadNames {
+                mem: LiveMemory::new(pid),
+                py: offsets,
+                objects,
+                runtime_addr: process.runtime_addr,
+                names: FxHashMap::default(),
+                next: Instant::now(),
+            },
             merge: Merge {
                 markers: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
                 native_trusted: process.frame_pointers,
@@ -642,6 +695,15 @@ impl Python {
             n += 1;
         }
         n
+    }
+
+    /// The `threading.Thread` name of a thread of a Python process, read while it runs (call
+    /// it for each sample: it reads the process's names when this thread has none yet).
+    pub fn thread_name(&mut self, pid: u32, tid: u32) -> Option<&str> {
+        match self.procs.get_mut(&pid) {
+            Some(Proc::Ready(ready)) => ready.threads.get(tid),
+            _ => None,
+        }
     }
 
     /// How to merge the native and Python stacks of a process.

@@ -1049,6 +1049,21 @@ pub fn start_py_workload(python: &Path, script: &str, args: &[&str]) -> Backgrou
     start_ready(cmd, script)
 }
 
+/// [`start_py_workload`] with environment variables.
+#[track_caller]
+pub fn start_py_workload_env(
+    python: &Path,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Background {
+    let mut cmd = Command::new(python);
+    cmd.arg(py_workload_source(script))
+        .args(args)
+        .envs(env.iter().copied());
+    start_ready(cmd, script)
+}
+
 /// Spawns a workload command and waits for its `ready PID` line on stderr.
 #[track_caller]
 fn start_ready(cmd: Command, script: &str) -> Background {

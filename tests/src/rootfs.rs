@@ -154,18 +154,19 @@ pub fn start_confined_py(
     script: &str,
     args: &[&str],
 ) -> Background {
-    start_confined_py_with_libs(rootfs, dir, how, python, None, script, args)
+    start_confined_py_with_env(rootfs, dir, how, python, &[], script, args)
 }
 
-/// [`start_confined_py`] with `PYTHONPATH=libs` (a directory inside the rootfs, such as the
-/// tracing libraries `cargo xtask rootfs` installs in `/opt/span-libs/3.X`).
+/// [`start_confined_py`] with environment variables, such as `PYTHONPATH` naming a directory
+/// inside the rootfs (the tracing libraries `cargo xtask rootfs` installs in
+/// `/opt/span-libs/3.X`).
 #[track_caller]
-pub fn start_confined_py_with_libs(
+pub fn start_confined_py_with_env(
     rootfs: &Path,
     dir: &RootfsDir,
     how: Confinement,
     python: &str,
-    libs: Option<&str>,
+    env: &[(&str, &str)],
     script: &str,
     args: &[&str],
 ) -> Background {
@@ -173,9 +174,7 @@ pub fn start_confined_py_with_libs(
     let mut argv = vec![python, script.to_str().expect("UTF-8 path")];
     argv.extend_from_slice(args);
     let mut cmd = confined_command(rootfs, how, &argv);
-    if let Some(libs) = libs {
-        cmd.env("PYTHONPATH", libs).env("PYTHONNOUSERSITE", "1");
-    }
+    cmd.envs(env.iter().copied());
     let mut workload = Background::spawn(cmd);
     let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
     let pid: Option<u32> = line

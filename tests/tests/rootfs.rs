@@ -227,3 +227,140 @@ fn python_3_6_and_a_debug_build_each_get_one_warning() {
     let out = unsupported_session(Path::new("/usr/bin/python3.14d"), Some(&root));
     assert_one_warning(&out, "debug build");
 }
+
+// ---------------------------------------------------------------------------
+// Python thread names
+// ---------------------------------------------------------------------------
+
+/// The four spin functions of `py_threads.py` and their threads' Python names.
+const SPINS: [(&str, &str); 4] = [
+    ("spin_a", "spin-a"),
+    ("spin_b", "spin-b"),
+    ("spin_c", "spin-c"),
+    ("spin_d", "spin-d"),
+];
+
+/// `py_threads.py` with every OS thread named `pyworker`: the four threads differ only by
+/// their `threading.Thread` names, which must label their samples in pprof (`thread.name`),
+/// root them in folded stacks (`--group-by thread`), and select them in `report --thread`.
+fn thread_names(python: &str, container: bool) -> Vec<String> {
+    let tmp = TempDir::new("thread-names");
+    let pprof = tmp.join("out.pb.gz");
+    let folded = tmp.join("out.folded");
+    let env = [("OS_THREAD_NAME", "pyworker")];
+    let (workload, _dir) = if container {
+        let root = rootfs();
+        let dir = RootfsDir::new(&root, "threads");
+        let w = spanprof_tests::rootfs::start_confined_py_with_env(
+            &root,
+            &dir,
+            Confinement::Container,
+            python,
+            &env,
+            "py_threads.py",
+            &["4"],
+        );
+        (w, Some(dir))
+    } else {
+        (
+            start_py_workload_env(Path::new(python), "py_threads.py", &["4"], &env),
+            None,
+        )
+    };
+    let out = profile_pid(
+        workload.pid(),
+        "2s",
+        199,
+        &[&pprof, &folded],
+        &["--group-by", "thread"],
+    );
+    drop(workload);
+    out.assert_success();
+    let mut problems = Vec::new();
+
+    // pprof: the thread.name label of each spin function's samples.
+    let profile = decode_pprof(&pprof);
+    for (function, thread) in SPINS {
+        let (mut all, mut named) = (0i64, 0i64);
+        let mut seen = std::collections::BTreeSet::new();
+        for s in profile["samples"].as_array().expect("samples") {
+            let has = s["stack_root_first"]
+                .as_array()
+                .expect("stack")
+                .iter()
+                .filter_map(|f| f.as_str())
+                .any(|f| f.split(" (").next() == Some(function));
+            if !has {
+                continue;
+            }
+            let value = s["values"][0].as_i64().unwrap_or(0);
+            let name = sample_str_labels(s)
+                .get("thread.name")
+                .cloned()
+                .unwrap_or_default();
+            all += value;
+            if name == thread {
+                named += value;
+            }
+            seen.insert(name);
+        }
+        if all < 50 || (named as f64) < 0.95 * all as f64 {
+            problems.push(format!(
+                "pprof: {named} of {all} samples of {function} have thread.name {thread} \
+                 (names seen: {seen:?})"
+            ));
+        }
+    }
+
+    // folded: the samples of each function are under its thread's root.
+    let stacks = read_folded(&folded);
+    for (function, thread) in SPINS {
+        let root = format!("[thread {thread}]");
+        let all = folded_count(&stacks, |s| s.py_qualnames().contains(&function));
+        let rooted = folded_count(&stacks, |s| {
+            s.py_qualnames().contains(&function) && s.frames.first() == Some(&root)
+        });
+        if all < 50 || (rooted as f64) < 0.95 * all as f64 {
+            problems.push(format!(
+                "folded: {rooted} of {all} samples of {function} are under {root}"
+            ));
+        }
+    }
+
+    // report --thread selects by the Python name.
+    let selected = tmp.join("spin-b.folded");
+    let report = run_spanprof(args![
+        "report", &pprof, "--thread", "spin-b", "-o", &selected
+    ]);
+    if !report.status.success() {
+        problems.push(format!("report --thread spin-b failed\n{report}"));
+    } else {
+        let stacks = read_folded(&selected);
+        let total = folded_total(&stacks);
+        let b = folded_count(&stacks, |s| s.py_qualnames().contains(&"spin_b"));
+        if total == 0 || (b as f64) < 0.95 * total as f64 {
+            problems.push(format!(
+                "report --thread spin-b kept {total} samples, {b} of them in spin_b"
+            ));
+        }
+    }
+    problems
+        .into_iter()
+        .map(|p| format!("{python}: {p}\n{out}"))
+        .collect()
+}
+
+#[test]
+fn python_thread_names_label_pprof_folded_and_report() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let mut problems = Vec::new();
+    for minor in [8, 12] {
+        problems.extend(thread_names(
+            pyenv_python(minor).to_str().expect("UTF-8"),
+            false,
+        ));
+    }
+    problems.extend(thread_names("/usr/bin/python3.14", true));
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}

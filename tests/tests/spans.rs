@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use spanprof_tests::rootfs::{rootfs, start_confined_py_with_libs, Confinement, RootfsDir};
+use spanprof_tests::rootfs::{rootfs, start_confined_py_with_env, Confinement, RootfsDir};
 use spanprof_tests::{
     decode_pprof, profile_pid, profiling_lock, published_span_samples, pyenv_python, read_folded,
     require_root, require_span_libs, require_spanprof_context, run_spanprof, run_with_timeout,
@@ -537,12 +537,15 @@ fn check_mode(
         let dir = RootfsDir::new(&root, "spans");
         truth = dir.host.join("truth.jsonl");
         let inside = dir.inside.join("truth.jsonl");
-        workload = start_confined_py_with_libs(
+        workload = start_confined_py_with_env(
             &root,
             &dir,
             Confinement::Container,
             interp.path.to_str().expect("UTF-8"),
-            interp.libs.to_str(),
+            &[
+                ("PYTHONPATH", interp.libs.to_str().expect("UTF-8")),
+                ("PYTHONNOUSERSITE", "1"),
+            ],
             WORKLOAD,
             &[mode, "7.5", inside.to_str().expect("UTF-8")],
         );

@@ -6,6 +6,10 @@
 #
 # Usage: python3 py_threads.py SECONDS [DELAY]
 #
+# With OS_THREAD_NAME set in the environment, every thread gives its OS thread
+# that name instead, so only the Python names (threading.Thread.name) tell the
+# threads apart.
+#
 # Prints `ready PID` on stderr once all four threads are spinning, and when
 # they are done one JSON line on stdout mapping each thread name to its native
 # thread id. With DELAY, it prints `ready PID` at once and starts the threads
@@ -61,7 +65,7 @@ def spin_d(end):
 
 
 def thread_body(name, function, end, started, tids):
-    name_os_thread(name)
+    name_os_thread(os.environ.get("OS_THREAD_NAME") or name)
     tids[name] = threading.get_native_id() if hasattr(threading, "get_native_id") else None
     started.release()
     function(end)
