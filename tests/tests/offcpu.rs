@@ -54,6 +54,8 @@ const REASON_LABEL: &str = "off_cpu.reason";
 struct Interp {
     path: PathBuf,
     label: String,
+    /// Run by `chroot` into this Debian sid rootfs (`path` is the rootfs's).
+    chroot: Option<PathBuf>,
 }
 
 impl Interp {
@@ -61,7 +63,21 @@ impl Interp {
     fn pyenv(minor: u8) -> Self {
         let path = pyenv_python(minor);
         let label = format!("pyenv {}", path.display());
-        Self { path, label }
+        Self {
+            path,
+            label,
+            chroot: None,
+        }
+    }
+
+    /// Debian sid's stripped python3.`minor`, in a chroot of the rootfs.
+    #[track_caller]
+    fn sid_chroot(minor: u8) -> Self {
+        Self {
+            path: PathBuf::from(format!("/usr/bin/python3.{minor}")),
+            label: format!("Debian sid python3.{minor} in a chroot"),
+            chroot: Some(spanprof_tests::rootfs::rootfs()),
+        }
     }
 
     #[track_caller]
@@ -69,6 +85,7 @@ impl Interp {
         Self {
             path: system_python("/usr/bin/python3.11", "python3.11"),
             label: "Debian /usr/bin/python3.11".into(),
+            chroot: None,
         }
     }
 }
@@ -930,7 +947,26 @@ fn gil_waits(interp: &Interp) {
     let _lock = profiling_lock();
     let tmp = TempDir::new("offcpu-gil");
     let pprof = tmp.join("gil.pb.gz");
-    let out = run_spanprof(args![
+    let mut command: Vec<std::ffi::OsString> = Vec::new();
+    let _in_rootfs = match &interp.chroot {
+        // `chroot` execs the interpreter: the same process, profiled from its first
+        // instruction as any command.
+        Some(root) => {
+            let dir = spanprof_tests::rootfs::RootfsDir::new(root, "gil");
+            command.extend(["chroot".into(), root.into(), (&interp.path).into()]);
+            command.push(dir.workload("py_gil.py").into());
+            Some(dir)
+        }
+        None => {
+            command.extend([
+                (&interp.path).into(),
+                py_workload_source("py_gil.py").into(),
+            ]);
+            None
+        }
+    };
+    command.push("1".into());
+    let mut args = args![
         "profile",
         "--event",
         "offcpu",
@@ -938,11 +974,10 @@ fn gil_waits(interp: &Interp) {
         FREQUENCY.to_string(),
         "-o",
         &pprof,
-        "--",
-        interp.path,
-        py_workload_source("py_gil.py"),
-        "1"
-    ]);
+        "--"
+    ];
+    args.extend(command);
+    let out = run_spanprof(args);
     out.assert_success();
     let truth: serde_json::Value = out
         .stdout
@@ -1020,6 +1055,17 @@ fn gil_waits_3_12() {
 #[test]
 fn gil_waits_3_9() {
     gil_waits(&Interp::pyenv(9));
+}
+
+/// Debian sid's stripped 3.14 and 3.15 in a chroot.
+#[test]
+fn gil_waits_sid_3_14_in_a_chroot() {
+    gil_waits(&Interp::sid_chroot(14));
+}
+
+#[test]
+fn gil_waits_sid_3_15_in_a_chroot() {
+    gil_waits(&Interp::sid_chroot(15));
 }
 
 /// Stripped: `take_gil` is an unknown address in python3.11.
