@@ -96,6 +96,8 @@ pub enum Part {
     Alloc,
     /// `--only daemon`: the host-wide daemon's own cost ([`crate::bench_daemon`]).
     Daemon,
+    /// `--only sid`: the 50-frame Python stack under Debian sid's 3.14 and 3.15, in a chroot.
+    Sid,
 }
 
 /// What to run and how much.
@@ -963,6 +965,96 @@ fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<
         high_bpf.net_ns / 1000.0,
         fp_bpf.net_ns / 1000.0,
         high_fp_bpf.net_ns / 1000.0,
+    ))
+}
+
+/// `bench_py_stack.py` under Debian sid's stripped python3.14 and python3.15 (run by `chroot`
+/// into `target/sid-rootfs`, which execs the interpreter: the pid is the interpreter's),
+/// spanprof alone at [`HZ`] and [`HIGH_HZ`], `cfg.rounds` runs each: the in-kernel time per
+/// target sample, net of the runs for other processes, and the samples holding all
+/// [`PY_DEPTH`] frames; the markdown of the figures.
+fn sid_pythons(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
+    let rootfs = crate::rootfs::ensure(root, &cfg.venv_python)?;
+    let inside = PathBuf::from("/tmp/spanprof-bench");
+    let host_dir = rootfs.join("tmp/spanprof-bench");
+    std::fs::create_dir_all(&host_dir)?;
+    std::fs::copy(
+        root.join("tests/workloads").join(PY_FILE),
+        host_dir.join(PY_FILE),
+    )?;
+    let mut rows = String::new();
+    // The host's interpreter (`--python`, pyenv's 3.12 by default) first, in the same run, as
+    // the reference the sid rows compare with.
+    let mut targets: Vec<(String, Target)> = Vec::new();
+    let host_version = version(
+        &cfg.python,
+        &["-c", "import platform; print(platform.python_version())"],
+    )?;
+    targets.push((
+        format!("{host_version} (`{}`, the reference)", cfg.python.display()),
+        Target {
+            program: cfg.python.clone(),
+            args: vec![root.join("tests/workloads").join(PY_FILE).into()],
+            env: Vec::new(),
+        },
+    ));
+    for minor in [14u8, 15] {
+        let python = format!("/usr/bin/python3.{minor}");
+        let out = Command::new("chroot")
+            .arg(&rootfs)
+            .args([
+                python.as_str(),
+                "-c",
+                "import platform; print(platform.python_version())",
+            ])
+            .output()
+            .context("failed to run chroot")?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        targets.push((
+            format!("Debian sid {version} (`{python}`, stripped, in a chroot)"),
+            Target {
+                program: PathBuf::from("chroot"),
+                args: vec![
+                    rootfs.clone().into(),
+                    python.clone().into(),
+                    inside.join(PY_FILE).into(),
+                ],
+                env: Vec::new(),
+            },
+        ));
+    }
+    for (i, (label, target)) in targets.iter().enumerate() {
+        let mut cells = Vec::new();
+        for hz in [HZ, HIGH_HZ] {
+            let folded = out_dir.join(format!("bench_sid_{i}_{hz}.folded"));
+            let runs = rounds(&format!("{label} at {hz} Hz"), cfg.rounds, |_| {
+                let run = run_spanprof(spanprof, target, cfg.py_work, hz, &[], &folded)?;
+                Ok((run, python_depth(&folded)?))
+            })?;
+            let windows: Vec<BpfWindow> = runs.iter().filter_map(|(r, _)| r.bpf).collect();
+            let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+            let (all, whole) = runs.iter().fold((0, 0), |a, (_, d)| (a.0 + d.0, a.1 + d.1));
+            cells.push(format!(
+                "{:.2} µs ({} samples, {:.1}% with all {PY_DEPTH} frames)",
+                bpf.net_ns / 1000.0,
+                bpf.target_samples,
+                100.0 * whole as f64 / all.max(1) as f64
+            ));
+        }
+        rows.push_str(&format!("| {label} | {} | {} |\n", cells[0], cells[1]));
+    }
+    let _ = std::fs::remove_dir_all(&host_dir);
+    Ok(format!(
+        "Run of `cargo xtask bench --only sid --rounds {} --py-work {}` on {}: target `{PY_FILE}` \
+         ({PY_DEPTH} Python frames) run by `chroot target/sid-rootfs python3.X`, and by the \
+         host's interpreter as the reference, spanprof alone (default `--unwind dwarf`), the \
+         interpreters one after the other. In-kernel time per target sample, net of the runs for \
+         other processes, over every round:\n\n\
+         | interpreter | at {HZ} Hz | at {HIGH_HZ} Hz |\n\
+         |---|---|---|\n{rows}",
+        cfg.rounds,
+        cfg.py_work,
+        machine()
     ))
 }
 
@@ -2775,6 +2867,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
     } else {
         None
     };
+    let sid_table = if wants(Part::Sid) {
+        Some(sid_pythons(root, spanprof, &out_dir, cfg)?)
+    } else {
+        None
+    };
     drop(stats_off);
     // Each `--span-kinds` has its own block: `bench-spans` (both), `bench-spans-otel`, ….
     let spans_block = cfg.span_kinds.block();
@@ -2801,6 +2898,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
             daemon_table,
             "bench-daemon",
             Some("Daemon: host-wide at 19 Hz beside two busy Python processes"),
+        ),
+        (
+            sid_table,
+            "bench-sid",
+            Some("CPython 3.14 and 3.15: Debian sid's stripped builds in a chroot"),
         ),
     ] {
         if let Some(table) = table {

@@ -52,7 +52,7 @@ tasks:
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
         [--unwind-seconds S] [--alloc-units UNITS] [--daemon-seconds S]
-        [--only native|python|spans|unwind|offcpu|alloc|daemon]
+        [--only native|python|spans|unwind|offcpu|alloc|daemon|sid]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -93,6 +93,10 @@ tasks:
                local OTLP/HTTP receiver) and perf record -F 19 -a -g, each
                measured for S seconds (default 30) after 5 s of warm-up: own
                CPU (% of a core), peak and end RSS, samples per second;
+             sid: bench_py_stack.py under Debian sid's stripped python3.14 and
+               python3.15 in a chroot of target/sid-rootfs (cargo xtask rootfs),
+               spanprof alone at 99 and 999 Hz: in-kernel time per sample of
+               the 50-frame stack, samples holding every frame;
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
@@ -362,10 +366,11 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "offcpu" => bench::Part::Offcpu,
                     "alloc" => bench::Part::Alloc,
                     "daemon" => bench::Part::Daemon,
+                    "sid" => bench::Part::Sid,
                     other => {
                         bail!(
                             "invalid --only `{other}` (native, python, spans, unwind, offcpu, \
-                             alloc or daemon)"
+                             alloc, daemon or sid)"
                         )
                     }
                 }
@@ -393,7 +398,11 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         bench::Part::All | bench::Part::Native | bench::Part::Unwind | bench::Part::Offcpu => {
             Some(workloads::build(root)?)
         }
-        bench::Part::Python | bench::Part::Spans | bench::Part::Alloc | bench::Part::Daemon => None,
+        bench::Part::Python
+        | bench::Part::Spans
+        | bench::Part::Alloc
+        | bench::Part::Daemon
+        | bench::Part::Sid => None,
     };
     let bin = match spanprof {
         Some(bin) if bin.is_file() => bin,
