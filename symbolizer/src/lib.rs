@@ -22,6 +22,7 @@
 //! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
 //! the next one.
 
+pub mod debug_file;
 pub mod mapped;
 pub mod otel_ctx;
 pub mod python;
@@ -99,6 +100,9 @@ struct Module {
     path: PathBuf,
     /// The open file; `None` when it could not be opened, with the reason.
     file: Result<std::fs::File, String>,
+    /// Its separate debug file, found while the process lived ([`debug_file::find`]: the
+    /// target's root first, only one of the same build).
+    debug: Option<debug_file::DebugFile>,
 }
 
 /// What makes two modules the same: the file's device and inode, or, for a file that could
@@ -298,6 +302,11 @@ impl Symbolizer {
             let module = &mut self.modules[id as usize];
             if let (Err(_), Some(m)) = (&module.file, line) {
                 if let Ok((file, _)) = mapped::open_mapped(pid, m) {
+                    module.debug = debug_file::find(
+                        &file,
+                        m.file_path(),
+                        mapped::foreign_root(pid).as_deref(),
+                    );
                     module.file = Ok(file);
                 }
             }
@@ -309,10 +318,17 @@ impl Symbolizer {
                 .map_err(|e| format!("cannot open the file the process maps: {e}")),
             None => Err("the process's memory map has no such file any more".to_string()),
         };
+        let debug = match (&file, line) {
+            (Ok(f), Some(m)) => {
+                debug_file::find(f, m.file_path(), mapped::foreign_root(pid).as_deref())
+            }
+            _ => None,
+        };
         let id = self.modules.len() as u32;
         self.modules.push(Module {
             path: path.to_path_buf(),
             file,
+            debug,
         });
         self.module_ids.insert(key, id);
         id
@@ -347,7 +363,7 @@ impl Symbolizer {
             }
         }
         for (module, items) in per_module {
-            let Module { path, file } = &self.modules[module as usize];
+            let Module { path, file, debug } = &self.modules[module as usize];
             let file = match file {
                 Ok(file) => file,
                 Err(reason) => {
@@ -360,8 +376,35 @@ impl Symbolizer {
             let offsets: Vec<u64> = items.iter().map(|&(_, o)| o).collect();
             // The open file, by a path that stays this file (blazesym opens by path; its
             // cache checks device and inode, so a reused descriptor number is not mistaken).
-            let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
-            match symbolizer.symbolize(&src, Input::FileOffset(&offsets)) {
+            let mut result = Err(None);
+            if let Some(debug) = debug {
+                // Its debug file shares its virtual addresses, not its file offsets.
+                let vaddrs: Vec<u64> = offsets
+                    .iter()
+                    .map(|&o| debug.vaddr(o).unwrap_or(0))
+                    .collect();
+                let src = Source::Elf(Elf::new(debug.path()));
+                result = symbolizer
+                    .symbolize(&src, Input::VirtOffset(&vaddrs))
+                    .map_err(Some);
+            }
+            if result.is_err() {
+                let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
+                result = symbolizer
+                    .symbolize(&src, Input::FileOffset(&offsets))
+                    .map_err(Some);
+            }
+            if result.is_err() {
+                // A separate debug file that blazesym found by itself but cannot use (a debug
+                // link next to the module whose checksum does not match): the module's own
+                // symbol tables still name its functions.
+                let mut elf = Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
+                elf.debug_syms = false;
+                result = symbolizer
+                    .symbolize(&Source::Elf(elf), Input::FileOffset(&offsets))
+                    .map_err(Some);
+            }
+            match result.map_err(|e| e.expect("a symbolization was tried")) {
                 Ok(results) => {
                     for ((i, offset), result) in items.iter().zip(results) {
                         user_out[*i] = to_symbol(result, Some(path), *offset);
@@ -413,6 +456,10 @@ const KERNEL_REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs
 
 fn new_blazesym() -> blazesym::symbolize::Symbolizer {
     blazesym::symbolize::Symbolizer::builder()
+        // NB: no debug directories of its own: separate debug files are found by
+        // `debug_file::find`, in the target's root and checked against the module; blazesym
+        // would look for them by the module's path and build id in the host's directories.
+        .set_debug_dirs(Some(Vec::<PathBuf>::new()))
         .enable_code_info(true)
         // NB: with inlined functions on, `code_info` is the location in the outer (named)
         // function, not in the innermost inlined callee: name, file and line agree.

@@ -159,6 +159,15 @@ pub fn open_in_root(pid: u32, path: &Path) -> Option<File> {
     open_checked(&in_root, None).ok().flatten()
 }
 
+/// `/proc/PID/root` when the process's root directory is not spanprof's (a container's or a
+/// chroot's), for looking up files it names as it sees them.
+pub fn foreign_root(pid: u32) -> Option<PathBuf> {
+    let own = std::fs::metadata("/").ok()?;
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    let theirs = std::fs::metadata(&root).ok()?;
+    ((own.dev(), own.ino()) != (theirs.dev(), theirs.ino())).then_some(root)
+}
+
 /// Whether an I/O error is a refusal for want of permission.
 pub fn is_denied(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))

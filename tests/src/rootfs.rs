@@ -217,6 +217,82 @@ pub fn exec_mapped_files(pid: u32, rootfs: &Path, how: Confinement) -> Vec<PathB
     files
 }
 
+/// The separate debug files of `files` in the rootfs: `usr/lib/debug/.build-id/ab/cdef.debug`
+/// named by each file's build id as `readelf -n` (binutils, not spanprof) prints it, and the
+/// rootfs's `dwz` files (`usr/lib/debug/.dwz/`).
+pub fn rootfs_debug_files(rootfs: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for file in files {
+        let out = Command::new("readelf")
+            .arg("-n")
+            .arg(file)
+            .output()
+            .expect("run readelf (binutils)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let Some(id) = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Build ID: "))
+            .map(str::trim)
+        else {
+            continue;
+        };
+        if id.len() < 4 {
+            continue;
+        }
+        let debug = rootfs.join(format!(
+            "usr/lib/debug/.build-id/{}/{}.debug",
+            &id[..2],
+            &id[2..]
+        ));
+        if debug.is_file() {
+            found.push(debug);
+        }
+    }
+    // The supplementary files `dwz` made of a package's debug files (`.gnu_debugaltlink`),
+    // which hold the DWARF its debug files share.
+    let mut dwz = vec![rootfs.join("usr/lib/debug/.dwz")];
+    while let Some(dir) = dwz.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dwz.push(path);
+            } else if path.is_file() {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// Every string (`strings -a`, binutils) of `files`, their DWARF sections decompressed first
+/// (`objcopy --decompress-debug-sections`): the names a debug file's DWARF gives (inlined and
+/// static functions, `k_mul` of `k_mul.constprop.0`), which no symbol table lists.
+pub fn file_strings(files: &[PathBuf]) -> std::collections::HashSet<String> {
+    let mut names = std::collections::HashSet::new();
+    let tmp = crate::TempDir::new("dwarf-strings");
+    for (i, file) in files.iter().enumerate() {
+        let plain = tmp.join(&format!("{i}.debug"));
+        let status = Command::new("objcopy")
+            .arg("--decompress-debug-sections")
+            .arg(file)
+            .arg(&plain)
+            .status()
+            .expect("run objcopy (binutils)");
+        let read = if status.success() { &plain } else { file };
+        let out = Command::new("strings")
+            .args(["-a", "-n", "3"])
+            .arg(read)
+            .output()
+            .expect("run strings (binutils)");
+        names.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_string),
+        );
+    }
+    names
+}
+
 /// Every symbol name `nm -D` and `nm` (binutils, not spanprof) find in `files`.
 pub fn nm_symbols(files: &[PathBuf]) -> std::collections::HashSet<String> {
     let mut names = std::collections::HashSet::new();
@@ -232,6 +308,12 @@ pub fn nm_symbols(files: &[PathBuf]) -> std::collections::HashSet<String> {
                 if let Some(name) = line.split_whitespace().last() {
                     let name = name.split('@').next().unwrap_or(name);
                     names.insert(name.to_string());
+                    // GCC's clones keep their function's name before a suffix
+                    // (`l_mod.lto_priv.0`, `k_mul.constprop.0`, `x_add.cold`), which
+                    // symbolizers leave out.
+                    if let Some((base, _)) = name.split_once('.').filter(|(b, _)| !b.is_empty()) {
+                        names.insert(base.to_string());
+                    }
                 }
             }
         }

@@ -6,11 +6,17 @@
 //! must come out:
 //! - within ±5 points of the split the workload measured for itself;
 //! - with Python frames on ≥ 95% of its samples, and ≥ 95% of the native stacks complete
-//!   (`--stats`);
+//!   (`--stats`), the Python frames in place of the interpreter's native frame (below
+//!   `PyEval_EvalCode`, not at the root: the loop's cold part, where Debian's PGO builds run
+//!   much of it, is found without symbols);
 //! - with the hot line of each function equal to the line the interpreter reports for itself;
 //! - with every native function name present in the symbol tables (`nm -D`, `nm`) of the
-//!   files the target maps, read from the rootfs: a name taken from the host's file of the
-//!   same path (the host's libc for the container's) fails this.
+//!   files the target maps, read from the rootfs, or of their debug files there (sid's
+//!   `libc6-dbg` and `python3.14-dbg`, by build id; inlined functions by the strings of those
+//!   debug files, as `strings` finds them): a name taken from the host's file of the same path (the host's
+//!   libc, or its `libc6-dbg`, for the container's) fails this;
+//! - with the C library's local `__libc_start_call_main` (in its debug file only) on most
+//!   stacks: the debug file is found in the target's root.
 //!
 //! And sid's debug build of 3.14 and pyenv's 3.6 each get one warning naming the build or
 //! version, and no Python frame.
@@ -18,7 +24,8 @@
 use std::path::Path;
 
 use spanprof_tests::rootfs::{
-    exec_mapped_files, nm_symbols, rootfs, start_confined_py, Confinement, RootfsDir,
+    exec_mapped_files, file_strings, nm_symbols, rootfs, rootfs_debug_files, start_confined_py,
+    Confinement, RootfsDir,
 };
 use spanprof_tests::*;
 
@@ -102,6 +109,21 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
         }
     }
 
+    // Python frames in place of the interpreter's native frame, not at the root: the stack
+    // starts at `_start`, and the first Python frame follows `PyEval_EvalCode`'s frames.
+    let in_place = folded_count(&stacks, |s| {
+        let first_py = s.frames.iter().position(|f| is_py_frame(f));
+        s.frames.first().map(String::as_str) == Some("_start")
+            && first_py
+                .is_some_and(|i| i > 0 && s.frames[..i].iter().any(|f| f == "PyEval_EvalCode"))
+    });
+    if (in_place as f64) < 0.95 * with_python as f64 {
+        problems.push(format!(
+            "only {in_place} of {with_python} samples with Python frames have them inside the \
+             native stack (from _start, below PyEval_EvalCode)"
+        ));
+    }
+
     // Native stacks complete.
     match stats.process(pid) {
         Some(p) if p.complete_share() >= 95.0 => {}
@@ -113,8 +135,33 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
         None => problems.push("the stats have no entry for the target".into()),
     }
 
-    // Every native name is one of the target's own files.
-    let symbols = nm_symbols(&files);
+    // Every native name is one of the target's own files, or of their debug files in the
+    // rootfs (sid's libc6-dbg, by build id).
+    let debug_files = rootfs_debug_files(&rootfs, &files);
+    let dwarf_names = file_strings(&debug_files);
+    if !debug_files.iter().any(|d| {
+        files
+            .iter()
+            .any(|f| f.to_string_lossy().contains("libc.so"))
+            && d.to_string_lossy().contains(".build-id")
+    }) {
+        problems.push(format!(
+            "no debug file of the C library in the rootfs for {files:?}"
+        ));
+    }
+    let mut all_files = files.clone();
+    all_files.extend(debug_files);
+    let mut symbols = nm_symbols(&all_files);
+    symbols.extend(dwarf_names);
+    // The C library's local functions are only in its debug file, sid's own: found in the
+    // target's root by build id (the host's libc6-dbg is another build's).
+    let local = "__libc_start_call_main";
+    if folded_count(&stacks, |s| s.contains(local)) < total / 2 {
+        problems.push(format!(
+            "{local} (a local symbol of the rootfs's libc, in its debug file) names fewer than \
+             half of the stacks"
+        ));
+    }
     let mut foreign: std::collections::BTreeMap<String, u64> = Default::default();
     let mut native = 0u64;
     for s in &stacks {

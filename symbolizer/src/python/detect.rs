@@ -373,6 +373,30 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
                 path: module.to_owned(),
             });
         };
+        // The interpreter loop's cold part (GCC's `.cold` split, where Debian's PGO builds run
+        // much of the loop): from the symbol table, else a separate debug file of the same
+        // build, else the unwind tables ([`super::cold`]).
+        let mut eval = syms.eval.clone();
+        let mut hamt_types = syms.hamt_types;
+        if eval.len() == 1 {
+            let root = crate::mapped::foreign_root(pid);
+            let debug = crate::debug_file::find(&file, mapping.file_path(), root.as_deref())
+                .and_then(|d| lookup_symbols(&inspector, &d.path()));
+            match debug {
+                Some(d) if d.eval.len() > 1 => {
+                    eval = d.eval;
+                    if hamt_types.iter().all(Option::is_none) {
+                        hamt_types = d.hamt_types;
+                    }
+                }
+                _ => {
+                    let cache = object::ReadCache::new(&file);
+                    if let Some(cold) = super::cold::cold_part(&cache, eval[0]) {
+                        eval.push(cold);
+                    }
+                }
+            }
+        }
         let frame_pointers = syms
             .eval_file_offset
             .and_then(|off| read_at(&file, module, off, 8).ok())
@@ -386,11 +410,8 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             runtime_addr: runtime.wrapping_add(load_bias),
             code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
             unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
-            hamt_types: syms
-                .hamt_types
-                .map(|t| t.map(|a| a.wrapping_add(load_bias))),
-            eval_ranges: syms
-                .eval
+            hamt_types: hamt_types.map(|t| t.map(|a| a.wrapping_add(load_bias))),
+            eval_ranges: eval
                 .iter()
                 .map(|&(s, e)| (s.wrapping_add(load_bias), e.wrapping_add(load_bias)))
                 .collect(),

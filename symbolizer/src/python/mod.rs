@@ -4,8 +4,8 @@
 //! # Overview
 //! - [`detect::detect`] finds the module holding CPython (libpython or the executable), its
 //!   version and the run-time address of `_PyRuntime`.
-//! - [`offsets::for_version`] gives the struct offsets a frame walk needs, for 3.8–3.13;
-//!   on 3.13 they are cross-checked with the runtime's own `_Py_DebugOffsets`.
+//! - [`offsets::for_version`] gives the struct offsets a frame walk needs, for 3.8–3.15;
+//!   on 3.13+ they are cross-checked with the runtime's own `_Py_DebugOffsets`.
 //! - [`walk::walk_thread`] walks the Python frames of one kernel thread through any
 //!   [`memory::ProcessMemory`] and yields (code object, instruction offset) pairs, the
 //!   record the BPF walker will produce; [`walk::code_info`] names a code object and reads
@@ -22,6 +22,7 @@
 //! The walker is only a reference and a test oracle; samples are read in BPF while the thread is
 //! stopped. x86_64 only; default (non-debug, GIL) builds only.
 
+pub mod cold;
 pub mod detect;
 pub mod lines;
 pub mod memory;
