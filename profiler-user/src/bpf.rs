@@ -632,13 +632,15 @@ impl Programs {
     /// open, e.g. through `/proc/PID/root`) for every process that maps it: the BPF programs
     /// skip processes that are not targets. (A probe scoped to one process fires for its main
     /// thread only.) A module already probed is skipped.
-    pub fn attach_allocator(&mut self, module: &Path) -> Result<(), LoadError> {
+    /// `name` is the library as the process maps it, for messages (`module` may be a
+    /// `/proc/self/fd/N` path to the open file).
+    pub fn attach_allocator(&mut self, module: &Path, name: &str) -> Result<(), LoadError> {
         let Some(alloc) = self.alloc else {
             return Ok(());
         };
         let meta = std::fs::metadata(module).map_err(|e| LoadError::Aya {
             what: "open the C library",
-            detail: format!("{}: {e}", module.display()),
+            detail: format!("{name}: {e}"),
         })?;
         use std::os::unix::fs::MetadataExt;
         if !self.probed.insert((meta.dev(), meta.ino())) {
@@ -676,7 +678,7 @@ impl Programs {
                     eprintln!(
                         "spanprof: warning: {}: mmap or the code's end not found: anonymous \
                          mappings (CPython's small-object arenas) are not counted",
-                        module.display()
+                        name
                     );
                     continue;
                 }
@@ -702,7 +704,7 @@ impl Programs {
                     };
                     LoadError::Aya {
                         what: "attach the allocation probes",
-                        detail: format!("{} ({symbol}): {detail}{hint}", module.display()),
+                        detail: format!("{name} ({symbol}): {detail}{hint}"),
                     }
                 })?;
         }

@@ -124,8 +124,11 @@ struct Ready {
     spans: Option<Box<Spans>>,
 }
 
-/// `threading.Thread` names of one process, read from `threading._active` in user space when
-/// a thread not named yet is sampled, at most every [`THREAD_NAMES_EVERY`].
+/// `threading.Thread` names of one process, read from `threading._active` in user space: when a
+/// thread not named yet is sampled (at most every [`THREAD_NAMES_EVERY`]; a thread still not
+/// found is not a reason to read again for [`THREAD_MISS_BACKOFF`]: a C thread, or one started
+/// by `_thread` directly), and every [`THREAD_NAMES_REFRESH`] when any thread is sampled (a
+/// renamed thread, a thread id reused).
 #[derive(Debug)]
 struct ThreadNames {
     mem: LiveMemory,
@@ -134,21 +137,56 @@ struct ThreadNames {
     runtime_addr: u64,
     /// Native thread id → its Python name (the last read).
     names: FxHashMap<u32, String>,
-    /// When `threading._active` may be read again.
+    /// Threads sampled but not found by the last read, and when.
+    misses: FxHashMap<u32, Instant>,
+    /// When `threading._active` may be read again for a new thread.
     next: Instant,
+    /// When it is read again whatever is sampled.
+    refresh: Instant,
 }
 
-/// The shortest time between two reads of a process's thread names: a thread is named by
-/// `threading` before its `run()` starts, so a thread sampled unnamed is a C thread, or one
-/// started since the last read.
+/// The shortest time between two reads of a process's thread names for a thread sampled
+/// unnamed: `threading` names a thread before its `run()` starts.
 const THREAD_NAMES_EVERY: Duration = Duration::from_millis(250);
+/// How long a thread that a read did not find does not cause another.
+const THREAD_MISS_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the names are read again while the process is sampled.
+const THREAD_NAMES_REFRESH: Duration = Duration::from_secs(5);
+/// Threads remembered as not found, at most (then forgotten all at once).
+const MAX_THREAD_MISSES: usize = 4096;
 
 impl ThreadNames {
-    /// The Python name of thread `tid`, reading the names again when it has none and the last
-    /// read is old enough. Allocation-free when the thread is known.
+    fn new(
+        mem: LiveMemory,
+        py: &'static PyOffsets,
+        objects: Option<&'static ObjectOffsets>,
+        runtime_addr: u64,
+    ) -> Self {
+        let now = Instant::now();
+        ThreadNames {
+            mem,
+            py,
+            objects,
+            runtime_addr,
+            names: FxHashMap::default(),
+            misses: FxHashMap::default(),
+            next: now,
+            refresh: now + THREAD_NAMES_REFRESH,
+        }
+    }
+
+    /// The Python name of thread `tid`, reading the names again when it is due (see the type).
+    /// Allocation-free when nothing is read.
     fn get(&mut self, tid: u32) -> Option<&str> {
-        if !self.names.contains_key(&tid) && Instant::now() >= self.next {
-            self.next = Instant::now() + THREAD_NAMES_EVERY;
+        let now = Instant::now();
+        let unnamed = !self.names.contains_key(&tid)
+            && self
+                .misses
+                .get(&tid)
+                .is_none_or(|&at| now.duration_since(at) >= THREAD_MISS_BACKOFF);
+        if (unnamed && now >= self.next) || now >= self.refresh {
+            self.next = now + THREAD_NAMES_EVERY;
+            self.refresh = now + THREAD_NAMES_REFRESH;
             if let Some(obj) = self.objects {
                 let o = Objects {
                     mem: &self.mem,
@@ -161,6 +199,12 @@ impl ThreadNames {
                         .filter_map(|(id, name)| Some((u32::try_from(id).ok()?, name)))
                         .collect();
                 }
+            }
+            if !self.names.contains_key(&tid) {
+                if self.misses.len() >= MAX_THREAD_MISSES {
+                    self.misses.clear();
+                }
+                self.misses.insert(tid, now);
             }
         }
         self.names.get(&tid).map(String::as_str)
@@ -636,14 +680,7 @@ impl Python {
         };
         Ok(Ready {
             names: CodeNames::new(mem, offsets, types),
-            threads: ThreadNames {
-                mem: LiveMemory::new(pid),
-                py: offsets,
-                objects,
-                runtime_addr: process.runtime_addr,
-                names: FxHashMap::default(),
-                next: Instant::now(),
-            },
+            threads: ThreadNames::new(LiveMemory::new(pid), offsets, objects, process.runtime_addr),
             merge: Merge {
                 markers: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
                 native_trusted: process.frame_pointers,

@@ -723,7 +723,7 @@ impl Probes {
         };
         use std::os::fd::AsRawFd;
         let module = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        programs.attach_allocator(&module)?;
+        programs.attach_allocator(&module, libc_map.file_path())?;
         Ok(())
     }
 

@@ -105,14 +105,6 @@ struct Module {
     debug: Option<debug_file::DebugFile>,
 }
 
-/// What makes two modules the same: the file's device and inode, or, for a file that could
-/// not be opened, the process and path (its name is unknown either way).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum ModuleKey {
-    File { dev: u64, inode: u64 },
-    Unopened { pid: u32, path: PathBuf },
-}
-
 /// Where a user address lives, once normalized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Location {
@@ -145,7 +137,8 @@ pub struct Symbolizer {
     /// neighbours for ever.
     kernel_symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
     modules: Vec<Module>,
-    module_ids: FxHashMap<ModuleKey, u32>,
+    /// Modules by the (device, inode) of their maps line.
+    module_ids: FxHashMap<(u64, u64), u32>,
     user: FxHashMap<(u32, u64), Location>,
     stats: Stats,
 }
@@ -198,6 +191,7 @@ impl Symbolizer {
         for (module, used) in self.modules.iter_mut().zip(used) {
             if !used && module.file.is_ok() {
                 module.file = Err("module file closed: no process maps it".to_string());
+                module.debug = None;
             }
         }
     }
@@ -239,18 +233,31 @@ impl Symbolizer {
                     .collect();
                 let outputs = out.outputs;
                 let mut maps: Option<Vec<mapped::Mapping>> = None;
-                let mut ids: Vec<Option<u32>> = vec![None; metas.len()];
                 for (&addr, (value, meta_idx)) in addrs.iter().zip(outputs) {
                     let loc = match metas.get(meta_idx) {
-                        Some(Ok(path)) => Location::Elf {
-                            module: *ids[meta_idx].get_or_insert_with(|| {
-                                let maps = maps.get_or_insert_with(|| {
-                                    mapped::read_maps(pid).unwrap_or_default()
-                                });
-                                self.intern_module(pid, path, maps)
-                            }),
-                            offset: value,
-                        },
+                        Some(Ok(path)) => {
+                            let maps = maps
+                                .get_or_insert_with(|| mapped::read_maps(pid).unwrap_or_default());
+                            // The maps line of this very address: two files of one path (one
+                            // deleted since) are two modules.
+                            let line = maps.iter().find(|m| {
+                                m.start <= addr
+                                    && addr < m.end
+                                    && (Path::new(&m.path) == path
+                                        || Path::new(m.file_path()) == path)
+                            });
+                            match line {
+                                Some(line) => Location::Elf {
+                                    module: self.intern_module(pid, path, line),
+                                    offset: value,
+                                },
+                                None => Location::Unknown {
+                                    reason: "the process's memory map changed before its \
+                                             module was opened"
+                                        .to_string(),
+                                },
+                            }
+                        }
                         Some(Err(reason)) => Location::Unknown {
                             reason: reason.clone(),
                         },
@@ -281,49 +288,32 @@ impl Symbolizer {
         }
     }
 
-    /// The module of `path` in process `pid`: the file of its maps line, opened now, while
-    /// the process lives.
-    fn intern_module(&mut self, pid: u32, path: &Path, maps: &[mapped::Mapping]) -> u32 {
-        let line = maps
-            .iter()
-            .find(|m| Path::new(&m.path) == path || Path::new(m.file_path()) == path);
-        let key = match line {
-            Some(m) => ModuleKey::File {
-                dev: m.dev,
-                inode: m.inode,
-            },
-            None => ModuleKey::Unopened {
-                pid,
-                path: path.to_owned(),
-            },
-        };
+    /// The module of `path` in process `pid`: the file of its maps line `line`, opened now,
+    /// while the process lives.
+    fn intern_module(&mut self, pid: u32, path: &Path, line: &mapped::Mapping) -> u32 {
+        let key = (line.dev, line.inode);
         if let Some(&id) = self.module_ids.get(&key) {
             // A file closed by `forget_exited` is opened again for a process that maps it.
             let module = &mut self.modules[id as usize];
-            if let (Err(_), Some(m)) = (&module.file, line) {
-                if let Ok((file, _)) = mapped::open_mapped(pid, m) {
+            if module.file.is_err() {
+                if let Ok((file, _)) = mapped::open_mapped(pid, line) {
                     module.debug = debug_file::find(
                         &file,
-                        m.file_path(),
+                        line.file_path(),
                         mapped::foreign_root(pid).as_deref(),
                     );
                     module.file = Ok(file);
+                    module.path = path.to_path_buf();
                 }
             }
             return id;
         }
-        let file = match line {
-            Some(m) => mapped::open_mapped(pid, m)
-                .map(|(f, _)| f)
-                .map_err(|e| format!("cannot open the file the process maps: {e}")),
-            None => Err("the process's memory map has no such file any more".to_string()),
-        };
-        let debug = match (&file, line) {
-            (Ok(f), Some(m)) => {
-                debug_file::find(f, m.file_path(), mapped::foreign_root(pid).as_deref())
-            }
-            _ => None,
-        };
+        let file = mapped::open_mapped(pid, line)
+            .map(|(f, _)| f)
+            .map_err(|e| format!("cannot open the file the process maps: {e}"));
+        let debug = file.as_ref().ok().and_then(|f| {
+            debug_file::find(f, line.file_path(), mapped::foreign_root(pid).as_deref())
+        });
         let id = self.modules.len() as u32;
         self.modules.push(Module {
             path: path.to_path_buf(),
@@ -379,14 +369,14 @@ impl Symbolizer {
             let mut result = Err(None);
             if let Some(debug) = debug {
                 // Its debug file shares its virtual addresses, not its file offsets.
-                let vaddrs: Vec<u64> = offsets
-                    .iter()
-                    .map(|&o| debug.vaddr(o).unwrap_or(0))
-                    .collect();
-                let src = Source::Elf(Elf::new(debug.path()));
-                result = symbolizer
-                    .symbolize(&src, Input::VirtOffset(&vaddrs))
-                    .map_err(Some);
+                // An offset no load segment maps (none in a sane file) is left to the module.
+                let vaddrs: Option<Vec<u64>> = offsets.iter().map(|&o| debug.vaddr(o)).collect();
+                if let Some(vaddrs) = vaddrs {
+                    let src = Source::Elf(Elf::new(debug.path()));
+                    result = symbolizer
+                        .symbolize(&src, Input::VirtOffset(&vaddrs))
+                        .map_err(Some);
+                }
             }
             if result.is_err() {
                 let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));

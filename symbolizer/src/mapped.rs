@@ -137,11 +137,20 @@ pub fn open_mapped(pid: u32, m: &Mapping) -> Result<(File, Via), OpenError> {
         (in_root, Via::TargetRoot),
         (PathBuf::from(file), Via::OwnRoot),
     ];
-    for (path, via) in candidates {
-        match open_checked(&path, Some((m.dev, m.inode))) {
-            Ok(Some(f)) => return Ok((f, via)),
+    for (path, via) in &candidates {
+        match open_checked(path, Some((m.dev, m.inode))) {
+            Ok(Some(f)) => return Ok((f, *via)),
             Ok(None) => {}
             Err(e) => denied |= is_denied(&e),
+        }
+    }
+    // btrfs subvolumes, and overlayfs before Linux 6.8, show another device in the maps than
+    // `stat` gives: the same inode is taken when its bytes are the mapped memory's.
+    for (path, via) in &candidates {
+        if let Ok(Some(f)) = open_checked(path, Some((u64::MAX, m.inode))) {
+            if same_bytes(pid, m, &f) {
+                return Ok((f, *via));
+            }
         }
     }
     Err(if denied {
@@ -173,8 +182,27 @@ pub fn is_denied(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
 }
 
-/// Opens `path` for reading if it is a regular file (and, with `identity`, that very file);
-/// `Ok(None)` when it is another file or none.
+/// Whether the first bytes (up to a page) of mapping `m` of process `pid` are those of `file`
+/// at the mapping's offset: a readable mapping of file content that is not written to (code,
+/// read-only data) holds the file's bytes.
+fn same_bytes(pid: u32, m: &Mapping, file: &File) -> bool {
+    use crate::python::memory::{LiveMemory, ProcessMemory};
+    use std::os::unix::fs::FileExt;
+    if m.perms[0] != b'r' || m.perms[1] == b'w' {
+        return false;
+    }
+    let len = (m.end.saturating_sub(m.start)).min(4096) as usize;
+    if len < 64 {
+        return false;
+    }
+    let (mut mem, mut disk) = (vec![0u8; len], vec![0u8; len]);
+    LiveMemory::new(pid).read(m.start, &mut mem).is_ok()
+        && file.read_exact_at(&mut disk, m.offset).is_ok()
+        && mem == disk
+}
+
+/// Opens `path` for reading if it is a regular file (and, with `identity`, that very file: a
+/// device of `u64::MAX` matches any device); `Ok(None)` when it is another file or none.
 fn open_checked(path: &Path, identity: Option<(u64, u64)>) -> std::io::Result<Option<File>> {
     let handle = match std::fs::OpenOptions::new()
         .read(true)
@@ -186,8 +214,9 @@ fn open_checked(path: &Path, identity: Option<(u64, u64)>) -> std::io::Result<Op
         Err(e) => return Err(e),
     };
     let meta = handle.metadata()?;
-    if !meta.is_file() || identity.is_some_and(|(dev, ino)| (meta.dev(), meta.ino()) != (dev, ino))
-    {
+    let other =
+        |(dev, ino): (u64, u64)| meta.ino() != ino || (dev != u64::MAX && meta.dev() != dev);
+    if !meta.is_file() || identity.is_some_and(other) {
         return Ok(None);
     }
     std::fs::OpenOptions::new()
@@ -234,6 +263,11 @@ mod tests {
         let (file, _) = open_mapped(pid, m).unwrap();
         let meta = file.metadata().unwrap();
         assert_eq!((meta.dev(), meta.ino()), (m.dev, m.inode));
+        // Another device, the same inode and bytes (btrfs subvolumes, older overlayfs): opened.
+        let mut moved = m.clone();
+        moved.dev ^= 1;
+        let (file, _) = open_mapped(pid, &moved).unwrap();
+        assert_eq!(file.metadata().unwrap().ino(), m.inode);
         // The same path with another identity (a file replaced since) is not opened.
         let mut other = m.clone();
         other.inode ^= 1;

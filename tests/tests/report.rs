@@ -266,10 +266,14 @@ fn profile_group_by_is_checked_before_profiling() {
         "--pid",
         "1",
         "--group-by",
-        "thread",
+        "trace",
         "-o",
         tmp.join("out.folded")
     ]);
-    assert_error(&out, USAGE, &["invalid --group-by 'thread'"]);
+    assert_error(
+        &out,
+        USAGE,
+        &["invalid --group-by 'trace'", "expected span or thread"],
+    );
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }

@@ -38,6 +38,10 @@ const PACKAGES: &[(&str, &str)] = &[
         "a debug build, which spanprof names in a warning and does not misread",
     ),
     (
+        "libc6-dbg",
+        "the C library's debug file: found in the target's root by build id, never the host's",
+    ),
+    (
         "binutils",
         "nm, which the tests read the rootfs's symbol tables with",
     ),

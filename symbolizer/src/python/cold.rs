@@ -61,13 +61,18 @@ pub fn cold_part<'a, R: object::ReadRef<'a>>(data: R, hot: (u64, u64)) -> Option
 
     let eh = elf.section_by_name(".eh_frame")?;
     let eh_data = eh.data().ok()?;
-    let section = gimli::EhFrame::new(eh_data, gimli::LittleEndian);
+    let eh_frame = gimli::EhFrame::new(eh_data, gimli::LittleEndian);
     let bases = gimli::BaseAddresses::default()
         .set_eh_frame(eh.address())
         .set_text(text.address());
+    targets.sort_unstable();
+    targets.dedup();
+    // Only the hot part's own section: a jump to the PLT (whose FDE starts at CFA = rsp + 16)
+    // is a tail call, not a split-off part.
+    let section = (text.address(), text.address().saturating_add(text.size()));
     let mut ctx = gimli::UnwindContext::new();
     let mut found: Option<(u64, u64)> = None;
-    let mut entries = section.entries(&bases);
+    let mut entries = eh_frame.entries(&bases);
     while let Ok(Some(entry)) = entries.next() {
         let CieOrFde::Fde(partial) = entry else {
             continue;
@@ -79,18 +84,25 @@ pub fn cold_part<'a, R: object::ReadRef<'a>>(data: R, hot: (u64, u64)) -> Option
             fde.initial_address(),
             fde.initial_address().saturating_add(fde.len()),
         );
-        if !targets.iter().any(|t| (s..e).contains(t)) || (s..e).contains(&start) {
+        let first = targets.partition_point(|&t| t < s);
+        if targets.get(first).is_none_or(|&t| t >= e)
+            || (s..e).contains(&start)
+            || s < section.0
+            || e > section.1
+        {
             continue;
         }
-        let Ok(mut rows) = fde.rows(&section, &bases, &mut ctx) else {
+        let Ok(mut rows) = fde.rows(&eh_frame, &bases, &mut ctx) else {
             continue;
         };
         let Ok(Some(row)) = rows.next_row() else {
             continue;
         };
-        let mid_frame = !matches!(
+        // The whole frame of the function set up: the CFA is rsp plus more than the return
+        // address.
+        let mid_frame = matches!(
             row.cfa(),
-            CfaRule::RegisterAndOffset { register, offset: 8 } if *register == X86_64::RSP
+            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP && *offset > 8
         );
         if mid_frame {
             if found.is_some_and(|f| f != (s, e)) {

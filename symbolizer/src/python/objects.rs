@@ -113,6 +113,10 @@ const MODULE_DICT: u64 = 16;
 const STR_HASH: u64 = 24;
 /// Entries read from one dict at most: sys.modules of a big service has a few thousand.
 const MAX_DICT_ENTRIES: u64 = 1 << 15;
+/// Threads whose names one [`Objects::thread_names`] reads at most.
+pub const MAX_THREAD_NAMES: usize = 4096;
+/// Attributes of a `threading.Thread` (about 20): an object with more is not read as one.
+const MAX_THREAD_ATTRS: usize = 256;
 /// Items read from one tuple at most (`co_names` of a long function).
 const MAX_TUPLE_ITEMS: u64 = 4096;
 
@@ -514,6 +518,8 @@ impl<M: ProcessMemory> Objects<'_, M> {
 
     /// The names of the process's `threading.Thread`s by native thread id (`threading._active`:
     /// each started thread's `_native_id` and `_name`); empty before `threading` is imported.
+    /// At most [`MAX_THREAD_NAMES`] threads are read (a process with more keeps the OS names of
+    /// the others).
     pub fn thread_names(&self, runtime: u64) -> Result<Vec<(u64, String)>> {
         let interp = self.ptr(runtime.wrapping_add(self.py.runtime_interpreters_head))?;
         let modules = self.ptr(interp.wrapping_add(self.obj.interp_modules))?;
@@ -528,13 +534,24 @@ impl<M: ProcessMemory> Objects<'_, M> {
             return Ok(Vec::new());
         };
         let mut names = Vec::new();
-        for (_, thread) in self.dict_entries(active)? {
+        for (_, thread) in self
+            .dict_entries(active)?
+            .into_iter()
+            .take(MAX_THREAD_NAMES)
+        {
             if thread == 0 {
                 continue;
             }
+            // One read of the instance's attributes serves both.
+            let Ok(attrs) = self.attrs(thread) else {
+                continue;
+            };
+            if attrs.len() > MAX_THREAD_ATTRS {
+                continue;
+            }
             let (Some((_, id)), Some((_, name))) = (
-                self.getattr(thread, "_native_id")?,
-                self.getattr(thread, "_name")?,
+                self.find_str_key(attrs.clone(), "_native_id"),
+                self.find_str_key(attrs, "_name"),
             ) else {
                 continue;
             };

@@ -406,8 +406,8 @@ pub enum DebugOffsetsError {
     /// A version whose layout is not known here.
     #[error("unsupported _Py_DebugOffsets layout for version {0:#x}")]
     UnsupportedVersion(u64),
-    /// The struct's own size field of a part disagrees with the layout (a build whose struct
-    /// is not the one its version number says).
+    /// The `runtime_state.size` word is smaller than the struct itself: not a `_PyRuntime` of
+    /// that version (garbage, or a build whose struct is not the one its version says).
     #[error("_Py_DebugOffsets of version {0:#x} is not laid out as that version's headers say")]
     Layout(u64),
     /// A field disagrees with the compiled-in table.
@@ -449,8 +449,8 @@ impl DebugOffsets {
             });
         }
         // The runtime_state part starts at word 3 with its own size: sizeof(_PyRuntimeState),
-        // which is far larger than the debug offsets themselves. A garbage struct rarely
-        // passes that and the ascending field offsets below.
+        // which is far larger than the debug offsets themselves. The fields are then checked
+        // one by one against a table ([`DebugOffsets::check`]).
         if w(3) < (layout.words * 8) as u64 {
             return Err(DebugOffsetsError::Layout(version_hex));
         }
