@@ -320,3 +320,53 @@ pub fn nm_symbols(files: &[PathBuf]) -> std::collections::HashSet<String> {
     }
     names
 }
+
+/// The symbols of an ELF file with their sizes (`nm -S --defined-only`, binutils), as
+/// `(start, end, name)` by start, GCC's clone suffixes left out of the names.
+pub fn nm_ranges(file: &Path, dynamic: bool) -> Vec<(u64, u64, String)> {
+    let mut cmd = Command::new("nm");
+    cmd.args(["-S", "--defined-only"]);
+    if dynamic {
+        cmd.arg("-D");
+    }
+    let out = cmd.arg(file).output().expect("run nm (binutils)");
+    let mut ranges: Vec<(u64, u64, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let [addr, size, kind, name] = f[..] else {
+                return None;
+            };
+            if !matches!(kind, "T" | "t" | "W" | "w" | "i") {
+                return None;
+            }
+            let start = u64::from_str_radix(addr, 16).ok()?;
+            let size = u64::from_str_radix(size, 16).ok()?;
+            let name = name.split('@').next()?;
+            let base = name.split_once('.').map_or(name, |(b, _)| b);
+            Some((start, start + size, base.to_string()))
+        })
+        .collect();
+    ranges.sort();
+    ranges
+}
+
+/// The `PT_LOAD`s of an ELF file (`readelf -lW`, binutils): `(offset, vaddr, filesz)`.
+pub fn load_segments(file: &Path) -> Vec<(u64, u64, u64)> {
+    let out = Command::new("readelf")
+        .args(["-lW"])
+        .arg(file)
+        .output()
+        .expect("run readelf (binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.first() != Some(&"LOAD") {
+                return None;
+            }
+            let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+            Some((hex(f[1])?, hex(f[2])?, hex(f[4])?))
+        })
+        .collect()
+}

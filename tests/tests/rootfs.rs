@@ -15,6 +15,8 @@
 //!   `libc6-dbg` and `python3.14-dbg`, by build id; inlined functions by the strings of those
 //!   debug files, as `strings` finds them): a name taken from the host's file of the same path (the host's
 //!   libc, or its `libc6-dbg`, for the container's) fails this;
+//! - with each C library frame of the pprof, by its module offset, the function the rootfs's
+//!   libc (or its debug file) has at that address (`nm -S`, `readelf -l`);
 //! - with the C library's local `__libc_start_call_main` (in its debug file only) on most
 //!   stacks: the debug file is found in the target's root.
 //!
@@ -24,8 +26,8 @@
 use std::path::Path;
 
 use spanprof_tests::rootfs::{
-    exec_mapped_files, file_strings, nm_symbols, rootfs, rootfs_debug_files, start_confined_py,
-    Confinement, RootfsDir,
+    exec_mapped_files, file_strings, load_segments, nm_ranges, nm_symbols, rootfs,
+    rootfs_debug_files, start_confined_py, Confinement, RootfsDir,
 };
 use spanprof_tests::*;
 
@@ -39,12 +41,13 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
     let files = exec_mapped_files(pid, &rootfs, how);
     let tmp = TempDir::new("rootfs");
     let folded = tmp.join("out.folded");
+    let pprof = tmp.join("out.pb.gz");
     let stats = tmp.join("stats.json");
     let out = profile_pid(
         pid,
         "3s",
         499,
-        &[&folded],
+        &[&folded, &pprof],
         &["--stats", stats.to_str().expect("UTF-8")],
     );
     let result = workload.finish(std::time::Duration::from_secs(30));
@@ -182,6 +185,74 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
         problems.push(format!(
             "native names not in the symbol tables of {files:?}: {foreign:?}"
         ));
+    }
+
+    // Address by address, the C library's frames are the rootfs's functions at those
+    // addresses (the pprof's module offsets, by the rootfs's libc and its debug file as
+    // binutils reads them): a name from the host's libc of the same path is another
+    // function's.
+    let libc = files
+        .iter()
+        .find(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libc.so"))
+        })
+        .cloned();
+    if let Some(libc) = libc {
+        let loads = load_segments(&libc);
+        let mut ranges = nm_ranges(&libc, true);
+        for debug in rootfs_debug_files(&rootfs, std::slice::from_ref(&libc)) {
+            if debug.to_string_lossy().contains(".build-id") {
+                ranges.extend(nm_ranges(&debug, false));
+            }
+        }
+        let (mut checked, mut wrong) = (0u64, std::collections::BTreeMap::<String, u64>::new());
+        for sample in decode_pprof(&pprof)["samples"].as_array().expect("samples") {
+            for frame in sample["stack"].as_array().expect("stack") {
+                let (Some(module), Some(name), Some(offset)) = (
+                    frame["mapping"].as_str(),
+                    frame["function"].as_str(),
+                    frame["address"].as_u64(),
+                ) else {
+                    continue;
+                };
+                if !module
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("libc.so"))
+                {
+                    continue;
+                }
+                let vaddr = loads
+                    .iter()
+                    .find(|&&(off, _, size)| off <= offset && offset < off + size)
+                    .map(|&(off, va, _)| va + offset - off);
+                let at = vaddr.and_then(|va| {
+                    ranges
+                        .iter()
+                        .filter(|(s, e, _)| *s <= va && va < *e)
+                        .map(|(_, _, n)| n.as_str())
+                        .find(|n| *n == name)
+                        .or_else(|| {
+                            ranges
+                                .iter()
+                                .find(|(s, e, _)| *s <= va && va < *e)
+                                .map(|r| r.2.as_str())
+                        })
+                });
+                checked += 1;
+                if at != Some(name) {
+                    *wrong
+                        .entry(format!("{name} at {offset:#x}, the rootfs has {at:?}"))
+                        .or_default() += 1;
+                }
+            }
+        }
+        if checked == 0 || !wrong.is_empty() {
+            problems.push(format!(
+                "C library frames checked by address: {checked}, wrong: {wrong:?}"
+            ));
+        }
     }
     problems
         .into_iter()

@@ -7,9 +7,9 @@
 //! the Python frames cannot be put in place of it.
 //!
 //! Without a symbol, the cold part is the unwind-table entry (FDE) that the hot part branches
-//! into and that starts inside a frame: a function's own code starts with the return address
-//! just pushed (CFA = `rsp` + 8), the split-off part with the whole frame of the function set
-//! up. The hot part is decoded instruction by instruction (iced-x86) from its symbol's start, so
+//! into, within its own section (not the PLT), and that starts inside a frame: a function's
+//! own code starts with the return address just pushed (CFA = `rsp` + 8), the split-off part
+//! with the whole frame of the function set up (sid's 3.15: CFA = `rbp` + 16). The hot part is decoded instruction by instruction (iced-x86) from its symbol's start, so
 //! only real branch targets count; a tail call lands on a function's start (CFA = `rsp` + 8)
 //! and is not taken for a cold part.
 
@@ -98,11 +98,11 @@ pub fn cold_part<'a, R: object::ReadRef<'a>>(data: R, hot: (u64, u64)) -> Option
         let Ok(Some(row)) = rows.next_row() else {
             continue;
         };
-        // The whole frame of the function set up: the CFA is rsp plus more than the return
-        // address.
-        let mid_frame = matches!(
+        // The whole frame of the function set up: the CFA is not rsp plus the return address
+        // alone (sid's 3.15: rbp + 16, its frame pointer).
+        let mid_frame = !matches!(
             row.cfa(),
-            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP && *offset > 8
+            CfaRule::RegisterAndOffset { register, offset: 8 } if *register == X86_64::RSP
         );
         if mid_frame {
             if found.is_some_and(|f| f != (s, e)) {
