@@ -1,7 +1,8 @@
 //! A CPython process's memory as spanprof's user-space readers see it: the input is mapped at
 //! a low address and read as a code object (names and line table), a thread list and frame
-//! chain, dicts, attributes, strs and tuples, `sys.modules` for the tracing libraries, and the
-//! naming cache's validation, with the offsets of the version the first byte picks.
+//! chain, dicts, attributes, strs, tuples and small ints, `sys.modules` for the tracing
+//! libraries, `threading._active` for thread names, `_Py_DebugOffsets`, and the naming cache's
+//! validation, with the offsets of the version the first byte picks.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -54,6 +55,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = o.module_dict(BASE);
     let _ = o.code_name(BASE, "__init__");
     let _ = o.type_attr(BASE, "_name");
+    let _ = o.small_int(BASE);
+    let _ = o.thread_names(BASE);
+    let _ = offsets::DebugOffsets::parse(rest);
     let mut finder = SpanFinder::default();
     let _ = finder.look(&o, BASE);
     let _ = finder.look(&o, BASE);
