@@ -1066,7 +1066,7 @@ pub fn start_py_workload_env(
 
 /// Spawns a workload command and waits for its `ready PID` line on stderr.
 #[track_caller]
-fn start_ready(cmd: Command, script: &str) -> Background {
+pub(crate) fn start_ready(cmd: Command, script: &str) -> Background {
     let mut workload = Background::spawn(cmd);
     let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
     let pid: Option<u32> = line

@@ -7,7 +7,6 @@ use std::ffi::CString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use crate::{missing_prerequisite, path_from_env, py_workload_source, Background};
 
@@ -175,21 +174,8 @@ pub fn start_confined_py_with_env(
     argv.extend_from_slice(args);
     let mut cmd = confined_command(rootfs, how, &argv);
     cmd.envs(env.iter().copied());
-    let mut workload = Background::spawn(cmd);
-    let line = workload.wait_for_stderr("ready ", Duration::from_secs(30));
-    let pid: Option<u32> = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok());
-    assert_eq!(
-        pid,
-        Some(workload.pid()),
-        "{python} {} in a {} printed {line:?} instead of `ready {}`",
-        script.display(),
-        how.name(),
-        workload.pid()
-    );
-    workload
+    let label = format!("{python} {} in a {}", script.display(), how.name());
+    crate::start_ready(cmd, &label)
 }
 
 /// The files `pid` maps for execution, as host paths (the rootfs prefix added to a

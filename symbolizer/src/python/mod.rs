@@ -29,6 +29,7 @@ pub mod memory;
 pub mod names;
 pub mod objects;
 pub mod offsets;
+pub mod threads;
 pub mod walk;
 
 #[cfg(test)]

@@ -104,19 +104,13 @@ pub const TPFLAGS_MANAGED_DICT: u64 = 1 << 4;
 /// `offsetof(PyObject, ob_type)`.
 const OB_TYPE: u64 = 8;
 /// `offsetof(PyVarObject, ob_size)`; a PyLong's `lv_tag` (3.12+) is there too.
-const OB_SIZE: u64 = 16;
-/// `offsetof(PyLongObject, ob_digit)` (`long_value.ob_digit` from 3.12), 3.8–3.15.
-const LONG_DIGITS: u64 = 24;
+pub(super) const OB_SIZE: u64 = 16;
 /// `offsetof(PyModuleObject, md_dict)` (Objects/moduleobject.c, 3.8–3.13).
 const MODULE_DICT: u64 = 16;
 /// `offsetof(PyASCIIObject, hash)`.
 const STR_HASH: u64 = 24;
 /// Entries read from one dict at most: sys.modules of a big service has a few thousand.
 const MAX_DICT_ENTRIES: u64 = 1 << 15;
-/// Threads whose names one [`Objects::thread_names`] reads at most.
-pub const MAX_THREAD_NAMES: usize = 4096;
-/// Attributes of a `threading.Thread` (about 20): an object with more is not read as one.
-const MAX_THREAD_ATTRS: usize = 256;
 /// Items read from one tuple at most (`co_names` of a long function).
 const MAX_TUPLE_ITEMS: u64 = 4096;
 
@@ -275,7 +269,7 @@ pub enum ObjectError {
     Invalid(&'static str),
 }
 
-type Result<T> = std::result::Result<T, ObjectError>;
+pub(super) type Result<T> = std::result::Result<T, ObjectError>;
 
 /// A reader of Python objects in a process.
 #[derive(Debug)]
@@ -289,7 +283,7 @@ pub struct Objects<'a, M> {
 }
 
 impl<M: ProcessMemory> Objects<'_, M> {
-    fn ptr(&self, addr: u64) -> Result<u64> {
+    pub(super) fn ptr(&self, addr: u64) -> Result<u64> {
         Ok(self.mem.read_ptr(addr)?)
     }
 
@@ -407,7 +401,7 @@ impl<M: ProcessMemory> Objects<'_, M> {
         Ok(self.find_str_key(self.dict_entries(dict)?, name))
     }
 
-    fn find_str_key(&self, entries: Vec<(u64, u64)>, name: &str) -> Option<(u64, u64)> {
+    pub(super) fn find_str_key(&self, entries: Vec<(u64, u64)>, name: &str) -> Option<(u64, u64)> {
         entries
             .into_iter()
             .find(|&(k, _)| self.str(k).is_ok_and(|s| s == name))
@@ -485,83 +479,6 @@ impl<M: ProcessMemory> Objects<'_, M> {
     /// `obj.name` for an instance attribute, with the name's key object.
     pub fn getattr(&self, obj: u64, name: &str) -> Result<Option<(u64, u64)>> {
         Ok(self.find_str_key(self.attrs(obj)?, name))
-    }
-
-    /// A small non-negative `int` (at most three 30-bit digits), such as a thread id.
-    pub fn small_int(&self, obj: u64) -> Result<u64> {
-        let size = self.mem.read_u64(obj.wrapping_add(OB_SIZE))?;
-        let (digits, negative) = if self.obj.long_tag {
-            // lv_tag: digits << 3 | sign (0 positive, 1 zero, 2 negative).
-            (size >> 3, size & 3 == 2)
-        } else {
-            // ob_size: the number of digits, negative for a negative int.
-            (size, (size as i64) < 0)
-        };
-        if negative || digits > 3 {
-            return Err(ObjectError::Invalid("int out of range"));
-        }
-        let mut raw = [0u8; 12];
-        self.mem.read(
-            obj.wrapping_add(LONG_DIGITS),
-            &mut raw[..digits as usize * 4],
-        )?;
-        let mut value = 0u64;
-        for i in (0..digits as usize).rev() {
-            let d = u32::from_le_bytes(raw[i * 4..i * 4 + 4].try_into().unwrap());
-            if d >> 30 != 0 {
-                return Err(ObjectError::Invalid("int digit"));
-            }
-            value = value << 30 | u64::from(d);
-        }
-        Ok(value)
-    }
-
-    /// The names of the process's `threading.Thread`s by native thread id (`threading._active`:
-    /// each started thread's `_native_id` and `_name`); empty before `threading` is imported.
-    /// At most [`MAX_THREAD_NAMES`] threads are read (a process with more keeps the OS names of
-    /// the others).
-    pub fn thread_names(&self, runtime: u64) -> Result<Vec<(u64, String)>> {
-        let interp = self.ptr(runtime.wrapping_add(self.py.runtime_interpreters_head))?;
-        let modules = self.ptr(interp.wrapping_add(self.obj.interp_modules))?;
-        if modules == 0 {
-            return Ok(Vec::new());
-        }
-        let Some((_, threading)) = self.dict_get(modules, "threading")? else {
-            return Ok(Vec::new());
-        };
-        let globals = self.module_dict(threading)?;
-        let Some((_, active)) = self.dict_get(globals, "_active")? else {
-            return Ok(Vec::new());
-        };
-        let mut names = Vec::new();
-        for (_, thread) in self
-            .dict_entries(active)?
-            .into_iter()
-            .take(MAX_THREAD_NAMES)
-        {
-            if thread == 0 {
-                continue;
-            }
-            // One read of the instance's attributes serves both.
-            let Ok(attrs) = self.attrs(thread) else {
-                continue;
-            };
-            if attrs.len() > MAX_THREAD_ATTRS {
-                continue;
-            }
-            let (Some((_, id)), Some((_, name))) = (
-                self.find_str_key(attrs.clone(), "_native_id"),
-                self.find_str_key(attrs, "_name"),
-            ) else {
-                continue;
-            };
-            // A thread not yet started, or a name that is not a str: skipped.
-            let (Ok(id), Ok(name)) = (self.small_int(id), self.str(name)) else {
-                continue;
-            };
-            names.push((id, name));
-        }
-        Ok(names)
     }
 
     /// The items of a tuple.
