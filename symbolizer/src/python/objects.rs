@@ -145,6 +145,25 @@ const COMMON: ObjectOffsets = ObjectOffsets {
     tuple_items: 24,
 };
 
+/// 3.13, which 3.14 and 3.15 build on.
+const PY313_OBJECTS: ObjectOffsets = ObjectOffsets {
+    version: (3, 13),
+    interp_modules: 7656,
+    tstate_context: 208,
+    tstate_dict: 128,
+    tstate_local_key: Some(288),
+    dict_layout: DictLayout::Log2,
+    dict_values: 8,
+    attr_layout: AttrLayout::Inline,
+    type_cached_keys: 880,
+    long_tag: true,
+    func_code: 48,
+    code_names: 32,
+    local_key: None,
+    local_dicts: Some(40),
+    ..COMMON
+};
+
 const TABLES: [ObjectOffsets; 8] = [
     ObjectOffsets {
         version: (3, 8),
@@ -193,42 +212,14 @@ const TABLES: [ObjectOffsets; 8] = [
         code_names: 32,
         ..COMMON
     },
-    ObjectOffsets {
-        version: (3, 13),
-        interp_modules: 7656,
-        tstate_context: 208,
-        tstate_dict: 128,
-        tstate_local_key: Some(288),
-        dict_layout: DictLayout::Log2,
-        dict_values: 8,
-        attr_layout: AttrLayout::Inline,
-        type_cached_keys: 880,
-        long_tag: true,
-        func_code: 48,
-        code_names: 32,
-        local_key: None,
-        local_dicts: Some(40),
-        ..COMMON
-    },
+    PY313_OBJECTS,
     // Debian sid's 3.14.10 headers (pycore_interp_structs.h moved PyInterpreterState); the
-    // object layouts are 3.13's.
+    // object layouts are 3.13's, but tuples cache their hash before their items.
     ObjectOffsets {
         version: (3, 14),
         interp_modules: 7688,
-        tstate_context: 208,
-        tstate_dict: 128,
-        tstate_local_key: Some(288),
-        dict_layout: DictLayout::Log2,
-        dict_values: 8,
-        attr_layout: AttrLayout::Inline,
-        type_cached_keys: 880,
-        long_tag: true,
-        func_code: 48,
-        code_names: 32,
-        local_key: None,
-        local_dicts: Some(40),
         tuple_items: 32,
-        ..COMMON
+        ..PY313_OBJECTS
     },
     // Debian sid's 3.15.2 headers: PyThreadState and PyHeapTypeObject grew.
     ObjectOffsets {
@@ -237,17 +228,9 @@ const TABLES: [ObjectOffsets; 8] = [
         tstate_context: 232,
         tstate_dict: 152,
         tstate_local_key: Some(328),
-        dict_layout: DictLayout::Log2,
-        dict_values: 8,
-        attr_layout: AttrLayout::Inline,
         type_cached_keys: 888,
-        long_tag: true,
-        func_code: 48,
-        code_names: 32,
-        local_key: None,
-        local_dicts: Some(40),
         tuple_items: 32,
-        ..COMMON
+        ..PY313_OBJECTS
     },
 ];
 
