@@ -1,0 +1,1 @@
+//! Faults: backoff (see main.rs).

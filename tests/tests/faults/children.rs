@@ -1,0 +1,1 @@
+//! Faults: children (see main.rs).

@@ -1,0 +1,1 @@
+//! Faults: io (see main.rs).

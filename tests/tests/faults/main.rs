@@ -1,0 +1,13 @@
+//! The fault-injection suite: the failures a fault-injection run found (issue 18), each kept as
+//! a test so it stays fixed. One module per kind of fault:
+//! - `io`: outputs that are device nodes or FIFOs, inputs that are FIFOs, devices or huge files;
+//! - `overhead`: the self-reported overhead of a session with lost records, against `/proc`;
+//! - `backoff`: the daemon's export backoff with its collector down and its queue full;
+//! - `memory`: the daemon's memory while hundreds of distinct binaries come and go;
+//! - `children`: short-lived children of `profile -- CMD`, named though they have exited.
+
+mod backoff;
+mod children;
+mod io;
+mod memory;
+mod overhead;

@@ -1,0 +1,1 @@
+//! Faults: memory (see main.rs).

@@ -1,0 +1,1 @@
+//! Faults: overhead (see main.rs).
