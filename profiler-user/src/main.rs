@@ -901,12 +901,21 @@ impl FilterArgs {
 }
 
 /// Reads a profile spanprof wrote; one line on failure.
+///
+/// Only a regular file of at most [`MAX_INPUT_BYTES`] is read: the file is opened without
+/// blocking (a FIFO or a device would otherwise hang the open or be read without end) and its
+/// size is checked before any byte is read. Gzip data is decompressed as it is read, up to
+/// [`MAX_INPUT_BYTES`] of output, so neither a huge file nor a gzip bomb fills the memory.
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
     use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let shown = path.display();
     let cannot = |e: std::io::Error| Failure(EXIT_FAILURE, format!("cannot read {shown}: {e}"));
-    // NB: a FIFO or device at the path is refused rather than read without end.
-    let file = std::fs::File::open(path).map_err(cannot)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(cannot)?;
     let meta = file.metadata().map_err(cannot)?;
     if !meta.is_file() {
         return Err(Failure(
@@ -914,15 +923,46 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
             format!("cannot read {shown}: not a regular file"),
         ));
     }
-    let mut bytes = Vec::new();
-    file.take(MAX_INPUT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(cannot)?;
-    if bytes.len() as u64 > MAX_INPUT_BYTES {
-        return Err(Failure(
+    let too_large = || {
+        Failure(
             EXIT_FAILURE,
             format!("{shown}: larger than {} MiB", MAX_INPUT_BYTES >> 20),
-        ));
+        )
+    };
+    if meta.len() > MAX_INPUT_BYTES {
+        return Err(too_large());
+    }
+    let mut input = std::io::BufReader::new(file.take(MAX_INPUT_BYTES + 1));
+    let gzip = std::io::BufRead::fill_buf(&mut input)
+        .map_err(cannot)?
+        .starts_with(&[0x1f, 0x8b]);
+    let mut bytes = Vec::with_capacity(if gzip { 0 } else { meta.len() as usize });
+    let read = if gzip {
+        flate2::bufread::GzDecoder::new(input)
+            .take(MAX_INPUT_BYTES + 1)
+            .read_to_end(&mut bytes)
+    } else {
+        input.read_to_end(&mut bytes)
+    };
+    read.map_err(|e| {
+        if gzip {
+            Failure(EXIT_FAILURE, format!("{shown}: bad gzip data: {e}"))
+        } else {
+            cannot(e)
+        }
+    })?;
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(if gzip {
+            Failure(
+                EXIT_FAILURE,
+                format!(
+                    "{shown}: more than {} MiB uncompressed",
+                    MAX_INPUT_BYTES >> 20
+                ),
+            )
+        } else {
+            too_large()
+        });
     }
     let read = match Format::from_path(path) {
         Some(Format::Folded) => report::read_folded(&bytes),

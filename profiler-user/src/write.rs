@@ -6,12 +6,18 @@
 //! garbage output is ever left at the destination. A symlink at the destination is refused
 //! (it could point anywhere a privileged spanprof may write); one put there during the session
 //! is replaced by the rename, never followed.
+//!
+//! A character device or a FIFO at the destination (`-o /dev/null`, `-o /dev/stdout`, a named
+//! pipe), directly or through a symlink, is written into instead: never replaced, never
+//! truncated, no temporary file next to it. A character device is opened at once (so a
+//! refusal comes before the session); a FIFO only when the bytes are ready, since opening one
+//! waits for its reader. Block devices, sockets and other special files are refused.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -22,10 +28,23 @@ use anyhow::{Context, Result};
 #[derive(Debug)]
 pub struct PendingOutput {
     dest: PathBuf,
-    tmp: PathBuf,
-    file: Option<File>,
-    /// Slot of `tmp` in [`TEMP_PATHS`], if it got one.
-    slot: Option<usize>,
+    sink: Sink,
+}
+
+/// Where an output's bytes go.
+#[derive(Debug)]
+enum Sink {
+    /// A regular file: a temporary file next to `dest`, renamed over it.
+    Rename {
+        tmp: PathBuf,
+        file: Option<File>,
+        /// Slot of `tmp` in [`TEMP_PATHS`], if it got one.
+        slot: Option<usize>,
+    },
+    /// A character device, opened already: written into.
+    Device(Option<File>),
+    /// A FIFO: opened (for writing, waiting for a reader) and written into at commit.
+    Fifo,
 }
 
 /// Temporary files that exist now, for [`remove_temp_files`] in a signal handler: fixed slots of
@@ -60,26 +79,51 @@ pub fn remove_temp_files() {
 }
 
 impl PendingOutput {
-    /// Creates the temporary file next to `dest`; fails if the directory is not writable.
+    /// Creates the temporary file next to `dest` (or opens the device there); fails if the
+    /// directory is not writable or `dest` is a special file outputs cannot go to.
     pub fn create(dest: &Path) -> Result<PendingOutput> {
+        let shown = dest.display();
         let dir = match dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
         let name = dest
             .file_name()
-            .with_context(|| format!("cannot write output {}: not a file name", dest.display()))?;
-        if dest.is_dir() {
-            anyhow::bail!("cannot write output {}: is a directory", dest.display());
-        }
-        if dest
+            .with_context(|| format!("cannot write output {shown}: not a file name"))?;
+        // NB: `metadata` follows a symlink: `/dev/stdout` is one, to `/proc/self/fd/1`.
+        let followed = dest.metadata().ok().map(|m| m.file_type());
+        let is_link = dest
             .symlink_metadata()
-            .is_ok_and(|m| m.file_type().is_symlink())
-        {
+            .is_ok_and(|m| m.file_type().is_symlink());
+        match followed {
+            Some(t) if t.is_dir() => {
+                anyhow::bail!("cannot write output {shown}: is a directory")
+            }
+            Some(t) if t.is_char_device() => {
+                return Ok(PendingOutput {
+                    dest: dest.to_path_buf(),
+                    sink: Sink::Device(Some(open_special(dest, false)?)),
+                })
+            }
+            Some(t) if t.is_fifo() => {
+                return Ok(PendingOutput {
+                    dest: dest.to_path_buf(),
+                    sink: Sink::Fifo,
+                })
+            }
+            Some(t) if !t.is_file() => {
+                anyhow::bail!(
+                    "cannot write output {shown}: it is a {}; outputs go to regular files, \
+                     character devices (such as /dev/null) or FIFOs",
+                    special_kind(t)
+                )
+            }
+            _ => {}
+        }
+        if is_link {
             anyhow::bail!(
-                "cannot write output {}: it is a symbolic link, and outputs are never written \
-                 through one (remove it or choose another path)",
-                dest.display()
+                "cannot write output {shown}: it is a symbolic link, and outputs are never written \
+                 through one (remove it or choose another path)"
             );
         }
         let tmp = dir.join(format!(
@@ -92,16 +136,18 @@ impl PendingOutput {
             .create_new(true)
             .mode(0o600)
             .open(&tmp)
-            .map_err(|e| anyhow::anyhow!("cannot write output {}: {e}", dest.display()))?;
+            .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?;
         if let Some((uid, gid)) = sudo_user() {
             chown(&file, uid, gid);
         }
         let slot = register_temp(&tmp);
         Ok(PendingOutput {
             dest: dest.to_path_buf(),
-            tmp,
-            file: Some(file),
-            slot,
+            sink: Sink::Rename {
+                tmp,
+                file: Some(file),
+                slot,
+            },
         })
     }
 
@@ -110,16 +156,76 @@ impl PendingOutput {
         &self.dest
     }
 
-    /// Writes `bytes` and moves the file into place. The error does not repeat the path.
+    /// Writes `bytes` and moves the file into place (or writes them into the device or FIFO).
+    /// The error does not repeat the path.
     pub fn commit(mut self, bytes: &[u8]) -> Result<()> {
-        let mut file = self.file.take().expect("not committed twice");
-        self.unregister();
-        let res = file
-            .write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .and_then(|()| std::fs::rename(&self.tmp, &self.dest));
-        // NB: the caller names the output; this error is only the cause.
-        res.map_err(anyhow::Error::from)
+        // NB: the caller names the output; these errors are only the cause.
+        match &mut self.sink {
+            Sink::Rename { tmp, file, .. } => {
+                let mut file = file.take().expect("not committed twice");
+                let tmp = tmp.clone();
+                self.unregister();
+                file.write_all(bytes)
+                    .and_then(|()| file.sync_all())
+                    .and_then(|()| std::fs::rename(&tmp, &self.dest))?;
+            }
+            Sink::Device(file) => {
+                let mut file = file.take().expect("not committed twice");
+                file.write_all(bytes)?;
+            }
+            Sink::Fifo => {
+                // Blocks until something opens the FIFO for reading, as `cat > fifo` would.
+                open_special(&self.dest, true)?.write_all(bytes)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Opens the character device (`fifo` false) or FIFO at `path` for writing, without creating
+/// or truncating anything, and checks that the file opened is still of that kind (the path may
+/// have changed since it was looked at).
+fn open_special(path: &Path, fifo: bool) -> Result<File> {
+    let shown = path.display();
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?;
+    let kind = file
+        .metadata()
+        .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?
+        .file_type();
+    let expected = if fifo {
+        kind.is_fifo()
+    } else {
+        kind.is_char_device()
+    };
+    if !expected {
+        anyhow::bail!(
+            "cannot write output {shown}: it changed to a {} while spanprof opened it",
+            special_kind(kind)
+        );
+    }
+    Ok(file)
+}
+
+/// A file type in words, for errors.
+fn special_kind(t: std::fs::FileType) -> &'static str {
+    if t.is_block_device() {
+        "block device"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_dir() {
+        "directory"
+    } else if t.is_file() {
+        "regular file"
+    } else {
+        "special file"
     }
 }
 
@@ -143,9 +249,11 @@ fn chown(file: &File, uid: u32, gid: u32) {
 
 impl PendingOutput {
     fn unregister(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            // NB: the string stays allocated (see TEMP_PATHS); only the slot is freed.
-            TEMP_PATHS[slot].store(ptr::null_mut(), Ordering::SeqCst);
+        if let Sink::Rename { slot, .. } = &mut self.sink {
+            if let Some(slot) = slot.take() {
+                // NB: the string stays allocated (see TEMP_PATHS); only the slot is freed.
+                TEMP_PATHS[slot].store(ptr::null_mut(), Ordering::SeqCst);
+            }
         }
     }
 }
@@ -154,7 +262,9 @@ impl Drop for PendingOutput {
     fn drop(&mut self) {
         self.unregister();
         // Committed files were renamed away; anything else is a leftover to remove.
-        let _ = std::fs::remove_file(&self.tmp);
+        if let Sink::Rename { tmp, .. } = &self.sink {
+            let _ = std::fs::remove_file(tmp);
+        }
     }
 }
 
@@ -197,7 +307,10 @@ mod tests {
         // chown as sudo would have it (root only: elsewhere fchown fails and nothing changes).
         let owned = dir.join("owned.svg");
         let out = PendingOutput::create(&owned).unwrap();
-        chown(out.file.as_ref().unwrap(), 65534, 65534);
+        let Sink::Rename { file: Some(file), .. } = &out.sink else {
+            panic!("a regular file is renamed into place")
+        };
+        chown(file, 65534, 65534);
         out.commit(b"<svg/>").unwrap();
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
@@ -208,9 +321,12 @@ mod tests {
 
         // What the handler of a second Ctrl-C does: every temporary file goes, none is left.
         let pending = PendingOutput::create(&dir.join("interrupted.svg")).unwrap();
-        assert!(pending.tmp.exists());
+        let Sink::Rename { tmp, .. } = &pending.sink else {
+            panic!("a regular file is renamed into place")
+        };
+        assert!(tmp.exists());
         remove_temp_files();
-        assert!(!pending.tmp.exists());
+        assert!(!tmp.exists());
         drop(pending);
         std::fs::remove_dir_all(&dir).unwrap();
 
@@ -218,5 +334,40 @@ mod tests {
         assert!(err
             .to_string()
             .starts_with("cannot write output /nonexistent-dir/x.svg"));
+    }
+
+    #[test]
+    fn writes_into_a_fifo_and_refuses_a_socket() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = std::env::temp_dir().join(format!("spanprof-write-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("out.folded");
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let out = PendingOutput::create(&fifo).unwrap();
+        // Nothing was created next to it, and opening waits for the reader.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        out.commit(b"a;b 1\n").unwrap();
+        assert_eq!(reader.join().unwrap(), b"a;b 1\n");
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        // Through a symlink too (as /dev/stdout is one).
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        let out = PendingOutput::create(&link).unwrap();
+        let reader = std::thread::spawn(move || std::fs::read(fifo).unwrap());
+        out.commit(b"x 2\n").unwrap();
+        assert_eq!(reader.join().unwrap(), b"x 2\n");
+
+        let sock = dir.join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let err = PendingOutput::create(&sock).unwrap_err().to_string();
+        assert!(err.contains("it is a socket; outputs go to regular files"), "{err}");
+        assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -27,6 +27,7 @@ use std::sync::{mpsc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod daemon;
 pub mod otlp;
 pub mod rootfs;
 

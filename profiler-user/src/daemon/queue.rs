@@ -6,7 +6,9 @@
 //! pass (collector unreachable, overloaded, timed out) is retried after an exponential backoff
 //! (1 s, 2 s, 4 s … up to `max_backoff`, each wait drawn uniformly from its upper half, so
 //! agents restarted together do not retry together); a refusal (malformed, unauthorized) drops
-//! the window.
+//! the window. The backoff belongs to the endpoint: a window dropped from a full queue while it
+//! was being retried hands the current backoff on to the next window; only a successful export
+//! or a new endpoint restarts it at 1 s.
 
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
@@ -150,6 +152,11 @@ pub async fn run_exporter(
     deadline: Arc<Mutex<Option<Instant>>>,
 ) {
     let mut failing_since: Option<(Instant, u64)> = None;
+    // NB: the backoff is the endpoint's, not a window's: it restarts only after an export
+    // succeeds or the endpoint changes, never because the window being retried was dropped
+    // from a full queue (which, during an outage, happens at every window).
+    let mut backoff = Duration::from_secs(1);
+    let mut endpoint_of_backoff = String::new();
     loop {
         let Some(window) = queue.front() else {
             if deadline.lock().unwrap().is_some() {
@@ -159,12 +166,16 @@ pub async fn run_exporter(
             let _ = tokio::time::timeout(Duration::from_millis(500), queue.notify.notified()).await;
             continue;
         };
-        let mut backoff = Duration::from_secs(1);
         loop {
             let (exporter, max_backoff) = {
                 let s = state.lock().unwrap();
                 (s.exporter.clone(), s.max_backoff)
             };
+            if exporter.config().endpoint != endpoint_of_backoff {
+                endpoint_of_backoff.clone_from(&exporter.config().endpoint);
+                backoff = Duration::from_secs(1);
+            }
+            backoff = backoff.min(max_backoff);
             match exporter.export(&window.request).await {
                 Ok(accepted) => {
                     if !queue.remove(window.id) {
@@ -188,6 +199,7 @@ pub async fn run_exporter(
                             accepted.message
                         );
                     }
+                    backoff = Duration::from_secs(1);
                     if let Some((since, failures)) = failing_since.take() {
                         eprintln!(
                             "spanprof daemon: export to {} works again after {failures} failed \
