@@ -307,7 +307,10 @@ mod tests {
         // chown as sudo would have it (root only: elsewhere fchown fails and nothing changes).
         let owned = dir.join("owned.svg");
         let out = PendingOutput::create(&owned).unwrap();
-        let Sink::Rename { file: Some(file), .. } = &out.sink else {
+        let Sink::Rename {
+            file: Some(file), ..
+        } = &out.sink
+        else {
             panic!("a regular file is renamed into place")
         };
         chown(file, 65534, 65534);
@@ -354,7 +357,10 @@ mod tests {
         };
         out.commit(b"a;b 1\n").unwrap();
         assert_eq!(reader.join().unwrap(), b"a;b 1\n");
-        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
         // Through a symlink too (as /dev/stdout is one).
         let link = dir.join("link");
         std::os::unix::fs::symlink(&fifo, &link).unwrap();
@@ -366,8 +372,14 @@ mod tests {
         let sock = dir.join("sock");
         let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let err = PendingOutput::create(&sock).unwrap_err().to_string();
-        assert!(err.contains("it is a socket; outputs go to regular files"), "{err}");
-        assert!(std::fs::symlink_metadata(&sock).unwrap().file_type().is_socket());
+        assert!(
+            err.contains("it is a socket; outputs go to regular files"),
+            "{err}"
+        );
+        assert!(std::fs::symlink_metadata(&sock)
+            .unwrap()
+            .file_type()
+            .is_socket());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
