@@ -3,15 +3,17 @@
 //! on-CPU sample: "0.99% of the targets' 581.96 s of CPU" for a target that used 21 s. The
 //! share must be of the targets' real CPU time.
 //!
-//! The target is `offcpu_pingpong` (two threads passing a byte through pipes: about as many
-//! off-CPU intervals as on-CPU samples), started by the test and released through its stdin
-//! once spanprof samples it; spanprof is stopped (SIGSTOP) for a while so that its ring buffer
-//! overflows with records of both kinds. The truth is the target's own CPU time, from
-//! `wait4`'s rusage once spanprof is done (the test is its parent and waits for it only then, so
-//! spanprof can read its final `/proc/PID/stat` while it is a zombie). spanprof's own figures
-//! (its in-kernel and own CPU time in all) come from its summary line and from the daemon's
-//! metrics; the share they give must be within 20% of `(BPF run time + spanprof's CPU) /
-//! the target's CPU`.
+//! The targets: `offcpu_pingpong` (two threads passing a byte through pipes, most of the CPU
+//! time), released through its stdin once spanprof samples it, and three `offcpu_sleep`s
+//! napping 1 ms at a time (an off-CPU record per nap, little CPU). spanprof is stopped
+//! (SIGSTOP) for a while so that its ring buffer overflows with records of both kinds, most of
+//! them off-CPU intervals. The truth is the targets' own CPU time: `wait4`'s rusage once
+//! spanprof is done (the test is their parent and waits for them only then, so spanprof can
+//! read their final `/proc/PID/stat` while they are zombies), less their `utime + stime` when
+//! sampling began. spanprof's own figures (its in-kernel and own CPU time) come from its
+//! summary line and from the daemon's metrics; the share they give must be within 20% of
+//! `(BPF run time + spanprof's CPU) / the targets' CPU`. Each test also checks that the fault
+//! is provoked: the lost records counted as on-CPU samples would miss the truth by more.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,52 +29,82 @@ use spanprof_tests::{
 
 /// How far the share spanprof reports may be from the one computed with the target's rusage.
 const TOLERANCE: f64 = 0.20;
-/// Round trips of the target: about 1 s unprofiled here, several seconds under off-CPU
+/// Round trips of `offcpu_pingpong`: about 2 s unprofiled here, several seconds under off-CPU
 /// profiling (every context switch runs a BPF program).
 const ROUND_TRIPS: &str = "400000";
+/// Sleepers beside it, each 3000 naps of 1 ms: every nap is longer than the 1 ms period, so
+/// each is one off-CPU record, for little CPU.
+const SLEEPERS: usize = 3;
+const NAPS: &str = "3000";
 
-/// `offcpu_pingpong`, waiting for its go on stdin; killed and reaped on drop unless
-/// [`PingPong::reap`] reaped it.
-struct PingPong {
+/// A workload the test started and waits for (`wait4`) only when spanprof is done; killed and
+/// reaped on drop unless [`Target::reap`] did.
+struct Target {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     pid: u32,
 }
 
-impl PingPong {
-    fn start() -> PingPong {
-        let mut child = Command::new(workload_path("offcpu_pingpong"))
-            .arg(ROUND_TRIPS)
+impl Target {
+    /// Starts `name` with `args`; it prints its pid first.
+    fn start(name: &str, args: &[&str]) -> Target {
+        let mut child = Command::new(workload_path(name))
+            .args(args)
             .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start offcpu_pingpong");
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
         let stdin = child.stdin.take();
         let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
-        stdout.read_line(&mut line).expect("offcpu_pingpong's pid");
+        stdout.read_line(&mut line).expect("the workload's pid");
         let pid = line
             .trim()
             .parse()
-            .unwrap_or_else(|_| panic!("offcpu_pingpong printed {line:?}, not its pid"));
+            .unwrap_or_else(|_| panic!("{name} printed {line:?}, not its pid"));
         // Its JSON line at the end must not block it: read it from a thread.
         std::thread::spawn(move || {
             let mut rest = String::new();
             let _ = stdout.read_to_string(&mut rest);
         });
-        PingPong {
+        Target {
             child: Some(child),
             stdin,
             pid,
         }
     }
 
-    /// Starts the round trips.
+    /// `offcpu_pingpong` (waiting for its go on stdin) and the sleepers (already napping).
+    fn start_all() -> Vec<Target> {
+        let mut all = vec![Target::start("offcpu_pingpong", &[ROUND_TRIPS])];
+        for _ in 0..SLEEPERS {
+            all.push(Target::start("offcpu_sleep", &[NAPS, "1000"]));
+        }
+        all
+    }
+
+    fn pids(all: &[Target]) -> String {
+        let pids: Vec<String> = all.iter().map(|t| t.pid.to_string()).collect();
+        pids.join(",")
+    }
+
+    /// Its CPU time so far (`utime + stime`), in seconds.
+    fn cpu_now(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        // Fields 14 and 15, counted from state (field 3).
+        (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / hz
+    }
+
+    /// Starts the round trips (closing stdin is the go too).
     fn go(&mut self) {
-        let mut stdin = self.stdin.take().expect("not released yet");
-        stdin.write_all(b"x").expect("release offcpu_pingpong");
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"x");
+        }
     }
 
     /// Waits until it has exited (a zombie: not waited for yet), at most `timeout`.
@@ -86,7 +118,8 @@ impl PingPong {
             }
             assert!(
                 Instant::now() < end,
-                "offcpu_pingpong still runs after {timeout:?}"
+                "pid {} still runs after {timeout:?}",
+                self.pid
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -100,10 +133,11 @@ impl PingPong {
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: waits for our own child (not waited for by `Child`).
         let r = unsafe { libc::wait4(self.pid as libc::pid_t, &mut status, 0, &mut ru) };
-        assert_eq!(r, self.pid as libc::pid_t, "wait4 offcpu_pingpong");
+        assert_eq!(r, self.pid as libc::pid_t, "wait4 pid {}", self.pid);
         assert!(
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "offcpu_pingpong exited with status {status:#x}"
+            "pid {} exited with status {status:#x}",
+            self.pid
         );
         // The child was waited for by wait4: `Child` must not wait again.
         std::mem::forget(child);
@@ -112,13 +146,21 @@ impl PingPong {
     }
 }
 
-impl Drop for PingPong {
+impl Drop for Target {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+/// The targets' CPU time between `at_start` (their `cpu_now`, in order) and their end.
+fn reap_all(all: Vec<Target>, at_start: &[f64]) -> f64 {
+    all.into_iter()
+        .zip(at_start)
+        .map(|(t, start)| t.reap() - start)
+        .sum()
 }
 
 /// The figures of spanprof's `spanprof overhead while sampling: …` line.
@@ -137,14 +179,21 @@ fn cost_line(stderr: &str) -> CostLine {
         .lines()
         .find(|l| l.starts_with("spanprof overhead while sampling: "))
         .unwrap_or_else(|| panic!("no overhead line:\n{stderr}"));
-    let bad = || panic!("overhead line {line:?} not as expected");
-    let (_, rest) = line.split_once("; ").unwrap_or_else(bad);
-    let (kernel, rest) = rest.split_once(" ms and ").unwrap_or_else(bad);
-    let (own, rest) = rest.split_once(" ms in all, ").unwrap_or_else(bad);
-    let (share, rest) = rest.split_once("% of the targets' ").unwrap_or_else(bad);
-    let (target, rest) = rest.split_once(" s of CPU (").unwrap_or_else(bad);
+    let cut = |s: &'static str, at: &str| -> (&'static str, &'static str) {
+        s.split_once(at)
+            .unwrap_or_else(|| panic!("overhead line {line:?}: no {at:?}"))
+    };
+    let line: &'static str = Box::leak(line.to_string().into_boxed_str());
+    let (_, rest) = cut(line, "; ");
+    let (kernel, rest) = cut(rest, " ms and ");
+    let (own, rest) = cut(rest, " ms in all, ");
+    let (share, rest) = cut(rest, "% of the targets' ");
+    let (target, rest) = cut(rest, " s of CPU (");
     let source = rest.split(')').next().unwrap_or_default().to_string();
-    let num = |s: &str| s.parse::<f64>().unwrap_or_else(|_| bad());
+    let num = |s: &str| {
+        s.parse::<f64>()
+            .unwrap_or_else(|_| panic!("overhead line {line:?}: {s:?} is not a number"))
+    };
     CostLine {
         kernel_ms: num(kernel),
         own_ms: num(own),
@@ -154,15 +203,15 @@ fn cost_line(stderr: &str) -> CostLine {
     }
 }
 
-/// A session of `-e cpu,offcpu` on the target, stopped 1.5 s with an 8 KiB ring buffer: the
-/// share in its summary is of the CPU time the target really used.
+/// A session of `-e cpu,offcpu` on the targets, stopped 1.5 s with an 8 KiB ring buffer: the
+/// share in its summary is of the CPU time the targets really used.
 #[test]
 fn session_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     require_root();
     spanprof_bin();
     let _lock = profiling_lock();
     let dir = TempDir::new("fault-overhead");
-    let mut target = PingPong::start();
+    let mut targets = Target::start_all();
     let out = dir.join("out.folded");
     let mut cmd = spanprof_command([
         "profile",
@@ -178,21 +227,23 @@ fn session_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
         "--duration",
         "60s",
         "--pid",
-        &target.pid.to_string(),
+        &Target::pids(&targets),
         "-o",
     ]);
     cmd.arg(&out);
     let mut run = Background::spawn(cmd);
     run.wait_for_stderr("spanprof: profiling", Duration::from_secs(30));
-    target.go();
+    let at_start: Vec<f64> = targets.iter().map(Target::cpu_now).collect();
+    targets[0].go();
     std::thread::sleep(Duration::from_millis(300));
     run.signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(1500));
     run.signal(libc::SIGCONT);
-    // The session ends when the target exits (its zombie is read before the test reaps it).
+    // The session ends when the targets exit (their zombies are read before the test reaps
+    // them).
     let result = run.finish(Duration::from_secs(90));
     result.assert_success();
-    let truth = target.reap();
+    let truth = reap_all(targets, &at_start);
     let stderr = &result.stderr;
     let summary = parse_summary(stderr).unwrap_or_else(|e| panic!("{e}\n{stderr}"));
     let cost = cost_line(stderr);
@@ -216,11 +267,11 @@ fn session_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     println!("{report}");
     assert!(cost.kernel_ms > 0.0, "in-kernel time not counted: {report}");
     assert_eq!(cost.source, "from /proc", "{report}");
-    // The fault is there: many records lost, enough that counting them as on-CPU samples
-    // misses the truth by more than the tolerance.
+    // The fault is there: many records lost, enough that a share of the samples' estimate
+    // (lost records counted as on-CPU samples) misses the truth by more than the tolerance.
     assert!(summary.lost >= 500, "too few records lost: {report}");
     assert!(
-        (sampled / truth - 1.0).abs() > TOLERANCE,
+        (truth / sampled - 1.0).abs() > TOLERANCE,
         "the samples' estimate is close to the truth: the test does not provoke the fault: \
          {report}"
     );
@@ -289,32 +340,35 @@ impl Daemon {
     }
 }
 
-/// The daemon, `cpu,offcpu` at 1000 Hz with 8 s windows, stopped 3 s while the target runs in
-/// its first window: the window's overhead ratio is of the CPU time the target really used.
+/// The daemon, `cpu,offcpu` at 1000 Hz with 6 s windows, stopped 3 s while the targets run in
+/// its first window: the window's overhead ratio is of the CPU time the targets really used.
 #[test]
 fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     require_root();
     spanprof_bin();
     let _lock = profiling_lock();
     let dir = TempDir::new("fault-overhead-daemon");
-    let mut target = PingPong::start();
+    let mut targets = Target::start_all();
     // Nothing listens on port 9: the windows wait in the queue; the metrics are what counts.
     let daemon = Daemon::start(
         &dir,
         &format!(
-            "[sampling]\nfrequency = 1000\nevents = [\"cpu\", \"offcpu\"]\nwindow = \"8s\"\n\
+            "[sampling]\nfrequency = 1000\nevents = [\"cpu\", \"offcpu\"]\nwindow = \"6s\"\n\
              [scope]\npids = [{}]\n[export]\nprotocol = \"http/protobuf\"\n\
-             endpoint = \"http://127.0.0.1:9\"\n",
-            target.pid
+             endpoint = \"http://127.0.0.1:9\"\ntimeout = \"1s\"\n",
+            Target::pids(&targets)
         ),
     );
-    target.go();
+    let at_start: Vec<f64> = targets.iter().map(Target::cpu_now).collect();
+    targets[0].go();
     std::thread::sleep(Duration::from_millis(300));
     daemon.process.signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_secs(3));
     daemon.process.signal(libc::SIGCONT);
-    target.wait_exited(Duration::from_secs(60));
-    // The first window closes 8 s after the start, with the target's whole run in it.
+    for t in &targets {
+        t.wait_exited(Duration::from_secs(60));
+    }
+    // The first window closes 6 s after the start, with the targets' whole run in it.
     let end = Instant::now() + Duration::from_secs(30);
     let m = loop {
         let m = daemon.metrics();
@@ -329,7 +383,7 @@ fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(m["spanprof_windows_total"], 1.0, "{m:?}");
-    let truth = target.reap();
+    let truth = reap_all(targets, &at_start);
     daemon.process.signal(libc::SIGTERM);
     let stderr = daemon.process.finish(Duration::from_secs(60)).stderr;
 
@@ -353,8 +407,11 @@ fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
         ratio * 100.0
     );
     println!("{report}");
+    // The fault is there: with the lost records alone counted as on-CPU samples of 1 ms, the
+    // ratio would be too low by more than the tolerance.
+    let lost = get("spanprof_samples_lost_total");
     assert!(
-        get("spanprof_samples_lost_total") >= 500.0,
+        lost >= 500.0 && 1.0 - truth / (lost / 1e3) > TOLERANCE,
         "too few records lost: {report}"
     );
     // The kernel's own figure: the window's in-kernel time is nearly all there was so far.
