@@ -340,7 +340,7 @@ impl Daemon {
     }
 }
 
-/// The daemon, `cpu,offcpu` at 1000 Hz with 6 s windows, stopped 3 s while the targets run in
+/// The daemon, `cpu,offcpu` at 1000 Hz with 8 s windows, stopped 3 s while the targets run in
 /// its first window: the window's overhead ratio is of the CPU time the targets really used.
 #[test]
 fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
@@ -353,7 +353,7 @@ fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     let daemon = Daemon::start(
         &dir,
         &format!(
-            "[sampling]\nfrequency = 1000\nevents = [\"cpu\", \"offcpu\"]\nwindow = \"6s\"\n\
+            "[sampling]\nfrequency = 1000\nevents = [\"cpu\", \"offcpu\"]\nwindow = \"8s\"\n\
              [scope]\npids = [{}]\n[export]\nprotocol = \"http/protobuf\"\n\
              endpoint = \"http://127.0.0.1:9\"\ntimeout = \"1s\"\n",
             Target::pids(&targets)
@@ -368,7 +368,13 @@ fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     for t in &targets {
         t.wait_exited(Duration::from_secs(60));
     }
-    // The first window closes 6 s after the start, with the targets' whole run in it.
+    let windows = daemon.metrics()["spanprof_windows_total"];
+    assert_eq!(
+        windows, 0.0,
+        "the targets outlived the first window (a slow run): its figures are not of their whole \
+         run"
+    );
+    // The first window closes 8 s after the start, with the targets' whole run in it.
     let end = Instant::now() + Duration::from_secs(30);
     let m = loop {
         let m = daemon.metrics();
