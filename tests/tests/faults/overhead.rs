@@ -29,8 +29,9 @@ use spanprof_tests::{
 
 /// How far the share spanprof reports may be from the one computed with the target's rusage.
 const TOLERANCE: f64 = 0.20;
-/// Round trips of `offcpu_pingpong`: about 2 s unprofiled here, several seconds under off-CPU
-/// profiling (every context switch runs a BPF program).
+/// Round trips of `offcpu_pingpong`, both threads pinned to CPU 0 (steady from run to run; left
+/// to the scheduler the same work took 2.7 to 6.2 s of CPU here): about 2.4 s of CPU under
+/// off-CPU profiling (every context switch runs a BPF program).
 const ROUND_TRIPS: &str = "400000";
 /// Sleepers beside it, each 3000 naps of 1 ms: every nap is longer than the 1 ms period, so
 /// each is one off-CPU record, for little CPU.
@@ -78,7 +79,10 @@ impl Target {
 
     /// `offcpu_pingpong` (waiting for its go on stdin) and the sleepers (already napping).
     fn start_all() -> Vec<Target> {
-        let mut all = vec![Target::start("offcpu_pingpong", &[ROUND_TRIPS])];
+        let mut all = vec![Target::start(
+            "offcpu_pingpong",
+            &["--cpu", "0", ROUND_TRIPS],
+        )];
         for _ in 0..SLEEPERS {
             all.push(Target::start("offcpu_sleep", &[NAPS, "1000"]));
         }
