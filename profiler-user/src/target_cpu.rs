@@ -14,18 +14,23 @@
 //! - a child waited for by spanprof (the `-- CMD` command) goes to spanprof's
 //!   `getrusage(RUSAGE_CHILDREN)`.
 //!
-//! [`TargetCpu`] reads every profiled process when it is first seen (a process started since
-//! tracking began counts from zero, as the kernel starts it), again when asked ([`refresh`]:
-//! once a second in a session, every 10 s in the daemon, and when an exit is seen) and at the
-//! end of the session or window ([`take`]). With children followed (`-- CMD`, `--children`, the
-//! daemon), a parent's `cutime + cstime` is counted and a child that was waited for by a
+//! [`TargetCpu`] reads every profiled process when it is added ([`add`]: it counts from then),
+//! again when asked ([`refresh`]: once a second in a session, every 10 s in the daemon; [`add`]
+//! again when its exit is seen) and at the end of the session or window ([`take`]). A process
+//! that [`refresh`] finds in the target map, a child the kernel added at its fork, counts from
+//! zero when it started since tracking began. With children followed (`-- CMD`, `--children`,
+//! the daemon), a parent's `cutime + cstime` is counted and a child that was waited for by a
 //! tracked parent (or by spanprof) is taken from there; without, only `utime + stime` of the
-//! named processes. What is not seen exactly, and comes from the last read instead (at most one
-//! refresh old): a process waited for by a parent that is not tracked (a double-forked daemon,
-//! reparented to init), or a child of a parent that ignores `SIGCHLD` (the kernel reaps it
-//! without adding its time anywhere). A process never read at all (gone before its first read)
-//! is counted in [`Measured::unreadable`]; when no process could be read, the caller falls back
-//! to the samples' estimate.
+//! named processes. Not seen exactly: a process waited for by a parent that is not tracked (a
+//! `--pid` target reaped by its shell, a double-forked daemon reparented to init) counts until
+//! its last read, at most one refresh old; a child of a parent that ignores `SIGCHLD` (reaped
+//! by the kernel without adding its time anywhere) likewise; a child that was not profiled
+//! (one running before a `--children` session began) is in its parent's `cutime + cstime`
+//! when waited for. A process never read at all (gone before its first read) is counted in
+//! [`Measured::unreadable`]; when no process could be read, the caller falls back to the
+//! samples' estimate.
+//!
+//! [`add`]: TargetCpu::add
 //!
 //! [`refresh`]: TargetCpu::refresh
 //! [`take`]: TargetCpu::take
