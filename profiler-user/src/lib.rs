@@ -54,5 +54,6 @@ pub mod resource;
 pub mod session;
 pub mod stats;
 pub mod summary;
+pub mod target_cpu;
 pub mod verify;
 pub mod write;

@@ -709,7 +709,10 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let overhead = &outcome.overhead;
     let after = session::process_cpu_time().saturating_sub(overhead.cpu_at_end_of_sampling);
     eprintln!("{}", summary::overhead_line(profile, overhead, after));
-    eprintln!("{}", summary::Cost::of(profile, overhead).line());
+    eprintln!(
+        "{}",
+        summary::Cost::of(profile, overhead).line(&profile.meta.events)
+    );
     // The outputs are on disk before spanprof waits for a command that outlives the session.
     if let Some(cmd_status) = outcome.wait_command().map_err(fail)? {
         // A failed command's own status says more than ours.

@@ -25,6 +25,7 @@ use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::{Events, Meta, Profile};
 use crate::python::Python;
+use crate::target_cpu::TargetCpu;
 
 /// How often the loop wakes up when no sample arrives.
 const TICK: Duration = Duration::from_millis(50);
@@ -122,6 +123,12 @@ pub struct Overhead {
     /// The programs' run time in the kernel while sampling; `None` when the kernel did not
     /// count it (see [`crate::bpf::KernelTime`]).
     pub kernel: Option<crate::bpf::KernelTime>,
+    /// Records read from the programs while sampling: on-CPU samples, off-CPU intervals,
+    /// allocations (the lost ones are in [`Meta::lost_samples`]).
+    pub records: u64,
+    /// The targets' CPU time while sampling, read from `/proc` ([`crate::target_cpu`]);
+    /// `None` when no target could be read.
+    pub targets: Option<crate::target_cpu::Measured>,
 }
 
 /// This process's CPU time so far (user + system).
@@ -459,6 +466,11 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     }
     let cpu_at_sampling = process_cpu_time();
     let kernel_at_sampling = programs.kernel_time();
+    let follow_children = opts.children || matches!(opts.target, Target::Command(_));
+    let mut target_cpu = TargetCpu::new(follow_children);
+    for &pid in &pids {
+        target_cpu.add(pid);
+    }
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let mut agg = Aggregator::new(opts.aggregate);
@@ -492,6 +504,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         if once_a_second {
             last_check = Instant::now();
             lost = programs.lost_samples();
+            target_cpu.refresh(&programs.target_pids());
         }
         progress.update(start.elapsed(), agg.samples(), lost);
 
@@ -509,6 +522,8 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             }
         } else {
             for pid in gone {
+                // Its last read: final while it is a zombie (see `target_cpu`).
+                target_cpu.add(pid);
                 exited.push((pid, start.elapsed()));
                 programs.remove_target(pid);
             }
@@ -534,7 +549,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         .kernel_time()
         .zip(kernel_at_sampling)
         .map(|(end, start)| end.since(&start));
+    let targets_cpu = target_cpu.take(&programs.target_pids());
     drain(&mut programs, &mut agg, &mut python, &mut copy);
+    let records = agg.samples();
     progress.finish();
     let errors = programs.error_counts();
     let off_cpu_unseen = opts.events.off_cpu.then(|| OffCpuUnseen::of(&programs));
@@ -590,6 +607,8 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             sampling: cpu_at_end.saturating_sub(cpu_at_sampling),
             cpu_at_end_of_sampling: cpu_at_end,
             kernel,
+            records,
+            targets: targets_cpu,
         },
     })
 }

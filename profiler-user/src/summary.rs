@@ -54,8 +54,9 @@ pub fn top_self_by(
 
 /// spanprof's own CPU time: setup, per sample while sampling, and symbolizing plus writing.
 ///
-/// A memory profile does not know how many allocations were sampled (its samples are scaled
-/// estimates), so it gives the time while sampling without a cost per sample.
+/// A sample here is a record the programs made, as in [`Cost::samples`]. A memory profile
+/// does not know how many allocations were sampled (its samples are scaled estimates), so it
+/// gives the time while sampling without a cost per sample.
 pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Duration) -> String {
     if profile.meta.events.in_bytes() {
         return format!(
@@ -66,7 +67,7 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
             symbolize_and_write.as_secs_f64() * 1e3,
         );
     }
-    let total = profile.total_samples() + profile.meta.lost_samples;
+    let total = Cost::of(profile, o).samples;
     let per_sample = if total > 0 {
         format!("{:.1} µs", o.sampling.as_secs_f64() * 1e6 / total as f64)
     } else {
@@ -81,35 +82,75 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
     )
 }
 
+/// Where the targets' CPU time of a [`Cost`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetCpuSource {
+    /// `/proc/PID/stat` of the profiled processes ([`crate::target_cpu`]); `unreadable`
+    /// processes could not be read (gone before their first read).
+    Proc {
+        /// Processes read.
+        processes: u32,
+        /// Processes not read.
+        unreadable: u32,
+    },
+    /// No target could be read: on-CPU samples × period, the lost ones only when every record
+    /// is an on-CPU sample (the kernel counts lost records of every kind together).
+    Samples,
+}
+
 /// spanprof's cost while sampling, next to the CPU time of what it profiled: the figures the
 /// session summary, `spanprof verify` and the daemon's metrics give.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cost {
-    /// Samples taken: kept and lost.
+    /// Records the programs made: those read (on-CPU samples, off-CPU intervals, allocations)
+    /// and those lost because the ring buffer was full (each is a program run all the same).
     pub samples: u64,
+    /// Of them, lost.
+    pub lost: u64,
     /// Run time of spanprof's programs in the kernel; `None` when the kernel did not count it.
     pub kernel_ns: Option<u64>,
     /// spanprof's own CPU time (user + system) while sampling.
     pub own_ns: u64,
-    /// The targets' CPU time as sampling saw it (samples × period); `None` without on-CPU
-    /// samples (a memory or off-CPU-only profile).
+    /// The targets' CPU time while sampling ([`Cost::target_cpu_source`] says from where);
+    /// `None` for a memory profile, and without a /proc figure or on-CPU samples.
     pub target_cpu_ns: Option<u64>,
+    /// Where [`Cost::target_cpu_ns`] comes from.
+    pub target_cpu_source: TargetCpuSource,
 }
 
 impl Cost {
     /// The cost of a session that made `profile`.
     pub fn of(profile: &Profile, o: &Overhead) -> Cost {
-        let samples = profile
-            .total_samples()
-            .saturating_add(profile.meta.lost_samples);
+        let lost = profile.meta.lost_samples;
+        let samples = o.records.saturating_add(lost);
         let events = profile.meta.events;
-        let on_cpu = events.cpu || events.wall;
+        let (target_cpu_ns, target_cpu_source) = match o.targets {
+            _ if events.in_bytes() => (None, TargetCpuSource::Samples),
+            Some(m) => (
+                Some(m.ns),
+                TargetCpuSource::Proc {
+                    processes: m.processes,
+                    unreadable: m.unreadable,
+                },
+            ),
+            None => {
+                // A lost record may be an off-CPU interval: counted only when none can be.
+                let lost_cpu = if events.in_nanoseconds() { 0 } else { lost };
+                let on_cpu = profile.total_samples().saturating_add(lost_cpu);
+                (
+                    ((events.cpu || events.wall) && on_cpu > 0)
+                        .then(|| on_cpu.saturating_mul(profile.meta.period_ns())),
+                    TargetCpuSource::Samples,
+                )
+            }
+        };
         Cost {
             samples,
+            lost,
             kernel_ns: o.kernel.map(|k| k.total_ns),
             own_ns: u64::try_from(o.sampling.as_nanos()).unwrap_or(u64::MAX),
-            target_cpu_ns: (on_cpu && !events.in_bytes() && samples > 0)
-                .then(|| samples.saturating_mul(profile.meta.period_ns())),
+            target_cpu_ns,
+            target_cpu_source,
         }
     }
 
@@ -132,24 +173,59 @@ impl Cost {
         Some(spent as f64 / target as f64)
     }
 
+    /// Where the targets' CPU time came from, as the summary says it: `from /proc`, `from
+    /// /proc, 2 processes not read`, or `estimated from the on-CPU samples: /proc unreadable`.
+    pub fn source_text(&self) -> String {
+        match self.target_cpu_source {
+            TargetCpuSource::Proc { unreadable: 0, .. } => "from /proc".to_string(),
+            TargetCpuSource::Proc { unreadable, .. } => format!(
+                "from /proc; {unreadable} process{} gone before it could be read",
+                if unreadable == 1 { "" } else { "es" }
+            ),
+            TargetCpuSource::Samples => {
+                "estimated from the on-CPU samples: /proc unreadable".to_string()
+            }
+        }
+    }
+
     /// `spanprof overhead while sampling: 2.1 µs in the kernel and 9.8 µs of its own CPU per
-    /// sample, 1.20% of the targets' 2.95 s of CPU`: the share is of the CPU time sampling saw.
-    pub fn line(&self) -> String {
+    /// sample (1500 samples, 3 lost); 3.2 ms and 14.7 ms in all, 0.61% of the targets' 2.95 s of
+    /// CPU (from /proc)`. A sample is a record the programs made, kept or lost: with off-CPU
+    /// events the intervals count too (`1500 on-CPU and off-CPU samples`).
+    pub fn line(&self, events: &crate::profile::Events) -> String {
         let micros =
             |ns: Option<f64>| ns.map_or("n/a".to_string(), |ns| format!("{:.1} µs", ns / 1e3));
+        let millis = |ns: u64| format!("{:.1} ms", ns as f64 / 1e6);
         let own = micros(self.own_per_sample());
-        let spent = match self.kernel_ns {
-            Some(_) => format!(
-                "{} in the kernel and {own} of its own CPU per sample",
-                micros(self.kernel_per_sample())
+        let kinds = if events.in_bytes() {
+            "allocation "
+        } else if events.in_nanoseconds() && (events.cpu || events.wall) {
+            "on-CPU and off-CPU "
+        } else if events.in_nanoseconds() {
+            "off-CPU "
+        } else {
+            ""
+        };
+        let counted = format!("({} {kinds}samples, {} lost)", self.samples, self.lost);
+        let (spent, all) = match self.kernel_ns {
+            Some(k) => (
+                format!(
+                    "{} in the kernel and {own} of its own CPU per sample {counted}",
+                    micros(self.kernel_per_sample())
+                ),
+                format!("{} and {} in all", millis(k), millis(self.own_ns)),
             ),
-            None => format!("{own} of its own CPU per sample"),
+            None => (
+                format!("{own} of its own CPU per sample {counted}"),
+                format!("{} in all", millis(self.own_ns)),
+            ),
         };
         let share = match (self.share(), self.target_cpu_ns) {
             (Some(share), Some(target)) => format!(
-                ", {:.2}% of the targets' {:.2} s of CPU",
+                ", {:.2}% of the targets' {:.2} s of CPU ({})",
                 share * 100.0,
-                target as f64 / 1e9
+                target as f64 / 1e9,
+                self.source_text()
             ),
             _ => String::new(),
         };
@@ -159,7 +235,7 @@ impl Cost {
         } else {
             ""
         };
-        format!("spanprof overhead while sampling: {spent}{share}{uncounted}")
+        format!("spanprof overhead while sampling: {spent}; {all}{share}{uncounted}")
     }
 }
 
@@ -603,8 +679,11 @@ mod tests {
             sampling: Duration::from_micros(1500),
             cpu_at_end_of_sampling: Duration::ZERO,
             kernel: None,
+            records: 11,
+            targets: None,
         };
         let after = Duration::from_millis(3);
+        // 11 records read and 4 lost.
         assert_eq!(
             overhead_line(&fixture::profile(), &o, after),
             "spanprof own CPU: 12.0 ms setup, 100.0 µs per sample while sampling (1.5 ms), \
@@ -624,33 +703,107 @@ mod tests {
             sampling: Duration::from_micros(1500),
             cpu_at_end_of_sampling: Duration::ZERO,
             kernel: Some(crate::bpf::KernelTime {
-                total_ns: 30_000,
+                total_ns: 300_000,
                 total_runs: 40,
-                sampling_ns: 20_000,
+                sampling_ns: 200_000,
                 sampling_runs: 20,
             }),
+            records: 11,
+            targets: None,
         };
-        // 15 samples at 100 Hz: 150 ms of the targets' CPU.
+        // /proc unreadable: 11 on-CPU samples and 4 lost ones, all on-CPU, at 100 Hz: 150 ms.
         let profile = fixture::profile();
         let cost = Cost::of(&profile, &o);
-        assert_eq!(cost.samples, 15);
+        assert_eq!((cost.samples, cost.lost), (15, 4));
         assert_eq!(cost.target_cpu_ns, Some(150_000_000));
+        assert_eq!(cost.target_cpu_source, TargetCpuSource::Samples);
+        // (0.3 + 1.5 ms) / 150 ms.
         assert_eq!(
-            cost.line(),
-            "spanprof overhead while sampling: 2.0 µs in the kernel and 100.0 µs of its own CPU \
-             per sample, 1.02% of the targets' 0.15 s of CPU"
+            cost.line(&profile.meta.events),
+            "spanprof overhead while sampling: 20.0 µs in the kernel and 100.0 µs of its own CPU \
+             per sample (15 samples, 4 lost); 0.3 ms and 1.5 ms in all, 1.20% of the targets' \
+             0.15 s of CPU (estimated from the on-CPU samples: /proc unreadable)"
+        );
+        // From /proc.
+        o.targets = Some(crate::target_cpu::Measured {
+            ns: 90_000_000,
+            processes: 2,
+            unreadable: 0,
+        });
+        assert_eq!(
+            Cost::of(&profile, &o).line(&profile.meta.events),
+            "spanprof overhead while sampling: 20.0 µs in the kernel and 100.0 µs of its own CPU \
+             per sample (15 samples, 4 lost); 0.3 ms and 1.5 ms in all, 2.00% of the targets' \
+             0.09 s of CPU (from /proc)"
         );
         o.kernel = None;
+        o.targets.as_mut().unwrap().unreadable = 1;
         assert_eq!(
-            Cost::of(&profile, &o).line(),
-            "spanprof overhead while sampling: 100.0 µs of its own CPU per sample, 1.00% of the \
-             targets' 0.15 s of CPU (in-kernel time not counted: the kernel counts it for \
-             CAP_SYS_ADMIN, or with sysctl kernel.bpf_stats_enabled=1)"
+            Cost::of(&profile, &o).line(&profile.meta.events),
+            "spanprof overhead while sampling: 100.0 µs of its own CPU per sample (15 samples, 4 \
+             lost); 1.5 ms in all, 1.67% of the targets' 0.09 s of CPU (from /proc; 1 process \
+             gone before it could be read) (in-kernel time not counted: the kernel counts it \
+             for CAP_SYS_ADMIN, or with sysctl kernel.bpf_stats_enabled=1)"
         );
         // A memory profile has no CPU time of its targets to compare with.
         let memory = Cost::of(&fixture::memory(), &o);
         assert_eq!(memory.target_cpu_ns, None);
         assert_eq!(memory.share(), None);
+    }
+
+    /// Issue 18: with off-CPU events, lost records are no CPU time (the kernel counts the
+    /// lost records of every kind together).
+    #[test]
+    fn lost_off_cpu_records_are_not_cpu_time() {
+        let profile = fixture::off_cpu();
+        assert_eq!(
+            (profile.total_samples(), profile.meta.lost_samples),
+            (11, 4)
+        );
+        let mut o = Overhead {
+            sampling: Duration::from_micros(2100),
+            kernel: Some(crate::bpf::KernelTime {
+                total_ns: 900_000,
+                ..Default::default()
+            }),
+            // 11 on-CPU samples and 5 off-CPU intervals read.
+            records: 16,
+            targets: None,
+            ..Default::default()
+        };
+        let cost = Cost::of(&profile, &o);
+        // Every record counts as a sample (a program run each), the lost ones too.
+        assert_eq!(cost.samples, 20);
+        assert_eq!(cost.kernel_per_sample(), Some(45_000.0));
+        assert_eq!(cost.own_per_sample(), Some(105_000.0));
+        // Without /proc: the 11 on-CPU samples kept, not the lost records.
+        assert_eq!(cost.target_cpu_ns, Some(110_000_000));
+        assert_eq!(cost.share(), Some(3_000_000.0 / 110_000_000.0));
+        // With /proc: its figure, whatever was lost.
+        o.targets = Some(crate::target_cpu::Measured {
+            ns: 300_000_000,
+            processes: 1,
+            unreadable: 0,
+        });
+        let cost = Cost::of(&profile, &o);
+        assert_eq!(cost.share(), Some(0.01));
+        assert_eq!(
+            cost.line(&profile.meta.events),
+            "spanprof overhead while sampling: 45.0 µs in the kernel and 105.0 µs of its own CPU \
+             per sample (20 on-CPU and off-CPU samples, 4 lost); 0.9 ms and 2.1 ms in all, \
+             1.00% of the targets' 0.30 s of CPU (from /proc)"
+        );
+        // Off-CPU alone: a share of the targets' CPU from /proc, none without it.
+        let mut only = profile.clone();
+        only.meta.events.cpu = false;
+        assert!(Cost::of(&only, &o)
+            .line(&only.meta.events)
+            .contains("(20 off-CPU samples, 4 lost)"));
+        o.targets = None;
+        for s in &mut only.samples {
+            s.count = 0;
+        }
+        assert_eq!(Cost::of(&only, &o).share(), None);
     }
 
     #[test]

@@ -99,7 +99,7 @@ const WORKLOAD_SECONDS: f64 = 3.0;
 const SHARE_TOLERANCE: f64 = 5.0;
 /// How far the estimated allocated bytes may be from the truth.
 const ALLOC_TOLERANCE: f64 = 0.15;
-/// The overhead a check passes with: spanprof's CPU over its targets' sampled CPU, at the
+/// The overhead a check passes with: spanprof's CPU over its targets' CPU (from /proc), at the
 /// default 499 Hz over a 3 s workload (measured here: 2.5%, own CPU dominating).
 const MAX_OVERHEAD: f64 = 0.10;
 
@@ -577,12 +577,13 @@ fn overhead_check(outcome: &Outcome) -> Check {
     let cost = Cost::of(&outcome.profile, &outcome.overhead);
     let micros = |ns: Option<f64>| ns.map_or("n/a".to_string(), |n| format!("{:.1} µs", n / 1e3));
     let figure = format!(
-        "{} in the kernel and {} of its own CPU per sample; {} of the target's sampled CPU \
-         (at most {:.0}%){}",
+        "{} in the kernel and {} of its own CPU per sample; {} of the target's CPU ({}; at \
+         most {:.0}%){}",
         micros(cost.kernel_per_sample()),
         micros(cost.own_per_sample()),
         cost.share()
             .map_or("n/a".to_string(), |s| format!("{:.2}%", s * 100.0)),
+        cost.source_text(),
         MAX_OVERHEAD * 100.0,
         if cost.kernel_ns.is_none() {
             " (in-kernel time not counted: CAP_SYS_ADMIN or sysctl kernel.bpf_stats_enabled=1)"

@@ -18,9 +18,10 @@
 //! | `spanprof_resident_memory_bytes` | gauge | the daemon's resident memory |
 //! | `spanprof_last_export_timestamp_seconds` | gauge | Unix time of the last accepted export |
 //! | `spanprof_bpf_run_seconds_total` | counter | run time of spanprof's BPF programs in the kernel (from the kernel's BPF statistics; absent when they are not counted) |
-//! | `spanprof_window_kernel_seconds_per_sample` | gauge | in the last window: in-kernel time per sample (absent when not counted) |
+//! | `spanprof_window_kernel_seconds_per_sample` | gauge | in the last window: in-kernel time per sample (a sample: a record the programs made, on-CPU or off-CPU, kept or lost; absent when not counted) |
 //! | `spanprof_window_cpu_seconds_per_sample` | gauge | in the last window: spanprof's own CPU per sample |
-//! | `spanprof_window_overhead_ratio` | gauge | in the last window: spanprof's CPU (in the kernel and its own) over the CPU time its on-CPU samples stand for (absent without on-CPU samples) |
+//! | `spanprof_window_target_cpu_seconds` | gauge | in the last window: the CPU time of the profiled processes, from `/proc/PID/stat` ([`crate::target_cpu`]; on-CPU samples × period when none could be read; absent for `alloc`) |
+//! | `spanprof_window_overhead_ratio` | gauge | in the last window: spanprof's CPU (in the kernel and its own) over `spanprof_window_target_cpu_seconds` |
 //!
 //! `/healthz` answers 200 `ok` while the sampling loop runs (it went round in the last 10
 //! seconds), else 503.
@@ -55,6 +56,7 @@ pub struct Metrics {
     pub window_kernel_per_sample: AtomicU64,
     pub window_cpu_per_sample: AtomicU64,
     pub window_overhead: AtomicU64,
+    pub window_target_cpu: AtomicU64,
     start: Instant,
 }
 
@@ -79,6 +81,7 @@ impl Default for Metrics {
             window_kernel_per_sample: AtomicU64::new(f64::NAN.to_bits()),
             window_cpu_per_sample: AtomicU64::new(f64::NAN.to_bits()),
             window_overhead: AtomicU64::new(f64::NAN.to_bits()),
+            window_target_cpu: AtomicU64::new(f64::NAN.to_bits()),
             start: Instant::now(),
         }
     }
@@ -109,6 +112,10 @@ impl Metrics {
         store(&self.window_kernel_per_sample, cost.kernel_per_sample());
         store(&self.window_cpu_per_sample, cost.own_per_sample());
         store(&self.window_overhead, cost.share());
+        store(
+            &self.window_target_cpu,
+            cost.target_cpu_ns.map(|ns| ns as f64 / 1e9),
+        );
         self.bpf_run_ns
             .store(bpf_run_ns.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
@@ -243,9 +250,15 @@ impl Metrics {
                 Some(float(&self.window_cpu_per_sample) / 1e9),
             ),
             (
+                "spanprof_window_target_cpu_seconds",
+                "gauge",
+                "CPU time of the profiled processes in the last window (from /proc).",
+                Some(float(&self.window_target_cpu)),
+            ),
+            (
                 "spanprof_window_overhead_ratio",
                 "gauge",
-                "spanprof's CPU over the CPU time its on-CPU samples stand for, last window.",
+                "spanprof's CPU over the profiled processes' CPU time, last window.",
                 Some(float(&self.window_overhead)),
             ),
         ];

@@ -40,6 +40,7 @@ use crate::export::Exporter;
 use crate::profile::Meta;
 use crate::python::Python;
 use crate::session::{Probes, StackCopySizes};
+use crate::target_cpu::TargetCpu;
 use config::DaemonConfig;
 use metrics::Metrics;
 use queue::{ExportState, Queue, Window};
@@ -184,12 +185,15 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         raised: Vec::new(),
     };
     let mut agg = Aggregator::new(aggregate_options(&config));
+    // The targets' CPU time per window, from /proc (children are followed).
+    let mut target_cpu = TargetCpu::new(true);
     add_in_scope(
         &mut scanner,
         &config,
         &mut programs,
         &mut probes,
         &mut python,
+        &mut target_cpu,
         me,
     );
     eprintln!(
@@ -239,14 +243,17 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 &mut programs,
                 &mut probes,
                 &mut python,
+                &mut target_cpu,
                 me,
             );
-            // Counting walks the map (a syscall per entry): every 10 s is enough for a gauge.
+            // Listing walks the map (a syscall per entry): every 10 s is enough for a gauge,
+            // and for the CPU time of the children the kernel added (those that exit sooner
+            // are in their parents' figures).
             scans += 1;
             if scans % 10 == 1 {
-                metrics
-                    .targets
-                    .store(programs.target_count() as u64, Ordering::Relaxed);
+                let pids = programs.target_pids();
+                metrics.targets.store(pids.len() as u64, Ordering::Relaxed);
+                target_cpu.refresh(&pids);
             }
             metrics
                 .targets_failed
@@ -282,11 +289,14 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             let window = agg.take_window();
             samples_total += window.samples();
             dropped_total += window.dropped();
+            let records = window.samples() + window.dropped();
             let mut profile = window.into_profile(&mut symbolizer, &python, meta);
             symbolizer.forget_exited();
-            // The window's cost, as a session's summary gives it.
+            // The window's cost, as a session's summary gives it, symbolizing included: from
+            // here to here, as the targets' CPU time.
             let kernel_now = programs.kernel_time();
             let cpu_now = crate::session::process_cpu_time();
+            let targets = target_cpu.take(&programs.target_pids());
             let overhead = crate::session::Overhead {
                 setup: Duration::ZERO,
                 sampling: cpu_now.saturating_sub(cpu_at_window),
@@ -294,6 +304,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 kernel: kernel_now
                     .zip(kernel_at_window)
                     .map(|(now, then)| now.since(&then)),
+                records,
+                targets,
             };
             metrics.set_cost(
                 &crate::summary::Cost::of(&profile, &overhead),
@@ -334,6 +346,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                     }
                     if new.scope != config.scope {
                         programs.clear_targets();
+                        target_cpu.untrack_all();
                         scanner.reset();
                     }
                     agg.set_limits(new.max_stacks, new.max_processes);
@@ -344,6 +357,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                         &mut programs,
                         &mut probes,
                         &mut python,
+                        &mut target_cpu,
                         me,
                     );
                     eprintln!(
@@ -396,6 +410,7 @@ fn add_in_scope(
     programs: &mut Programs,
     probes: &mut Probes,
     python: &mut Python,
+    target_cpu: &mut TargetCpu,
     me: u32,
 ) {
     for pid in scanner.scan(&config.scope, me) {
@@ -407,6 +422,7 @@ fn add_in_scope(
             ADD_FAILED.fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        target_cpu.add(pid);
         python.detect_now(pid);
         if let Err(e) = probes.libc_of(programs, pid) {
             eprintln!("spanprof daemon: pid {pid}: {e:#}");
