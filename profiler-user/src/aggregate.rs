@@ -716,7 +716,7 @@ impl Aggregator {
                 stack.push(frames.placeholder(if self.opts.python_only {
                     NO_PYTHON_FRAMES
                 } else {
-                    crate::output::folded::NO_STACK
+                    crate::wording::NO_STACK
                 }));
             }
             samples.push(Sample {
@@ -910,7 +910,7 @@ fn unix_offset_ns() -> i64 {
     let unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    unix - crate::python::monotonic_ns() as i64
+    unix - crate::bpf::monotonic_ns() as i64
 }
 
 /// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.

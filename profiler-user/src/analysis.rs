@@ -10,7 +10,7 @@
 //! the profile's total, so two runs of different lengths compare: a function that takes 25% of
 //! one run and 40% of the next got slower relative to the rest of the program.
 //!
-//! A function is named as in flame graphs ([`crate::output::folded::frame_name`]), except that
+//! A function is named as in flame graphs ([`crate::wording::frame_name`]), except that
 //! a Python function is one function whatever its line: `handle (app.py)`, not
 //! `handle (app.py:12)` ([`function_name`]).
 //!
@@ -41,8 +41,8 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 
-use crate::output::folded;
-use crate::profile::{Frame, FrameKind, Profile};
+use crate::profile::Profile;
+use crate::wording::{function_name, NO_STACK};
 
 /// A change must be this many standard errors to count as a regression.
 pub const Z_LIMIT: f64 = 3.0;
@@ -105,17 +105,6 @@ pub struct Functions {
     pub rows: Vec<FunctionWeight>,
 }
 
-/// The name a function is known by in reports, diffs and budgets: its flame graph name
-/// ([`folded::frame_name`]), without the line for a Python function (`handle (app.py)`).
-pub fn function_name(frame: &Frame) -> String {
-    if frame.kind == FrameKind::Python && frame.line.is_some() {
-        let mut f = frame.clone();
-        f.line = None;
-        return folded::frame_name(&f);
-    }
-    folded::frame_name(frame)
-}
-
 impl Functions {
     /// The functions of `profile`.
     pub fn of(profile: &Profile) -> Functions {
@@ -137,7 +126,7 @@ impl Functions {
             .iter()
             .map(|f| intern(function_name(f), &mut rows))
             .collect();
-        let no_stack = intern(folded::NO_STACK.to_string(), &mut rows);
+        let no_stack = intern(NO_STACK.to_string(), &mut rows);
         // The last sample that counted each function, so recursion counts once.
         let mut counted: Vec<usize> = vec![usize::MAX; rows.len()];
         let mut total = 0u64;
@@ -354,7 +343,7 @@ pub fn measure(profile: &Profile, functions: &Functions, budget: &Budget) -> Bud
                 .iter()
                 .map(|f| budget.pattern.matches_function(&function_name(f)))
                 .collect();
-            let no_stack = budget.pattern.matches_function(folded::NO_STACK);
+            let no_stack = budget.pattern.matches_function(NO_STACK);
             profile
                 .samples
                 .iter()
@@ -745,7 +734,7 @@ pub fn run_line(profile: &Profile) -> String {
             profile.total_samples()
         );
     }
-    let mut s = crate::output::svg::subtitle(profile);
+    let mut s = crate::wording::subtitle(profile);
     let _ = write!(
         s,
         "; started {}",
@@ -784,7 +773,7 @@ pub fn report_text(
     let _ = writeln!(
         s,
         "spanprof report: {}",
-        crate::output::shown(&profile.meta)
+        crate::wording::shown(&profile.meta)
     );
     let _ = writeln!(s, "{}", run_line(profile));
     if functions.rows.is_empty() {

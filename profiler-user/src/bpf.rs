@@ -732,7 +732,7 @@ impl Programs {
         let Some(map_fd) = self.offcpu_map_fd() else {
             return 0;
         };
-        let now = crate::python::monotonic_ns();
+        let now = monotonic_ns();
         let mut started = 0;
         for tid in threads_of(pid) {
             if !thread_sleeping(pid, tid) {
@@ -786,4 +786,15 @@ impl Programs {
         }
         out
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

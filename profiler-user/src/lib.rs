@@ -56,4 +56,5 @@ pub mod stats;
 pub mod summary;
 pub mod target_cpu;
 pub mod verify;
+pub mod wording;
 pub mod write;

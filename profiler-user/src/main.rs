@@ -1428,7 +1428,7 @@ fn report_line(
         file.display(),
         m.target,
         m.duration.as_secs_f64(),
-        output::sampling(m),
+        spanprof::wording::sampling(m),
     )
 }
 

@@ -336,17 +336,6 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Function id of [`unknown`], interned first.
 const UNKNOWN_FUNCTION: u32 = 0;
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-parameter; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The CPython side of a session.
 #[derive(Debug)]
 pub struct Python {
@@ -530,7 +519,7 @@ impl Python {
             match programs.set_python(pid, &value) {
                 Ok(()) => {
                     if let Some(Proc::Ready(r)) = self.procs.get_mut(&pid) {
-                        r.since_ns = monotonic_ns();
+                        r.since_ns = crate::bpf::monotonic_ns();
                     }
                 }
                 Err(e) => {

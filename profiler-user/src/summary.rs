@@ -18,9 +18,9 @@ use profiler_common::{ErrorCode, ERROR_COUNT};
 use rustc_hash::FxHashMap;
 
 use crate::offcpu::OffCpuReason;
-use crate::output::{estimated, memory_text, millis, no_samples_text, sampling, size};
 use crate::profile::{Profile, Sample};
 use crate::session::Overhead;
+use crate::wording::{estimated, memory_text, millis, no_samples_text, sampling, size};
 use std::time::Duration;
 
 /// Functions by self weight (the leaf frame's display name; [`Profile::weight`]: samples,

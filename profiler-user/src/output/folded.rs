@@ -15,45 +15,11 @@
 //! [`sanitize_name`]. A sample without frames is shown as the single frame [`NO_STACK`] rather
 //! than dropped.
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::collections::BTreeMap;
 
 use super::{validate, OutputError};
 use crate::profile::{Frame, Profile};
-
-/// The frame name used for a sample that has no frames at all.
-pub const NO_STACK: &str = "[no stack]";
-
-/// Makes a frame name safe for a folded line.
-///
-/// `;` becomes `:` (C++ `operator;`-like names stay readable), newlines and other control
-/// characters become a space, and an empty name becomes `[unknown]`. Spaces are kept: the count
-/// is the last space-separated field, so names like `[unknown] (libfoo.so+0x1234)` are fine.
-pub fn sanitize_name(name: &str) -> Cow<'_, str> {
-    if name.is_empty() {
-        return Cow::Borrowed("[unknown]");
-    }
-    if !name.chars().any(|c| c == ';' || c.is_control()) {
-        return Cow::Borrowed(name);
-    }
-    Cow::Owned(
-        name.chars()
-            .map(|c| match c {
-                ';' => ':',
-                c if c.is_control() => ' ',
-                c => c,
-            })
-            .collect(),
-    )
-}
-
-/// The folded name of one frame: its sanitized display name.
-pub fn frame_name(frame: &Frame) -> String {
-    let name = frame.display_name();
-    match sanitize_name(&name) {
-        Cow::Borrowed(_) => name,
-        Cow::Owned(safe) => safe,
-    }
-}
+use crate::wording::{frame_name, NO_STACK};
 
 /// Merges the profile's samples by stack.
 ///
@@ -112,6 +78,8 @@ mod tests {
     use super::*;
     use crate::output::fixture;
     use crate::profile::{FrameKind, Sample};
+    use crate::wording::sanitize_name;
+    use std::borrow::Cow;
 
     #[test]
     fn folded_text() {

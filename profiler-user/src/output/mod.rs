@@ -84,159 +84,7 @@
 
 use std::{fmt, io, path::Path};
 
-use crate::profile::{Events, Memory, Meta, Profile};
-
-/// What the weights of a profile with these events measure, for titles and units: `None` for a
-/// plain on-CPU profile (sample counts), else `off-CPU time`, `CPU + off-CPU time` or
-/// `wall-clock time` (nanoseconds).
-pub fn measure(events: Events) -> Option<&'static str> {
-    if events.wall {
-        Some("wall-clock time")
-    } else if events.off_cpu && events.cpu {
-        Some("CPU + off-CPU time")
-    } else if events.off_cpu {
-        Some("off-CPU time")
-    } else {
-        None
-    }
-}
-
-/// Nanoseconds as milliseconds with one decimal: `1234.5 ms`.
-pub fn millis(ns: u64) -> String {
-    format!("{:.1} ms", ns as f64 / 1e6)
-}
-
-/// What a profile shows, for titles: the target for a plain on-CPU profile, `off-CPU time of
-/// <target>` and the like ([`measure`]) for a time profile, and for a memory profile `memory in
-/// use at the end in <target>` (`--event heap`, with or without `alloc`: the weights are the
-/// bytes in use) or `memory allocated by <target>` (`--event alloc`).
-pub fn shown(meta: &Meta) -> String {
-    let (events, target) = (meta.events, &meta.target);
-    if events.heap {
-        format!("memory in use at the end in {target}")
-    } else if events.alloc {
-        format!("memory allocated by {target}")
-    } else {
-        match measure(events) {
-            None => target.clone(),
-            Some(what) => format!("{what} of {target}"),
-        }
-    }
-}
-
-/// Bytes in binary units with one decimal: `512 B`, `1.5 KiB`, `812.0 MiB`, `1.2 GiB`, `3.0 TiB`.
-pub fn size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
-}
-
-/// A number with `,` between thousands: `34,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// How a profile was sampled, after its duration: `at 99 Hz` for a time profile; for a memory
-/// profile `at 1 sample per 512 KiB` (exact units when the rate is a whole number of them), or
-/// `recording every allocation` with `--alloc-rate 1`.
-pub fn sampling(meta: &Meta) -> String {
-    let events = meta.events;
-    if !events.in_bytes() {
-        return format!("at {} Hz", meta.frequency);
-    }
-    let rate = events.alloc_rate;
-    if rate <= 1 {
-        return "recording every allocation".to_string();
-    }
-    // NB: a whole number of the largest unit that divides the rate, else one decimal.
-    let exact = ["KiB", "MiB", "GiB", "TiB"]
-        .iter()
-        .zip(1u32..5)
-        .rev()
-        .find_map(|(unit, k)| {
-            let scale = 1u64 << (10 * k);
-            rate.is_multiple_of(scale)
-                .then(|| format!("{} {unit}", rate / scale))
-        });
-    format!("at 1 sample per {}", exact.unwrap_or_else(|| size(rate)))
-}
-
-/// Whether a memory profile's amounts are estimates (scaled from sampled allocations), not
-/// counts of every allocation (`--alloc-rate 1`).
-pub fn estimated(events: Events) -> bool {
-    events.alloc_rate > 1
-}
-
-/// The allocations made and those still in use at the end, summed over the samples.
-pub fn memory_totals(profile: &Profile) -> (Memory, Memory) {
-    let add = |a: Memory, b: Memory| Memory {
-        objects: a.objects.saturating_add(b.objects),
-        bytes: a.bytes.saturating_add(b.bytes),
-    };
-    profile
-        .samples
-        .iter()
-        .fold((Memory::default(), Memory::default()), |(a, i), s| {
-            (add(a, s.alloc), add(i, s.inuse))
-        })
-}
-
-/// A memory profile's totals in words, those of its events: `1.2 GiB allocated in 34,567
-/// allocations` (`alloc`), `812.0 MiB in use at the end in 1,234 allocations` (`heap`), or
-/// `1.2 GiB allocated in 34,567 allocations, 812.0 MiB in use at the end in 1,234` (both).
-pub fn memory_text(profile: &Profile) -> String {
-    let events = profile.meta.events;
-    let (alloc, inuse) = memory_totals(profile);
-    let allocations = |n: u64| {
-        format!(
-            "{} allocation{}",
-            thousands(n),
-            if n == 1 { "" } else { "s" }
-        )
-    };
-    let allocated = format!(
-        "{} allocated in {}",
-        size(alloc.bytes),
-        allocations(alloc.objects)
-    );
-    let in_use = |objects: String| format!("{} in use at the end in {objects}", size(inuse.bytes));
-    match (events.alloc, events.heap) {
-        (true, true) => format!("{allocated}, {}", in_use(thousands(inuse.objects))),
-        (false, true) => in_use(allocations(inuse.objects)),
-        _ => allocated,
-    }
-}
-
-/// What an empty profile means, for the summary and the empty flame graph.
-pub fn no_samples_text(events: Events) -> &'static str {
-    if events.heap {
-        return "no samples: no sampled allocation of the target was still in use at the end";
-    }
-    if events.alloc {
-        return "no samples: no allocation of the target was sampled while profiled";
-    }
-    match (events.cpu || events.wall, events.off_cpu || events.wall) {
-        (_, false) => "no samples: the target did not run on a CPU while profiled",
-        (false, true) => "no samples: the target did not block while profiled",
-        (true, true) => "no samples: the target neither ran on a CPU nor blocked while profiled",
-    }
-}
+use crate::profile::Profile;
 
 pub mod folded;
 pub mod otlp;
@@ -761,6 +609,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+    use crate::profile::Memory;
+    use crate::wording::*;
 
     #[test]
     fn format_from_path() {

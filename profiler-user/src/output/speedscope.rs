@@ -26,8 +26,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{shown, validate, OutputError};
+use super::{validate, OutputError};
 use crate::profile::Profile;
+use crate::wording::shown;
 
 /// The `$schema` value that identifies a speedscope file.
 pub const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";

@@ -29,10 +29,9 @@ use inferno::flamegraph::{
     Options,
 };
 
-use super::{
-    estimated, folded, measure, memory_text, millis, no_samples_text, sampling, shown, OutputError,
-};
+use super::{folded, OutputError};
 use crate::profile::{Meta, Profile};
+use crate::wording::{measure, no_samples_text, shown, subtitle};
 
 /// The flame graph's title: `spanprof: <target>`, or `spanprof: <what> of <target>` when the
 /// widths are nanoseconds (`spanprof: off-CPU time of pid 1234 (app)`), `spanprof: memory
@@ -54,55 +53,6 @@ pub fn count_name(meta: &Meta) -> String {
         None => "samples".to_string(),
         Some(what) => format!("ns of {what}"),
     }
-}
-
-/// The flame graph's subtitle, e.g. `30.0 s at 99 Hz, 2970 samples (12 lost)`, or with off-CPU
-/// time `30.0 s at 99 Hz, 2970 samples (30000.0 ms on-CPU), 81234.5 ms off-CPU (12 lost)`, or
-/// for a memory profile `30.0 s at 1 sample per 512 KiB, 1.2 GiB allocated in 34,567
-/// allocations (estimated; 12 lost)`.
-pub fn subtitle(profile: &Profile) -> String {
-    let meta = &profile.meta;
-    let events = meta.events;
-    if events.in_bytes() {
-        let mut notes = Vec::new();
-        if estimated(events) {
-            notes.push("estimated".to_string());
-        }
-        if meta.lost_samples > 0 {
-            notes.push(format!("{} lost", meta.lost_samples));
-        }
-        let mut subtitle = format!(
-            "{:.1} s {}, {}",
-            meta.duration.as_secs_f64(),
-            sampling(meta),
-            memory_text(profile)
-        );
-        if !notes.is_empty() {
-            subtitle.push_str(&format!(" ({})", notes.join("; ")));
-        }
-        return subtitle;
-    }
-    let mut subtitle = format!(
-        "{:.1} s at {} Hz",
-        meta.duration.as_secs_f64(),
-        meta.frequency,
-    );
-    if !events.in_nanoseconds() {
-        subtitle.push_str(&format!(", {} samples", profile.total_samples()));
-    } else {
-        if events.cpu || events.wall {
-            let samples = profile.total_samples();
-            subtitle.push_str(&format!(
-                ", {samples} samples ({} on-CPU)",
-                millis(samples.saturating_mul(meta.period_ns()))
-            ));
-        }
-        subtitle.push_str(&format!(", {} off-CPU", millis(profile.total_off_cpu_ns())));
-    }
-    if meta.lost_samples > 0 {
-        subtitle.push_str(&format!(" ({} lost)", meta.lost_samples));
-    }
-    subtitle
 }
 
 /// The picture of a profile without samples.
@@ -163,7 +113,7 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
 /// to `new`'s total (each stack's weight rounded), so the colors show shares that changed, not
 /// a longer run; tooltips give the change in points of the total, e.g. `render_output (1,234
 /// samples, 40.00%; +15.00%)`. Frames are functions as `spanprof diff` names them
-/// ([`crate::analysis::function_name`]: a Python function without its line, so an edit that
+/// ([`crate::wording::function_name`]: a Python function without its line, so an edit that
 /// moves lines changes nothing). Functions only in `base` have no width in `new` and are not
 /// drawn (the text diff of `spanprof diff` lists them).
 ///
@@ -175,7 +125,7 @@ pub fn render_diff(
     base_name: &str,
     new_name: &str,
 ) -> Result<Vec<u8>, OutputError> {
-    let name = crate::analysis::function_name;
+    let name = crate::wording::function_name;
     let (before, after) = (
         folded::collapse_by(base, name)?,
         folded::collapse_by(new, name)?,
