@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use spanprof::format::pprof as report;
 use spanprof::privacy::{PathMode, Privacy};
-use spanprof::report;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(mut profile) = report::read_pprof(data) else {

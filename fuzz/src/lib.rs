@@ -41,7 +41,7 @@ pub fn u32_at(data: &[u8], at: usize) -> u32 {
 /// every output format, and a read back of the pprof written.
 pub fn report_everything(profile: &spanprof::profile::Profile) {
     use spanprof::analysis::{self, Diff, Functions};
-    use spanprof::output::{self, Format};
+    use spanprof::format::{self, Format};
     let functions = Functions::of(profile);
     let spans = analysis::span_times(profile, analysis::span_name_and_id).unwrap_or_default();
     let _ = analysis::report_text(profile, &functions, &spans, 20);
@@ -59,9 +59,9 @@ pub fn report_everything(profile: &spanprof::profile::Profile) {
         Format::Speedscope,
         Format::Otlp,
     ] {
-        if let Ok(bytes) = output::render(profile, format) {
+        if let Ok(bytes) = format::render(profile, format) {
             if format == Format::Pprof {
-                let _ = spanprof::report::read_pprof(&bytes);
+                let _ = spanprof::format::pprof::read_pprof(&bytes);
             }
         }
     }

@@ -1107,7 +1107,7 @@ pub fn verdict(diff: &Diff, threshold: f64) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
 
     #[test]
     fn shares_count_recursion_once() {

@@ -19,10 +19,11 @@
 //!    reader (every 50 ms, as modules are imported). Counts are kept per span context too.
 //! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`],
 //!    Python frames merged into the native stacks ([`aggregate::merge`]).
-//! 4. [`output`] renders the profile as SVG, folded stacks, pprof (span ids and names as labels) or
-//!    speedscope, grouped by span if asked; [`write`](mod@write) puts the files in place atomically with
-//!    mode 0600. [`report`] reads such a pprof file back and keeps one trace's or span's
-//!    samples (by id or name glob; or one event's, or threads'); [`analysis`] gives `report`, `diff` and `check`
+//! 4. [`format`] renders the profile as SVG, folded stacks, pprof (span ids and names as labels),
+//!    speedscope or OTLP, grouped by span if asked, and reads pprof, folded and OTLP files back;
+//!    [`write`](mod@write) puts the files in place atomically with mode 0600. [`filter`] keeps
+//!    one trace's or span's samples of a profile read back (by id or name glob; or one
+//!    event's, or threads'); [`analysis`] gives `report`, `diff` and `check`
 //!    each function's share, the change of shares between two runs and budgets; [`summary`]
 //!    prints the session's summary.
 //!
@@ -42,14 +43,13 @@ pub mod bpf;
 pub mod command;
 pub mod daemon;
 pub mod export;
+pub mod filter;
+pub mod format;
 pub mod offcpu;
-pub mod otlp_input;
-pub mod output;
 pub mod preflight;
 pub mod privacy;
 pub mod profile;
 pub mod python;
-pub mod report;
 pub mod resource;
 pub mod session;
 pub mod stats;

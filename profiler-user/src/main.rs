@@ -11,9 +11,9 @@ use clap::{Parser, Subcommand};
 use spanprof::aggregate;
 use spanprof::command::CannotRun;
 use spanprof::export::{ExporterConfig, Protocol};
-use spanprof::output::{self, Format};
+use spanprof::filter::{self, Filter};
+use spanprof::format::{self, Format};
 use spanprof::profile::{Events, GroupBy, Profile};
-use spanprof::report::{self, Filter};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
 use spanprof::{bpf, stats, summary};
@@ -496,7 +496,7 @@ fn write_outputs(
 ) -> u8 {
     let grouped = group.map(|g| profile.grouped(g));
     let profile = grouped.as_ref().unwrap_or(profile);
-    commit_outputs(outputs, |format| Ok(output::render(profile, format)?))
+    commit_outputs(outputs, |format| Ok(format::render(profile, format)?))
 }
 
 fn profile(args: ProfileArgs) -> Result<u8, Failure> {
@@ -809,8 +809,8 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
 fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
     let endpoint = config.endpoint.clone();
     let protocol = config.protocol.name();
-    let request = spanprof::output::otlp::request(profile);
-    let profiles = spanprof::output::otlp::profile_count(&request);
+    let request = spanprof::format::otlp::request(profile);
+    let profiles = spanprof::format::otlp::profile_count(&request);
     let result = spanprof::export::export_once(config, &request);
     match result {
         Ok(accepted) if accepted.rejected_profiles > 0 => {
@@ -860,7 +860,7 @@ impl FilterArgs {
             .event
             .as_deref()
             .map(|e| {
-                report::EventFilter::from_name(e.trim()).ok_or_else(|| {
+                filter::EventFilter::from_name(e.trim()).ok_or_else(|| {
                     usage(format!(
                         "invalid --event '{e}': expected cpu, offcpu, alloc or heap"
                     ))
@@ -879,25 +879,25 @@ impl FilterArgs {
                 self.trace_id.as_deref(),
                 "--trace-id",
                 "32 hex digits",
-                report::parse_hex,
+                spanprof::profile::parse_hex,
             )?,
             span_id: parse_id(
                 self.span_id.as_deref(),
                 "--span-id",
                 "16 hex digits",
-                report::parse_hex,
+                spanprof::profile::parse_hex,
             )?,
             base_id: parse_id(
                 self.base_id.as_deref(),
                 "--base-id",
                 UUID,
-                report::parse_uuid,
+                spanprof::profile::parse_uuid,
             )?,
             osprofiler_id: parse_id(
                 self.osprofiler_id.as_deref(),
                 "--osprofiler-id",
                 UUID,
-                report::parse_uuid,
+                spanprof::profile::parse_uuid,
             )?,
         })
     }
@@ -968,9 +968,9 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
         });
     }
     let read = match Format::from_path(path) {
-        Some(Format::Folded) => report::read_folded(&bytes),
-        Some(Format::Otlp) => spanprof::otlp_input::read_otlp(&bytes),
-        _ => report::read_pprof(&bytes),
+        Some(Format::Folded) => spanprof::format::folded::read_folded(&bytes),
+        Some(Format::Otlp) => spanprof::format::otlp::read_otlp(&bytes),
+        _ => spanprof::format::pprof::read_pprof(&bytes),
     };
     read.map_err(|e| {
         Failure(
@@ -1161,7 +1161,7 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
             ReportFormat::Json => {
                 spanprof::analysis::report_json(shown, &functions, &named, args.top).into_bytes()
             }
-            ReportFormat::Profile(f) => output::render(shown, f)?,
+            ReportFormat::Profile(f) => format::render(shown, f)?,
         })
     };
     let line = report_line(profile, &filter, &args.profile, &read.before, read.spans);
@@ -1252,7 +1252,7 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
     let pending = pending_outputs(&args.output)?;
     let written = commit_outputs(pending.into_iter().zip(outs).collect(), |f| match f {
         ReportFormat::Json => Ok(json.clone().into_bytes()),
-        ReportFormat::Profile(_) => Ok(output::svg::render_diff(
+        ReportFormat::Profile(_) => Ok(format::svg::render_diff(
             &base, &new, &base_name, &new_name,
         )?),
         ReportFormat::Text => Ok(text.clone().into_bytes()),

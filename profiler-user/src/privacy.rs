@@ -50,9 +50,9 @@ pub const SAMPLE_LABELS: [&str; 13] = [
     "thread.id",
     "thread.name",
     "process.id",
-    crate::output::pprof::UNWIND_LABEL,
-    crate::output::pprof::UNWIND_REASON_LABEL,
-    crate::output::pprof::OFF_CPU_REASON_LABEL,
+    crate::format::pprof::UNWIND_LABEL,
+    crate::format::pprof::UNWIND_REASON_LABEL,
+    crate::format::pprof::OFF_CPU_REASON_LABEL,
     labels::TRACE_ID,
     labels::SPAN_ID,
     labels::SPAN_NAME,
@@ -295,7 +295,7 @@ fn redact_profile(profile: &mut Profile, mode: PathMode) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
     use std::io::Read;
 
     #[test]
@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn dropped_labels_stay_dropped_when_a_profile_is_read_back() {
-        use crate::output::{self, Format};
+        use crate::format::{self, Format};
         let mut profile = fixture::profile();
         let privacy = Privacy {
             drop_labels: ["thread.id", "process.id", "thread.name"]
@@ -381,18 +381,18 @@ mod tests {
             ..Privacy::default()
         };
         privacy.apply(&mut profile);
-        let bytes = output::render(&profile, Format::Pprof).unwrap();
-        let back = crate::report::read_pprof(&bytes).unwrap();
+        let bytes = format::render(&profile, Format::Pprof).unwrap();
+        let back = crate::format::pprof::read_pprof(&bytes).unwrap();
         assert_eq!(back.meta.dropped_labels, profile.meta.dropped_labels);
         assert!(back.threads.iter().all(|t| t.tid == 0 && t.name.is_empty()));
         // Written again, the labels are still left out.
-        let again = output::render(&back, Format::Pprof).unwrap();
-        let again = crate::report::read_pprof(&again).unwrap();
+        let again = format::render(&back, Format::Pprof).unwrap();
+        let again = crate::format::pprof::read_pprof(&again).unwrap();
         assert_eq!(again.meta.dropped_labels, profile.meta.dropped_labels);
         let raw = {
             use ::pprof::protos::Message as _;
             let mut bytes = Vec::new();
-            let rendered = output::render(&back, Format::Pprof).unwrap();
+            let rendered = format::render(&back, Format::Pprof).unwrap();
             flate2::read::GzDecoder::new(&rendered[..])
                 .read_to_end(&mut bytes)
                 .unwrap();
@@ -414,8 +414,8 @@ mod tests {
         // A file without the comment and without the labels is not spanprof's.
         let mut plain = fixture::profile();
         plain.meta.dropped_labels = vec!["thread.id".to_string()];
-        let bytes = output::render(&plain, Format::Pprof).unwrap();
-        assert!(crate::report::read_pprof(&bytes).is_ok());
+        let bytes = format::render(&plain, Format::Pprof).unwrap();
+        assert!(crate::format::pprof::read_pprof(&bytes).is_ok());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The symbolized, aggregated profile that every output sink reads.
 //!
 //! One [`Profile`] is built at the end of a session (or read back from a pprof file by
-//! [`crate::report`]) and handed to each sink in [`crate::output`]. Frames, threads and span
+//! [`crate::format`]) and handed to each sink in [`crate::format`]. Frames, threads and span
 //! contexts are interned tables; a [`Sample`] points into them by index, so a sink walks small
 //! integers instead of strings.
 
@@ -720,6 +720,30 @@ impl Profile {
     }
 }
 
+/// Parses exactly `2 * N` hex digits (either case) into bytes.
+pub fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Parses a UUID, `8-4-4-4-12` or 32 hex digits (either case).
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let dashed = s.len() == 36
+        && s.char_indices()
+            .all(|(i, c)| matches!(i, 8 | 13 | 18 | 23) == (c == '-'));
+    if dashed {
+        parse_hex(&s.replace('-', ""))
+    } else {
+        parse_hex(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -755,7 +779,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::output::{self, fixture, Format};
+    use crate::format::{self, fixture, Format};
 
     #[test]
     fn group_names() {
@@ -780,7 +804,7 @@ mod tests {
     #[test]
     fn grouped_puts_a_root_frame_per_span() {
         let p = fixture::with_spans().grouped(GroupBy::Span);
-        let folded = String::from_utf8(output::render(&p, Format::Folded).unwrap()).unwrap();
+        let folded = String::from_utf8(format::render(&p, Format::Folded).unwrap()).unwrap();
         assert_eq!(
             folded,
             "[no span];main;[unknown] (libfoo.so+0x1234) 1\n\

@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn several_processes_get_a_line_each_and_the_json_all() {
-        let mut profile = crate::output::fixture::profile();
+        let mut profile = crate::format::fixture::profile();
         profile.threads[1].pid = 200;
         profile.processes.push(crate::profile::Process {
             pid: 200,

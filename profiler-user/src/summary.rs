@@ -529,7 +529,7 @@ fn memory_tops(profile: &Profile, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
 
     #[test]
     fn spans_line_counts_samples_spans_and_traces() {

@@ -11,7 +11,7 @@
 //!   counted in `spanprof_samples_dropped_total`).
 //! - **Windows**: at the end of each window the aggregate is symbolized into a
 //!   [`Profile`](crate::profile::Profile), encoded as one `ExportProfilesServiceRequest`
-//!   ([`crate::output::otlp`]) with a resource per process, and queued; sampling goes on into
+//!   ([`crate::format::otlp`]) with a resource per process, and queued; sampling goes on into
 //!   a fresh aggregate at once (the unwind tables and symbol caches are kept).
 //! - **Export** (a tokio task, [`queue`]): the queue never blocks sampling; it keeps at most
 //!   `export.queue` windows, dropping the oldest, and retries with exponential backoff and
@@ -317,7 +317,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 .processes
                 .store(profile.processes.len() as u64, Ordering::Relaxed);
             metrics.windows.fetch_add(1, Ordering::Relaxed);
-            let request = crate::output::otlp::request(&profile);
+            let request = crate::format::otlp::request(&profile);
             queue.push(Window {
                 id: window_id,
                 bytes: prost::Message::encoded_len(&request),

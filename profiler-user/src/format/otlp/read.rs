@@ -23,18 +23,19 @@ use opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary;
 use prost::Message;
 use symbolizer::unwind::UnwindStatus;
 
+use crate::format::ReadError;
 use crate::offcpu::OffCpuReason;
+use crate::profile::parse_uuid;
 use crate::profile::{
     labels, Events, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats,
     Sample, SpanContext, SpanName, Thread,
 };
-use crate::report::{parse_uuid, ReportError};
 
 /// Largest uncompressed request read.
 const MAX_REQUEST: u64 = 1 << 30;
 
-fn damaged(msg: impl Into<String>) -> ReportError {
-    ReportError::Damaged(msg.into())
+fn damaged(msg: impl Into<String>) -> ReadError {
+    ReadError::Damaged(msg.into())
 }
 
 /// An attribute's value as spanprof writes them: a string or an integer.
@@ -47,7 +48,7 @@ enum Attr<'a> {
 struct Dict<'a>(&'a ProfilesDictionary);
 
 impl<'a> Dict<'a> {
-    fn string(&self, i: i32) -> Result<&'a str, ReportError> {
+    fn string(&self, i: i32) -> Result<&'a str, ReadError> {
         usize::try_from(i)
             .ok()
             .and_then(|i| self.0.string_table.get(i))
@@ -55,7 +56,7 @@ impl<'a> Dict<'a> {
             .ok_or_else(|| damaged(format!("string index {i} out of range")))
     }
 
-    fn attribute(&self, i: i32) -> Result<(&'a str, Attr<'a>), ReportError> {
+    fn attribute(&self, i: i32) -> Result<(&'a str, Attr<'a>), ReadError> {
         let kv = usize::try_from(i)
             .ok()
             .and_then(|i| self.0.attribute_table.get(i))
@@ -68,7 +69,7 @@ impl<'a> Dict<'a> {
         Ok((self.string(kv.key_strindex)?, value))
     }
 
-    fn frame(&self, location: i32) -> Result<Frame, ReportError> {
+    fn frame(&self, location: i32) -> Result<Frame, ReadError> {
         let loc = usize::try_from(location)
             .ok()
             .and_then(|i| self.0.location_table.get(i))
@@ -125,13 +126,13 @@ impl<'a> Dict<'a> {
 }
 
 /// Reads an OTLP profiles request that spanprof wrote (see the module docs).
-pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReportError> {
+pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(bytes)
             .take(MAX_REQUEST + 1)
             .read_to_end(&mut raw)
-            .map_err(|e| ReportError::NotOtlp(Box::new(e)))?;
+            .map_err(|e| ReadError::NotOtlp(Box::new(e)))?;
         if raw.len() as u64 > MAX_REQUEST {
             return Err(damaged(format!(
                 "more than {} MiB uncompressed",
@@ -143,7 +144,7 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReportError> {
         bytes.to_vec()
     };
     let request = ExportProfilesServiceRequest::decode(raw.as_slice())
-        .map_err(|e| ReportError::NotOtlp(Box::new(e)))?;
+        .map_err(|e| ReadError::NotOtlp(Box::new(e)))?;
     let empty = ProfilesDictionary::default();
     let dict = Dict(request.dictionary.as_ref().unwrap_or(&empty));
     let mut frames: Vec<Frame> = Vec::new();
@@ -200,7 +201,7 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReportError> {
                     ("samples", "count") => false,
                     ("off_cpu", "nanoseconds") => true,
                     _ => {
-                        return Err(ReportError::Foreign(format!(
+                        return Err(ReadError::Foreign(format!(
                             "sample type {ty}/{unit} is not read (only samples/count and \
                              off_cpu/nanoseconds)"
                         )))
@@ -253,7 +254,7 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReportError> {
                         match dict.attribute(a)? {
                             ("thread.id", Attr::Int(t)) => tid = u32::try_from(t).unwrap_or(0),
                             ("thread.name", Attr::Str(n)) => tname = n.to_string(),
-                            (crate::output::pprof::OFF_CPU_REASON_LABEL, Attr::Str(r)) => {
+                            (crate::format::pprof::OFF_CPU_REASON_LABEL, Attr::Str(r)) => {
                                 reason =
                                     Some(OffCpuReason::from_name(r).unwrap_or(OffCpuReason::Other))
                             }

@@ -173,7 +173,7 @@ pub fn render_diff(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
 
     #[test]
     fn svg_has_title_and_frames() {

@@ -201,7 +201,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
 
     fn names(file: &File, stack: &[usize]) -> Vec<String> {
         stack

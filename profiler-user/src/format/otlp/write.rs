@@ -201,7 +201,7 @@ impl Dict {
         }
         // Kernel frames share one mapping whatever their module says, as in pprof.
         let module = match frame.kind {
-            FrameKind::Kernel => Some(super::pprof::KERNEL_MAPPING),
+            FrameKind::Kernel => Some(crate::format::pprof::KERNEL_MAPPING),
             FrameKind::Native => frame.module.as_deref(),
             FrameKind::Python => None,
         };
@@ -542,7 +542,7 @@ fn sample_attributes(profile: &Profile, s: &Sample, dict: &mut Dict) -> Vec<i32>
     if let Some(reason) = s.off_cpu {
         push(
             dict,
-            super::pprof::OFF_CPU_REASON_LABEL,
+            crate::format::pprof::OFF_CPU_REASON_LABEL,
             AttrKey::Str(reason.name().to_string()),
         );
     }
@@ -575,7 +575,7 @@ fn link(profile: &Profile, s: &Sample, dict: &mut Dict) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
 
     #[test]
     fn every_table_starts_with_its_zero_entry_and_indexes_are_in_range() {

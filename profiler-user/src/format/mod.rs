@@ -64,7 +64,7 @@
 //!   carries the labels `thread.id`, `thread.name` and `process.id`, an off-CPU one
 //!   `off_cpu.reason`, and, when it was taken inside a tracing span,
 //!   the span's ids (`trace_id`, `span_id`, `osprofiler.*`: see [`crate::profile::labels`]).
-//!   `spanprof report` reads these files back ([`crate::report`]).
+//!   `spanprof report` reads these files back ([`crate::format::pprof::read`]).
 //! - **speedscope** ([`speedscope`]): the JSON file format of <https://www.speedscope.app>. One
 //!   sampled profile per thread with weights in nanoseconds: CPU time (`count * period`) plus
 //!   off-CPU time; or in bytes for a memory profile.
@@ -91,6 +91,31 @@ pub mod otlp;
 pub mod pprof;
 pub mod speedscope;
 pub mod svg;
+
+/// Why a file could not be read back as a spanprof profile (by [`pprof::read_pprof`],
+/// [`folded::read_folded`] or [`otlp::read_otlp`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The file starts like gzip but does not decompress.
+    #[error("not a pprof profile: bad gzip data")]
+    Gzip(#[source] io::Error),
+    /// The bytes are not a `profile.proto` message.
+    #[error("not a pprof profile")]
+    Decode(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A pprof profile, but not one spanprof wrote.
+    #[error("not a spanprof profile: {0}")]
+    Foreign(String),
+    /// A spanprof profile with an inconsistent table or label.
+    #[error("damaged spanprof profile: {0}")]
+    Damaged(String),
+    /// Folded stacks with a line that is not `FRAME;FRAME… COUNT`.
+    #[error("not folded stacks: {0}")]
+    Folded(String),
+    /// Not an OTLP profiles request: bad gzip data or protobuf.
+    #[error("not an OTLP profiles request")]
+    NotOtlp(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// A file format a [`Profile`] can be rendered to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -15,10 +15,14 @@
 //! [`sanitize_name`]. A sample without frames is shown as the single frame [`NO_STACK`] rather
 //! than dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, UNIX_EPOCH};
 
-use super::{validate, OutputError};
-use crate::profile::{Frame, Profile};
+use symbolizer::unwind::UnwindStatus;
+
+use super::pprof::{KERNEL_MAPPING, PYTHON_MAPPING};
+use super::{validate, OutputError, ReadError};
+use crate::profile::{Frame, FrameKind, Memory, Meta, Profile, PythonStats, Sample, Thread};
 use crate::wording::{frame_name, NO_STACK};
 
 /// Merges the profile's samples by stack.
@@ -73,10 +77,132 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
     Ok(out.into_bytes())
 }
 
+/// Most lines read from a folded file (a distinct stack each, as written).
+const MAX_FOLDED_LINES: usize = 1 << 22;
+
+/// Reads folded stacks (`root;…;leaf COUNT` per line, as spanprof, inferno, py-spy and
+/// `stackcollapse-perf.pl` write them) into an on-CPU [`Profile`] of one unnamed thread, each
+/// line's count its samples. Frame names are parsed as spanprof writes them: `name_[k]` is a
+/// kernel frame, `qualname (file.py:LINE)` a Python one, anything else native. The file says
+/// nothing of the sampling rate: the profile's frequency is 0 (shares compare, times do not).
+pub fn read_folded(bytes: &[u8]) -> Result<Profile, ReadError> {
+    let bad = |msg: String| ReadError::Folded(msg);
+    let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8 text ({e})")))?;
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut ids: HashMap<Frame, u32> = HashMap::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut total = 0u64;
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_end_matches('\r');
+        if line.trim().is_empty() {
+            continue;
+        }
+        if samples.len() >= MAX_FOLDED_LINES {
+            return Err(bad(format!("more than {MAX_FOLDED_LINES} stacks")));
+        }
+        let (stack, count) = line
+            .rsplit_once(' ')
+            .ok_or_else(|| bad(format!("line {}: no count after the stack", n + 1)))?;
+        let count: u64 = count
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("line {}: {count:?} is not a count", n + 1)))?;
+        if stack.is_empty() {
+            return Err(bad(format!("line {}: an empty stack", n + 1)));
+        }
+        total = total
+            .checked_add(count)
+            .ok_or_else(|| bad(format!("line {}: the counts add up past 2^64", n + 1)))?;
+        let mut of_line = Vec::new();
+        for name in stack.split(';') {
+            let frame = folded_frame(name);
+            let index = *ids.entry(frame).or_insert_with_key(|f| {
+                frames.push(f.clone());
+                frames.len() as u32 - 1
+            });
+            of_line.push(index);
+        }
+        samples.push(Sample {
+            frames: of_line,
+            thread: 0,
+            count,
+            off_cpu_ns: 0,
+            off_cpu: None,
+            alloc: Memory::default(),
+            inuse: Memory::default(),
+            span: None,
+            unwind: UnwindStatus::Unchecked,
+            times: Vec::new(),
+            inuse_times: Vec::new(),
+        });
+    }
+    Ok(Profile {
+        meta: Meta {
+            target: "folded stacks".to_string(),
+            start: UNIX_EPOCH,
+            duration: Duration::ZERO,
+            frequency: 0,
+            events: crate::profile::Events::default(),
+            lost_samples: 0,
+            python: PythonStats::default(),
+            host: None,
+            build: crate::profile::Build::default(),
+            dropped_labels: Vec::new(),
+        },
+        frames,
+        threads: vec![Thread {
+            pid: 0,
+            tid: 0,
+            name: String::new(),
+        }],
+        processes: Vec::new(),
+        samples,
+        spans: Vec::new(),
+    })
+}
+
+/// One folded frame name as a [`Frame`] (see [`read_folded`]).
+fn folded_frame(name: &str) -> Frame {
+    let frame = |kind, function: &str| Frame {
+        kind,
+        function: Some(function.to_string()),
+        module: None,
+        address: 0,
+        file: None,
+        line: None,
+        unknown_reason: None,
+    };
+    if let Some(kernel) = name.strip_suffix("_[k]") {
+        return Frame {
+            module: Some(KERNEL_MAPPING.to_string()),
+            ..frame(FrameKind::Kernel, kernel)
+        };
+    }
+    // `qualname (file.py:LINE)` or `qualname (file.py)`.
+    if let Some((qualname, rest)) = name.strip_suffix(')').and_then(|n| n.rsplit_once(" (")) {
+        let (file, line) = match rest.rsplit_once(':') {
+            Some((file, line)) => match line.parse::<u32>() {
+                Ok(line) => (file, Some(line)),
+                Err(_) => (rest, None),
+            },
+            None => (rest, None),
+        };
+        if file.ends_with(".py") && !qualname.is_empty() {
+            return Frame {
+                file: Some(file.to_string()),
+                line,
+                module: Some(PYTHON_MAPPING.to_string()),
+                ..frame(FrameKind::Python, qualname)
+            };
+        }
+    }
+    frame(FrameKind::Native, name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::fixture;
+    use crate::format::fixture;
     use crate::profile::{FrameKind, Sample};
     use crate::wording::sanitize_name;
     use std::borrow::Cow;
