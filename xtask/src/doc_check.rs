@@ -104,13 +104,12 @@ fn parse_help(help: &str) -> BTreeMap<String, Option<String>> {
     for line in help.lines() {
         let t = line.trim_start();
         let indented = line.len() > t.len();
-        let long = if t.starts_with("--") {
-            Some(&t[2..])
-        } else if t.len() > 4 && t.starts_with('-') && t[2..].starts_with(", --") {
-            Some(&t[6..])
-        } else {
-            None
-        };
+        // `--name …`, or `-x, --name …`.
+        let long = t.strip_prefix("--").or_else(|| {
+            t.strip_prefix('-')
+                .and_then(|r| r.get(1..))
+                .and_then(|r| r.strip_prefix(", --"))
+        });
         if let Some(rest) = long.filter(|_| indented) {
             let name: String = rest
                 .chars()
