@@ -33,8 +33,9 @@
 //! other in-kernel failures are counted per CPU and reported.
 //!
 //! # Minimum kernel
-//! Linux 5.8 (BPF ring buffer, `CAP_BPF`/`CAP_PERFMON`) with BTF (`CONFIG_DEBUG_INFO_BTF=y`) for
-//! CO-RE relocation of the fork and exit programs. Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
+//! Linux 5.17 (`bpf_loop`, which the Python and span walks run in; also `bpf_task_pt_regs` from
+//! 5.15, task storage, `tp_btf`, the BPF ring buffer, `CAP_BPF`/`CAP_PERFMON` from 5.8) with BTF
+//! (`CONFIG_DEBUG_INFO_BTF=y`) for CO-RE relocation. Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
 //! (or root / `CAP_SYS_ADMIN`); reading other users' processes' memory maps needs
 //! `CAP_SYS_PTRACE`, and kernel symbols need `CAP_SYSLOG`.
 pub mod aggregate;

@@ -138,12 +138,20 @@ struct ProfileArgs {
     /// or memory: `alloc` (sampled allocations), `heap` (those not freed at the end).
     #[arg(short, long, value_name = "EVENT[,EVENT…]", default_value = "cpu")]
     event: Vec<String>,
-    /// With alloc or heap: bytes allocated between two samples on average (1: every
-    /// allocation). Default: 524288.
-    #[arg(long, value_name = "BYTES")]
+    // NB: these two defaults are applied in code (giving the flag without alloc, heap, offcpu
+    // or wall is an error), so the help text states them the way clap states its own; the
+    // documentation check (`cargo xtask docs`) reads `[default: …]` from this help.
+    #[arg(long, value_name = "BYTES", help = format!(
+        "With alloc or heap: bytes allocated between two samples on average (1: every \
+         allocation) [default: {}]",
+        spanprof::profile::DEFAULT_ALLOC_RATE
+    ))]
     alloc_rate: Option<u64>,
-    /// With offcpu or wall: blocked intervals shorter than this are not counted. Default: 5us.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", help = format!(
+        "With offcpu or wall: blocked intervals shorter than this are not counted \
+         [default: {}]",
+        spanprof::offcpu::DEFAULT_MIN
+    ))]
     offcpu_min: Option<String>,
     /// Samples per second on each CPU; off-CPU intervals are sampled at the same rate of time
     /// (an interval of 1/HZ or more is always kept).
@@ -239,7 +247,7 @@ struct FilterArgs {
     span: Vec<String>,
 }
 
-/// What the outputs may not show (see the README's Privacy).
+/// What the outputs may not show (see docs/privacy.md).
 #[derive(Debug, clap::Args)]
 struct PrivacyArgs {
     /// Reduce every file path in the outputs (modules, source files, the executable, the
@@ -565,7 +573,11 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             "invalid --alloc-rate 0: expected 1 (every allocation) or more bytes",
         ));
     }
-    let offcpu_min = parse_duration(args.offcpu_min.as_deref().unwrap_or("5us"))?;
+    let offcpu_min = parse_duration(
+        args.offcpu_min
+            .as_deref()
+            .unwrap_or(spanprof::offcpu::DEFAULT_MIN),
+    )?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     let exporter = otlp_config(&args)?;

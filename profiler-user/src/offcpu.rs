@@ -6,6 +6,9 @@
 //! weighs `P`; a longer one weighs `d`), attributed to the kernel stack it blocked in and to the
 //! user and Python stacks it returns to. [`classify`] names the reason of each.
 
+/// Blocked intervals shorter than this are not counted (`--offcpu-min`, `sampling.offcpu_min`).
+pub const DEFAULT_MIN: &str = "5us";
+
 /// Why a thread was off CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OffCpuReason {

@@ -52,7 +52,7 @@ pub struct Options {
     pub aggregate: aggregate::Options,
     /// Profile children of `--pid` targets too (always on for a command).
     pub children: bool,
-    /// Ring buffer size in bytes. Default 4 MiB.
+    /// Ring buffer size in bytes (`--ring-buffer-size`, default 16 MiB).
     pub ring_buffer_size: u32,
     /// Kernel BTF file. Default `/sys/kernel/btf/vmlinux`, or `$SPANPROF_BTF_PATH`.
     pub btf_path: PathBuf,

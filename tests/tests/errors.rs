@@ -349,7 +349,7 @@ fn event_arguments_are_checked() {
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
 
-/// The capabilities README's "Capabilities" section documents for profiling another user's
+/// The capabilities docs/requirements.md's "Capabilities" section documents for profiling another user's
 /// processes (setpriv names): CAP_BPF and CAP_PERFMON to load and attach, CAP_SYS_PTRACE for
 /// the target's files and memory, CAP_DAC_READ_SEARCH for files in directories the user
 /// cannot search (pyenv's under /root), CAP_SYSLOG for kernel symbols.

@@ -2748,7 +2748,12 @@ fn offcpu_table(results: &[OffcpuRound], cfg: &Config, perf_version: &str) -> St
 /// `table`. Without those markers: `None`, or with a `heading`, `md` with a new `### heading`
 /// section holding the markers and `table` after the last block of figures (the last line with
 /// an `:end -->` marker; the end of `md` if there is none).
-fn replace_block(md: &str, name: &str, table: &str, heading: Option<&str>) -> Option<String> {
+pub(crate) fn replace_block(
+    md: &str,
+    name: &str,
+    table: &str,
+    heading: Option<&str>,
+) -> Option<String> {
     let (begin, end) = (
         format!("<!-- {name}:begin -->"),
         format!("<!-- {name}:end -->"),
@@ -2776,12 +2781,16 @@ fn replace_block(md: &str, name: &str, table: &str, heading: Option<&str>) -> Op
 
 /// Replaces the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in BENCHMARKS.md;
 /// without those markers, adds them in a new `### heading` section if a heading is given (see
-/// [`replace_block`]).
+/// [`replace_block`]). The headline table at the top is made again from the new figures
+/// ([`crate::bench_headline`]).
 fn write_block(root: &Path, name: &str, table: &str, heading: Option<&str>) -> Result<()> {
     let md_path = root.join("BENCHMARKS.md");
     let md = std::fs::read_to_string(&md_path).unwrap_or_default();
     match replace_block(&md, name, table, heading) {
         Some(new) => {
+            let headline = crate::bench_headline::render(&new);
+            let new =
+                replace_block(&new, crate::bench_headline::BLOCK, &headline, None).unwrap_or(new);
             std::fs::write(&md_path, new)?;
             step(&format!(
                 "updated the {name} figures in {}",

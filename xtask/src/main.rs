@@ -4,8 +4,8 @@
 //! as `xtask: ...` lines. `deps` makes a fresh Debian 12 machine ready (as
 //! root it installs the missing Debian packages with apt-get and creates the
 //! Python venv the tests decode pprof with), `workloads` builds the C test
-//! workloads, `test` runs everything CI runs, `demo` profiles a bundled
-//! workload.
+//! workloads, `test` runs everything CI runs, `docs` checks that the documents
+//! agree with the code, `demo` profiles a bundled workload.
 //!
 //! Design constraints: no network but the package registries, so everything
 //! comes from Debian's packages, PyPI and crates.io; a failed step makes the
@@ -14,7 +14,9 @@
 mod bench;
 mod bench_alloc;
 mod bench_daemon;
+mod bench_headline;
 mod deps;
+mod doc_check;
 mod fuzz;
 mod rootfs;
 mod run;
@@ -40,9 +42,16 @@ tasks:
              a debug 3.14, OpenTelemetry's SDK and OSProfiler for 3.14 and 3.15;
              needs root; a few minutes once, then nothing)
   test       deps, workloads, rootfs, release build, cargo fmt --check, clippy -D warnings,
-             then cargo test --workspace --release with the integration tests
-             running the real binary (needs root), then every fuzz target for
-             20 s
+             the documentation check (docs), then cargo test --workspace --release
+             with the integration tests running the real binary (needs root), then
+             every fuzz target for 20 s
+  docs [--write-headline]
+             release build, then check the documents against the code: the flag
+             tables of README.md and docs/ against `spanprof SUB --help` (every flag
+             exists, every stated default is the code's), relative links and their
+             anchors, BENCHMARKS.md's headline table against its blocks, README.md's
+             size (the daemon's key table is checked by a unit test of `cargo test`);
+             --write-headline writes the headline table from the blocks first
   fuzz [--seconds N] [TARGET...]
              build the fuzz targets of fuzz/ (libFuzzer on stable Rust) and run
              each (default: all) for N seconds (default 60) from its seeds in
@@ -116,7 +125,7 @@ fn main() -> ExitCode {
 fn dispatch(args: &[String]) -> Result<()> {
     let root = workspace_root();
     let task = args.first().map(String::as_str);
-    if args.len() > 1 && !matches!(task, Some("bench" | "fuzz")) {
+    if args.len() > 1 && !matches!(task, Some("bench" | "fuzz" | "docs")) {
         bail!("unexpected arguments after `{}`\n{USAGE}", args[0]);
     }
     match task {
@@ -127,6 +136,14 @@ fn dispatch(args: &[String]) -> Result<()> {
             rootfs::ensure(&root, &env.python).map(|_| ())
         }
         Some("test") => test(&root),
+        Some("docs") => {
+            match &args[1..] {
+                [] => {}
+                [flag] if flag == "--write-headline" => doc_check::write_headline(&root)?,
+                _ => bail!("unexpected arguments after `docs`\n{USAGE}"),
+            }
+            doc_check::run(&root, &build_release(&root)?)
+        }
         Some("demo") => demo(&root),
         Some("bench") => bench(&root, &args[1..]),
         Some("fuzz") => fuzz::task(&root, &args[1..]),
@@ -219,6 +236,12 @@ fn test(root: &Path) -> Result<()> {
     {
         eprintln!("xtask: {err:#}");
         failures.push("cargo clippy (fuzz)");
+    }
+
+    step("checking the documents against the code (cargo xtask docs)");
+    if let Err(err) = doc_check::run(root, &bin) {
+        eprintln!("xtask: {err:#}");
+        failures.push("documentation check");
     }
 
     step("testing: cargo test --workspace --release --no-fail-fast");

@@ -280,7 +280,9 @@ impl DaemonConfig {
         }
         let offcpu_min = duration(
             "sampling.offcpu_min",
-            s.offcpu_min.as_deref().unwrap_or("5us"),
+            s.offcpu_min
+                .as_deref()
+                .unwrap_or(crate::offcpu::DEFAULT_MIN),
         )?;
         let window = duration("sampling.window", s.window.as_deref().unwrap_or("60s"))?;
         if window < Duration::from_secs(1) {
@@ -460,6 +462,102 @@ mod tests {
         assert!(!c.exporter.gzip);
         assert_eq!((c.queue, c.max_processes, c.max_stacks), (3, 10, 100));
         assert_eq!(c.metrics, None);
+    }
+
+    /// The rows of the first table after `marker` in `doc`: (first cell, second cell).
+    fn doc_table<'a>(doc: &'a str, marker: &str) -> Vec<(&'a str, &'a str)> {
+        let at = doc
+            .find(marker)
+            .unwrap_or_else(|| panic!("docs/daemon.md has no `{marker}` marker"));
+        doc[at..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with('|'))
+            .skip(2) // the header and the |---| line
+            .map(|l| {
+                let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+                (cells[0], cells.get(1).copied().unwrap_or(""))
+            })
+            .collect()
+    }
+
+    /// The TOML value a default cell of docs/daemon.md states: the cell, or what follows its
+    /// last `, else ` (`…TIMEOUT`, else `"10s"`), without backticks, when that is a literal.
+    fn toml_literal(cell: &str) -> Option<String> {
+        let value = cell.rsplit(", else ").next().unwrap_or(cell).trim();
+        let value = value.trim_matches('`').trim();
+        let literal = value.parse::<f64>().is_ok()
+            || matches!(value, "true" | "false")
+            || value.starts_with(['"', '[', '{']);
+        literal.then(|| value.to_string())
+    }
+
+    /// Keys whose documented default is not a literal (it comes from the environment): the
+    /// value the default stands for when no `OTEL_EXPORTER_OTLP_*` variable is set.
+    const NON_LITERAL: &[(&str, &str)] = &[
+        ("export.endpoint", "\"http://localhost:4317\""),
+        ("export.headers", "{}"),
+    ];
+
+    /// docs/daemon.md's key table says what the code does: every key it names is accepted, and
+    /// setting each to the default the table gives leaves the configuration the defaults make.
+    /// dist/spanprof.toml ("every key with its default") must give the defaults too, and every key
+    /// it lists must be in the table.
+    #[test]
+    fn documented_defaults_are_the_code_s() {
+        let doc = include_str!("../../../docs/daemon.md");
+        let dist = include_str!("../../../dist/spanprof.toml");
+        let defaults = DaemonConfig::parse("", base()).unwrap();
+        let mut documented = Vec::new();
+        let mut wrong = Vec::new();
+        for (keys, default) in doc_table(doc, "<!-- config: spanprof daemon") {
+            for key in keys.split(',').map(|k| k.trim().trim_matches('`')) {
+                documented.push(key.to_string());
+                let (section, name) = key
+                    .split_once('.')
+                    .unwrap_or_else(|| panic!("docs/daemon.md: key {key:?} has no section"));
+                let value = toml_literal(default)
+                    .or_else(|| {
+                        NON_LITERAL
+                            .iter()
+                            .find(|(k, _)| *k == key)
+                            .map(|(_, v)| v.to_string())
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("docs/daemon.md: {key}: no literal default in {default:?}")
+                    });
+                match DaemonConfig::parse(&format!("[{section}]\n{name} = {value}\n"), base()) {
+                    Ok(c) if c == defaults => {}
+                    Ok(_) => wrong.push(format!("{key}: documented {value}, not the default")),
+                    Err(e) => wrong.push(format!("{key} = {value}: {e}")),
+                }
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "docs/daemon.md's defaults differ from the code's:\n  {}",
+            wrong.join("\n  ")
+        );
+        assert_eq!(
+            DaemonConfig::parse(dist, base()).unwrap(),
+            defaults,
+            "dist/spanprof.toml does not hold the defaults"
+        );
+        let mut section = "";
+        for line in dist.lines() {
+            let line = line.trim_start_matches(['#', ' ']);
+            if let Some(s) = line.strip_prefix('[').and_then(|l| l.split_once(']')) {
+                section = s.0;
+            } else if let Some((name, _)) = line.split_once(" = ") {
+                if !name.contains(' ') && !section.is_empty() {
+                    let key = format!("{section}.{name}");
+                    assert!(
+                        documented.contains(&key),
+                        "dist/spanprof.toml has {key}, docs/daemon.md's table does not"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

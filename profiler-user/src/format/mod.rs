@@ -4,8 +4,8 @@
 //!
 //! Every sink reads the same [`Profile`] and renders to memory; the caller picks the [`Format`]
 //! (from a `--format` name or the output file's extension) and writes the bytes atomically.
-//! Rendering is deterministic: the same profile gives the same bytes, so outputs can be diffed and
-//! compared against golden files.
+//! Rendering is deterministic: the same profile gives the same bytes, so outputs can be diffed, and
+//! the tests compare a re-rendered profile with the session's own output byte for byte.
 //!
 //! | Format | Extension | Value and unit |
 //! |--------|-----------|----------------|
