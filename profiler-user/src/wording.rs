@@ -3,7 +3,7 @@
 //! thousands, memory totals), what an empty profile means, and the name of a frame (as flame
 //! graphs and folded stacks show it) and of a function (as reports, diffs and budgets know it).
 //!
-//! Nothing here formats a file: the formats (`output/`), the summary and the analyses take
+//! Nothing here formats a file: the formats (`format/`), the summary and the analyses take
 //! their words from here, so the same fact is said the same way everywhere.
 
 use std::borrow::Cow;
