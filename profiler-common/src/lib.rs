@@ -71,6 +71,9 @@ pub const PY_FRAME_SIZE: usize = 24;
 pub const TARGET_EXPLICIT: u32 = 1;
 /// Process forked by a profiled process.
 pub const TARGET_CHILD: u32 = 2;
+/// Sampled since its fork or exec: set by the BPF side, whose first sample of a process wakes
+/// user space at once (to read the process's modules while it lives).
+pub const TARGET_SEEN: u32 = 4;
 
 /// Indexes of the per-CPU error counters in the `errors` map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +163,7 @@ impl ErrorCode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct Target {
-    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`].
+    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`], and [`TARGET_SEEN`] once sampled.
     pub flags: u32,
     /// Parent process of a child target, 0 for explicit ones.
     pub parent_tgid: u32,

@@ -312,6 +312,7 @@ fn c_asserts() -> String {
         ("SPANPROF_OFFCPU_NO_USER", OFFCPU_NO_USER as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
+        ("SPANPROF_TARGET_SEEN", TARGET_SEEN as u64),
         ("SPANPROF_ERR_COUNT", ERROR_COUNT as u64),
         ("SPANPROF_ERR_RINGBUF_FULL", ErrorCode::RingbufFull as u64),
         ("SPANPROF_ERR_KSTACK", ErrorCode::KernelStack as u64),

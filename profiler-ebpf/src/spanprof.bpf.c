@@ -1679,8 +1679,9 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 {
 	struct spanprof_sample *s = &w->s;
 	const struct spanprof_py_proc *py = 0;
+	struct spanprof_target *t;
 	__u32 tgid = s->pid;
-	__u64 u, p, size, off;
+	__u64 u, p, size, off, wake = BPF_RB_NO_WAKEUP;
 	long n = 0;
 
 	if (k > SPANPROF_MAX_STACK_DEPTH)
@@ -1719,10 +1720,20 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
 	if (size > sizeof(*s))
 		size = sizeof(*s);
-	if (bpf_ringbuf_output(&samples, s, size,
-			       bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes ?
-				       BPF_RB_FORCE_WAKEUP :
-				       BPF_RB_NO_WAKEUP))
+	/*
+	 * The first sample of a process (since it was forked or exec'd) wakes user space at once,
+	 * which then reads the process's memory map and opens its modules while it lives: a
+	 * short-lived child would otherwise often exit before the next drain, and its addresses
+	 * could no longer be tied to a file. (Two samples racing here both wake it: harmless.)
+	 */
+	t = bpf_map_lookup_elem(&target_pids, &tgid);
+	if (t && !(t->flags & SPANPROF_TARGET_SEEN)) {
+		t->flags |= SPANPROF_TARGET_SEEN;
+		wake = BPF_RB_FORCE_WAKEUP;
+	} else if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes) {
+		wake = BPF_RB_FORCE_WAKEUP;
+	}
+	if (bpf_ringbuf_output(&samples, s, size, wake))
 		count_error(SPANPROF_ERR_RINGBUF_FULL);
 }
 
@@ -2212,9 +2223,12 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32, old = (__u32)old_pid;
 	struct spanprof_exec e = {};
+	struct spanprof_target *t = bpf_map_lookup_elem(&target_pids, &tgid);
 
-	if (!bpf_map_lookup_elem(&target_pids, &tgid))
+	if (!t)
 		return 0;
+	/* A new program: its first sample wakes user space again (see send_sample). */
+	t->flags &= ~SPANPROF_TARGET_SEEN;
 	bpf_map_delete_elem(&py_procs, &tgid);
 	bpf_map_delete_elem(&span_procs, &tgid);
 	bpf_map_delete_elem(&stack_copy_sizes, &tgid);

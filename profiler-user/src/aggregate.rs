@@ -314,6 +314,11 @@ impl Aggregator {
         self.unwinders.stats()
     }
 
+    /// Bytes of the unwind tables held for the processes known.
+    pub fn unwind_table_bytes(&self) -> u64 {
+        self.unwinders.table_bytes()
+    }
+
     /// The sample's user stack, leaf first, and how it was unwound: the kernel's frame-pointer
     /// walk as it came, or the stack copy unwound here.
     fn user_stack<'s>(

@@ -13,6 +13,12 @@
 //!   [`Profile`](crate::profile::Profile), encoded as one `ExportProfilesServiceRequest`
 //!   ([`crate::output::otlp`]) with a resource per process, and queued; sampling goes on into
 //!   a fresh aggregate at once (the unwind tables and symbol caches are kept).
+//! - **Memory**: what is kept per program is bounded, however many distinct programs come and
+//!   go (a CI runner starts thousands an hour). A process's modules (its memory map, module
+//!   files and unwind tables) are read while it lives, at its first sample, and dropped once it
+//!   exited and its samples were symbolized ([`symbolizer::Symbolizer::forget_exited`],
+//!   [`symbolizer::unwind::Unwinders::sweep`]); parsed symbols are kept between windows within
+//!   `limits.symbol_cache_bytes`, least recently used dropped first.
 //! - **Export** (a tokio task, [`queue`]): the queue never blocks sampling; it keeps at most
 //!   `export.queue` windows, dropping the oldest, and retries with exponential backoff and
 //!   jitter while the collector cannot be reached.
@@ -179,6 +185,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut scanner = Scanner::default();
     let mut python = Python::new(true, config.spans);
     let mut symbolizer = symbolizer::Symbolizer::new();
+    symbolizer.set_cache_limit(config.symbol_cache_bytes);
     let mut copy = StackCopySizes {
         default: config.stack_copy_bytes,
         raised: Vec::new(),
@@ -254,6 +261,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             metrics
                 .samples_lost
                 .store(programs.lost_samples(), Ordering::Relaxed);
+            metrics.set_caches(&symbolizer.cache_stats(), agg.unwind_table_bytes());
         }
         let stop = STOP.load(Ordering::Relaxed) != 0;
         if stop || window_start.elapsed() >= config.window {
@@ -284,6 +292,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             dropped_total += window.dropped();
             let mut profile = window.into_profile(&mut symbolizer, &python, meta);
             symbolizer.forget_exited();
+            release_freed_memory();
+            metrics.set_caches(&symbolizer.cache_stats(), agg.unwind_table_bytes());
             // The window's cost, as a session's summary gives it.
             let kernel_now = programs.kernel_time();
             let cpu_now = crate::session::process_cpu_time();
@@ -337,6 +347,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                         scanner.reset();
                     }
                     agg.set_limits(new.max_stacks, new.max_processes);
+                    symbolizer.set_cache_limit(new.symbol_cache_bytes);
                     config = new;
                     add_in_scope(
                         &mut scanner,
@@ -373,6 +384,17 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     metrics_task.abort();
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// Gives the memory freed since (the tables of programs that exited) back to the system:
+/// glibc keeps freed memory for reuse in the middle of its heaps, where a daemon that saw a
+/// burst of distinct programs would keep their peak for ever.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn events_name(config: &DaemonConfig) -> &'static str {
