@@ -74,6 +74,10 @@ pub const TARGET_CHILD: u32 = 2;
 /// Sampled since its fork or exec: set by the BPF side, whose first sample of a process wakes
 /// user space at once (to read the process's modules while it lives).
 pub const TARGET_SEEN: u32 = 4;
+/// Sampled in its program's own code (not the dynamic loader's, nor a library's) since its fork
+/// or exec: set by the BPF side, whose first such sample wakes user space again (the loader
+/// has mapped the libraries by then).
+pub const TARGET_SEEN_MAIN: u32 = 8;
 
 /// Indexes of the per-CPU error counters in the `errors` map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,7 +167,7 @@ impl ErrorCode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct Target {
-    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`], and [`TARGET_SEEN`] once sampled.
+    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`], and [`TARGET_SEEN`], [`TARGET_SEEN_MAIN`] once sampled.
     pub flags: u32,
     /// Parent process of a child target, 0 for explicit ones.
     pub parent_tgid: u32,

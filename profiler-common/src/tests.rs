@@ -313,6 +313,7 @@ fn c_asserts() -> String {
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
         ("SPANPROF_TARGET_SEEN", TARGET_SEEN as u64),
+        ("SPANPROF_TARGET_SEEN_MAIN", TARGET_SEEN_MAIN as u64),
         ("SPANPROF_ERR_COUNT", ERROR_COUNT as u64),
         ("SPANPROF_ERR_RINGBUF_FULL", ErrorCode::RingbufFull as u64),
         ("SPANPROF_ERR_KSTACK", ErrorCode::KernelStack as u64),

@@ -97,6 +97,7 @@ enum spanprof_error {
 #define SPANPROF_TARGET_EXPLICIT 1 /* named by the user (--pid, or the -- command) */
 #define SPANPROF_TARGET_CHILD 2    /* forked by a profiled process */
 #define SPANPROF_TARGET_SEEN 4     /* sampled since its fork or exec (set by the kernel side) */
+#define SPANPROF_TARGET_SEEN_MAIN 8 /* sampled in its program's own code since (kernel side) */
 
 struct spanprof_target {
 	__u32 flags; /* SPANPROF_TARGET_* */

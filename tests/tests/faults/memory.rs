@@ -191,7 +191,7 @@ fn daemon_memory_is_bounded_while_distinct_binaries_come_and_go() {
         .args(["-USR1", &ppid.to_string()])
         .status()
         .unwrap();
-    let (mut peak_cache, mut peak_modules, mut peak_tables, mut peak_rss) = (0.0f64, 0.0, 0.0, 0);
+    let (mut peak_cache, mut peak_modules, mut peak_tables, mut peak_rss) = (0.0f64, 0.0f64, 0.0f64, 0u64);
     let status = loop {
         let m = daemon.metrics();
         let cache = m["spanprof_symbol_cache_bytes"];
