@@ -22,6 +22,9 @@ pub const MAX_PY_FRAMES: usize = 512;
 pub const RECORD_SAMPLE: u32 = 1;
 /// Record kind of an [`ExecRecord`].
 pub const RECORD_EXEC: u32 = 2;
+/// Record kind of an [`ExecRecord`] telling of a process that exited (every sample of it is
+/// before the record in the ring buffer).
+pub const RECORD_EXIT: u32 = 3;
 
 /// [`SampleHeader::py_status`]: not a Python process (or not detected yet).
 pub const PY_NONE: u32 = 0;
@@ -565,7 +568,7 @@ fn mix(h: u64, x: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct ExecRecord {
-    /// [`RECORD_EXEC`].
+    /// [`RECORD_EXEC`], or [`RECORD_EXIT`] for an exit notice.
     pub kind: u32,
     /// Process id (tgid).
     pub pid: u32,
@@ -670,6 +673,8 @@ pub enum Record<'a> {
     Sample(Sample<'a>),
     /// A process called execve.
     Exec(&'a ExecRecord),
+    /// A process exited.
+    Exit(&'a ExecRecord),
 }
 
 impl<'a> Record<'a> {
@@ -683,6 +688,12 @@ impl<'a> Record<'a> {
             RECORD_EXEC if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
                 // SAFETY: length and alignment checked; ExecRecord is Pod.
                 Some(Record::Exec(unsafe {
+                    &*(bytes.as_ptr() as *const ExecRecord)
+                }))
+            }
+            RECORD_EXIT if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
+                // SAFETY: length and alignment checked; ExecRecord is Pod.
+                Some(Record::Exit(unsafe {
                     &*(bytes.as_ptr() as *const ExecRecord)
                 }))
             }

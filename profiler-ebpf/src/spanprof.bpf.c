@@ -2275,8 +2275,20 @@ SEC("raw_tp/sched_process_exit")
 int BPF_PROG(on_process_exit, struct task_struct *task)
 {
 	__u32 tgid = BPF_CORE_READ(task, tgid);
+	struct spanprof_exec e = {};
 
 	if ((__u32)BPF_CORE_READ(task, pid) == tgid) {
+		/*
+		 * User space drops what it kept to name the process's addresses once it has read
+		 * this record: its samples are all before it.
+		 */
+		if (bpf_map_lookup_elem(&target_pids, &tgid)) {
+			e.kind = SPANPROF_RECORD_EXIT;
+			e.pid = tgid;
+			e.time_ns = bpf_ktime_get_ns();
+			if (bpf_ringbuf_output(&samples, &e, sizeof(e), 0))
+				count_error(SPANPROF_ERR_RINGBUF_FULL);
+		}
 		bpf_map_delete_elem(&target_pids, &tgid);
 		bpf_map_delete_elem(&py_procs, &tgid);
 		bpf_map_delete_elem(&span_procs, &tgid);

@@ -245,9 +245,11 @@ impl Sections {
 
     /// The bytes of its unwind sections (copied out of the file).
     fn bytes(&self) -> u64 {
-        let len = |d: &Option<(std::ops::Range<u64>, Arc<[u8]>)>| d.as_ref().map_or(0, |(_, d)| d.len());
-        (len(&self.eh_frame) + len(&self.eh_frame_hdr) + self.debug_frame.as_ref().map_or(0, |d| d.len()))
-            as u64
+        let len =
+            |d: &Option<(std::ops::Range<u64>, Arc<[u8]>)>| d.as_ref().map_or(0, |(_, d)| d.len());
+        (len(&self.eh_frame)
+            + len(&self.eh_frame_hdr)
+            + self.debug_frame.as_ref().map_or(0, |d| d.len())) as u64
     }
 
     fn has_tables(&self) -> bool {
@@ -549,9 +551,22 @@ impl Unwinders {
         self.stats
     }
 
-    /// Forgets a process (it exec'd or exited): its address space is not the one known.
+    /// Forgets a process (it exec'd or exited): its address space is not the one known. The
+    /// unwind sections no other process uses go with it.
     pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+        if let Some(p) = self.procs.remove(&pid) {
+            if !p.held.is_empty() {
+                drop(p);
+                self.drop_unused_files();
+            }
+        }
+    }
+
+    /// Drops the unwind sections of the module files no process known maps.
+    fn drop_unused_files(&mut self) {
+        // NB: `files` holds one reference; each process mapping the file one more.
+        self.files
+            .retain(|_, s| s.as_ref().is_some_and(|s| Arc::strong_count(s) > 1));
     }
 
     /// Forgets the processes that exited (no `/proc/PID`), so a reused pid starts afresh and
@@ -570,9 +585,7 @@ impl Unwinders {
                 std::mem::replace(&mut p.exited, true).not()
             }
         });
-        // NB: `files` holds one reference; each process mapping the file one more.
-        self.files
-            .retain(|_, s| s.as_ref().is_some_and(|s| Arc::strong_count(s) > 1));
+        self.drop_unused_files();
     }
 
     /// Bytes of unwind sections held (of module files that processes known map).
@@ -958,11 +971,13 @@ mod tests {
     /// after, and then the unwind tables of its module files go.
     #[test]
     fn an_exited_process_keeps_its_modules_until_the_second_sweep() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while std::fs::read_link(format!("/proc/{pid}/exe"))
-            .is_ok_and(|e| !e.ends_with("sleep"))
+        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| !e.ends_with("sleep"))
             && std::time::Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(5));

@@ -129,8 +129,10 @@ impl Metrics {
     pub fn set_caches(&self, symbols: &symbolizer::CacheStats, unwind_tables_bytes: u64) {
         self.symbol_cache_bytes
             .store(symbols.parsed_bytes, Ordering::Relaxed);
-        self.symbol_cache_limit.store(symbols.limit, Ordering::Relaxed);
-        self.modules.store(symbols.modules as u64, Ordering::Relaxed);
+        self.symbol_cache_limit
+            .store(symbols.limit, Ordering::Relaxed);
+        self.modules
+            .store(symbols.modules as u64, Ordering::Relaxed);
         self.unwind_tables_bytes
             .store(unwind_tables_bytes, Ordering::Relaxed);
     }

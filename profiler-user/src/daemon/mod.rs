@@ -215,8 +215,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             ))
     );
 
-    let mut cpu_at_window = crate::session::process_cpu_time();
-    let mut kernel_at_window = programs.kernel_time();
+    let mut cost_from = (crate::session::process_cpu_time(), programs.kernel_time());
+    let mut closing: Option<(u64, aggregate::PendingProfile)> = None;
     let mut window_start = Instant::now();
     let mut window_wall = SystemTime::now();
     let mut window_id = 0u64;
@@ -226,8 +226,20 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut dropped_total = 0u64;
     let mut samples_total = 0u64;
     loop {
-        wait_readable(programs.samples.as_raw_fd(), TICK);
-        crate::session::drain(&mut programs, &mut agg, &mut python, &mut copy);
+        // NB: no wait while a window is being symbolized: its next part comes at once.
+        let wait = if closing.is_some() {
+            Duration::ZERO
+        } else {
+            TICK
+        };
+        wait_readable(programs.samples.as_raw_fd(), wait);
+        crate::session::drain(
+            &mut programs,
+            &mut agg,
+            &mut python,
+            &mut copy,
+            &mut symbolizer,
+        );
         probes.python(&mut programs, &mut python);
         agg.normalize_pending(&mut symbolizer);
         metrics.tick();
@@ -263,6 +275,25 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 .store(programs.lost_samples(), Ordering::Relaxed);
             metrics.set_caches(&symbolizer.cache_stats(), agg.unwind_table_bytes());
         }
+        // The last window's symbolization goes on a part at a time: processes that start and
+        // exit meanwhile are drained (and their modules read) while they live.
+        if let Some(mut part) = closing.take() {
+            if part.1.step(&mut symbolizer, SYMBOLIZE_STEP) {
+                let mut done = Done {
+                    python: &python,
+                    symbolizer: &mut symbolizer,
+                    agg: &agg,
+                    programs: &programs,
+                    metrics: &metrics,
+                    config: &config,
+                    queue: &queue,
+                    cost_from: &mut cost_from,
+                };
+                done.window(part);
+            } else {
+                closing = Some(part);
+            }
+        }
         let stop = STOP.load(Ordering::Relaxed) != 0;
         if stop || window_start.elapsed() >= config.window {
             window_id += 1;
@@ -290,37 +321,30 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             let window = agg.take_window();
             samples_total += window.samples();
             dropped_total += window.dropped();
-            let mut profile = window.into_profile(&mut symbolizer, &python, meta);
-            symbolizer.forget_exited();
-            release_freed_memory();
-            metrics.set_caches(&symbolizer.cache_stats(), agg.unwind_table_bytes());
-            // The window's cost, as a session's summary gives it.
-            let kernel_now = programs.kernel_time();
-            let cpu_now = crate::session::process_cpu_time();
-            let overhead = crate::session::Overhead {
-                setup: Duration::ZERO,
-                sampling: cpu_now.saturating_sub(cpu_at_window),
-                cpu_at_end_of_sampling: cpu_now,
-                kernel: kernel_now
-                    .zip(kernel_at_window)
-                    .map(|(now, then)| now.since(&then)),
+            let mut done = Done {
+                python: &python,
+                symbolizer: &mut symbolizer,
+                agg: &agg,
+                programs: &programs,
+                metrics: &metrics,
+                config: &config,
+                queue: &queue,
+                cost_from: &mut cost_from,
             };
-            metrics.set_cost(
-                &crate::summary::Cost::of(&profile, &overhead),
-                kernel_now.map(|k| k.total_ns),
-            );
-            (cpu_at_window, kernel_at_window) = (cpu_now, kernel_now);
-            config.privacy.apply(&mut profile);
-            metrics
-                .processes
-                .store(profile.processes.len() as u64, Ordering::Relaxed);
-            metrics.windows.fetch_add(1, Ordering::Relaxed);
-            let request = crate::output::otlp::request(&profile);
-            queue.push(Window {
-                id: window_id,
-                bytes: prost::Message::encoded_len(&request),
-                request: Arc::new(request),
-            });
+            // One window is symbolized at a time: a previous one still under way is finished
+            // first (the sampling loop then waits, the ring buffer holding the samples).
+            if let Some(mut previous) = closing.take() {
+                while !previous.1.step(done.symbolizer, Duration::MAX) {}
+                done.window(previous);
+            }
+            let next = (window_id, window.into_pending(done.symbolizer, meta));
+            if stop {
+                let mut next = next;
+                while !next.1.step(done.symbolizer, Duration::MAX) {}
+                done.window(next);
+            } else {
+                closing = Some(next);
+            }
         }
         if stop {
             break;
@@ -384,6 +408,63 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     metrics_task.abort();
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// How long a part of a window's symbolization runs between two drains (at least one module).
+const SYMBOLIZE_STEP: Duration = Duration::from_millis(20);
+
+/// What finishing a window needs.
+struct Done<'a> {
+    python: &'a Python,
+    symbolizer: &'a mut symbolizer::Symbolizer,
+    agg: &'a Aggregator,
+    programs: &'a Programs,
+    metrics: &'a Metrics,
+    config: &'a DaemonConfig,
+    queue: &'a Queue,
+    /// CPU time and kernel time when the last window was finished.
+    cost_from: &'a mut (Duration, Option<crate::bpf::KernelTime>),
+}
+
+impl Done<'_> {
+    /// Builds window `id`'s profile, once symbolized, and queues its export; forgets what was
+    /// kept only for its samples.
+    fn window(&mut self, (id, pending): (u64, aggregate::PendingProfile)) {
+        let mut profile = pending.finish(self.python);
+        self.symbolizer.forget_exited();
+        release_freed_memory();
+        self.metrics.set_caches(
+            &self.symbolizer.cache_stats(),
+            self.agg.unwind_table_bytes(),
+        );
+        // The window's cost, as a session's summary gives it.
+        let kernel_now = self.programs.kernel_time();
+        let cpu_now = crate::session::process_cpu_time();
+        let (cpu_then, kernel_then) = std::mem::replace(self.cost_from, (cpu_now, kernel_now));
+        let overhead = crate::session::Overhead {
+            setup: Duration::ZERO,
+            sampling: cpu_now.saturating_sub(cpu_then),
+            cpu_at_end_of_sampling: cpu_now,
+            kernel: kernel_now
+                .zip(kernel_then)
+                .map(|(now, then)| now.since(&then)),
+        };
+        self.metrics.set_cost(
+            &crate::summary::Cost::of(&profile, &overhead),
+            kernel_now.map(|k| k.total_ns),
+        );
+        self.config.privacy.apply(&mut profile);
+        self.metrics
+            .processes
+            .store(profile.processes.len() as u64, Ordering::Relaxed);
+        self.metrics.windows.fetch_add(1, Ordering::Relaxed);
+        let request = crate::output::otlp::request(&profile);
+        self.queue.push(Window {
+            id,
+            bytes: prost::Message::encoded_len(&request),
+            request: Arc::new(request),
+        });
+    }
 }
 
 /// Gives the memory freed since (the tables of programs that exited) back to the system:

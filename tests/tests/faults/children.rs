@@ -70,7 +70,13 @@ fn children_are_named(mode: &str, dir: &TempDir, module: Option<&str>) {
     cmd.arg(&out_path)
         .arg("--")
         .arg(workload_path("short_children"))
-        .args(["start", &CHILDREN.to_string(), &CHILD_MS.to_string(), "1", mode]);
+        .args([
+            "start",
+            &CHILDREN.to_string(),
+            &CHILD_MS.to_string(),
+            "1",
+            mode,
+        ]);
     let out = run_with_timeout(cmd, Duration::from_secs(180));
     out.assert_success();
     let parent: u64 = out
