@@ -902,6 +902,29 @@ mod tests {
     }
 
     #[test]
+    fn an_exit_told_forgets_the_process_after_the_symbolization_that_holds_its_samples() {
+        let pid = std::process::id();
+        let addr = marker_function_for_symbolizer_test as *const () as u64;
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![addr]);
+        let modules = s.cache_stats().modules;
+        // Told of its exit while a window's samples are still to be symbolized: its map goes
+        // at once, its addresses stay for that window.
+        s.exited(pid);
+        assert!(s.procs[&pid].ranges.is_empty());
+        s.forget_exited();
+        assert!(s.user.contains_key(&(pid, addr)), "kept for the next symbolization");
+        assert_eq!(s.cache_stats().modules, 1, "only the module an address refers to");
+        assert!(modules >= 1);
+        let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+        assert!(user[0].function.is_some(), "{:?}", user[0]);
+        s.forget_exited();
+        let stats = s.cache_stats();
+        assert_eq!((stats.processes, stats.modules), (0, 0), "{stats:?}");
+        assert!(s.user.is_empty());
+    }
+
+    #[test]
     fn parsed_symbols_are_kept_within_the_bound() {
         let addr = marker_function_for_symbolizer_test as *const () as u64;
         let pid = std::process::id();

@@ -292,12 +292,12 @@ fn daemon_memory_is_bounded_while_distinct_binaries_come_and_go() {
         for sample in otlp::samples(&decoded, "samples/count") {
             let f = otlp::functions(sample);
             let weight = otlp::sample_weight(sample);
-            if f.iter().any(|f| *f == "[no stack]") {
+            if f.contains(&"[no stack]") {
                 no_stack += weight;
                 continue;
             }
             with_stack += weight;
-            if f.iter().any(|f| *f == "short_child_work") {
+            if f.contains(&"short_child_work") {
                 named += weight;
             } else {
                 *others.entry(f.join(";")).or_default() += weight;
