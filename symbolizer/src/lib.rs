@@ -913,8 +913,15 @@ mod tests {
         s.exited(pid);
         assert!(s.procs[&pid].ranges.is_empty());
         s.forget_exited();
-        assert!(s.user.contains_key(&(pid, addr)), "kept for the next symbolization");
-        assert_eq!(s.cache_stats().modules, 1, "only the module an address refers to");
+        assert!(
+            s.user.contains_key(&(pid, addr)),
+            "kept for the next symbolization"
+        );
+        assert_eq!(
+            s.cache_stats().modules,
+            1,
+            "only the module an address refers to"
+        );
         assert!(modules >= 1);
         let (user, _) = s.symbolize(&[(pid, addr)], &[]);
         assert!(user[0].function.is_some(), "{:?}", user[0]);

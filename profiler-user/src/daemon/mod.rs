@@ -291,6 +291,9 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 };
                 done.window(part);
             } else {
+                // What the modules evicted meanwhile held goes back to the system now, not at
+                // the window's end: the peak stays near the cache bound.
+                release_freed_memory();
                 closing = Some(part);
             }
         }
