@@ -22,6 +22,9 @@ pub const MAX_PY_FRAMES: usize = 512;
 pub const RECORD_SAMPLE: u32 = 1;
 /// Record kind of an [`ExecRecord`].
 pub const RECORD_EXEC: u32 = 2;
+/// Record kind of an [`ExecRecord`] telling of a process that exited (every sample of it is
+/// before the record in the ring buffer).
+pub const RECORD_EXIT: u32 = 3;
 
 /// [`SampleHeader::py_status`]: not a Python process (or not detected yet).
 pub const PY_NONE: u32 = 0;
@@ -71,6 +74,13 @@ pub const PY_FRAME_SIZE: usize = 24;
 pub const TARGET_EXPLICIT: u32 = 1;
 /// Process forked by a profiled process.
 pub const TARGET_CHILD: u32 = 2;
+/// Sampled since its fork or exec: set by the BPF side, whose first sample of a process wakes
+/// user space at once (to read the process's modules while it lives).
+pub const TARGET_SEEN: u32 = 4;
+/// Sampled in its program's own code (not the dynamic loader's, nor a library's) since its fork
+/// or exec: set by the BPF side, whose first such sample wakes user space again (the loader
+/// has mapped the libraries by then).
+pub const TARGET_SEEN_MAIN: u32 = 8;
 
 /// Indexes of the per-CPU error counters in the `errors` map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,7 +170,7 @@ impl ErrorCode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct Target {
-    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`].
+    /// [`TARGET_EXPLICIT`] or [`TARGET_CHILD`], and [`TARGET_SEEN`], [`TARGET_SEEN_MAIN`] once sampled.
     pub flags: u32,
     /// Parent process of a child target, 0 for explicit ones.
     pub parent_tgid: u32,
@@ -558,7 +568,7 @@ fn mix(h: u64, x: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct ExecRecord {
-    /// [`RECORD_EXEC`].
+    /// [`RECORD_EXEC`], or [`RECORD_EXIT`] for an exit notice.
     pub kind: u32,
     /// Process id (tgid).
     pub pid: u32,
@@ -663,6 +673,8 @@ pub enum Record<'a> {
     Sample(Sample<'a>),
     /// A process called execve.
     Exec(&'a ExecRecord),
+    /// A process exited.
+    Exit(&'a ExecRecord),
 }
 
 impl<'a> Record<'a> {
@@ -676,6 +688,12 @@ impl<'a> Record<'a> {
             RECORD_EXEC if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
                 // SAFETY: length and alignment checked; ExecRecord is Pod.
                 Some(Record::Exec(unsafe {
+                    &*(bytes.as_ptr() as *const ExecRecord)
+                }))
+            }
+            RECORD_EXIT if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
+                // SAFETY: length and alignment checked; ExecRecord is Pod.
+                Some(Record::Exit(unsafe {
                     &*(bytes.as_ptr() as *const ExecRecord)
                 }))
             }

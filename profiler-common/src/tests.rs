@@ -270,6 +270,7 @@ fn c_asserts() -> String {
         ("SPANPROF_TASK_COMM_LEN", TASK_COMM_LEN as u64),
         ("SPANPROF_RECORD_SAMPLE", RECORD_SAMPLE as u64),
         ("SPANPROF_RECORD_EXEC", RECORD_EXEC as u64),
+        ("SPANPROF_RECORD_EXIT", RECORD_EXIT as u64),
         ("SPANPROF_MAX_PY_FRAMES", MAX_PY_FRAMES as u64),
         ("SPANPROF_PY_FRAME_SIZE", PY_FRAME_SIZE as u64),
         ("SPANPROF_PY_NONE", PY_NONE as u64),
@@ -312,6 +313,8 @@ fn c_asserts() -> String {
         ("SPANPROF_OFFCPU_NO_USER", OFFCPU_NO_USER as u64),
         ("SPANPROF_TARGET_EXPLICIT", TARGET_EXPLICIT as u64),
         ("SPANPROF_TARGET_CHILD", TARGET_CHILD as u64),
+        ("SPANPROF_TARGET_SEEN", TARGET_SEEN as u64),
+        ("SPANPROF_TARGET_SEEN_MAIN", TARGET_SEEN_MAIN as u64),
         ("SPANPROF_ERR_COUNT", ERROR_COUNT as u64),
         ("SPANPROF_ERR_RINGBUF_FULL", ErrorCode::RingbufFull as u64),
         ("SPANPROF_ERR_KSTACK", ErrorCode::KernelStack as u64),
@@ -543,6 +546,11 @@ fn records_of_every_kind_are_told_apart() {
     let exec = [u64::from(RECORD_EXEC) | (42u64 << 32), 5];
     match Record::from_bytes(bytes(&exec)) {
         Some(Record::Exec(e)) => assert_eq!((e.pid, e.time_ns), (42, 5)),
+        other => panic!("{other:?}"),
+    }
+    let exit = [u64::from(RECORD_EXIT) | (43u64 << 32), 6];
+    match Record::from_bytes(bytes(&exit)) {
+        Some(Record::Exit(e)) => assert_eq!((e.pid, e.time_ns), (43, 6)),
         other => panic!("{other:?}"),
     }
     assert!(

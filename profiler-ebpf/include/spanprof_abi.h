@@ -46,6 +46,7 @@ typedef uint64_t __u64;
 /* Record kinds, first field of every ring buffer record. */
 #define SPANPROF_RECORD_SAMPLE 1
 #define SPANPROF_RECORD_EXEC 2 /* struct spanprof_exec */
+#define SPANPROF_RECORD_EXIT 3 /* struct spanprof_exec, of a process that exited */
 
 /* Indexes of the per-CPU error counters (map `errors`). */
 enum spanprof_error {
@@ -96,6 +97,8 @@ enum spanprof_error {
 /* Value of `target_pids`: why a process is profiled. */
 #define SPANPROF_TARGET_EXPLICIT 1 /* named by the user (--pid, or the -- command) */
 #define SPANPROF_TARGET_CHILD 2    /* forked by a profiled process */
+#define SPANPROF_TARGET_SEEN 4     /* sampled since its fork or exec (set by the kernel side) */
+#define SPANPROF_TARGET_SEEN_MAIN 8 /* sampled in its program's own code since (kernel side) */
 
 struct spanprof_target {
 	__u32 flags; /* SPANPROF_TARGET_* */
@@ -311,9 +314,12 @@ struct spanprof_offcpu_task {
 	__u64 kstack[SPANPROF_MAX_STACK_DEPTH];
 };
 
-/* A process called execve: what user space knew of its address space is stale. */
+/*
+ * A process called execve: what user space knew of its address space is stale. Also, with
+ * kind SPANPROF_RECORD_EXIT, a process that exited: every sample of it is before this record.
+ */
 struct spanprof_exec {
-	__u32 kind; /* SPANPROF_RECORD_EXEC */
+	__u32 kind; /* SPANPROF_RECORD_EXEC or SPANPROF_RECORD_EXIT */
 	__u32 pid;  /* tgid */
 	__u64 time_ns;
 };

@@ -21,8 +21,8 @@
 char LICENSE[] SEC("license") = "GPL";
 
 /*
- * The only kernel type read here. CO-RE relocates the field by name against the running
- * kernel's BTF, so this stub stands in for a full vmlinux.h.
+ * Kernel types read here. CO-RE relocates the fields by name against the running
+ * kernel's BTF, so these stubs stand in for a full vmlinux.h.
  */
 struct thread_struct {
 	unsigned long fsbase; /* x86_64: the thread's FS base, which glibc's pthread_self() is */
@@ -43,12 +43,19 @@ struct uprobe_task {
 	struct return_instance *return_instances;
 } __attribute__((preserve_access_index));
 
+/* A process's address space: where exec put its program's code (the load bias applied). */
+struct mm_struct {
+	unsigned long start_code;
+	unsigned long end_code;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	unsigned int in_iowait : 1; /* set by io_schedule() around a wait for I/O */
 	struct thread_struct thread;
 	struct uprobe_task *utask;
+	struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 
 /* Pending uretprobes whose return addresses are put back in a stack copy, at most. */
@@ -1679,8 +1686,10 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 {
 	struct spanprof_sample *s = &w->s;
 	const struct spanprof_py_proc *py = 0;
-	__u32 tgid = s->pid;
-	__u64 u, p, size, off;
+	struct spanprof_target *t;
+	struct task_struct *task;
+	__u32 tgid = s->pid, seen;
+	__u64 u, p, size, off, ip, wake = BPF_RB_NO_WAKEUP;
 	long n = 0;
 
 	if (k > SPANPROF_MAX_STACK_DEPTH)
@@ -1719,10 +1728,31 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
 	if (size > sizeof(*s))
 		size = sizeof(*s);
-	if (bpf_ringbuf_output(&samples, s, size,
-			       bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes ?
-				       BPF_RB_FORCE_WAKEUP :
-				       BPF_RB_NO_WAKEUP))
+	/*
+	 * The first sample of a process (since it was forked or exec'd) wakes user space at once,
+	 * which then reads the process's memory map and opens its modules while it lives: a
+	 * short-lived child would otherwise often exit before the next drain, and its addresses
+	 * could no longer be tied to a file. So does its first sample in its program's own code:
+	 * by then the dynamic loader has mapped its libraries, which a first sample taken in the
+	 * loader would not have seen. At most two wake-ups per program, then; two samples racing
+	 * here both wake it: harmless.
+	 */
+	t = bpf_map_lookup_elem(&target_pids, &tgid);
+	if (t) {
+		seen = SPANPROF_TARGET_SEEN;
+		ip = stack_copy_bytes ? s->user_ip : (u ? s->stack[k & (SPANPROF_MAX_STACK_DEPTH - 1)] : 0);
+		task = bpf_get_current_task_btf();
+		if (ip && ip >= BPF_CORE_READ(task, mm, start_code) &&
+		    ip < BPF_CORE_READ(task, mm, end_code))
+			seen |= SPANPROF_TARGET_SEEN_MAIN;
+		if (seen & ~t->flags) {
+			t->flags |= seen;
+			wake = BPF_RB_FORCE_WAKEUP;
+		}
+	}
+	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes)
+		wake = BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&samples, s, size, wake))
 		count_error(SPANPROF_ERR_RINGBUF_FULL);
 }
 
@@ -2212,9 +2242,12 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32, old = (__u32)old_pid;
 	struct spanprof_exec e = {};
+	struct spanprof_target *t = bpf_map_lookup_elem(&target_pids, &tgid);
 
-	if (!bpf_map_lookup_elem(&target_pids, &tgid))
+	if (!t)
 		return 0;
+	/* A new program: its first samples wake user space again (see send_sample). */
+	t->flags &= ~(SPANPROF_TARGET_SEEN | SPANPROF_TARGET_SEEN_MAIN);
 	bpf_map_delete_elem(&py_procs, &tgid);
 	bpf_map_delete_elem(&span_procs, &tgid);
 	bpf_map_delete_elem(&stack_copy_sizes, &tgid);
@@ -2242,8 +2275,20 @@ SEC("raw_tp/sched_process_exit")
 int BPF_PROG(on_process_exit, struct task_struct *task)
 {
 	__u32 tgid = BPF_CORE_READ(task, tgid);
+	struct spanprof_exec e = {};
 
 	if ((__u32)BPF_CORE_READ(task, pid) == tgid) {
+		/*
+		 * User space drops what it kept to name the process's addresses once it has read
+		 * this record: its samples are all before it.
+		 */
+		if (bpf_map_lookup_elem(&target_pids, &tgid)) {
+			e.kind = SPANPROF_RECORD_EXIT;
+			e.pid = tgid;
+			e.time_ns = bpf_ktime_get_ns();
+			if (bpf_ringbuf_output(&samples, &e, sizeof(e), 0))
+				count_error(SPANPROF_ERR_RINGBUF_FULL);
+		}
 		bpf_map_delete_elem(&target_pids, &tgid);
 		bpf_map_delete_elem(&py_procs, &tgid);
 		bpf_map_delete_elem(&span_procs, &tgid);

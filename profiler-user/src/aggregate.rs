@@ -29,6 +29,30 @@ use crate::profile::{
 use crate::python::{split_token, MergeInfo, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 use crate::resource::ProcessInfo;
 
+/// An aggregate being symbolized ([`Aggregator::into_pending`]).
+#[derive(Debug)]
+pub struct PendingProfile {
+    agg: Aggregator,
+    meta: Meta,
+    user_addrs: Vec<(u32, u64)>,
+    kernel_addrs: Vec<u64>,
+    job: symbolizer::Job,
+}
+
+impl PendingProfile {
+    /// Symbolizes for about `budget` (at least one module); true once all is done.
+    pub fn step(&mut self, symbolizer: &mut Symbolizer, budget: std::time::Duration) -> bool {
+        symbolizer.step(&mut self.job, budget)
+    }
+
+    /// The profile (addresses not symbolized yet, if any, are unknown frames).
+    pub fn finish(self, python: &Python) -> Profile {
+        let syms = self.job.finish();
+        self.agg
+            .build(python, self.meta, self.user_addrs, syms, self.kernel_addrs)
+    }
+}
+
 /// Frame shown where C code called into Python but native unwinding could not show it.
 pub const NATIVE_CODE: &str = "[native code]";
 /// Frame at the root end of a Python stack that was cut.
@@ -228,6 +252,8 @@ pub struct Aggregator {
     /// pid once until it execs).
     truncated_by_copy: Vec<u32>,
     raised: rustc_hash::FxHashSet<u32>,
+    /// Processes whose exit record came since the last [`Aggregator::normalize_pending`].
+    exited: Vec<u32>,
 }
 
 /// How often the unwinders of processes that exited are dropped.
@@ -264,6 +290,7 @@ impl Aggregator {
             last_sweep: std::time::Instant::now(),
             truncated_by_copy: Vec::new(),
             raised: Default::default(),
+            exited: Vec::new(),
         }
     }
 
@@ -283,6 +310,14 @@ impl Aggregator {
                 self.processes.insert(pid, comm.trim_end().to_string());
             }
         }
+    }
+
+    /// A process exited (its exit record: every sample of it was recorded before): its
+    /// unwinder goes at once, and what names its addresses once they are normalized
+    /// ([`Aggregator::normalize_pending`]).
+    pub fn exited(&mut self, pid: u32) {
+        self.forget(pid);
+        self.exited.push(pid);
     }
 
     /// A process exec'd or exited: the modules its stacks were unwound with are gone.
@@ -312,6 +347,11 @@ impl Aggregator {
     /// What the unwinders read.
     pub fn unwind_stats(&self) -> symbolizer::unwind::UnwindStats {
         self.unwinders.stats()
+    }
+
+    /// Bytes of the unwind tables held for the processes known.
+    pub fn unwind_table_bytes(&self) -> u64 {
+        self.unwinders.table_bytes()
     }
 
     /// The sample's user stack, leaf first, and how it was unwound: the kernel's frame-pointer
@@ -561,27 +601,29 @@ impl Aggregator {
     }
 
     /// Normalizes the user addresses of stacks seen since the last call, while their processes
-    /// are (hopefully) still alive.
+    /// are (hopefully) still alive, or from the memory maps read while they lived; then tells
+    /// the symbolizer of the processes that exited since (none of their addresses is left to
+    /// normalize).
     pub fn normalize_pending(&mut self, symbolizer: &mut Symbolizer) {
         for (pid, mut addrs) in self.pending.drain() {
             symbolizer.normalize(pid, &mut addrs);
         }
+        for pid in self.exited.drain(..) {
+            symbolizer.exited(pid);
+        }
     }
 
     /// Symbolizes every stack and builds the profile.
-    pub fn into_profile(
-        mut self,
-        symbolizer: &mut Symbolizer,
-        python: &Python,
-        mut meta: Meta,
-    ) -> Profile {
-        meta.python = PythonStats {
-            processes: python.found(),
-            notes: python.notes(),
-            spans_enabled: python.spans_enabled(),
-            span_processes: python.with_spans(),
-            ..self.python_stats.clone()
-        };
+    pub fn into_profile(self, symbolizer: &mut Symbolizer, python: &Python, meta: Meta) -> Profile {
+        let mut pending = self.into_pending(symbolizer, meta);
+        while !pending.step(symbolizer, std::time::Duration::MAX) {}
+        pending.finish(python)
+    }
+
+    /// Begins [`Aggregator::into_profile`] a part at a time: [`PendingProfile::step`]
+    /// symbolizes a few modules per call, so that a caller (the daemon) drains samples in
+    /// between, and [`PendingProfile::finish`] builds the profile.
+    pub fn into_pending(mut self, symbolizer: &mut Symbolizer, meta: Meta) -> PendingProfile {
         self.normalize_pending(symbolizer);
 
         // Every distinct address once, in a stable order.
@@ -601,8 +643,32 @@ impl Aggregator {
             .collect();
         kernel_addrs.sort_unstable();
         kernel_addrs.dedup();
-        let (user_syms, kernel_syms) = symbolizer.symbolize(&user_addrs, &kernel_addrs);
+        let job = symbolizer.start(&user_addrs, kernel_addrs.clone());
+        PendingProfile {
+            agg: self,
+            meta,
+            user_addrs,
+            kernel_addrs,
+            job,
+        }
+    }
 
+    /// Builds the profile of the symbols of its addresses.
+    fn build(
+        mut self,
+        python: &Python,
+        mut meta: Meta,
+        user_addrs: Vec<(u32, u64)>,
+        (user_syms, kernel_syms): (Vec<Symbol>, Vec<Symbol>),
+        kernel_addrs: Vec<u64>,
+    ) -> Profile {
+        meta.python = PythonStats {
+            processes: python.found(),
+            notes: python.notes(),
+            spans_enabled: python.spans_enabled(),
+            span_processes: python.with_spans(),
+            ..self.python_stats.clone()
+        };
         let mut frames = FrameTable::default();
         let user_frame: FxHashMap<(u32, u64), u32> = user_addrs
             .iter()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY};
+use profiler_common::{ErrorCode, Record, ERROR_COUNT, MAX_STACK_COPY, USTACK_COPY_OK};
 use symbolizer::Symbolizer;
 
 use crate::aggregate::{self, Aggregator};
@@ -496,7 +496,13 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             .map(|d| d.saturating_sub(start.elapsed()))
             .unwrap_or(TICK);
         waiter.wait(remaining.min(TICK));
-        drain(&mut programs, &mut agg, &mut python, &mut copy);
+        drain(
+            &mut programs,
+            &mut agg,
+            &mut python,
+            &mut copy,
+            &mut symbolizer,
+        );
         probes.python(&mut programs, &mut python);
         agg.normalize_pending(&mut symbolizer);
         // One bpf() call a second is enough for the live count; the final one is exact.
@@ -550,7 +556,13 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         .zip(kernel_at_sampling)
         .map(|(end, start)| end.since(&start));
     let targets_cpu = target_cpu.take(&programs.target_pids());
-    drain(&mut programs, &mut agg, &mut python, &mut copy);
+    drain(
+        &mut programs,
+        &mut agg,
+        &mut python,
+        &mut copy,
+        &mut symbolizer,
+    );
     let records = agg.samples();
     progress.finish();
     let errors = programs.error_counts();
@@ -767,8 +779,10 @@ pub(crate) fn drain(
     agg: &mut Aggregator,
     python: &mut Python,
     copy: &mut StackCopySizes,
+    symbolizer: &mut Symbolizer,
 ) {
     agg.next_drain();
+    symbolizer.next_drain();
     let mut looked = Instant::now();
     let mut n = 0u32;
     loop {
@@ -776,11 +790,23 @@ pub(crate) fn drain(
             break;
         };
         match Record::from_bytes(&item) {
-            Some(Record::Sample(sample)) => agg.record(&sample, python),
+            Some(Record::Sample(sample)) => {
+                // A process's modules are read at its first sample, while it (most likely)
+                // lives: a drain of a backlog can take longer than a short-lived child.
+                let h = sample.header;
+                let ip = if h.ustack_copy_status & 0xff == USTACK_COPY_OK {
+                    h.user_ip
+                } else {
+                    sample.user_stack().first().copied().unwrap_or(0)
+                };
+                symbolizer.seen(h.pid, ip);
+                agg.record(&sample, python)
+            }
             Some(Record::Exec(e)) => {
                 python.exec(e.pid);
                 agg.exec(e.pid, e.time_ns);
             }
+            Some(Record::Exit(e)) => agg.exited(e.pid),
             None => {}
         }
         // A long drain (a backlog, cold module tables) still hands new interpreters to the

@@ -31,10 +31,8 @@ pub mod unwind;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use blazesym::normalize::{NormalizeOpts, Normalizer, UserMeta};
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized};
-use blazesym::Pid;
 use rustc_hash::FxHashMap;
 
 /// The link-time addresses of `symbols` in the ELF file at `path` (`None` for those it lacks:
@@ -96,6 +94,8 @@ pub struct Symbol {
 /// path (a container's libc is not the host's).
 #[derive(Debug)]
 struct Module {
+    /// The (device, inode) of its maps lines.
+    key: (u64, u64),
     /// The path as `/proc/PID/maps` names it, for outputs.
     path: PathBuf,
     /// The open file; `None` when it could not be opened, with the reason.
@@ -103,6 +103,28 @@ struct Module {
     /// Its separate debug file, found while the process lived ([`debug_file::find`]: the
     /// target's root first, only one of the same build).
     debug: Option<debug_file::DebugFile>,
+    /// Its symbols as blazesym parsed them, kept between calls of [`Symbolizer::symbolize`]
+    /// within [`Symbolizer::set_cache_limit`].
+    parsed: Option<Parsed>,
+}
+
+/// One module's parsed symbols: a blazesym symbolizer of its own, so that it can be dropped
+/// alone.
+struct Parsed {
+    symbolizer: blazesym::symbolize::Symbolizer,
+    /// What keeping it costs, estimated ([`parse_cost`]).
+    bytes: u64,
+    /// The [`Symbolizer::symbolize`] call that used it last.
+    used: u64,
+}
+
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parsed")
+            .field("bytes", &self.bytes)
+            .field("used", &self.used)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a user address lives, once normalized.
@@ -112,35 +134,102 @@ enum Location {
     Unknown { reason: String },
 }
 
+/// An executable file mapping of a process, as its memory map last said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Range {
+    start: u64,
+    end: u64,
+    /// File offset of `start`.
+    offset: u64,
+    module: u32,
+}
+
+/// What is kept of a process to normalize its addresses, even after it exited: its executable
+/// mappings as last read (their module files open), while it lived.
+#[derive(Debug, Default)]
+struct Proc {
+    /// Sorted by start.
+    ranges: Vec<Range>,
+    /// [`Symbolizer::forget_exited`] found it gone; the next call forgets it.
+    gone: bool,
+    /// The drain ([`Symbolizer::next_drain`]) in which [`Symbolizer::seen`] last read its map.
+    read_in: u64,
+    /// It exited ([`Symbolizer::exited`]) when this many symbolizations had begun
+    /// ([`Symbolizer::start`]): its addresses are all in the next one at the latest.
+    exited: Option<u64>,
+}
+
+impl Proc {
+    fn range(&self, addr: u64) -> Option<&Range> {
+        let i = self.ranges.partition_point(|r| r.start <= addr);
+        let r = self.ranges.get(i.checked_sub(1)?)?;
+        (addr < r.end).then_some(r)
+    }
+}
+
 /// Counters for the session summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// User addresses normalized while their process was alive.
+    /// User addresses normalized while their process was alive, or from its memory map read
+    /// while it lived.
     pub normalized: u64,
-    /// User addresses that could not be normalized: their process was gone, or its memory map
-    /// unreadable.
+    /// User addresses that could not be normalized: their process was gone before its memory
+    /// map was read, or its memory map unreadable.
     pub process_gone: u64,
 }
 
+/// What the symbolizer holds now (the daemon's metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Module files open (each mapped by a process alive, or one an address still refers to).
+    pub modules: usize,
+    /// Modules whose parsed symbols are kept.
+    pub parsed_modules: usize,
+    /// The estimated size of the parsed symbols kept ([`parse_cost`]), at most
+    /// [`CacheStats::limit`] between calls of [`Symbolizer::symbolize`].
+    pub parsed_bytes: u64,
+    /// The bound of `parsed_bytes`.
+    pub limit: u64,
+    /// Processes whose memory map is kept.
+    pub processes: usize,
+}
+
+/// The default bound of the parsed symbols kept between two symbolizations (64 MiB).
+pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 20;
+
 /// Normalizes user addresses during a session and symbolizes everything at its end.
+///
+/// # Memory
+/// What it keeps is bounded for a long-running caller (the daemon) whatever the number of
+/// distinct programs that come and go:
+/// - per process, its executable mappings (read at its first addresses, again at each new
+///   batch while it lives) and their module files, open; [`Symbolizer::forget_exited`] drops a
+///   process one call after it found it gone (its last samples may still be on their way),
+///   with its addresses, and closes the module files nothing refers to any more;
+/// - per module, its parsed symbols (blazesym's), made when it is first symbolized and kept
+///   for the next calls while their estimated total stays within
+///   [`Symbolizer::set_cache_limit`], dropping the least recently used first (during a call
+///   too: at most one module above the bound is parsed at a time).
 #[derive(Debug)]
 pub struct Symbolizer {
-    normalizer: Normalizer,
-    /// blazesym's symbolizer for user modules, kept so that a long-running caller (the daemon,
-    /// one [`Symbolizer::symbolize`] per window) parses each module's symbols and DWARF once;
-    /// made anew every [`REBUILD_EVERY`], so that the files it keeps open (one per version of
-    /// each module seen) do not pile up.
-    symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
-    /// The same for kernel addresses, made anew every [`KERNEL_REBUILD_EVERY`]: blazesym keys
-    /// its cache of `/proc/kallsyms` by the file's metadata, which procfs does not change when
-    /// modules or BPF programs come and go, so a kept one would name new code after its
-    /// neighbours for ever.
-    kernel_symbolizer: std::cell::RefCell<(blazesym::symbolize::Symbolizer, std::time::Instant)>,
-    modules: Vec<Module>,
+    /// Kernel symbols, made anew every [`KERNEL_REBUILD_EVERY`]: blazesym keys its cache of
+    /// `/proc/kallsyms` by the file's metadata, which procfs does not change when modules or
+    /// BPF programs come and go, so a kept one would name new code after its neighbours for
+    /// ever.
+    kernel_symbolizer: (blazesym::symbolize::Symbolizer, std::time::Instant),
+    /// Slots; a freed one (`None`) is reused, so the table is as long as the most modules
+    /// open at once.
+    modules: Vec<Option<Module>>,
+    free: Vec<u32>,
     /// Modules by the (device, inode) of their maps line.
     module_ids: FxHashMap<(u64, u64), u32>,
+    procs: FxHashMap<u32, Proc>,
     user: FxHashMap<(u32, u64), Location>,
     stats: Stats,
+    cache_limit: u64,
+    parsed_bytes: u64,
+    calls: u64,
+    drains: u64,
 }
 
 impl Default for Symbolizer {
@@ -153,46 +242,130 @@ impl Symbolizer {
     /// A symbolizer with empty caches.
     pub fn new() -> Self {
         Self {
-            // Build ids are not needed to symbolize on this host; skipping them saves a read of
-            // every module.
-            normalizer: Normalizer::builder()
-                .enable_build_ids(false)
-                .enable_procmap_query(
-                    blazesym::helper::is_procmap_query_supported().unwrap_or(false),
-                )
-                .build(),
-            symbolizer: std::cell::RefCell::new((new_blazesym(), std::time::Instant::now())),
-            kernel_symbolizer: std::cell::RefCell::new((new_blazesym(), std::time::Instant::now())),
+            kernel_symbolizer: (new_blazesym(), std::time::Instant::now()),
             modules: Vec::new(),
+            free: Vec::new(),
             module_ids: FxHashMap::default(),
+            procs: FxHashMap::default(),
             user: FxHashMap::default(),
             stats: Stats::default(),
+            cache_limit: DEFAULT_CACHE_LIMIT,
+            parsed_bytes: 0,
+            calls: 0,
+            drains: 1,
         }
     }
 
-    /// Forgets the normalized addresses of processes that exited (a long-running caller calls
-    /// it now and then: the table would grow with every process seen, and a later process
-    /// with the same pid would get the old one's modules).
+    /// Bounds the parsed symbols kept between (and during) symbolizations, in bytes as
+    /// [`parse_cost`] estimates them; 0 keeps none.
+    pub fn set_cache_limit(&mut self, bytes: u64) {
+        self.cache_limit = bytes;
+        self.evict_parsed(None);
+    }
+
+    /// What it holds now.
+    pub fn cache_stats(&self) -> CacheStats {
+        let open = self.modules.iter().flatten();
+        CacheStats {
+            modules: open.clone().count(),
+            parsed_modules: open.filter(|m| m.parsed.is_some()).count(),
+            parsed_bytes: self.parsed_bytes,
+            limit: self.cache_limit,
+            processes: self.procs.len(),
+        }
+    }
+
+    /// Forgets the processes that exited (a long-running caller calls it after each
+    /// symbolization: the tables would grow with every process seen, and a later process with
+    /// the same pid would get the old one's modules), and closes the module files nothing
+    /// refers to any more.
+    ///
+    /// It is called once the last symbolization begun is done: a process whose exit was told
+    /// ([`Symbolizer::exited`]) before that symbolization began is forgotten now (its addresses
+    /// were all in it). One found gone otherwise (its exit record lost) is forgotten at the
+    /// next call, not at once: samples it took before it exited may not have been drained yet,
+    /// and their addresses are normalized from the memory map read while it lived.
     pub fn forget_exited(&mut self) {
-        let mut alive: FxHashMap<u32, bool> = FxHashMap::default();
-        self.user.retain(|&(pid, _), _| {
-            *alive
-                .entry(pid)
-                .or_insert_with(|| Path::new(&format!("/proc/{pid}")).exists())
+        let mut forgotten: rustc_hash::FxHashSet<u32> = Default::default();
+        // Addresses of a pid whose maps were never read (it was gone at once) have a `Proc`
+        // too: `normalize` makes one for every pid.
+        let calls = self.calls;
+        self.procs.retain(|&pid, p| {
+            if p.exited.is_some_and(|at| at < calls) {
+                forgotten.insert(pid);
+                false
+            } else if p.exited.is_some() {
+                true
+            } else if Path::new(&format!("/proc/{pid}")).exists() {
+                p.gone = false;
+                true
+            } else if p.gone {
+                forgotten.insert(pid);
+                false
+            } else {
+                p.gone = true;
+                true
+            }
         });
-        // Module files no address refers to any more are closed (opened again when a
-        // process maps them), so a long-running caller does not keep every file it saw.
+        if !forgotten.is_empty() {
+            self.user.retain(|(pid, _), _| !forgotten.contains(pid));
+        }
         let mut used = vec![false; self.modules.len()];
+        for r in self.procs.values().flat_map(|p| &p.ranges) {
+            used[r.module as usize] = true;
+        }
         for loc in self.user.values() {
             if let Location::Elf { module, .. } = loc {
                 used[*module as usize] = true;
             }
         }
-        for (module, used) in self.modules.iter_mut().zip(used) {
-            if !used && module.file.is_ok() {
-                module.file = Err("module file closed: no process maps it".to_string());
-                module.debug = None;
+        for (id, used) in used.into_iter().enumerate() {
+            if used {
+                continue;
             }
+            if let Some(module) = self.modules[id].take() {
+                if let Some(parsed) = &module.parsed {
+                    self.parsed_bytes -= parsed.bytes;
+                }
+                self.module_ids.remove(&module.key);
+                self.free.push(id as u32);
+            }
+        }
+    }
+
+    /// Process `pid` exited and every address of it was normalized (its exit record came after
+    /// its samples): the memory map kept of it goes now, and its addresses at the next
+    /// [`Symbolizer::forget_exited`] (the caller symbolizes them before).
+    pub fn exited(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.ranges = Vec::new();
+            p.exited = Some(self.calls);
+        }
+    }
+
+    /// A drain of the ring buffer begins: [`Symbolizer::seen`] may read each process's map
+    /// once more.
+    pub fn next_drain(&mut self) {
+        self.drains += 1;
+    }
+
+    /// A sample of process `pid` with user instruction pointer `ip` (0: none) was drained:
+    /// its memory map is read (and its modules opened) now, while it most likely lives, when
+    /// none was yet or the one kept does not hold `ip` (libraries the dynamic loader mapped
+    /// since, dlopen), at most once per drain. Cheap otherwise: one lookup, no allocation.
+    pub fn seen(&mut self, pid: u32, ip: u64) {
+        let drains = self.drains;
+        if let Some(p) = self.procs.get(&pid) {
+            if p.read_in == drains || ip == 0 || p.range(ip).is_some() {
+                return;
+            }
+        }
+        let read = self.read_ranges(pid);
+        let p = self.procs.entry(pid).or_default();
+        p.read_in = drains;
+        if let Ok(ranges) = read {
+            p.ranges = ranges;
+            p.gone = false;
         }
     }
 
@@ -201,7 +374,8 @@ impl Symbolizer {
         self.stats
     }
 
-    /// Normalizes addresses of a live process. Already known addresses are skipped; `addrs` is
+    /// Normalizes addresses of a process, from its memory map read now, or, when it is gone,
+    /// from the one read while it lived. Already known addresses are skipped; `addrs` is
     /// sorted and deduplicated in place.
     pub fn normalize(&mut self, pid: u32, addrs: &mut Vec<u64>) {
         addrs.sort_unstable();
@@ -210,91 +384,74 @@ impl Symbolizer {
         if addrs.is_empty() {
             return;
         }
-        let opts = NormalizeOpts {
-            sorted_addrs: true,
-            ..Default::default()
-        };
-        match self
-            .normalizer
-            .normalize_user_addrs_opts(Pid::from(pid), addrs, &opts)
-        {
-            Ok(out) => {
-                // Own what is needed so `out` (which borrows the normalizer) can be dropped
-                // before modules are interned.
-                let metas: Vec<Result<PathBuf, String>> = out
-                    .meta
-                    .iter()
-                    .map(|m| match m {
-                        UserMeta::Elf(elf) => Ok(elf.path.clone()),
-                        UserMeta::Unknown(u) => Err(u.reason.to_string()),
-                        UserMeta::Sym(s) => Err(format!("unsupported mapping ({})", s.name)),
-                        _ => Err("unsupported mapping".to_string()),
-                    })
-                    .collect();
-                let outputs = out.outputs;
-                let mut maps: Option<Vec<mapped::Mapping>> = None;
-                for (&addr, (value, meta_idx)) in addrs.iter().zip(outputs) {
-                    let loc = match metas.get(meta_idx) {
-                        Some(Ok(path)) => {
-                            let maps = maps
-                                .get_or_insert_with(|| mapped::read_maps(pid).unwrap_or_default());
-                            // The maps line of this very address: two files of one path (one
-                            // deleted since) are two modules.
-                            let line = maps.iter().find(|m| {
-                                m.start <= addr
-                                    && addr < m.end
-                                    && (Path::new(&m.path) == path
-                                        || Path::new(m.file_path()) == path)
-                            });
-                            match line {
-                                Some(line) => Location::Elf {
-                                    module: self.intern_module(pid, path, line),
-                                    offset: value,
-                                },
-                                None => Location::Unknown {
-                                    reason: "the process's memory map changed before its \
-                                             module was opened"
-                                        .to_string(),
-                                },
-                            }
-                        }
-                        Some(Err(reason)) => Location::Unknown {
-                            reason: reason.clone(),
-                        },
-                        None => Location::Unknown {
-                            reason: "normalizer returned no metadata".to_string(),
-                        },
-                    };
-                    self.user.insert((pid, addr), loc);
+        let read = self.read_ranges(pid).map(|ranges| {
+            let proc_ = self.procs.entry(pid).or_default();
+            proc_.ranges = ranges;
+            proc_.gone = false;
+        });
+        let proc_ = self.procs.entry(pid).or_default();
+        for &addr in addrs.iter() {
+            let loc = match (proc_.range(addr), &read) {
+                (Some(r), _) => {
                     self.stats.normalized += 1;
+                    Location::Elf {
+                        module: r.module,
+                        offset: addr - r.start + r.offset,
+                    }
                 }
-            }
-            Err(err) => {
-                let reason = if Path::new(&format!("/proc/{pid}")).exists() {
-                    format!("cannot read memory map: {err}")
-                } else {
-                    "process exited before symbolization".to_string()
-                };
-                for &addr in addrs.iter() {
-                    self.user.insert(
-                        (pid, addr),
-                        Location::Unknown {
-                            reason: reason.clone(),
-                        },
-                    );
+                (None, Ok(_)) => {
+                    self.stats.normalized += 1;
+                    Location::Unknown {
+                        reason: "not in a file the process maps executable (anonymous or \
+                                 special memory: JIT code, the vDSO)"
+                            .to_string(),
+                    }
+                }
+                (None, Err(reason)) => {
                     self.stats.process_gone += 1;
+                    Location::Unknown {
+                        reason: reason.clone(),
+                    }
                 }
-            }
+            };
+            self.user.insert((pid, addr), loc);
         }
     }
 
-    /// The module of `path` in process `pid`: the file of its maps line `line`, opened now,
-    /// while the process lives.
-    fn intern_module(&mut self, pid: u32, path: &Path, line: &mapped::Mapping) -> u32 {
+    /// The executable file mappings of a live process, their module files opened now; the
+    /// reason it has none to give.
+    fn read_ranges(&mut self, pid: u32) -> Result<Vec<Range>, String> {
+        let gone = || "process exited before symbolization".to_string();
+        let maps = match mapped::read_maps(pid) {
+            // A zombie (or a kernel thread) has an empty map.
+            Ok(maps) if maps.is_empty() => return Err(gone()),
+            Ok(maps) => maps,
+            Err(_) if !Path::new(&format!("/proc/{pid}")).exists() => return Err(gone()),
+            Err(e) => return Err(format!("cannot read memory map: {e}")),
+        };
+        let mut ranges: Vec<Range> = maps
+            .iter()
+            .filter(|m| m.is_exec())
+            .map(|m| Range {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                module: self.intern_module(pid, m),
+            })
+            .collect();
+        ranges.sort_unstable_by_key(|r| r.start);
+        Ok(ranges)
+    }
+
+    /// The module of maps line `line` of process `pid`: its file, opened now, while the
+    /// process lives.
+    fn intern_module(&mut self, pid: u32, line: &mapped::Mapping) -> u32 {
         let key = (line.dev, line.inode);
         if let Some(&id) = self.module_ids.get(&key) {
-            // A file closed by `forget_exited` is opened again for a process that maps it.
-            let module = &mut self.modules[id as usize];
+            // A file that could not be opened is tried again for a process that maps it.
+            let module = self.modules[id as usize]
+                .as_mut()
+                .expect("an interned module is open");
             if module.file.is_err() {
                 if let Ok((file, _)) = mapped::open_mapped(pid, line) {
                     module.debug = debug_file::find(
@@ -303,7 +460,6 @@ impl Symbolizer {
                         mapped::foreign_root(pid).as_deref(),
                     );
                     module.file = Ok(file);
-                    module.path = path.to_path_buf();
                 }
             }
             return id;
@@ -314,27 +470,64 @@ impl Symbolizer {
         let debug = file.as_ref().ok().and_then(|f| {
             debug_file::find(f, line.file_path(), mapped::foreign_root(pid).as_deref())
         });
-        let id = self.modules.len() as u32;
-        self.modules.push(Module {
-            path: path.to_path_buf(),
+        let module = Module {
+            key,
+            path: PathBuf::from(line.file_path()),
             file,
             debug,
-        });
+            parsed: None,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.modules[id as usize] = Some(module);
+                id
+            }
+            None => {
+                self.modules.push(Some(module));
+                (self.modules.len() - 1) as u32
+            }
+        };
         self.module_ids.insert(key, id);
         id
+    }
+
+    /// Drops parsed symbols, least recently used first, until what is kept is within the
+    /// bound; never those of module `keep`.
+    fn evict_parsed(&mut self, keep: Option<u32>) {
+        while self.parsed_bytes > self.cache_limit {
+            let oldest = self
+                .modules
+                .iter()
+                .enumerate()
+                .filter(|&(id, _)| Some(id as u32) != keep)
+                .filter_map(|(id, m)| Some((m.as_ref()?.parsed.as_ref()?.used, id)))
+                .min();
+            let Some((_, id)) = oldest else {
+                break;
+            };
+            let module = self.modules[id].as_mut().expect("a parsed module is open");
+            if let Some(parsed) = module.parsed.take() {
+                self.parsed_bytes -= parsed.bytes;
+            }
+        }
     }
 
     /// Resolves user addresses (`(pid, addr)` pairs normalized earlier) and kernel addresses.
     ///
     /// Returns one [`Symbol`] per input, in input order. User addresses never normalized come
     /// out unknown ("not normalized").
-    pub fn symbolize(&self, user: &[(u32, u64)], kernel: &[u64]) -> (Vec<Symbol>, Vec<Symbol>) {
-        let mut kept = self.symbolizer.borrow_mut();
-        if kept.1.elapsed() >= REBUILD_EVERY {
-            *kept = (new_blazesym(), std::time::Instant::now());
-        }
-        let symbolizer = &kept.0;
+    pub fn symbolize(&mut self, user: &[(u32, u64)], kernel: &[u64]) -> (Vec<Symbol>, Vec<Symbol>) {
+        let mut job = self.start(user, kernel.to_vec());
+        while !self.step(&mut job, std::time::Duration::MAX) {}
+        job.finish()
+    }
 
+    /// Begins a symbolization that [`Symbolizer::step`] carries out a part at a time, so that
+    /// a caller can go on draining samples in between (the daemon: a window of many modules
+    /// takes long, and processes that start and exit meanwhile must be seen while they live).
+    /// Until it is done, [`Symbolizer::forget_exited`] must not be called.
+    pub fn start(&mut self, user: &[(u32, u64)], kernel: Vec<u64>) -> Job {
+        self.calls += 1;
         // Group file offsets per module so each module is opened and searched once.
         let mut per_module: FxHashMap<u32, Vec<(usize, u64)>> = FxHashMap::default();
         let mut user_out: Vec<Symbol> = Vec::with_capacity(user.len());
@@ -342,18 +535,41 @@ impl Symbolizer {
             match self.user.get(&(pid, addr)) {
                 Some(Location::Elf { module, offset }) => {
                     per_module.entry(*module).or_default().push((i, *offset));
-                    user_out.push(unknown(
-                        Some(&self.modules[*module as usize].path),
-                        *offset,
-                        "not symbolized",
-                    ));
+                    let path = self.modules[*module as usize].as_ref().map(|m| &*m.path);
+                    user_out.push(unknown(path, *offset, "not symbolized"));
                 }
                 Some(Location::Unknown { reason }) => user_out.push(unknown(None, addr, reason)),
                 None => user_out.push(unknown(None, addr, "not normalized")),
             }
         }
-        for (module, items) in per_module {
-            let Module { path, file, debug } = &self.modules[module as usize];
+        // In a stable order (the least recently used are evicted first), popped from the end.
+        let mut per_module: Vec<(u32, Vec<(usize, u64)>)> = per_module.into_iter().collect();
+        per_module.sort_unstable_by_key(|(m, _)| std::cmp::Reverse(*m));
+        Job {
+            per_module,
+            user_out,
+            kernel,
+            kernel_out: None,
+            calls: self.calls,
+        }
+    }
+
+    /// Carries `job` on for about `budget` (at least one module); true once it is done.
+    pub fn step(&mut self, job: &mut Job, budget: std::time::Duration) -> bool {
+        let began = std::time::Instant::now();
+        let user_out = &mut job.user_out;
+        while let Some((id, items)) = job.per_module.pop() {
+            let calls = job.calls;
+            let Some(module) = self.modules[id as usize].as_mut() else {
+                continue;
+            };
+            let Module {
+                path,
+                file,
+                debug,
+                parsed,
+                ..
+            } = module;
             let file = match file {
                 Ok(file) => file,
                 Err(reason) => {
@@ -363,6 +579,17 @@ impl Symbolizer {
                     continue;
                 }
             };
+            let parsed = parsed.get_or_insert_with(|| {
+                let bytes = parse_cost(file, debug.as_ref());
+                self.parsed_bytes += bytes;
+                Parsed {
+                    symbolizer: new_blazesym(),
+                    bytes,
+                    used: calls,
+                }
+            });
+            parsed.used = calls;
+            let symbolizer = &parsed.symbolizer;
             let offsets: Vec<u64> = items.iter().map(|&(_, o)| o).collect();
             // The open file, by a path that stays this file (blazesym opens by path; its
             // cache checks device and inode, so a reused descriptor number is not mistaken).
@@ -407,12 +634,20 @@ impl Symbolizer {
                     }
                 }
             }
+            self.evict_parsed(Some(id));
+            if began.elapsed() >= budget {
+                return false;
+            }
         }
-
+        self.evict_parsed(None);
+        if job.kernel_out.is_some() {
+            return true;
+        }
+        let kernel = &job.kernel;
         let kernel_out = if kernel.is_empty() {
             Vec::new()
         } else {
-            let mut kept = self.kernel_symbolizer.borrow_mut();
+            let kept = &mut self.kernel_symbolizer;
             if kept.1.elapsed() >= KERNEL_REBUILD_EVERY {
                 *kept = (new_blazesym(), std::time::Instant::now());
             }
@@ -434,12 +669,67 @@ impl Symbolizer {
                 }
             }
         };
-        (user_out, kernel_out)
+        job.kernel_out = Some(kernel_out);
+        true
     }
 }
 
-/// How long a kept blazesym symbolizer is used before it is made anew.
-const REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// A symbolization under way ([`Symbolizer::start`]).
+#[derive(Debug)]
+pub struct Job {
+    /// Modules still to do, the next last.
+    per_module: Vec<(u32, Vec<(usize, u64)>)>,
+    user_out: Vec<Symbol>,
+    kernel: Vec<u64>,
+    kernel_out: Option<Vec<Symbol>>,
+    calls: u64,
+}
+
+impl Job {
+    /// The symbols of the user and the kernel addresses, in their order
+    /// ([`Symbolizer::symbolize`]); those not done yet are unknown.
+    pub fn finish(self) -> (Vec<Symbol>, Vec<Symbol>) {
+        let kernel_out = self.kernel_out.unwrap_or_else(|| {
+            self.kernel
+                .iter()
+                .map(|&a| unknown(Some(Path::new(KERNEL_MODULE)), a, "not symbolized"))
+                .collect()
+        });
+        (self.user_out, kernel_out)
+    }
+}
+
+/// What keeping a module's parsed symbols costs, estimated from the sections blazesym reads:
+/// the symbol and string tables and the DWARF sections, of the module and of its separate
+/// debug file, three times over: it maps the file (their pages become resident as it reads
+/// them) and builds its own tables from them on the heap, about twice their size (measured:
+/// 4.6 MB resident, 3.0 MB of it on the heap, after naming 200 addresses spread over a
+/// module with 1.6 MB of such sections). A fixed part stands for the rest (blazesym's own
+/// structures, the file's headers).
+pub fn parse_cost(module: &std::fs::File, debug: Option<&debug_file::DebugFile>) -> u64 {
+    const FIXED: u64 = 16 << 10;
+    const PER_BYTE: u64 = 3;
+    let sections = |file: &std::fs::File| -> u64 {
+        use object::{Object, ObjectSection};
+        let cache = object::ReadCache::new(file);
+        let Ok(obj) = object::File::parse(&cache) else {
+            return 0;
+        };
+        obj.sections()
+            .filter(|s| {
+                let name = s.name().unwrap_or("");
+                matches!(
+                    name,
+                    ".symtab" | ".strtab" | ".dynsym" | ".dynstr" | ".gnu_debugdata"
+                ) || name.starts_with(".debug_")
+                    || name.starts_with(".zdebug_")
+            })
+            .map(|s| s.size())
+            .sum()
+    };
+    FIXED + PER_BYTE * (sections(module) + debug.map_or(0, |d| sections(&d.file)))
+}
+
 /// How long kernel symbols are kept: code loaded since (modules, BPF programs) may be named
 /// after a neighbour for at most this long.
 const KERNEL_REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
@@ -545,6 +835,132 @@ mod tests {
         );
         assert_eq!(user[1].unknown_reason.as_deref(), Some("not normalized"));
         assert_eq!(s.stats().process_gone, 1);
+    }
+
+    /// A child's executable mapping of its program (`sleep`): (start, end, path).
+    fn program_mapping(pid: u32) -> (u64, u64, String) {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        let maps = mapped::read_maps(pid).unwrap();
+        let m = maps
+            .iter()
+            .find(|m| m.is_exec() && Path::new(m.file_path()) == exe)
+            .expect("the program is mapped executable");
+        (m.start, m.end, m.file_path().to_string())
+    }
+
+    #[test]
+    fn an_exited_process_is_normalized_from_the_map_read_while_it_lived() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // The program is mapped once exec is done.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| !e.ends_with("sleep"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let (start, end, path) = program_mapping(pid);
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![start + 0x10]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // An address first seen after the exit, in the same module.
+        let late = end - 0x20;
+        s.normalize(pid, &mut vec![late]);
+        assert_eq!(s.stats().process_gone, 0);
+        assert_eq!(s.stats().normalized, 2);
+        let (user, _) = s.symbolize(&[(pid, start + 0x10), (pid, late)], &[]);
+        for sym in &user {
+            assert_eq!(sym.module.as_deref(), Some(path.as_str()), "{sym:?}");
+        }
+        assert_eq!(user[1].address - user[0].address, late - start - 0x10);
+        // Outside every module of the map kept: unknown, with the reason.
+        s.normalize(pid, &mut vec![0x10]);
+        assert_eq!(s.stats().process_gone, 1);
+        // Forgotten at the second call after its exit, with its module files.
+        assert_eq!(s.cache_stats().processes, 1);
+        s.forget_exited();
+        assert_eq!(
+            s.cache_stats().processes,
+            1,
+            "kept for samples on their way"
+        );
+        assert!(s.cache_stats().modules >= 1);
+        let slots = s.modules.len();
+        s.forget_exited();
+        let stats = s.cache_stats();
+        assert_eq!((stats.processes, stats.modules), (0, 0), "{stats:?}");
+        assert_eq!(stats.parsed_bytes, 0);
+        assert!(s.user.is_empty());
+        // Their slots are reused.
+        let own = marker_function_for_symbolizer_test as *const () as u64;
+        s.normalize(std::process::id(), &mut vec![own]);
+        assert_eq!(s.modules.len(), slots.max(s.cache_stats().modules));
+    }
+
+    #[test]
+    fn an_exit_told_forgets_the_process_after_the_symbolization_that_holds_its_samples() {
+        let pid = std::process::id();
+        let addr = marker_function_for_symbolizer_test as *const () as u64;
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![addr]);
+        let modules = s.cache_stats().modules;
+        // Told of its exit while a window's samples are still to be symbolized: its map goes
+        // at once, its addresses stay for that window.
+        s.exited(pid);
+        assert!(s.procs[&pid].ranges.is_empty());
+        s.forget_exited();
+        assert!(
+            s.user.contains_key(&(pid, addr)),
+            "kept for the next symbolization"
+        );
+        assert_eq!(
+            s.cache_stats().modules,
+            1,
+            "only the module an address refers to"
+        );
+        assert!(modules >= 1);
+        let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+        assert!(user[0].function.is_some(), "{:?}", user[0]);
+        s.forget_exited();
+        let stats = s.cache_stats();
+        assert_eq!((stats.processes, stats.modules), (0, 0), "{stats:?}");
+        assert!(s.user.is_empty());
+    }
+
+    #[test]
+    fn parsed_symbols_are_kept_within_the_bound() {
+        let addr = marker_function_for_symbolizer_test as *const () as u64;
+        let pid = std::process::id();
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![addr]);
+        let named = |s: &mut Symbolizer| {
+            let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+            user[0]
+                .function
+                .as_deref()
+                .is_some_and(|f| f.ends_with("marker_function_for_symbolizer_test"))
+        };
+        assert!(named(&mut s));
+        let stats = s.cache_stats();
+        assert_eq!(stats.parsed_modules, 1, "{stats:?}");
+        assert!(stats.parsed_bytes > 16 << 10, "{stats:?}");
+        assert!(stats.parsed_bytes <= stats.limit);
+        // A bound below it drops it; symbolizing again parses it again, and drops it after.
+        s.set_cache_limit(1);
+        assert_eq!(s.cache_stats().parsed_modules, 0);
+        assert_eq!(s.cache_stats().parsed_bytes, 0);
+        assert!(named(&mut s));
+        assert_eq!(s.cache_stats().parsed_bytes, 0);
+        // A live process's modules stay open whatever the bound.
+        let open = s.cache_stats().modules;
+        assert!(open >= 1);
+        s.forget_exited();
+        s.forget_exited();
+        assert_eq!(s.cache_stats().modules, open);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! The target's stack is untrusted: reads are bounded by the copy, every step must move the
 //! stack pointer up (framehop checks it), and the frames are capped by the caller's buffer.
 
+use std::ops::Not;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
@@ -242,6 +243,15 @@ impl Sections {
         }
     }
 
+    /// The bytes of its unwind sections (copied out of the file).
+    fn bytes(&self) -> u64 {
+        let len =
+            |d: &Option<(std::ops::Range<u64>, Arc<[u8]>)>| d.as_ref().map_or(0, |(_, d)| d.len());
+        (len(&self.eh_frame)
+            + len(&self.eh_frame_hdr)
+            + self.debug_frame.as_ref().map_or(0, |d| d.len())) as u64
+    }
+
     fn has_tables(&self) -> bool {
         self.eh_frame.is_some() || self.debug_frame.is_some()
     }
@@ -457,8 +467,13 @@ struct Process {
     known: Vec<(u64, Known)>,
     /// The drain ([`Unwinders::next_drain`]) in which the maps were last read.
     refreshed: u64,
-    /// Its maps could not be read: it exited (or is not ours to read).
+    /// Its maps could not be read, and none were before: it exited (or is not ours to read).
     gone: bool,
+    /// [`Unwinders::sweep`] found it gone; the next sweep forgets it.
+    exited: bool,
+    /// The unwind sections of its modules, by mapping start: what it holds of
+    /// [`Unwinders::files`].
+    held: FxHashMap<u64, Arc<Sections>>,
 }
 
 impl Process {
@@ -536,16 +551,51 @@ impl Unwinders {
         self.stats
     }
 
-    /// Forgets a process (it exec'd or exited): its address space is not the one known.
+    /// Forgets a process (it exec'd or exited): its address space is not the one known. The
+    /// unwind sections no other process uses go with it.
     pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+        if let Some(p) = self.procs.remove(&pid) {
+            if !p.held.is_empty() {
+                drop(p);
+                self.drop_unused_files();
+            }
+        }
+    }
+
+    /// Drops the unwind sections of the module files no process known maps.
+    fn drop_unused_files(&mut self) {
+        // NB: `files` holds one reference; each process mapping the file one more.
+        self.files
+            .retain(|_, s| s.as_ref().is_some_and(|s| Arc::strong_count(s) > 1));
     }
 
     /// Forgets the processes that exited (no `/proc/PID`), so a reused pid starts afresh and
-    /// memory does not grow with short-lived processes.
+    /// memory does not grow with short-lived processes, and drops the unwind sections of the
+    /// module files no process known maps any more.
+    ///
+    /// A process found gone is forgotten at the next sweep, not at once: samples it took
+    /// before it exited may still be in the ring buffer, and are unwound with the modules read
+    /// while it lived.
     pub fn sweep(&mut self) {
-        self.procs
-            .retain(|pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        self.procs.retain(|pid, p| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                p.exited = false;
+                true
+            } else {
+                std::mem::replace(&mut p.exited, true).not()
+            }
+        });
+        self.drop_unused_files();
+    }
+
+    /// Bytes of unwind sections held (of module files that processes known map).
+    pub fn table_bytes(&self) -> u64 {
+        self.files.values().flatten().map(|s| s.bytes()).sum()
+    }
+
+    /// Module files whose unwind sections are held.
+    pub fn table_files(&self) -> usize {
+        self.files.values().flatten().count()
     }
 
     /// Unwinds one sample of process `pid` into `out` (the leaf first: the instruction pointer,
@@ -674,12 +724,19 @@ impl Unwinders {
             known: Vec::new(),
             refreshed: 0,
             gone: false,
+            exited: false,
+            held: FxHashMap::default(),
         });
         proc_.refreshed = self.drain;
         self.stats.maps_reads += 1;
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
-            proc_.gone = true;
-            return false;
+        // NB: a process that exited (a zombie's map is empty) keeps the modules read while it
+        // lived, for its samples still on their way.
+        let text = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+            Ok(text) if !text.is_empty() => text,
+            _ => {
+                proc_.gone = proc_.known.is_empty();
+                return false;
+            }
         };
         let maps = exec_mappings(&text);
         let mut changed = false;
@@ -696,6 +753,7 @@ impl Unwinders {
             if old.contains_key(&m.start) {
                 // Replaced (munmap, then another mapping at the same place).
                 proc_.unwinder.remove_module(m.start);
+                proc_.held.remove(&m.start);
             }
             let module = if m.path == "[vdso]" {
                 vdso_sections(pid, m).map(|s| (s, m.start))
@@ -721,6 +779,7 @@ impl Unwinders {
                 proc_
                     .unwinder
                     .add_module(sections.module(m.path.clone(), m.start..m.end, bias));
+                proc_.held.insert(m.start, sections);
             }
             known.push((m.start, k));
             changed = true;
@@ -728,6 +787,7 @@ impl Unwinders {
         for start in old.keys() {
             if !known.iter().any(|(s, _)| s == start) {
                 proc_.unwinder.remove_module(*start);
+                proc_.held.remove(start);
                 changed = true;
             }
         }
@@ -905,6 +965,44 @@ mod tests {
         assert_eq!(status, UnwindStatus::Complete, "{n} frames");
         assert!(n >= 5, "only {n} frames");
         assert!(names > 0);
+    }
+
+    /// A process that exited keeps the modules read while it lived until the second sweep
+    /// after, and then the unwind tables of its module files go.
+    #[test]
+    fn an_exited_process_keeps_its_modules_until_the_second_sweep() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| !e.ends_with("sleep"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let mut unwinders = Unwinders::new();
+        unwinders.refresh(pid);
+        let known = unwinders.procs[&pid].known.len();
+        assert!(known >= 2, "{known} mappings");
+        assert!(unwinders.table_files() >= 2);
+        assert!(unwinders.table_bytes() > 0);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Gone: what was read stays (a zombie's empty map too).
+        unwinders.next_drain();
+        assert!(!unwinders.refresh(pid));
+        let p = &unwinders.procs[&pid];
+        assert!(!p.gone);
+        assert_eq!(p.known.len(), known);
+        unwinders.sweep();
+        assert!(unwinders.procs.contains_key(&pid));
+        assert!(unwinders.table_files() >= 2, "still held");
+        unwinders.sweep();
+        assert!(!unwinders.procs.contains_key(&pid));
+        assert_eq!((unwinders.table_files(), unwinders.table_bytes()), (0, 0));
+        assert!(unwinders.files.is_empty());
     }
 
     #[inline(never)]

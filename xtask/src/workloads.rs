@@ -19,6 +19,7 @@ pub const WORKLOADS: &[&str] = &[
     "forker",
     "fixed_work",
     "ci_bench",
+    "short_children",
 ];
 
 /// NB: `-mno-omit-leaf-frame-pointer` and frame pointers everywhere: the
@@ -54,7 +55,8 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3.11";
 /// Builds every workload into `target/workloads/` and returns that directory.
 ///
 /// Besides the workloads of [`WORKLOADS`] it builds `ci_bench_slow` (`ci_bench` with
-/// `-DSLOW_RENDER`: its `render_output` does twice the work) and `cpu_split_stripped`:
+/// `-DSLOW_RENDER`: its `render_output` does twice the work), `short_children_big`
+/// (`short_children` with `-DBIG_BINARY`, at `-O0`) and `cpu_split_stripped`:
 /// cpu_split with the same flags but no `-g`, then `strip -s`, so it has
 /// neither debug information nor a symbol table (its `.dynsym` only lists
 /// libc imports) while frame pointers still let the profiler walk it. The
@@ -95,6 +97,15 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         .arg("-o")
         .arg(out.join("ci_bench_slow"))
         .arg(src.join("ci_bench.c"))
+        .run()?;
+    // Big: 16000 more functions, a few MB of symbols, DWARF and unwind tables (the memory
+    // tests' distinct binaries). NB: -O0, which gcc builds in a fraction of -O2's time.
+    Cmd::new("gcc")
+        .args(CFLAGS.iter().map(|f| if *f == "-O2" { "-O0" } else { *f }))
+        .arg("-DBIG_BINARY")
+        .arg("-o")
+        .arg(out.join("short_children_big"))
+        .arg(src.join("short_children.c"))
         .run()?;
     build_stripped(&src, &out)?;
     build_without_frame_pointers(&src, &out)?;

@@ -28,6 +28,7 @@
 //! [limits]                  # per window; what does not fit is counted as dropped
 //! max_processes = 4096
 //! max_stacks = 200000
+//! symbol_cache_bytes = 67108864  # parsed symbols kept between windows (64 MiB)
 //!
 //! [metrics]
 //! listen = "127.0.0.1:9464" # /metrics (Prometheus) and /healthz; "" turns it off
@@ -112,6 +113,7 @@ struct ExportFile {
 struct LimitsFile {
     max_processes: Option<usize>,
     max_stacks: Option<usize>,
+    symbol_cache_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -192,6 +194,9 @@ pub struct DaemonConfig {
     pub max_processes: usize,
     /// Distinct stacks (per thread, span and event) per window at most.
     pub max_stacks: usize,
+    /// Bytes of parsed module symbols kept between windows at most (as
+    /// [`symbolizer::parse_cost`] estimates them).
+    pub symbol_cache_bytes: u64,
     /// Where `/metrics` and `/healthz` are served, if anywhere.
     pub metrics: Option<SocketAddr>,
     /// `[privacy]`: what the exported profiles may not show (as `--redact-paths` and
@@ -393,6 +398,10 @@ impl DaemonConfig {
             max_backoff,
             max_processes: file.limits.max_processes.unwrap_or(4096).max(1),
             max_stacks: file.limits.max_stacks.unwrap_or(200_000).max(1),
+            symbol_cache_bytes: file
+                .limits
+                .symbol_cache_bytes
+                .unwrap_or(symbolizer::DEFAULT_CACHE_LIMIT),
             metrics,
             privacy,
         })
@@ -416,6 +425,7 @@ mod tests {
         assert!(c.scope.is_host());
         assert_eq!(c.exporter.endpoint, "http://localhost:4317");
         assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(c.symbol_cache_bytes, 64 << 20);
         assert_eq!(c.queue, 10);
     }
 
@@ -442,6 +452,7 @@ mod tests {
             [limits]
             max_processes = 10
             max_stacks = 100
+            symbol_cache_bytes = 1000
             [metrics]
             listen = ""
             "#,
@@ -461,6 +472,7 @@ mod tests {
         );
         assert!(!c.exporter.gzip);
         assert_eq!((c.queue, c.max_processes, c.max_stacks), (3, 10, 100));
+        assert_eq!(c.symbol_cache_bytes, 1000);
         assert_eq!(c.metrics, None);
     }
 

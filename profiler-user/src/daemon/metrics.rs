@@ -17,6 +17,10 @@
 //! | `spanprof_cpu_seconds_total` | counter | CPU time of the daemon (user + system) |
 //! | `spanprof_resident_memory_bytes` | gauge | the daemon's resident memory |
 //! | `spanprof_last_export_timestamp_seconds` | gauge | Unix time of the last accepted export |
+//! | `spanprof_symbol_cache_bytes` | gauge | parsed module symbols kept between windows (estimated), at most `limits.symbol_cache_bytes` |
+//! | `spanprof_symbol_cache_limit_bytes` | gauge | `limits.symbol_cache_bytes` |
+//! | `spanprof_modules` | gauge | module files open: mapped by a live process, or one whose samples are not symbolized yet |
+//! | `spanprof_unwind_tables_bytes` | gauge | unwind tables read from the module files that live processes map |
 //! | `spanprof_bpf_run_seconds_total` | counter | run time of spanprof's BPF programs in the kernel (from the kernel's BPF statistics; absent when they are not counted) |
 //! | `spanprof_window_kernel_seconds_per_sample` | gauge | in the last window: in-kernel time per sample (a sample: a record the programs made, on-CPU or off-CPU, kept or lost; absent when not counted) |
 //! | `spanprof_window_cpu_seconds_per_sample` | gauge | in the last window: spanprof's own CPU per sample |
@@ -48,6 +52,10 @@ pub struct Metrics {
     pub targets: AtomicU64,
     pub targets_failed: AtomicU64,
     pub last_export_unix: AtomicU64,
+    pub symbol_cache_bytes: AtomicU64,
+    pub symbol_cache_limit: AtomicU64,
+    pub modules: AtomicU64,
+    pub unwind_tables_bytes: AtomicU64,
     /// Milliseconds since `start` when the sampling loop last went round.
     pub last_tick_ms: AtomicU64,
     /// Nanoseconds of BPF run time so far; `u64::MAX`: not counted.
@@ -76,6 +84,10 @@ impl Default for Metrics {
             targets: AtomicU64::new(0),
             targets_failed: AtomicU64::new(0),
             last_export_unix: AtomicU64::new(0),
+            symbol_cache_bytes: AtomicU64::new(0),
+            symbol_cache_limit: AtomicU64::new(0),
+            modules: AtomicU64::new(0),
+            unwind_tables_bytes: AtomicU64::new(0),
             last_tick_ms: AtomicU64::new(0),
             bpf_run_ns: AtomicU64::new(u64::MAX),
             window_kernel_per_sample: AtomicU64::new(f64::NAN.to_bits()),
@@ -120,6 +132,18 @@ impl Metrics {
             .store(bpf_run_ns.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// Records what the symbolizer and the unwinders hold now.
+    pub fn set_caches(&self, symbols: &symbolizer::CacheStats, unwind_tables_bytes: u64) {
+        self.symbol_cache_bytes
+            .store(symbols.parsed_bytes, Ordering::Relaxed);
+        self.symbol_cache_limit
+            .store(symbols.limit, Ordering::Relaxed);
+        self.modules
+            .store(symbols.modules as u64, Ordering::Relaxed);
+        self.unwind_tables_bytes
+            .store(unwind_tables_bytes, Ordering::Relaxed);
+    }
+
     /// The sampling loop went round now.
     pub fn tick(&self) {
         self.last_tick_ms
@@ -136,7 +160,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let cpu = crate::session::process_cpu_time().as_secs_f64();
-        let rows: [(&str, &str, &str, String); 15] = [
+        let rows: [(&str, &str, &str, String); 19] = [
             (
                 "spanprof_samples_total",
                 "counter",
@@ -226,6 +250,30 @@ impl Metrics {
                 "gauge",
                 "Unix time of the last accepted export.",
                 get(&self.last_export_unix).to_string(),
+            ),
+            (
+                "spanprof_symbol_cache_bytes",
+                "gauge",
+                "Parsed module symbols kept between windows (estimated).",
+                get(&self.symbol_cache_bytes).to_string(),
+            ),
+            (
+                "spanprof_symbol_cache_limit_bytes",
+                "gauge",
+                "Bound of the parsed module symbols kept (limits.symbol_cache_bytes).",
+                get(&self.symbol_cache_limit).to_string(),
+            ),
+            (
+                "spanprof_modules",
+                "gauge",
+                "Module files open: mapped by a live process or with samples to symbolize.",
+                get(&self.modules).to_string(),
+            ),
+            (
+                "spanprof_unwind_tables_bytes",
+                "gauge",
+                "Unwind tables of the module files live processes map.",
+                get(&self.unwind_tables_bytes).to_string(),
             ),
         ];
         let float = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));

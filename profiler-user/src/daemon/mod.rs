@@ -13,6 +13,12 @@
 //!   [`Profile`](crate::profile::Profile), encoded as one `ExportProfilesServiceRequest`
 //!   ([`crate::format::otlp`]) with a resource per process, and queued; sampling goes on into
 //!   a fresh aggregate at once (the unwind tables and symbol caches are kept).
+//! - **Memory**: what is kept per program is bounded, however many distinct programs come and
+//!   go (a CI runner starts thousands an hour). A process's modules (its memory map, module
+//!   files and unwind tables) are read while it lives, at its first sample, and dropped once it
+//!   exited and its samples were symbolized ([`symbolizer::Symbolizer::forget_exited`],
+//!   [`symbolizer::unwind::Unwinders::sweep`]); parsed symbols are kept between windows within
+//!   `limits.symbol_cache_bytes`, least recently used dropped first.
 //! - **Export** (a tokio task, [`queue`]): the queue never blocks sampling; it keeps at most
 //!   `export.queue` windows, dropping the oldest, and retries with exponential backoff and
 //!   jitter while the collector cannot be reached.
@@ -180,6 +186,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut scanner = Scanner::default();
     let mut python = Python::new(true, config.spans);
     let mut symbolizer = symbolizer::Symbolizer::new();
+    symbolizer.set_cache_limit(config.symbol_cache_bytes);
     let mut copy = StackCopySizes {
         default: config.stack_copy_bytes,
         raised: Vec::new(),
@@ -212,8 +219,9 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             ))
     );
 
-    let mut cpu_at_window = crate::session::process_cpu_time();
-    let mut kernel_at_window = programs.kernel_time();
+    let mut cost_from = (crate::session::process_cpu_time(), programs.kernel_time());
+    // The window being symbolized: its id, its profile to be, and the records it was made of.
+    let mut closing: Option<(u64, aggregate::PendingProfile, u64)> = None;
     let mut window_start = Instant::now();
     let mut window_wall = SystemTime::now();
     let mut window_id = 0u64;
@@ -223,8 +231,20 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut dropped_total = 0u64;
     let mut samples_total = 0u64;
     loop {
-        wait_readable(programs.samples.as_raw_fd(), TICK);
-        crate::session::drain(&mut programs, &mut agg, &mut python, &mut copy);
+        // NB: no wait while a window is being symbolized: its next part comes at once.
+        let wait = if closing.is_some() {
+            Duration::ZERO
+        } else {
+            TICK
+        };
+        wait_readable(programs.samples.as_raw_fd(), wait);
+        crate::session::drain(
+            &mut programs,
+            &mut agg,
+            &mut python,
+            &mut copy,
+            &mut symbolizer,
+        );
         probes.python(&mut programs, &mut python);
         agg.normalize_pending(&mut symbolizer);
         metrics.tick();
@@ -261,6 +281,30 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             metrics
                 .samples_lost
                 .store(programs.lost_samples(), Ordering::Relaxed);
+            metrics.set_caches(&symbolizer.cache_stats(), agg.unwind_table_bytes());
+        }
+        // The last window's symbolization goes on a part at a time: processes that start and
+        // exit meanwhile are drained (and their modules read) while they live.
+        if let Some(mut part) = closing.take() {
+            if part.1.step(&mut symbolizer, SYMBOLIZE_STEP) {
+                let mut done = Done {
+                    python: &python,
+                    symbolizer: &mut symbolizer,
+                    agg: &agg,
+                    programs: &programs,
+                    metrics: &metrics,
+                    config: &config,
+                    queue: &queue,
+                    cost_from: &mut cost_from,
+                    target_cpu: &mut target_cpu,
+                };
+                done.window(part);
+            } else {
+                // What the modules evicted meanwhile held goes back to the system now, not at
+                // the window's end: the peak stays near the cache bound.
+                release_freed_memory();
+                closing = Some(part);
+            }
         }
         let stop = STOP.load(Ordering::Relaxed) != 0;
         if stop || window_start.elapsed() >= config.window {
@@ -290,39 +334,31 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             samples_total += window.samples();
             dropped_total += window.dropped();
             let records = window.samples() + window.dropped();
-            let mut profile = window.into_profile(&mut symbolizer, &python, meta);
-            symbolizer.forget_exited();
-            // The window's cost, as a session's summary gives it, symbolizing included: from
-            // here to here, as the targets' CPU time.
-            let kernel_now = programs.kernel_time();
-            let cpu_now = crate::session::process_cpu_time();
-            let targets = target_cpu.take(&programs.target_pids());
-            let overhead = crate::session::Overhead {
-                setup: Duration::ZERO,
-                sampling: cpu_now.saturating_sub(cpu_at_window),
-                cpu_at_end_of_sampling: cpu_now,
-                kernel: kernel_now
-                    .zip(kernel_at_window)
-                    .map(|(now, then)| now.since(&then)),
-                records,
-                targets,
+            let mut done = Done {
+                python: &python,
+                symbolizer: &mut symbolizer,
+                agg: &agg,
+                programs: &programs,
+                metrics: &metrics,
+                config: &config,
+                queue: &queue,
+                cost_from: &mut cost_from,
+                target_cpu: &mut target_cpu,
             };
-            metrics.set_cost(
-                &crate::summary::Cost::of(&profile, &overhead),
-                kernel_now.map(|k| k.total_ns),
-            );
-            (cpu_at_window, kernel_at_window) = (cpu_now, kernel_now);
-            config.privacy.apply(&mut profile);
-            metrics
-                .processes
-                .store(profile.processes.len() as u64, Ordering::Relaxed);
-            metrics.windows.fetch_add(1, Ordering::Relaxed);
-            let request = crate::format::otlp::request(&profile);
-            queue.push(Window {
-                id: window_id,
-                bytes: prost::Message::encoded_len(&request),
-                request: Arc::new(request),
-            });
+            // One window is symbolized at a time: a previous one still under way is finished
+            // first (the sampling loop then waits, the ring buffer holding the samples).
+            if let Some(mut previous) = closing.take() {
+                while !previous.1.step(done.symbolizer, Duration::MAX) {}
+                done.window(previous);
+            }
+            let next = (window_id, window.into_pending(done.symbolizer, meta), records);
+            if stop {
+                let mut next = next;
+                while !next.1.step(done.symbolizer, Duration::MAX) {}
+                done.window(next);
+            } else {
+                closing = Some(next);
+            }
         }
         if stop {
             break;
@@ -350,6 +386,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                         scanner.reset();
                     }
                     agg.set_limits(new.max_stacks, new.max_processes);
+                    symbolizer.set_cache_limit(new.symbol_cache_bytes);
                     config = new;
                     add_in_scope(
                         &mut scanner,
@@ -387,6 +424,80 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     metrics_task.abort();
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// How long a part of a window's symbolization runs between two drains (at least one module).
+const SYMBOLIZE_STEP: Duration = Duration::from_millis(20);
+
+/// What finishing a window needs.
+struct Done<'a> {
+    python: &'a Python,
+    symbolizer: &'a mut symbolizer::Symbolizer,
+    agg: &'a Aggregator,
+    programs: &'a Programs,
+    metrics: &'a Metrics,
+    config: &'a DaemonConfig,
+    queue: &'a Queue,
+    /// CPU time and kernel time when the last window was finished.
+    cost_from: &'a mut (Duration, Option<crate::bpf::KernelTime>),
+    /// The targets' CPU time since the last window was finished.
+    target_cpu: &'a mut TargetCpu,
+}
+
+impl Done<'_> {
+    /// Builds window `id`'s profile, once symbolized, and queues its export; forgets what was
+    /// kept only for its samples.
+    fn window(&mut self, (id, pending, records): (u64, aggregate::PendingProfile, u64)) {
+        let mut profile = pending.finish(self.python);
+        self.symbolizer.forget_exited();
+        release_freed_memory();
+        self.metrics.set_caches(
+            &self.symbolizer.cache_stats(),
+            self.agg.unwind_table_bytes(),
+        );
+        // The window's cost, as a session's summary gives it, symbolizing included: from the
+        // last window's end to this one's, as the targets' CPU time.
+        let kernel_now = self.programs.kernel_time();
+        let cpu_now = crate::session::process_cpu_time();
+        let targets = self.target_cpu.take(&self.programs.target_pids());
+        let (cpu_then, kernel_then) = std::mem::replace(self.cost_from, (cpu_now, kernel_now));
+        let overhead = crate::session::Overhead {
+            setup: Duration::ZERO,
+            sampling: cpu_now.saturating_sub(cpu_then),
+            cpu_at_end_of_sampling: cpu_now,
+            kernel: kernel_now
+                .zip(kernel_then)
+                .map(|(now, then)| now.since(&then)),
+            records,
+            targets,
+        };
+        self.metrics.set_cost(
+            &crate::summary::Cost::of(&profile, &overhead),
+            kernel_now.map(|k| k.total_ns),
+        );
+        self.config.privacy.apply(&mut profile);
+        self.metrics
+            .processes
+            .store(profile.processes.len() as u64, Ordering::Relaxed);
+        self.metrics.windows.fetch_add(1, Ordering::Relaxed);
+        let request = crate::format::otlp::request(&profile);
+        self.queue.push(Window {
+            id,
+            bytes: prost::Message::encoded_len(&request),
+            request: Arc::new(request),
+        });
+    }
+}
+
+/// Gives the memory freed since (the tables of programs that exited) back to the system:
+/// glibc keeps freed memory for reuse in the middle of its heaps, where a daemon that saw a
+/// burst of distinct programs would keep their peak for ever.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn events_name(config: &DaemonConfig) -> &'static str {
