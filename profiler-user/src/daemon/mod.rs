@@ -351,7 +351,11 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 while !previous.1.step(done.symbolizer, Duration::MAX) {}
                 done.window(previous);
             }
-            let next = (window_id, window.into_pending(done.symbolizer, meta), records);
+            let next = (
+                window_id,
+                window.into_pending(done.symbolizer, meta),
+                records,
+            );
             if stop {
                 let mut next = next;
                 while !next.1.step(done.symbolizer, Duration::MAX) {}
