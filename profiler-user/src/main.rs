@@ -953,9 +953,7 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
         .starts_with(&[0x1f, 0x8b]);
     let mut bytes = Vec::with_capacity(if gzip { 0 } else { meta.len() as usize });
     let read = if gzip {
-        flate2::bufread::GzDecoder::new(input)
-            .take(MAX_INPUT_BYTES + 1)
-            .read_to_end(&mut bytes)
+        read_capped(flate2::bufread::GzDecoder::new(input), &mut bytes)
     } else {
         input.read_to_end(&mut bytes)
     };
@@ -990,6 +988,29 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
             format!("{shown}: {:#}", anyhow::Error::from(e)),
         )
     })
+}
+
+/// Reads `from` into `bytes` up to one byte past [`MAX_INPUT_BYTES`], growing the buffer at
+/// most to that size (`read_to_end` would double it past the bound on its last byte).
+fn read_capped(mut from: impl std::io::Read, bytes: &mut Vec<u8>) -> std::io::Result<usize> {
+    let cap = MAX_INPUT_BYTES as usize + 1;
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match from.read(&mut chunk) {
+            Ok(0) => return Ok(bytes.len()),
+            Ok(n) => n.min(cap - bytes.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if bytes.capacity() < bytes.len() + n {
+            let grow = bytes.len().max(1 << 20).min(cap - bytes.len());
+            bytes.reserve_exact(grow.max(n));
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        if bytes.len() >= cap {
+            return Ok(bytes.len());
+        }
+    }
 }
 
 /// A profile read and filtered, with what it had before: its total (e.g. `2696 samples`,

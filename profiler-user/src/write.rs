@@ -8,7 +8,8 @@
 //! is replaced by the rename, never followed.
 //!
 //! A character device or a FIFO at the destination (`-o /dev/null`, `-o /dev/stdout`, a named
-//! pipe), directly or through a symlink, is written into instead: never replaced, never
+//! pipe), directly or through a symlink (to a FIFO, a terminal or the null device only), is
+//! written into instead: never replaced, never
 //! truncated, no temporary file next to it. A character device is opened at once (so a
 //! refusal comes before the session); a FIFO only when the bytes are ready, since opening one
 //! waits for its reader. Block devices, sockets and other special files are refused.
@@ -100,10 +101,19 @@ impl PendingOutput {
                 anyhow::bail!("cannot write output {shown}: is a directory")
             }
             Some(t) if t.is_char_device() => {
+                let file = open_special(dest, false)?;
+                // Through a symlink, only what `/dev/stdout` leads to: a terminal or the null
+                // device (a planted link must not make a privileged spanprof write elsewhere).
+                if is_link && !terminal_or_null(&file) {
+                    anyhow::bail!(
+                        "cannot write output {shown}: it is a symbolic link to a character device \
+                         that is neither a terminal nor the null device"
+                    );
+                }
                 return Ok(PendingOutput {
                     dest: dest.to_path_buf(),
-                    sink: Sink::Device(Some(open_special(dest, false)?)),
-                })
+                    sink: Sink::Device(Some(file)),
+                });
             }
             Some(t) if t.is_fifo() => {
                 return Ok(PendingOutput {
@@ -208,6 +218,17 @@ fn open_special(path: &Path, fifo: bool) -> Result<File> {
         );
     }
     Ok(file)
+}
+
+/// Whether `file` is a terminal or the null device (1:3).
+fn terminal_or_null(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: isatty on an fd we own.
+    let tty = unsafe { libc::isatty(file.as_raw_fd()) } == 1;
+    tty || file
+        .metadata()
+        .is_ok_and(|m| m.rdev() == libc::makedev(1, 3))
 }
 
 /// A file type in words, for errors.

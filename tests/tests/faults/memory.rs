@@ -118,7 +118,9 @@ impl Daemon {
 
     fn stop(self) -> String {
         self.process.signal(libc::SIGTERM);
-        let out = self.process.finish(Duration::from_secs(60));
+        // NB: `finish` counts from the start; the daemon gets 60 s from the SIGTERM.
+        let limit = self.process.elapsed() + Duration::from_secs(60);
+        let out = self.process.finish(limit);
         assert!(out.status.success(), "daemon exit: {out}");
         out.stderr
     }

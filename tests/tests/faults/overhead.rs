@@ -395,7 +395,8 @@ fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     assert_eq!(m["spanprof_windows_total"], 1.0, "{m:?}");
     let truth = reap_all(targets, &at_start);
     daemon.process.signal(libc::SIGTERM);
-    let stderr = daemon.process.finish(Duration::from_secs(60)).stderr;
+    let limit = daemon.process.elapsed() + Duration::from_secs(60);
+    let stderr = daemon.process.finish(limit).stderr;
 
     let get = |name: &str| {
         *m.get(name)
