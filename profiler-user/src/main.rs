@@ -959,7 +959,13 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
     };
     read.map_err(|e| {
         if gzip {
-            Failure(EXIT_FAILURE, format!("{shown}: bad gzip data: {e}"))
+            // NB: the words the readers use for the same fault, so every path says it alike.
+            let what = match Format::from_path(path) {
+                Some(Format::Otlp) => "not an OTLP profiles request: ",
+                Some(Format::Folded) => "",
+                _ => "not a pprof profile: ",
+            };
+            Failure(EXIT_FAILURE, format!("{shown}: {what}bad gzip data: {e}"))
         } else {
             cannot(e)
         }
