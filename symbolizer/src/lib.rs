@@ -936,6 +936,8 @@ mod tests {
         let addr = marker_function_for_symbolizer_test as *const () as u64;
         let pid = std::process::id();
         let mut s = Symbolizer::new();
+        // NB: a debug build of this test binary carries far more DWARF than the default bound.
+        s.set_cache_limit(4 << 30);
         s.normalize(pid, &mut vec![addr]);
         let named = |s: &mut Symbolizer| {
             let (user, _) = s.symbolize(&[(pid, addr)], &[]);

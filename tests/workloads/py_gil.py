@@ -1,5 +1,6 @@
 """Three threads spin in Python for about a second each: on 2 CPUs with one GIL, each waits
-for the GIL most of the time. The main thread waits in join(). Prints the threads' ids."""
+for the GIL most of the time. The main thread waits in join(), inside start_and_join(); its start-up (imports, reading files)
+is outside. Prints the threads' ids."""
 import json
 import sys
 import threading
@@ -13,15 +14,16 @@ def spinner(tids, seconds):
         pass
 
 
-def main():
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+def start_and_join(seconds):
     tids = []
     threads = [threading.Thread(target=spinner, args=(tids, seconds)) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"main": threading.get_native_id(), "spinners": tids}), flush=True)
+    return tids
 
 
-main()
+seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+tids = start_and_join(seconds)
+print(json.dumps({"main": threading.get_native_id(), "spinners": tids}), flush=True)
