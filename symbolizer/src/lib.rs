@@ -780,6 +780,33 @@ fn to_symbol(result: Symbolized<'_>, module: Option<&Path>, address: u64) -> Sym
 }
 
 #[cfg(test)]
+pub(crate) mod test_child {
+    use std::process::{Child, Command};
+    use std::time::{Duration, Instant};
+
+    /// `sleep 30`, returned once it sleeps in its own program: exec done, the program and its
+    /// libraries mapped. (`/proc/PID/exe` names `sleep` before the kernel maps it.)
+    pub(crate) fn sleeping() -> Child {
+        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The state follows the command's closing parenthesis.
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            if exe.is_ok_and(|e| e.ends_with("sleep")) && state == Some('S') {
+                return child;
+            }
+            assert!(Instant::now() < deadline, "sleep {pid} never slept: {stat}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -850,18 +877,8 @@ mod tests {
 
     #[test]
     fn an_exited_process_is_normalized_from_the_map_read_while_it_lived() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = crate::test_child::sleeping();
         let pid = child.id();
-        // The program is mapped once exec is done.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| !e.ends_with("sleep"))
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let (start, end, path) = program_mapping(pid);
         let mut s = Symbolizer::new();
         s.normalize(pid, &mut vec![start + 0x10]);

@@ -971,17 +971,8 @@ mod tests {
     /// after, and then the unwind tables of its module files go.
     #[test]
     fn an_exited_process_keeps_its_modules_until_the_second_sweep() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = crate::test_child::sleeping();
         let pid = child.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| !e.ends_with("sleep"))
-            && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let mut unwinders = Unwinders::new();
         unwinders.refresh(pid);
         let known = unwinders.procs[&pid].known.len();
