@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
+use crate::cache;
 use crate::run::{cargo, step};
 
 /// Every fuzz target (`fuzz/Cargo.toml`'s binaries).
@@ -39,10 +40,12 @@ const RUSTFLAGS: &str = "-Cpasses=sancov-module \
     -Cllvm-args=-sanitizer-coverage-trace-compares \
     --cfg fuzzing";
 
-/// Builds the targets into `target/fuzz`; returns the directory of the binaries.
+/// Builds the targets into the cache's `fuzz-target` (`cache.rs`), else `target/fuzz`;
+/// returns the directory of the binaries.
 pub fn build(root: &Path) -> Result<PathBuf> {
     step("building the fuzz targets (libFuzzer, coverage instrumentation, stable Rust)");
-    let target_dir = root.join("target/fuzz");
+    // NB: the cache's target directory keeps the instrumented dependencies of every checkout.
+    let target_dir = cache::target_dir("fuzz-target", root.join("target/fuzz"));
     cargo(root)
         .args([
             "build",

@@ -15,6 +15,7 @@ mod bench;
 mod bench_alloc;
 mod bench_daemon;
 mod bench_headline;
+mod cache;
 mod deps;
 mod doc_check;
 mod fuzz;
@@ -230,7 +231,10 @@ fn test(root: &Path) -> Result<()> {
             "--all-targets",
         ])
         .arg("--target-dir")
-        .arg(root.join("target/fuzz-clippy"))
+        .arg(cache::target_dir(
+            "fuzz-clippy-target",
+            root.join("target/fuzz-clippy"),
+        ))
         .args(["--", "-D", "warnings"])
         .run()
     {

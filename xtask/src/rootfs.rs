@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use crate::cache;
 use crate::run::{is_root, step, Cmd};
 
 /// Debian's archive, as the machine's own apt sources name it.
@@ -72,6 +73,10 @@ pub fn ensure(root: &Path, pip_python: &Path) -> Result<PathBuf> {
     let stamp = dir.join(".spanprof-rootfs");
     let want = recipe();
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        step(&format!("Debian sid rootfs ready: {}", dir.display()));
+        return Ok(dir);
+    }
+    if is_root() && cache::restore("sid-rootfs", &dir, ".spanprof-rootfs", &want) {
         step(&format!("Debian sid rootfs ready: {}", dir.display()));
         return Ok(dir);
     }
@@ -189,6 +194,7 @@ pub fn ensure(root: &Path, pip_python: &Path) -> Result<PathBuf> {
     remove(&dir)?;
     std::fs::rename(&new, &dir)
         .with_context(|| format!("renaming {} to {}", new.display(), dir.display()))?;
+    cache::store("sid-rootfs", &dir);
     step(&format!("Debian sid rootfs ready: {}", dir.display()));
     Ok(dir)
 }
