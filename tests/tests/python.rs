@@ -1323,6 +1323,9 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
     let mut wrong_caller = Vec::new();
     // Per child: its samples without child_spin, by the leaf end of their stacks.
     let mut other_stacks: BTreeMap<i64, BTreeMap<String, i64>> = BTreeMap::new();
+    // Per child: its samples whose stack was never unwound because the child exited before
+    // spanprof drained its first sample (they say so: `unwind.reason`).
+    let mut gone_before_drain: BTreeMap<i64, i64> = BTreeMap::new();
     for sample in profile["samples"].as_array().expect("samples") {
         let labels = sample["labels"].as_array().expect("labels");
         let Some(pid) = labels
@@ -1361,6 +1364,11 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
             .iter()
             .position(|(function, file, _)| *function == "child_spin" && *file == "<string>")
         else {
+            if labels.iter().any(|l| {
+                l["key"] == "unwind.reason" && l["str"] == "process exited before unwinding"
+            }) {
+                *gone_before_drain.entry(pid).or_default() += value;
+            }
             // Kept to show what a child without child_spin was doing, its leaf end.
             let leaf: Vec<String> = frames
                 .iter()
@@ -1389,11 +1397,21 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
         }
     }
     let mut child_table = String::new();
+    let mut unwound_too_late = 0;
     for (pid, (samples, spin, right_caller)) in &per_child {
+        let gone = gone_before_drain.get(pid).copied().unwrap_or(0);
         child_table.push_str(&format!(
             "    child {pid}: {samples} samples, {spin} in child_spin, {right_caller} of them \
-             under <module> (<string>:9)\n"
+             under <module> (<string>:9), {gone} not unwound (exited before its first drain)\n"
         ));
+        // NB: a child that exits before spanprof drains its first sample (its maps are gone
+        // then) keeps its samples, unwound by nobody and saying so. On a loaded machine that
+        // was one child of 10 in 6 runs here: one such child per run is a known limit, not a
+        // misleading name (the faults suite measures how many short-lived processes are named).
+        if *samples >= 20 && gone >= *samples - *samples / 4 && unwound_too_late == 0 {
+            unwound_too_late += 1;
+            continue;
+        }
         // ~100 ms of child_spin after a ~20 ms start-up: ~40 of ~60 samples.
         if *samples >= 20 && (*spin as f64) < 0.4 * *samples as f64 {
             let mut others: Vec<(&String, &i64)> = other_stacks
