@@ -22,7 +22,7 @@
 /* The next gap of the byte countdown: exponentially distributed, of mean alloc_rate. */
 static __always_inline __s64 draw_gap(void)
 {
-	__u32 gap = bpf_get_prandom_u32() % ALLOC_GAPS;
+	__u32 gap = bpf_get_prandom_u32() % SPANPROF_ALLOC_GAPS;
 	__u64 *next = bpf_map_lookup_elem(&alloc_gaps, &gap);
 
 	return next ? (__s64)*next : (__s64)alloc_rate;

@@ -27,7 +27,7 @@ static __always_inline void count_ns(__u32 code, __u64 ns)
 
 static __always_inline struct scratch *get_scratch(__u32 slot)
 {
-	__u32 key = bpf_get_smp_processor_id() * SCRATCH_SLOTS + slot;
+	__u32 key = bpf_get_smp_processor_id() * SPANPROF_SCRATCH_SLOTS + slot;
 
 	return bpf_map_lookup_elem(&scratch, &key);
 }

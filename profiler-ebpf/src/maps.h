@@ -200,16 +200,15 @@ struct scratch {
 #define SCRATCH_CPU 0
 #define SCRATCH_OFFCPU 1
 #define SCRATCH_ALLOC 2
-#define SCRATCH_SLOTS 3
 
 /*
- * SCRATCH_SLOTS scratches per CPU, at CPU * SCRATCH_SLOTS + slot: a plain array because a
- * per-CPU array's value is limited to 32 KiB and a sample with its stack copy is more. User space
- * sets max_entries to SCRATCH_SLOTS times the number of possible CPUs. The timer sample (slot 0)
- * may interrupt the sys_exit program (slot 1) or a uprobe program (slot 2); a perf event
- * program does not run inside another and a tracing program that would nest with itself is
- * skipped; a uprobe program may be preempted by another on its CPU (preemptible kernels), so
- * alloc_event takes slot 2 with a busy flag.
+ * SPANPROF_SCRATCH_SLOTS scratches per CPU, at CPU * SPANPROF_SCRATCH_SLOTS + slot: a plain array
+ * because a per-CPU array's value is limited to 32 KiB and a sample with its stack copy is more.
+ * User space sets max_entries to SPANPROF_SCRATCH_SLOTS times the number of possible CPUs. The
+ * timer sample (slot 0) may interrupt the sys_exit program (slot 1) or a uprobe program (slot
+ * 2); a perf event program does not run inside another and a tracing program that would nest
+ * with itself is skipped; a uprobe program may be preempted by another on its CPU (preemptible
+ * kernels), so alloc_event takes slot 2 with a busy flag.
  */
 SPANPROF_MAP struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -238,11 +237,9 @@ SPANPROF_MAP struct {
 
 /* --event alloc and heap. */
 
-#define ALLOC_GAPS 256
-
 SPANPROF_MAP struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, ALLOC_GAPS);
+	__uint(max_entries, SPANPROF_ALLOC_GAPS); /* filled by user space */
 	__type(key, __u32);
 	__type(value, __u64);
 } alloc_gaps SEC(".maps");
