@@ -7,7 +7,7 @@
  * Written once, used by every unit: maps.bpf.c defines them (SPANPROF_MAPS_DEFINE), the other
  * units see `extern` declarations of the same text, which libbpf's static linker (bpftool gen
  * object, build.rs) resolves against those definitions, checking that each matches it. So the
- * linked object has one of each map, shared by all programs.
+ * linked object has one of each map, shared by all programs. Declarations only: no code runs here.
  */
 #ifndef SPANPROF_MAPS_H
 #define SPANPROF_MAPS_H
