@@ -408,7 +408,12 @@ fn rust_layout_matches_c_header_for_bpf() {
         Ok(c) => c,
         Err(_) => ["clang-19", "clang"]
             .into_iter()
-            .find(|c| std::process::Command::new(c).arg("--version").output().is_ok())
+            .find(|c| {
+                std::process::Command::new(c)
+                    .arg("--version")
+                    .output()
+                    .is_ok()
+            })
             .expect("no clang-19 or clang (install Debian's clang-19, or set SPANPROF_CLANG)")
             .into(),
     };
