@@ -80,7 +80,12 @@ fn main() {
         println!("cargo:rerun-if-changed={}", f.display());
     }
 
-    let clang = find_tool("SPANPROF_CLANG", &["clang-19", "clang"], "--version", "clang");
+    let clang = find_tool(
+        "SPANPROF_CLANG",
+        &["clang-19", "clang"],
+        "--version",
+        "clang",
+    );
     let bpftool = find_tool(
         "SPANPROF_BPFTOOL",
         &["bpftool", "/usr/sbin/bpftool"],
