@@ -4,8 +4,9 @@
 //! The C header `profiler-ebpf/include/spanprof_abi.h` is the source of truth. This crate mirrors
 //! it in `#[repr(C)]` types that user space reads out of ring buffer records and writes into maps.
 //! A test generates C `_Static_assert`s from the Rust layout (size, alignment and every field
-//! offset) and compiles them against the header, so a change on one side fails the build of the
-//! tests until the other side follows.
+//! offset) and the constants, and compiles them against the header twice: with the host's C
+//! compiler, and as the eBPF programs are compiled (clang, `-target bpf`, the build's flags). So a
+//! change on one side fails `cargo test` until the other side follows.
 //!
 //! # Design constraints
 //! Fixed-width integers only, explicit padding, no `bool`, every struct `Copy` and a multiple of
@@ -178,6 +179,12 @@ pub struct Target {
 
 /// Size of [`SampleHeader`], where the frames of a sample record begin.
 pub const SAMPLE_HEADER_SIZE: usize = 136;
+
+/// Scratches per CPU of the BPF programs: the `scratch` map has this many entries per possible
+/// CPU, which user space sets before load (`SPANPROF_SCRATCH_SLOTS`).
+pub const SCRATCH_SLOTS: u32 = 3;
+/// Entries of the `alloc_gaps` map, which user space fills (`SPANPROF_ALLOC_GAPS`).
+pub const ALLOC_GAPS: usize = 256;
 
 /// Most bytes of user stack one sample carries (`--unwind dwarf`).
 pub const MAX_STACK_COPY: usize = 32768;

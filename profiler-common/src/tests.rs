@@ -294,6 +294,8 @@ fn c_asserts() -> String {
         ("SPANPROF_PY_WINDOW", PY_WINDOW as u64),
         ("SPANPROF_PY_NAME_READ", PY_NAME_READ as u64),
         ("SPANPROF_SAMPLE_HEADER_SIZE", SAMPLE_HEADER_SIZE as u64),
+        ("SPANPROF_SCRATCH_SLOTS", SCRATCH_SLOTS as u64),
+        ("SPANPROF_ALLOC_GAPS", ALLOC_GAPS as u64),
         ("SPANPROF_MAX_STACK_COPY", MAX_STACK_COPY as u64),
         ("SPANPROF_USTACK_COPY_NONE", USTACK_COPY_NONE as u64),
         ("SPANPROF_USTACK_COPY_OK", USTACK_COPY_OK as u64),
@@ -363,25 +365,73 @@ fn c_asserts() -> String {
     c
 }
 
-#[test]
-fn rust_layout_matches_c_header() {
-    let dir = std::env::temp_dir().join(format!("spanprof-abi-{}", std::process::id()));
+/// Compiles the asserts of [`c_asserts`] with `cc` and `args`; the compiler's errors if they fail.
+fn compile_asserts(cc: &str, args: &[&str]) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!(
+        "spanprof-abi-{}-{}",
+        std::process::id(),
+        cc.replace('/', "_")
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("abi_check.c");
     std::fs::write(&file, c_asserts()).unwrap();
     let include = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf/include");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let out = std::process::Command::new(&cc)
+    let out = std::process::Command::new(cc)
+        .args(args)
         .args(["-std=c11", "-fsyntax-only", "-I", include])
         .arg(&file)
         .output()
         .unwrap_or_else(|e| panic!("failed to run {cc}: {e}"));
     std::fs::remove_dir_all(&dir).ok();
-    assert!(
-        out.status.success(),
-        "C header and Rust ABI disagree:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The header as user space would see it in C: the host's compiler (`$CC`, else `cc`).
+#[test]
+fn rust_layout_matches_c_header() {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    if let Err(e) = compile_asserts(&cc, &[]) {
+        panic!("C header and Rust ABI disagree:\n{e}");
+    }
+}
+
+/// The header as the eBPF programs see it: the compiler, target and flags that
+/// profiler-user/build.rs compiles them with (clang from `$SPANPROF_CLANG`, else `clang-19`,
+/// else `clang`), so the layout checked is the one in the loaded object.
+#[test]
+fn rust_layout_matches_c_header_for_bpf() {
+    let clang = match std::env::var("SPANPROF_CLANG") {
+        Ok(c) => c,
+        Err(_) => ["clang-19", "clang"]
+            .into_iter()
+            .find(|c| {
+                std::process::Command::new(c)
+                    .arg("--version")
+                    .output()
+                    .is_ok()
+            })
+            .expect("no clang-19 or clang (install Debian's clang-19, or set SPANPROF_CLANG)")
+            .into(),
+    };
+    let arch_include = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
+    let args = [
+        "-O2",
+        "-target",
+        "bpf",
+        "-D__TARGET_ARCH_x86",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-I",
+        &arch_include,
+    ];
+    if let Err(e) = compile_asserts(&clang, &args) {
+        panic!("C header (as the BPF programs are compiled) and Rust ABI disagree:\n{e}");
+    }
 }
 
 #[test]

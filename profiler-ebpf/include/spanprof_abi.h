@@ -2,7 +2,8 @@
 /*
  * The kernel/user ABI of spanprof: the one place that defines what the eBPF programs send to
  * user space. The Rust mirror is profiler-common/src/lib.rs; its tests compile static asserts
- * generated from the Rust layout against this header, so the two cannot drift apart silently.
+ * generated from the Rust layout against this header, with the host's compiler and as the BPF
+ * programs are compiled (clang -target bpf), so the two cannot drift apart silently.
  *
  * Rules: fixed-width types only, explicit padding, no bool, every struct a multiple of 8 bytes.
  */
@@ -475,6 +476,13 @@ struct spanprof_span_proc {
 #define SPANPROF_PY_FRAME_BLOCK 128
 #define SPANPROF_PY_CODE_BLOCK 96
 #define SPANPROF_PY_WINDOW 1024
+
+/*
+ * Sizes of maps that user space sizes or fills itself: scratches per CPU (the `scratch` map has
+ * this many entries per possible CPU), and the entries of `alloc_gaps`.
+ */
+#define SPANPROF_SCRATCH_SLOTS 3
+#define SPANPROF_ALLOC_GAPS 256
 
 #define SPANPROF_SAMPLE_HEADER_SIZE 136
 #define SPANPROF_PY_FRAME_SIZE 24

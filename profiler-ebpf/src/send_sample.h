@@ -1,0 +1,208 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * A sample, from its header to its ring buffer record, as the three sampling units (sample,
+ * offcpu, alloc) send it once they have put its kernel frames in place: the user stack (the
+ * kernel's frame-pointer walk, or a copy of the stack for --unwind dwarf), the Python frames,
+ * the span context, then one bpf_ringbuf_output of only the parts captured.
+ *
+ * Bounds: one bpf_get_stack of at most SPANPROF_MAX_STACK_DEPTH frames, or a stack copy of at
+ * most SPANPROF_MAX_STACK_COPY bytes (one read, or one read per page when the whole size is not
+ * mapped) with at most URETPROBE_FIXUPS return addresses put back; the Python walk
+ * (python_walk.h) and the span readers (span_read.h), each bounded on its own; one record.
+ */
+#ifndef SPANPROF_SEND_SAMPLE_H
+#define SPANPROF_SEND_SAMPLE_H
+
+#include "python_walk.h"
+#include "span_read.h"
+
+/* Pending uretprobes whose return addresses are put back in a stack copy, at most. */
+#define URETPROBE_FIXUPS 8
+
+/*
+ * --unwind dwarf: the thread's user registers, and its stack from the user sp upwards into the
+ * record at byte `off` of s->stack (right after the span context). One read when the whole size
+ * is mapped; at the top of a stack (the main thread's, whose last page is followed by nothing)
+ * page by page, up to the first unreadable page.
+ */
+static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off, __u32 tgid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs___kernel *regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
+	struct return_instance *ri;
+	__u64 slot, ret;
+	const __u32 *size = bpf_map_lookup_elem(&stack_copy_sizes, &tgid);
+	__u64 sp, want = (size ? *size : stack_copy_bytes) & ~7U, done = 0, len;
+	__u8 *dst;
+	int i;
+
+	if (want > SPANPROF_MAX_STACK_COPY)
+		want = SPANPROF_MAX_STACK_COPY;
+	if (!regs) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
+		return;
+	}
+	s->user_ip = BPF_CORE_READ(regs, ip);
+	sp = BPF_CORE_READ(regs, sp);
+	s->user_sp = sp;
+	s->user_bp = BPF_CORE_READ(regs, bp);
+	if (!sp || !s->user_ip) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
+		return;
+	}
+	if (off > sizeof(s->stack) + sizeof(s->py) + sizeof(s->span))
+		return;
+	dst = (__u8 *)s->stack + off;
+	if (want && bpf_probe_read_user(dst, want, (const void *)sp) == 0) {
+		done = want;
+	} else {
+		len = 4096 - (sp & 4095);
+		for (i = 0; i < SPANPROF_MAX_STACK_COPY / 4096 + 1; i++) {
+			if (done >= want || done >= SPANPROF_MAX_STACK_COPY)
+				break;
+			if (len > want - done)
+				len = want - done;
+			if (len > 4096)
+				len = 4096;
+			if (bpf_probe_read_user(dst + done, len, (const void *)(sp + done)))
+				break;
+			done += len;
+			len = 4096;
+		}
+	}
+	if (done == 0) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_FAULT;
+		return;
+	}
+	/*
+	 * A function with a pending uretprobe (--event heap's on the allocation functions) returns
+	 * to the uprobes trampoline, not to its caller: put the caller back, or the unwinder stops
+	 * there (realloc(NULL) calling malloc showed [unknown] (?+0x7fffffffdfff)).
+	 */
+	ri = BPF_CORE_READ(task, utask, return_instances);
+	for (i = 0; i < URETPROBE_FIXUPS && ri; i++) {
+		slot = BPF_CORE_READ(ri, stack);
+		if (slot >= sp && slot - sp + 8 <= done && slot - sp <= SPANPROF_MAX_STACK_COPY - 8) {
+			ret = BPF_CORE_READ(ri, orig_ret_vaddr);
+			*(__u64 *)(dst + ((slot - sp) & (SPANPROF_MAX_STACK_COPY - 1))) = ret;
+		}
+		ri = BPF_CORE_READ(ri, next);
+	}
+	s->ustack_copy_status =
+		SPANPROF_USTACK_COPY_OK | (done < want ? SPANPROF_USTACK_COPY_SHORT : 0);
+	s->ustack_copy_len = done;
+}
+
+/* Starts the sample of the current thread in w: the header, up to its stacks. */
+static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, __u64 id,
+							    __u32 slot)
+{
+	struct spanprof_sample *s = &w->s;
+
+	w->slot = slot;
+	s->kind = SPANPROF_RECORD_SAMPLE;
+	s->cpu = bpf_get_smp_processor_id();
+	s->pid = id >> 32;
+	s->tid = (__u32)id;
+	s->time_ns = bpf_ktime_get_ns();
+	s->py_len = 0;
+	s->py_status = SPANPROF_PY_NONE;
+	s->span_len = 0;
+	s->ustack_copy_len = 0;
+	s->ustack_copy_status = SPANPROF_USTACK_COPY_NONE;
+	s->user_ip = 0;
+	s->user_sp = 0;
+	s->user_bp = 0;
+	s->event = SPANPROF_EVENT_CPU;
+	s->weight = 0;
+	s->alloc_id = 0;
+	s->blocked_ns = 0;
+	s->syscall_nr = -1;
+	s->offcpu_flags = 0;
+	s->syscall_arg0 = 0;
+	w->tstate = 0;
+	bpf_get_current_comm(s->comm, sizeof(s->comm));
+	return s;
+}
+
+/*
+ * Finishes and sends the sample in w, whose k kernel frames are in place: the user stack (frame
+ * pointers, or the stack copy), the Python frames and the span context when `user` is set, then
+ * one ring buffer record of only what was captured (a 10-frame stack is 176 bytes, not 47 KiB).
+ * `ctx` is the program's context, for bpf_get_stack.
+ */
+static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, int user)
+{
+	struct spanprof_sample *s = &w->s;
+	const struct spanprof_py_proc *py = 0;
+	struct spanprof_target *t;
+	struct task_struct *task;
+	__u32 tgid = s->pid, seen;
+	__u64 u, p, size, off, ip, wake = BPF_RB_NO_WAKEUP;
+	long n = 0;
+
+	if (k > SPANPROF_MAX_STACK_DEPTH)
+		k = SPANPROF_MAX_STACK_DEPTH;
+	/* --unwind dwarf copies the stack instead (below), after the parts that go before it. */
+	if (user && !stack_copy_bytes)
+		n = bpf_get_stack(ctx, &s->stack[k], SPANPROF_MAX_STACK_DEPTH * sizeof(__u64),
+				  BPF_F_USER_STACK);
+	if (n < 0)
+		count_error(SPANPROF_ERR_USTACK);
+	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+	u = n > 0 ? (__u64)n / sizeof(__u64) : 0;
+	if (u > SPANPROF_MAX_STACK_DEPTH)
+		u = SPANPROF_MAX_STACK_DEPTH;
+
+	if (user)
+		py = bpf_map_lookup_elem(&py_procs, &tgid);
+	if (py)
+		py_walk(w, py, tgid, s->tid, k + u);
+	p = s->py_len;
+	if (p > SPANPROF_MAX_PY_FRAMES)
+		p = SPANPROF_MAX_PY_FRAMES;
+	if (py && read_span(w, tgid)) {
+		/* Right after the frames (the `span` member only reserves the room). */
+		off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE;
+		if (off <= sizeof(s->stack) + sizeof(s->py)) {
+			__builtin_memcpy((__u8 *)s->stack + off, &w->span, sizeof(w->span));
+			s->span_len = sizeof(w->span);
+		}
+	}
+
+	off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE + s->span_len;
+	if (user && stack_copy_bytes)
+		copy_user_stack(s, off, tgid);
+
+	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
+	if (size > sizeof(*s))
+		size = sizeof(*s);
+	/*
+	 * The first sample of a process (since it was forked or exec'd) wakes user space at once,
+	 * which then reads the process's memory map and opens its modules while it lives: a
+	 * short-lived child would otherwise often exit before the next drain, and its addresses
+	 * could no longer be tied to a file. So does its first sample in its program's own code:
+	 * by then the dynamic loader has mapped its libraries, which a first sample taken in the
+	 * loader would not have seen. At most two wake-ups per program, then; two samples racing
+	 * here both wake it: harmless.
+	 */
+	t = bpf_map_lookup_elem(&target_pids, &tgid);
+	if (t) {
+		seen = SPANPROF_TARGET_SEEN;
+		ip = stack_copy_bytes ? s->user_ip : (u ? s->stack[k & (SPANPROF_MAX_STACK_DEPTH - 1)] : 0);
+		task = bpf_get_current_task_btf();
+		if (ip && ip >= BPF_CORE_READ(task, mm, start_code) &&
+		    ip < BPF_CORE_READ(task, mm, end_code))
+			seen |= SPANPROF_TARGET_SEEN_MAIN;
+		if (seen & ~t->flags) {
+			t->flags |= seen;
+			wake = BPF_RB_FORCE_WAKEUP;
+		}
+	}
+	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes)
+		wake = BPF_RB_FORCE_WAKEUP;
+	if (bpf_ringbuf_output(&samples, s, size, wake))
+		count_error(SPANPROF_ERR_RINGBUF_FULL);
+}
+
+#endif /* SPANPROF_SEND_SAMPLE_H */
