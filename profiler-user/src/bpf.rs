@@ -16,15 +16,12 @@ use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
-    AllocKey, ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ALLOC_CALLOC,
+    AllocKey, ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ALLOC_CALLOC, ALLOC_GAPS,
     ALLOC_MALLOC, ALLOC_MEMALIGN, ALLOC_MMAP, ALLOC_POSIX_MEMALIGN, ALLOC_REALLOC, ERROR_COUNT,
-    TARGET_EXPLICIT,
+    SCRATCH_SLOTS, TARGET_EXPLICIT,
 };
 
 use crate::profile::DEFAULT_ALLOC_RATE;
-
-/// Entries of the BPF program's `alloc_gaps` table (`ALLOC_GAPS`).
-const ALLOC_GAPS: usize = 256;
 
 /// The compiled eBPF object.
 static EBPF_OBJECT: &[u8] =
@@ -73,9 +70,6 @@ fn aya_err<E: std::error::Error>(what: &'static str) -> impl FnOnce(E) -> LoadEr
         detail: one_line(&e),
     }
 }
-
-/// Scratches per CPU (`SCRATCH_SLOTS` of the BPF program).
-const SCRATCH_SLOTS: u32 = 3;
 
 /// What to load and how.
 #[derive(Debug, Clone)]

@@ -32,7 +32,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("libbpf-dev", "bpf_helpers.h and friends"),
     (
         "bpftool",
-        "reads the kernel's BPF run-time statistics in benchmarks",
+        "links the eBPF units into one object (bpftool gen object); BPF run-time statistics in benchmarks",
     ),
     ("linux-perf", "the reference profiler in benchmarks"),
     (
