@@ -787,7 +787,7 @@ pub(crate) mod test_child {
     /// `sleep 30`, returned once it sleeps in its own program: exec done, the program and its
     /// libraries mapped. (`/proc/PID/exe` names `sleep` before the kernel maps it.)
     pub(crate) fn sleeping() -> Child {
-        let child = Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -800,7 +800,11 @@ pub(crate) mod test_child {
             if exe.is_ok_and(|e| e.ends_with("sleep")) && state == Some('S') {
                 return child;
             }
-            assert!(Instant::now() < deadline, "sleep {pid} never slept: {stat}");
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("sleep {pid} never slept: {stat}");
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
     }
