@@ -1,4 +1,3 @@
-
 use super::*;
 
 // Stacks below were read on Linux 6.18 with glibc 2.36 and libc6-dbg: kernel frames from
