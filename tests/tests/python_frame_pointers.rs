@@ -4,7 +4,7 @@
 //! it runs, and the C frames between Python frames stay, named.
 //!
 //! pyenv's and Debian's builds have no frame pointers; with them the native stack cannot be
-//! followed through the interpreter (`tests/tests/python.rs` checks what spanprof does then).
+//! followed through the interpreter (`tests/tests/python/` checks what spanprof does then).
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 # A Python workload that allocates known amounts of memory from two functions,
-# for the allocation-profiling tests (tests/tests/alloc.rs):
+# for the allocation-profiling tests (tests/tests/alloc/):
 #
 # - big_buffers(): ROUNDS rounds of 64 bytearray(1 MiB), each round kept in a
 #   list until the next round replaces it (so the earlier rounds are FREED, the

@@ -1,5 +1,5 @@
 # A Python workload with a leak and churn, for the heap-profiling tests
-# (tests/tests/alloc.rs, `--event heap`):
+# (tests/tests/alloc/, `--event heap`):
 #
 # - leak(store, n): appends n bytes(10_000) objects to `store`, a list that
 #   keeps growing and is never freed. Each object is one calloc(1, 10_033) by

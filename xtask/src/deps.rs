@@ -367,7 +367,7 @@ fn python_venv(root: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((python, py_spy))
 }
 
-/// The tracing libraries of the span-correlation tests (`tests/tests/spans.rs`), per CPython
+/// The tracing libraries of the span-correlation tests (`tests/tests/spans/`), per CPython
 /// minor version: the newest releases that install on it (the SDK brings
 /// `opentelemetry-api`; OSProfiler brings oslo.* and the rest of its requirements), and
 /// `opentelemetry-proto` of the same release as the SDK (with protobuf), which the unit tests of

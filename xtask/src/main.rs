@@ -12,8 +12,6 @@
 //! task exit non-zero with the failing step named.
 
 mod bench;
-mod bench_alloc;
-mod bench_daemon;
 mod bench_headline;
 mod cache;
 mod deps;
@@ -346,8 +344,8 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
     let mut work: u64 = 60_000;
     let mut py_work: u64 = 450;
     let mut unwind_seconds: u64 = 5;
-    let mut alloc_units: u64 = bench_alloc::DEFAULT_UNITS;
-    let mut daemon_seconds: u64 = bench_daemon::DEFAULT_SECONDS;
+    let mut alloc_units: u64 = bench::alloc::DEFAULT_UNITS;
+    let mut daemon_seconds: u64 = bench::daemon::DEFAULT_SECONDS;
     let mut python: Option<PathBuf> = None;
     let mut spanprof: Option<PathBuf> = None;
     let mut span_kinds = bench::SpanKinds::Both;

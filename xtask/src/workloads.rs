@@ -115,13 +115,13 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 }
 
 /// The off-CPU workloads, each built from `xtask/workloads/<name>.c` with [`CFLAGS`] and
-/// `-pthread`: `offcpu_sleep` (nanosleep 100 ms × 5, for `tests/tests/offcpu.rs`) and
+/// `-pthread`: `offcpu_sleep` (nanosleep 100 ms × 5, for `tests/tests/offcpu/`) and
 /// `offcpu_pingpong` (two threads passing a byte through pipes, the target of
 /// `cargo xtask bench --only offcpu`).
 pub const OFFCPU_WORKLOADS: &[&str] = &["offcpu_sleep", "offcpu_pingpong"];
 
 /// The allocation workload, built from `xtask/workloads/alloc_sizes.c` like the off-CPU ones:
-/// known calls of the malloc family from one function each, for `tests/tests/alloc.rs`.
+/// known calls of the malloc family from one function each, for `tests/tests/alloc/`.
 pub const ALLOC_WORKLOADS: &[&str] = &["alloc_sizes"];
 
 /// Builds [`OFFCPU_WORKLOADS`] into `out`.

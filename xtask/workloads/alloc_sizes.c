@@ -1,5 +1,5 @@
 /* alloc_sizes: known calls of the C library's allocator from distinct functions, for the
- * allocation-profiling tests (tests/tests/alloc.rs).
+ * allocation-profiling tests (tests/tests/alloc/).
  *
  *   main -> run_all -> alloc_small           malloc(64) x 20000 S, each freed at once
  *                   -> alloc_big             malloc(1 MiB) x 100 S, all kept

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::{machine, mb, median, rounds, version, wait_ready, NamedProg};
+use super::measure::{machine, mb, median, rounds, version, wait_ready, NamedProg};
 
 /// What to run and how long.
 #[derive(Debug, Clone)]

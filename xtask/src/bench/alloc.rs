@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench::{NamedProg, ProgWindow};
+use super::measure::{NamedProg, ProgWindow};
 
 use crate::run::step;
 

@@ -1,0 +1,88 @@
+//! The sampled time of each span name: the time its spans' own samples stand for.
+
+use std::collections::HashMap;
+
+use crate::profile::Profile;
+
+/// The sampled time of the spans of one name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanTime {
+    /// The span's name (OpenTelemetry), or the trace point's (OSProfiler).
+    pub name: String,
+    /// How many spans of that name have samples.
+    pub spans: u64,
+    /// The time their samples stand for, nanoseconds.
+    pub total_ns: u64,
+}
+
+impl SpanTime {
+    /// Mean nanoseconds per span.
+    pub fn mean_ns(&self) -> u64 {
+        self.total_ns / self.spans.max(1)
+    }
+}
+
+/// A span context's name and the id of the span it names, for [`span_times`]: the OpenTelemetry
+/// span's name and id, else the OSProfiler trace point's name and id.
+pub fn span_name_and_id(c: &crate::profile::SpanContext) -> Option<(&str, [u8; 16])> {
+    if let (Some(name), Some(id)) = (c.span_name.as_ref(), c.span_id) {
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&id);
+        return Some((name.as_str(), key));
+    }
+    match (c.osprofiler_name.as_ref(), c.osprofiler.as_ref()) {
+        (Some(name), Some(o)) => Some((name.as_str(), o.trace_id)),
+        _ => None,
+    }
+}
+
+/// The time the samples show in each named span, by name, most total time first (then by
+/// name): a span is one OpenTelemetry span id, or one OSProfiler trace point id when the
+/// sample has no OpenTelemetry span name. A sample's time is its weight in nanoseconds (an
+/// on-CPU sample stands for one period). It is the span's own time: samples in a child span
+/// count for the child. `name_of` gives a span context's name and which id keys it.
+///
+/// A memory profile has no time: an error.
+pub fn span_times<'p>(
+    profile: &'p Profile,
+    name_of: impl Fn(&'p crate::profile::SpanContext) -> Option<(&'p str, [u8; 16])>,
+) -> Result<Vec<SpanTime>, String> {
+    if profile.meta.events.in_bytes() {
+        return Err(
+            "span durations need a time profile (cpu, offcpu or wall), not a memory one".into(),
+        );
+    }
+    let per_count = if profile.meta.events.in_nanoseconds() {
+        None
+    } else {
+        Some(profile.meta.period_ns())
+    };
+    // Name -> (ids seen, nanoseconds).
+    let mut by_name: HashMap<&str, (std::collections::HashSet<[u8; 16]>, u64)> = HashMap::new();
+    for s in &profile.samples {
+        let Some((name, id)) = profile.span_of(s).and_then(&name_of) else {
+            continue;
+        };
+        let ns = match per_count {
+            Some(period) => s.count.saturating_mul(period),
+            None => profile.weight(s),
+        };
+        let entry = by_name.entry(name).or_default();
+        entry.0.insert(id);
+        entry.1 = entry.1.saturating_add(ns);
+    }
+    let mut out: Vec<SpanTime> = by_name
+        .into_iter()
+        .map(|(name, (ids, total_ns))| SpanTime {
+            name: name.to_string(),
+            spans: ids.len() as u64,
+            total_ns,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.total_ns
+            .cmp(&a.total_ns)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    Ok(out)
+}

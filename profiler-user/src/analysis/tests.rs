@@ -1,0 +1,233 @@
+use super::*;
+use crate::format::fixture;
+
+#[test]
+fn shares_count_recursion_once() {
+    let mut profile = fixture::profile();
+    // main;compute;main;compute: a recursion; 3 samples.
+    let mut s = profile.samples[0].clone();
+    s.frames = vec![0, 1, 0, 1];
+    s.count = 3;
+    profile.samples.push(s);
+    let f = Functions::of(&profile);
+    assert_eq!(f.total, 14);
+    let main = f.get("main").unwrap();
+    assert_eq!((main.self_weight, main.total_weight), (0, 14));
+    let compute = f.get("compute").unwrap();
+    assert_eq!(compute.total_weight, 13);
+    assert_eq!(f.rows[0].name, "compute");
+    assert_eq!(f.unit, Unit::Samples);
+    assert_eq!(f.events, 14.0);
+}
+
+#[test]
+fn globs() {
+    let p = Pattern::new("hot_*");
+    assert!(p.matches("hot_alpha") && p.matches("hot_") && !p.matches("a_hot_alpha"));
+    assert!(Pattern::new("*json*").matches("json_dumps") && Pattern::new("a?c").matches("abc"));
+    assert!(!Pattern::new("a?c").matches("ac"));
+    assert!(Pattern::new("handle").matches_function("handle (app.py)"));
+    assert!(!Pattern::new("handle").matches_function("handler (app.py)"));
+    assert!(Pattern::new("*a*a*a*b").matches(&format!("{}b", "a".repeat(40))));
+    assert!(!Pattern::new("*a*a*a*b").matches(&"a".repeat(400)));
+}
+
+#[test]
+fn budgets_parse_and_measure() {
+    assert!(Budget::parse("compute", ShareKind::Total).is_err());
+    assert!(Budget::parse("=5%", ShareKind::Total).is_err());
+    assert!(Budget::parse("x=150%", ShareKind::Total).is_err());
+    assert!(Budget::parse("x=0", ShareKind::Total).is_err());
+    let b = Budget::parse("comp*=50%", ShareKind::Total).unwrap();
+    assert_eq!(b.max, 0.5);
+    assert_eq!(b.option(), "--max 'comp*=50.0%'");
+    let profile = fixture::profile();
+    let f = Functions::of(&profile);
+    // compute is in 10 of 11 samples; the kernel frame is the leaf of 2.
+    let r = measure(&profile, &f, &b);
+    assert!((r.share - 10.0 / 11.0).abs() < 1e-9, "{r:?}");
+    assert!(r.crossed());
+    assert_eq!(r.functions, ["compute"]);
+    let s = measure(
+        &profile,
+        &f,
+        &Budget::parse("compute=80%", ShareKind::Self_).unwrap(),
+    );
+    assert!((s.share - 8.0 / 11.0).abs() < 1e-9 && !s.crossed(), "{s:?}");
+    let none = measure(
+        &profile,
+        &f,
+        &Budget::parse("nothing=1%", ShareKind::Total).unwrap(),
+    );
+    assert_eq!((none.share, none.matched), (0.0, 0));
+}
+
+#[test]
+fn diff_ranks_the_grown_function_first() {
+    let base = fixture::profile();
+    let mut new = fixture::profile();
+    // The unknown frame's stack gets 10 times the samples.
+    let unknown = new
+        .samples
+        .iter_mut()
+        .find(|s| s.frames.len() == 2 && s.frames[1] == 2)
+        .unwrap();
+    unknown.count = 10;
+    let d = Diff::of(&base, &new).unwrap();
+    let first = &d.changes[0];
+    assert_eq!(first.name, "[unknown] (libfoo.so+0x1234)");
+    assert!((first.base_self - 1.0 / 11.0).abs() < 1e-9);
+    assert!((first.new_self - 10.0 / 20.0).abs() < 1e-9);
+    assert_eq!(d.grew(5).count(), 1);
+    assert_eq!(d.shrank(5).next().unwrap().name, "compute");
+    // 41 points: over 5 points and over 3 standard errors of 11 and 20 samples? The error
+    // is sqrt(.083/11 + .25/20) = 0.14, 3 of them 0.42: not significant.
+    let r = d.regressions(0.05);
+    assert_eq!(r[0].change.name, first.name);
+    assert_eq!(r[0].which, Which::Self_);
+    assert!(!r[0].significant);
+    // Same profile: nothing grew.
+    assert!(Diff::of(&base, &base)
+        .unwrap()
+        .regressions(0.0001)
+        .is_empty());
+    // Different units do not compare.
+    assert!(Diff::of(&base, &fixture::off_cpu()).is_err());
+}
+
+#[test]
+fn a_significant_total_share_counts_when_the_self_share_is_noise() {
+    let c = Change {
+        name: "f".into(),
+        base_self: 0.10,
+        new_self: 0.16,
+        base_total: 0.30,
+        new_total: 0.50,
+        sigma_self: 0.0274,
+        sigma_total: 0.039,
+    };
+    let mut d = Diff::of(&fixture::profile(), &fixture::profile()).unwrap();
+    d.changes = vec![c];
+    let r = d.regressions(0.05);
+    assert_eq!(
+        (r.len(), r[0].which, r[0].significant),
+        (1, Which::Total, true)
+    );
+    let (text, failed) = verdict(&d, 0.05);
+    assert!(
+        failed && text.contains("f: total share 30.0% -> 50.0%"),
+        "{text}"
+    );
+    // Both noise: reported by self share, and the build passes, saying why.
+    d.changes[0].new_total = 0.36;
+    let r = d.regressions(0.05);
+    assert_eq!((r[0].which, r[0].significant), (Which::Self_, false));
+    let (text, failed) = verdict(&d, 0.05);
+    assert!(!failed, "{text}");
+    assert!(
+        text.contains("not counted, within sampling noise")
+            && text.contains("no significant regression over 5.0 points (1 within sampling noise)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn diffs_need_samples_and_the_same_measure() {
+    let mut empty = fixture::profile();
+    empty.samples.clear();
+    let e = Diff::of(&fixture::profile(), &empty).unwrap_err();
+    assert!(e.contains("the new profile has no samples"), "{e}");
+    assert!(Diff::of(&empty, &fixture::profile()).is_err());
+    // Both in bytes, but allocated and in use are not the same thing.
+    let e = Diff::of(&fixture::alloc_only(), &fixture::heap_only()).unwrap_err();
+    assert!(e.contains("--event alloc, the new one --event heap"), "{e}");
+    assert!(Diff::of(&fixture::off_cpu(), &fixture::wall()).is_err());
+}
+
+#[test]
+fn many_samples_make_a_change_significant() {
+    let mut base = fixture::profile();
+    let mut new = fixture::profile();
+    for s in &mut base.samples {
+        s.count *= 1000;
+    }
+    for s in &mut new.samples {
+        s.count *= 1000;
+        if s.frames.len() == 2 && s.frames[1] == 2 {
+            s.count *= 2;
+        }
+    }
+    let d = Diff::of(&base, &new).unwrap();
+    let r = d.regressions(0.05);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert!(r[0].significant);
+}
+
+#[test]
+fn span_times_and_budgets() {
+    let profile = fixture::with_spans();
+    // A name per OpenTelemetry span: its first byte.
+    let times = span_times(&profile, |c| {
+        let id = c.span_id?;
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&id);
+        Some((if id[0] % 2 == 0 { "even" } else { "odd" }, key))
+    })
+    .unwrap();
+    assert!(!times.is_empty());
+    let total: u64 = times.iter().map(|t| t.total_ns).sum();
+    let in_spans: u64 = profile
+        .samples
+        .iter()
+        .filter(|s| profile.span_of(s).is_some_and(|c| c.span_id.is_some()))
+        .map(|s| s.count * profile.meta.period_ns())
+        .sum();
+    assert_eq!(total, in_spans);
+    for t in &times {
+        assert_eq!(t.mean_ns(), t.total_ns / t.spans);
+    }
+    let b = SpanBudget::parse("GET /servers*=30ms").unwrap();
+    assert_eq!(b.max_ns, 30_000_000);
+    assert!(b.pattern.matches("GET /servers/123"));
+    assert!(SpanBudget::parse("GET /servers").is_err());
+    assert!(SpanBudget::parse("x=fast").is_err());
+    assert!(SpanBudget::parse("x=0ms").is_err());
+    let fake = [
+        SpanTime {
+            name: "GET /servers".into(),
+            spans: 4,
+            total_ns: 160_000_000,
+        },
+        SpanTime {
+            name: "GET /flavors".into(),
+            spans: 10,
+            total_ns: 100_000_000,
+        },
+    ];
+    let m = SpanBudget::parse("GET /*=30ms").unwrap().measure(&fake);
+    assert_eq!(m.len(), 2);
+    assert!(m[0].1 && !m[1].1, "40 ms over, 10 ms within");
+    assert!(span_times(&fixture::memory(), |_| None).is_err());
+    let text = report_text(&profile, &Functions::of(&profile), &fake, 1);
+    assert!(
+        text.contains("      4    40.0 ms   160.0 ms  GET /servers"),
+        "{text}"
+    );
+    assert!(text.contains("(1 more span names)"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&report_json(&profile, &Functions::of(&profile), &fake, 0)).unwrap();
+    assert_eq!(json["spans"][1]["mean_ns"], 10_000_000);
+}
+
+#[test]
+fn percents() {
+    assert_eq!(parse_percent("20%"), Some(0.2));
+    assert_eq!(parse_percent(" 2.5 % "), Some(0.025));
+    assert_eq!(parse_percent("0.05"), None, "a % is required");
+    assert_eq!(parse_percent("-1%"), None);
+    assert_eq!(parse_percent("abc"), None);
+    assert_eq!(percent_text(0.25), "25.0");
+    assert_eq!(percent_text(0.0025), "0.25");
+    assert_eq!(points_text(0.15), "+15.0");
+    assert_eq!(points_text(-0.004), "-0.40");
+}

@@ -1,0 +1,271 @@
+//! 3. Deep stacks, generators, coroutines, callbacks from C.
+
+use spanprof_tests::{
+    folded_summary, is_kernel_frame, is_py_frame, parse_py_frame, profile_pid, profiling_lock,
+    read_folded, start_py_workload, FoldedStack, TempDir,
+};
+
+use crate::common::{assert_no_problems, require_python_profiling, Interp};
+
+/// Checks the stacks whose innermost Python frame is `leaf`, reached through
+/// `depth` frames of `down`: each is whole (`<module> -> main -> drive ->
+/// down x depth -> leaf`) or has a `[truncated]` frame before (rootwards of)
+/// all its Python frames, which are then an unbroken run of `down` ending in
+/// `leaf`. Returns the (whole, truncated) sample counts.
+fn check_deep(
+    stacks: &[FoldedStack],
+    down: &str,
+    leaf: &str,
+    depth: usize,
+    problems: &mut Vec<String>,
+) -> (u64, u64) {
+    let (mut whole, mut truncated) = (0, 0);
+    let mut bad = 0;
+    for stack in stacks {
+        let py = stack.py_qualnames();
+        if py.last() != Some(&leaf) {
+            continue;
+        }
+        let downs = py.iter().filter(|n| **n == down).count();
+        let is_whole = py.len() == depth + 4
+            && py[..3] == ["<module>", "main", "drive"]
+            && py[3..3 + depth].iter().all(|n| *n == down);
+        let marker = stack.frames.iter().position(|f| f == "[truncated]");
+        let first_py = stack.frames.iter().position(|f| is_py_frame(f));
+        let is_truncated = match (marker, first_py) {
+            (Some(m), Some(p)) => {
+                m < p && downs < depth && py[..py.len() - 1].iter().all(|n| *n == down)
+            }
+            _ => false,
+        };
+        if is_whole {
+            whole += stack.count;
+        } else if is_truncated {
+            truncated += stack.count;
+            // The walker must not stop early: at least 256 Python frames.
+            if py.len() < 256 {
+                problems.push(format!(
+                    "a truncated stack of {leaf} has only {} Python frames, fewer than 256",
+                    py.len()
+                ));
+            }
+        } else {
+            bad += stack.count;
+            if bad <= 3 {
+                problems.push(format!(
+                    "a stack of {leaf} ({} Python frames, {downs} of {down}, expected {depth}) is \
+                     neither whole nor marked [truncated] before its Python frames: {}",
+                    py.len(),
+                    abbreviate(&stack.frames)
+                ));
+            }
+        }
+    }
+    if whole + truncated < 20 {
+        problems.push(format!(
+            "{leaf}: only {} samples are whole or truncated ({bad} neither), expected at least 20",
+            whole + truncated
+        ));
+    }
+    (whole, truncated)
+}
+
+/// A long stack with runs of the same frame collapsed (`f x300`).
+fn abbreviate(frames: &[String]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < frames.len() {
+        let run = frames[i..].iter().take_while(|f| **f == frames[i]).count();
+        out.push(if run > 1 {
+            format!("{} x{run}", frames[i])
+        } else {
+            frames[i].clone()
+        });
+        i += run;
+    }
+    out.join(";")
+}
+
+/// A 300-deep recursion is whole or marked `[truncated]`; a 600-deep one
+/// (deeper than the walker's 512-frame cap) is marked `[truncated]` at its
+/// root end and still has at least 256 Python frames.
+pub(super) fn deep_recursion_whole_or_truncated(interp: &Interp) {
+    require_python_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("py-deep");
+    let folded = tmp.join("deep.folded");
+    let workload = start_py_workload(&interp.path, "py_deep.py", &["4"]);
+    let out = profile_pid(workload.pid(), "2500ms", 199, &[&folded], &[]);
+    drop(workload);
+    out.assert_success();
+    let stacks = read_folded(&folded);
+    let mut problems = Vec::new();
+    let (whole_300, truncated_300) =
+        check_deep(&stacks, "down_whole", "leaf_whole", 300, &mut problems);
+    let (whole_600, truncated_600) =
+        check_deep(&stacks, "down_deep", "leaf_deep", 600, &mut problems);
+    if truncated_600 == 0 {
+        problems.push(format!(
+            "no 600-deep stack is marked [truncated] ({whole_600} are whole), yet it is deeper \
+             than the walker's 512 frames"
+        ));
+    }
+    let deep_stacks: Vec<FoldedStack> = stacks
+        .iter()
+        .filter(|s| s.py_leaf().is_some_and(|f| f.qualname.starts_with("leaf_")))
+        .map(|s| FoldedStack {
+            frames: vec![abbreviate(&s.frames)],
+            count: s.count,
+        })
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "{}: 300 deep: {whole_300} whole, {truncated_300} truncated; 600 deep: {whole_600} \
+         whole, {truncated_600} truncated\n- {}\nstacks of the leaves (runs collapsed):\n{}\n\
+         heaviest stacks:\n{}\n{out}",
+        interp.label,
+        problems.join("\n- "),
+        folded_summary(&deep_stacks, 12),
+        folded_summary(&stacks, 6)
+    );
+}
+
+/// Checks that at least 95% (and at least 20) of the samples whose innermost
+/// Python frame is `leaf` satisfy `ok`.
+fn check_shape(
+    stacks: &[FoldedStack],
+    leaf: &str,
+    what: &str,
+    ok: impl Fn(&FoldedStack) -> bool,
+    problems: &mut Vec<String>,
+) {
+    let of_leaf: Vec<&FoldedStack> = stacks
+        .iter()
+        .filter(|s| s.py_leaf().is_some_and(|f| f.qualname == leaf))
+        .collect();
+    let n: u64 = of_leaf.iter().map(|s| s.count).sum();
+    let good: u64 = of_leaf.iter().filter(|s| ok(s)).map(|s| s.count).sum();
+    if n < 20 {
+        problems.push(format!("{leaf} has {n} samples, expected at least 20"));
+    } else if (good as f64) < 0.95 * n as f64 {
+        let examples: Vec<String> = of_leaf
+            .iter()
+            .filter(|s| !ok(s))
+            .take(3)
+            .map(|s| format!("    {} {}", s.frames.join(";"), s.count))
+            .collect();
+        problems.push(format!(
+            "only {good} of {n} samples of {leaf} show {what}; for example:\n{}",
+            examples.join("\n")
+        ));
+    }
+}
+
+/// In `stack`, the frames strictly between the Python frame `caller` and the
+/// Python frame `callee` that follows it, if they appear in that order.
+fn frames_between<'a>(stack: &'a FoldedStack, caller: &str, callee: &str) -> Option<&'a [String]> {
+    fn qualname(frame: &str) -> Option<&str> {
+        parse_py_frame(frame).map(|p| p.qualname)
+    }
+    let i = stack
+        .frames
+        .iter()
+        .position(|f| qualname(f) == Some(caller))?;
+    let j = i
+        + 1
+        + stack.frames[i + 1..]
+            .iter()
+            .position(|f| qualname(f) == Some(callee))?;
+    Some(&stack.frames[i + 1..j])
+}
+
+/// Generators under their consumers, awaited coroutines under their awaiters,
+/// a key function called by `sorted` under its caller with (3.11+) a
+/// non-Python frame between the two, and a system call from Python with the
+/// kernel frames below native frames below the Python frames.
+pub(super) fn generators_coroutines_callbacks_and_syscalls(interp: &Interp) {
+    require_python_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("py-shapes");
+    let folded = tmp.join("shapes.folded");
+    let workload = start_py_workload(&interp.path, "py_shapes.py", &["4.5"]);
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded], &[]);
+    drop(workload);
+    out.assert_success();
+    let stacks = read_folded(&folded);
+    let mut problems = Vec::new();
+
+    check_shape(
+        &stacks,
+        "gen_producer",
+        "the Python frames run_generators -> consumer -> gen_producer",
+        |s| {
+            s.py_qualnames()
+                .ends_with(&["run_generators", "consumer", "gen_producer"])
+        },
+        &mut problems,
+    );
+    check_shape(
+        &stacks,
+        "coro_inner",
+        "the Python frames main -> coro_outer -> coro_inner, under run_coroutines",
+        |s| {
+            let names = s.py_qualnames();
+            names.ends_with(&["main", "coro_outer", "coro_inner"])
+                && names.contains(&"run_coroutines")
+        },
+        &mut problems,
+    );
+    if interp.minor >= 11 {
+        check_shape(
+            &stacks,
+            "slow_key",
+            "sort_caller, then at least one non-Python frame (sorted's C code or \
+             [native code]), then slow_key",
+            |s| {
+                s.py_qualnames()
+                    .ends_with(&["run_callbacks", "sort_caller", "slow_key"])
+                    && frames_between(s, "sort_caller", "slow_key").is_some_and(|between| {
+                        !between.is_empty() && !between.iter().any(|f| is_py_frame(f))
+                    })
+            },
+            &mut problems,
+        );
+    } else {
+        check_shape(
+            &stacks,
+            "slow_key",
+            "the Python frames run_callbacks -> sort_caller -> slow_key",
+            |s| {
+                s.py_qualnames()
+                    .ends_with(&["run_callbacks", "sort_caller", "slow_key"])
+            },
+            &mut problems,
+        );
+    }
+    // Mixed stacks in the right order, root first: Python frames, then native
+    // ones (os.read's C code, libc's read), then kernel ones.
+    let syscall_stacks: Vec<FoldedStack> = stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| is_kernel_frame(f)))
+        .cloned()
+        .collect();
+    check_shape(
+        &syscall_stacks,
+        "read_zeros",
+        "run_syscalls -> read_zeros, then at least one native frame, then only kernel frames",
+        |s| {
+            let last_py = s.frames.iter().rposition(|f| is_py_frame(f));
+            let first_kernel = s.frames.iter().position(|f| is_kernel_frame(f));
+            s.py_qualnames().ends_with(&["run_syscalls", "read_zeros"])
+                && match (last_py, first_kernel) {
+                    (Some(p), Some(k)) => {
+                        p + 1 < k && s.frames[k..].iter().all(|f| is_kernel_frame(f))
+                    }
+                    _ => false,
+                }
+        },
+        &mut problems,
+    );
+    assert_no_problems(&problems, interp, &stacks, &out);
+}

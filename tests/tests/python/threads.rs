@@ -1,0 +1,144 @@
+//! 2. Threads, each spinning in its own function, also when they start after spanprof attached.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use spanprof_tests::{
+    decode_pprof, folded_count, last_json_line, profile_pid, profiling_lock, read_folded,
+    start_py_workload, TempDir, RUN_TIMEOUT,
+};
+
+use crate::common::{assert_no_problems, require_python_profiling, Interp};
+
+const SPIN_FUNCTIONS: [(&str, &str); 4] = [
+    ("spin_a", "spin-a"),
+    ("spin_b", "spin-b"),
+    ("spin_c", "spin-c"),
+    ("spin_d", "spin-d"),
+];
+
+/// The spin functions among the Python frames of a stack.
+fn spins_in(names: &[&str]) -> BTreeSet<&'static str> {
+    SPIN_FUNCTIONS
+        .iter()
+        .filter(|(f, _)| names.contains(f))
+        .map(|(f, _)| *f)
+        .collect()
+}
+
+/// Four threads each spinning in their own function: each function has
+/// samples, no stack mixes two of them, each sits under `thread_body`, and in
+/// pprof each function's samples carry its own thread's id and name.
+pub(super) fn threads_carry_their_own_stacks(interp: &Interp) {
+    check_threads(interp, None);
+}
+
+/// The same with threads that start 0.7 s after spanprof attached.
+pub(super) fn threads_started_later_carry_their_own_stacks(interp: &Interp) {
+    check_threads(interp, Some("0.7"));
+}
+
+fn check_threads(interp: &Interp, delay: Option<&str>) {
+    require_python_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("py-threads");
+    let folded = tmp.join("threads.folded");
+    let pprof = tmp.join("threads.pb.gz");
+
+    let mut workload_args = vec!["4"];
+    workload_args.extend(delay);
+    let workload = start_py_workload(&interp.path, "py_threads.py", &workload_args);
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded, &pprof], &[]);
+    let workload_out = workload.finish(RUN_TIMEOUT);
+    out.assert_success();
+    workload_out.assert_success();
+    let tids = last_json_line(&workload_out.stdout);
+    let stacks = read_folded(&folded);
+
+    let mut problems = Vec::new();
+    for (function, _) in SPIN_FUNCTIONS {
+        let n = folded_count(&stacks, |s| s.py_qualnames().contains(&function));
+        if n < 20 {
+            problems.push(format!("{function} has {n} samples, expected at least 20"));
+        }
+        let under = folded_count(&stacks, |s| {
+            let names = s.py_qualnames();
+            names.ends_with(&["thread_body", function])
+        });
+        if under < n {
+            problems.push(format!(
+                "{} of {n} samples of {function} do not end in the Python frames thread_body -> {function}",
+                n - under
+            ));
+        }
+    }
+    for stack in &stacks {
+        let names = stack.py_qualnames();
+        let spins = spins_in(&names);
+        if spins.len() > 1 {
+            problems.push(format!(
+                "a stack has the functions of several threads {spins:?}: {}",
+                stack.frames.join(";")
+            ));
+        }
+    }
+    assert_no_problems(&problems, interp, &stacks, &out);
+
+    // pprof: thread.id and thread.name per function.
+    let profile = decode_pprof(&pprof);
+    let mut threads: BTreeMap<&str, BTreeSet<(i64, String)>> = BTreeMap::new();
+    // Per thread id: (samples, samples with a spin function).
+    let mut per_tid: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    for sample in profile["samples"].as_array().expect("samples") {
+        let names: Vec<&str> = sample["stack_root_first"]
+            .as_array()
+            .expect("stack")
+            .iter()
+            .filter_map(|f| f.as_str())
+            .map(|f| f.split(" (").next().unwrap_or(f))
+            .collect();
+        let spins = spins_in(&names);
+        let labels = sample["labels"].as_array().expect("labels");
+        let label = |key: &str| labels.iter().find(|l| l["key"] == key);
+        let tid = label("thread.id")
+            .and_then(|l| l["num"].as_i64())
+            .unwrap_or(-1);
+        let value = sample["values"][0].as_i64().unwrap_or(0);
+        let entry = per_tid.entry(tid).or_default();
+        entry.0 += value;
+        let Some(function) = spins.first() else {
+            continue;
+        };
+        entry.1 += value;
+        let name = label("thread.name")
+            .and_then(|l| l["str"].as_str())
+            .unwrap_or("<none>")
+            .to_owned();
+        threads.entry(function).or_default().insert((tid, name));
+    }
+    for (function, thread_name) in SPIN_FUNCTIONS {
+        let expected_tid = tids[thread_name].as_i64();
+        let seen = threads.get(function).cloned().unwrap_or_default();
+        let expected: BTreeSet<(i64, String)> = expected_tid
+            .map(|tid| (tid, thread_name.to_owned()))
+            .into_iter()
+            .collect();
+        if seen != expected {
+            problems.push(format!(
+                "pprof samples of {function}: threads (thread.id, thread.name) {seen:?}, expected \
+                 only {expected:?} (the workload's thread ids: {tids})"
+            ));
+        }
+        // Nearly every sample of the thread has its Python stack, also
+        // just after the thread started.
+        if let Some(tid) = expected_tid {
+            let (all, with_function) = per_tid.get(&tid).copied().unwrap_or_default();
+            if (with_function as f64) < 0.9 * all as f64 {
+                problems.push(format!(
+                    "only {with_function} of the {all} samples of thread {thread_name} ({tid}) \
+                     have {function}"
+                ));
+            }
+        }
+    }
+    assert_no_problems(&problems, interp, &stacks, &out);
+}
