@@ -786,6 +786,10 @@ pub(crate) mod test_child {
 
     /// `sleep 30`, returned once it sleeps in its own program: exec done, the program and its
     /// libraries mapped. (`/proc/PID/exe` names `sleep` before the kernel maps it.)
+    #[expect(
+        clippy::zombie_processes,
+        reason = "the child is returned: its caller kills and waits for it"
+    )]
     pub(crate) fn sleeping() -> Child {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
