@@ -9,21 +9,15 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use spanprof::aggregate;
+use spanprof::collect::{self, EventError, EventSet, Invalid, Unwind};
 use spanprof::command::CannotRun;
 use spanprof::export::{ExporterConfig, Protocol};
 use spanprof::filter::{self, Filter};
 use spanprof::format::{self, Format};
-use spanprof::profile::{Events, GroupBy, Profile};
+use spanprof::profile::{GroupBy, Profile};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
-use spanprof::{bpf, stats, summary};
-
-/// Bytes of a sample record besides its stack copy, at most (header, frames, Python frames,
-/// span context).
-const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeader>()
-    + 2 * profiler_common::MAX_STACK_DEPTH * 8
-    + profiler_common::MAX_PY_FRAMES * profiler_common::PY_FRAME_SIZE
-    + std::mem::size_of::<profiler_common::SpanRecord>()) as u32;
+use spanprof::{stats, summary};
 
 /// Exit status for bad command-line input.
 const EXIT_USAGE: u8 = 2;
@@ -155,7 +149,7 @@ struct ProfileArgs {
     offcpu_min: Option<String>,
     /// Samples per second on each CPU; off-CPU intervals are sampled at the same rate of time
     /// (an interval of 1/HZ or more is always kept).
-    #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
+    #[arg(short = 'F', long, default_value_t = collect::options::DEFAULT_FREQUENCY, value_name = "HZ")]
     frequency: u64,
     /// Output file; repeat for several formats of the same profile.
     #[arg(short, long = "output", value_name = "FILE")]
@@ -179,7 +173,7 @@ struct ProfileArgs {
     #[arg(long)]
     children: bool,
     /// Size of the kernel-to-user sample ring buffer in bytes (a power of two, ≥ 4096).
-    #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
+    #[arg(long, default_value_t = collect::options::DEFAULT_RING_BUFFER_BYTES, value_name = "BYTES")]
     ring_buffer_size: u32,
     /// How native user stacks are unwound: `dwarf` (the kernel copies the stack, spanprof
     /// unwinds it with the modules' .eh_frame, frame pointers where a module has none) or `fp`
@@ -187,7 +181,7 @@ struct ProfileArgs {
     #[arg(long, default_value = "dwarf", value_name = "MODE")]
     unwind: String,
     /// With --unwind dwarf: bytes of user stack copied per sample (8 to 32768).
-    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
+    #[arg(long, default_value_t = collect::options::DEFAULT_STACK_COPY, value_name = "BYTES")]
     stack_copy: u32,
     /// Write per-process statistics (how many stacks were complete, truncated or failed, and
     /// why) as JSON to FILE.
@@ -407,40 +401,77 @@ fn parse_duration(s: &str) -> Result<Duration, Failure> {
     }
 }
 
-/// `--event` values: `cpu`, `offcpu`, `wall`, comma-separated or repeated.
-fn parse_events(values: &[String]) -> Result<Events, Failure> {
-    let mut events = Events {
-        cpu: false,
-        ..Events::default()
-    };
-    for name in values.iter().flat_map(|v| v.split(',')) {
-        match name.trim() {
-            "cpu" => events.cpu = true,
-            "offcpu" | "off-cpu" => events.off_cpu = true,
-            "wall" => {
-                events.cpu = true;
-                events.off_cpu = true;
-                events.wall = true;
-            }
-            "alloc" => events.alloc = true,
-            "heap" => events.heap = true,
-            other => {
-                return Err(usage(format!(
-                    "invalid --event {other:?}: expected cpu, offcpu, wall, alloc or heap"
-                )))
-            }
-        }
-    }
-    if (events.cpu || events.off_cpu) && events.in_bytes() {
-        return Err(usage(
+/// `--event` values: `cpu`, `offcpu`, `wall`, `alloc`, `heap`, comma-separated or repeated.
+fn parse_events(values: &[String]) -> Result<EventSet, Failure> {
+    EventSet::parse(values.iter().flat_map(|v| v.split(','))).map_err(|e| match e {
+        EventError::Unknown(other) => usage(format!(
+            "invalid --event {other:?}: expected cpu, offcpu, wall, alloc or heap"
+        )),
+        EventError::Mixed => usage(
             "--event alloc and heap make a memory profile: they do not combine with cpu, offcpu \
              or wall (run two sessions)",
-        ));
+        ),
+        EventError::Empty => usage("--event needs cpu, offcpu, wall, alloc or heap"),
+    })
+}
+
+/// What `profile`'s flags ask to sample, and how, checked.
+fn sampling_options(args: &ProfileArgs) -> Result<collect::Options, Failure> {
+    let unwind = Unwind::from_name(&args.unwind, args.stack_copy).ok_or_else(|| {
+        usage(format!(
+            "invalid --unwind {}: expected dwarf or fp",
+            args.unwind
+        ))
+    })?;
+    let events = parse_events(&args.event)?;
+    // An option of an event not asked for would be ignored: say so instead.
+    if args.alloc_rate.is_some() && !events.in_bytes() {
+        return Err(usage("--alloc-rate needs --event alloc or heap"));
     }
-    if !events.cpu && !events.off_cpu && !events.in_bytes() {
-        return Err(usage("--event needs cpu, offcpu, wall, alloc or heap"));
+    if args.offcpu_min.is_some() && !events.off_cpu() {
+        return Err(usage("--offcpu-min needs --event offcpu or wall"));
     }
-    Ok(events)
+    let defaults = collect::Options::default();
+    let options = collect::Options {
+        frequency: args.frequency,
+        events,
+        alloc_rate: args.alloc_rate.unwrap_or(defaults.alloc_rate),
+        offcpu_min: match &args.offcpu_min {
+            Some(d) => parse_duration(d)?,
+            None => defaults.offcpu_min,
+        },
+        ring_buffer_size: args.ring_buffer_size,
+        unwind,
+        spans: !args.no_spans,
+        follow_children: args.children,
+        ..defaults
+    };
+    options.validate(10_000).map_err(|e| {
+        usage(match e {
+            Invalid::Frequency => format!(
+                "invalid frequency {} for --frequency: expected 1 to 10000 Hz",
+                args.frequency
+            ),
+            Invalid::RingBufferSize => format!(
+                "invalid --ring-buffer-size {}: must be a power of two of at least 4096",
+                args.ring_buffer_size
+            ),
+            Invalid::StackCopy => format!(
+                "invalid --stack-copy {}: expected 8 to {} bytes",
+                args.stack_copy,
+                profiler_common::MAX_STACK_COPY
+            ),
+            Invalid::RingTooSmallForCopy { record, needed } => format!(
+                "--ring-buffer-size {} is too small for --unwind dwarf with --stack-copy {}: \
+                 give at least {needed} bytes (8 records of up to {record} bytes)",
+                args.ring_buffer_size, args.stack_copy,
+            ),
+            Invalid::AllocRate => {
+                "invalid --alloc-rate 0: expected 1 (every allocation) or more bytes".to_string()
+            }
+        })
+    })?;
+    Ok(options)
 }
 
 fn parse_pids(s: &str) -> Result<Vec<u32>, Failure> {
@@ -515,75 +546,13 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         (Some(_), false) => return Err(usage("give either --pid or a command, not both")),
     };
     let duration = args.duration.as_deref().map(parse_duration).transpose()?;
-    if !(1..=10_000).contains(&args.frequency) {
-        return Err(usage(format!(
-            "invalid frequency {} for --frequency: expected 1 to 10000 Hz",
-            args.frequency
-        )));
-    }
-    if args.ring_buffer_size < 4096 || !args.ring_buffer_size.is_power_of_two() {
-        return Err(usage(format!(
-            "invalid --ring-buffer-size {}: must be a power of two of at least 4096",
-            args.ring_buffer_size
-        )));
-    }
-    let stack_copy_bytes = match args.unwind.as_str() {
-        "dwarf" => {
-            if !(8..=profiler_common::MAX_STACK_COPY as u32).contains(&args.stack_copy) {
-                return Err(usage(format!(
-                    "invalid --stack-copy {}: expected 8 to {} bytes",
-                    args.stack_copy,
-                    profiler_common::MAX_STACK_COPY
-                )));
-            }
-            // A ring that cannot hold a few records of the largest size loses every sample (a
-            // process whose stacks the copy cuts short gets the largest copy).
-            let record = SAMPLE_RECORD_MAX + profiler_common::MAX_STACK_COPY as u32;
-            if args.ring_buffer_size < 8 * record {
-                return Err(usage(format!(
-                    "--ring-buffer-size {} is too small for --unwind dwarf with --stack-copy {}: \
-                     give at least {} bytes (8 records of up to {record} bytes)",
-                    args.ring_buffer_size,
-                    args.stack_copy,
-                    (8 * record).next_power_of_two()
-                )));
-            }
-            args.stack_copy.next_multiple_of(8)
-        }
-        "fp" => 0,
-        other => {
-            return Err(usage(format!(
-                "invalid --unwind {other}: expected dwarf or fp"
-            )))
-        }
-    };
-    let mut events = parse_events(&args.event)?;
-    // An option of an event not asked for would be ignored: say so instead.
-    if args.alloc_rate.is_some() && !events.in_bytes() {
-        return Err(usage("--alloc-rate needs --event alloc or heap"));
-    }
-    if args.offcpu_min.is_some() && !events.off_cpu {
-        return Err(usage("--offcpu-min needs --event offcpu or wall"));
-    }
-    events.alloc_rate = args
-        .alloc_rate
-        .unwrap_or(spanprof::profile::DEFAULT_ALLOC_RATE);
-    if events.alloc_rate == 0 {
-        return Err(usage(
-            "invalid --alloc-rate 0: expected 1 (every allocation) or more bytes",
-        ));
-    }
-    let offcpu_min = parse_duration(
-        args.offcpu_min
-            .as_deref()
-            .unwrap_or(spanprof::offcpu::DEFAULT_MIN),
-    )?;
+    let sampling = sampling_options(&args)?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     let exporter = otlp_config(&args)?;
     let privacy = args.privacy.parse()?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
-    session::install_signal_handlers();
+    collect::signals::install_session_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
     // rather than after a 30 s session.
     let pending = pending_outputs(&args.output)?;
@@ -594,29 +563,19 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         .transpose()
         .map_err(fail)?;
 
+    let stack_copy_bytes = sampling.unwind.stack_copy_bytes();
     let opts = Options {
         target,
         duration,
-        frequency: args.frequency,
         aggregate: aggregate::Options {
             kernel: !args.no_kernel,
             lines: !args.no_lines,
             python_only: args.python_only,
-            alloc_rate: events.alloc_rate,
-            heap: events.heap,
             timestamps: exporter.is_some() || formats.contains(&Format::Otlp),
             ..aggregate::Options::default()
         },
-        children: args.children,
-        ring_buffer_size: args.ring_buffer_size,
-        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
+        sampling,
         progress: !args.quiet,
-        spans: !args.no_spans,
-        stack_copy_bytes,
-        events,
-        offcpu_min_ns: u64::try_from(offcpu_min.as_nanos()).unwrap_or(u64::MAX),
         redact_paths: privacy.redact_paths,
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
@@ -773,7 +732,13 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
         (None, true) => None,
     };
     let duration = parse_duration(&args.duration)?;
-    if !(1..=10_000).contains(&args.frequency) {
+    // Every check's session follows the children of its workload.
+    let sampling = collect::Options {
+        frequency: args.frequency,
+        follow_children: true,
+        ..collect::Options::default()
+    };
+    if sampling.validate(10_000).is_err() {
         return Err(usage(format!(
             "invalid --frequency {}: expected 1 to 10000",
             args.frequency
@@ -790,16 +755,13 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
             Some(config)
         }
     };
-    session::install_signal_handlers();
+    collect::signals::install_session_handlers();
     let opts = spanprof::verify::VerifyOptions {
         target,
         duration,
-        frequency: args.frequency,
+        sampling,
         python: args.python,
         exporter,
-        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
     };
     eprintln!("spanprof verify: profiling calibrated workloads (a few seconds each)");
     let checks = spanprof::verify::run(&opts);
