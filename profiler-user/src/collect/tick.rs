@@ -5,7 +5,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use profiler_common::{Record, MAX_STACK_COPY, USTACK_COPY_OK};
+use profiler_common::{Record, MAX_STACK_COPY, PY_NONE, USTACK_COPY_OK};
 
 use super::Collector;
 
@@ -53,6 +53,16 @@ impl Collector {
                         sample.user_stack().first().copied().unwrap_or(0)
                     };
                     symbolizer.seen(h.pid, ip);
+                    // Discovery: a process new to the collection (or whose kernel entry was
+                    // lost) is looked at for an interpreter before its frames are named.
+                    if agg.accepts(h.pid) {
+                        python.saw(
+                            h.pid,
+                            !sample.python_stack().is_empty(),
+                            sample.python_status() != PY_NONE,
+                            h.time_ns,
+                        );
+                    }
                     agg.record(&sample, python)
                 }
                 Some(Record::Exec(e)) => {
