@@ -3,7 +3,7 @@
 //!
 //! [`Aggregator::record`] runs once per ring buffer record and allocates only when it meets a
 //! stack, thread or Python code object for the first time. Addresses of new user stacks are
-//! queued per process so the session can normalize them while the process is alive
+//! queued per process so the collector can normalize them while the process is alive
 //! ([`Aggregator::normalize_pending`]); Python frames are named at once, through
 //! [`Python::tokens`]. Native symbolization happens once, in [`Aggregator::into_profile`], which
 //! also merges each Python stack into its native stack ([`merge`]).
@@ -12,10 +12,9 @@ use std::collections::BTreeMap;
 
 use profiler_common::{
     AllocKey, LiveAlloc, Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_CPU, EVENT_OFFCPU,
-    MAX_PY_FRAMES, MAX_STACK_COPY, MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NONE,
-    PY_NO_THREAD, PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED,
-    TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK,
-    USTACK_COPY_SHORT,
+    MAX_PY_FRAMES, MAX_STACK_COPY, MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NO_THREAD,
+    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
+    USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use rustc_hash::FxHashMap;
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
@@ -410,25 +409,24 @@ impl Aggregator {
         std::mem::replace(self, next)
     }
 
-    /// Counts one sample; its Python frames are named through `python`.
+    /// Whether a sample of `pid` is counted: a new process past `max_processes` is left out
+    /// whole (before any work on its stacks, or on finding its interpreter).
+    pub fn accepts(&self, pid: u32) -> bool {
+        self.opts.max_processes == 0
+            || self.processes.len() < self.opts.max_processes
+            || self.processes.contains_key(&pid)
+    }
+
+    /// Counts one sample; its Python frames are named through `python` (the collector has
+    /// shown it the process first: [`Python::saw`]).
     pub fn record(&mut self, sample: &SampleRecord<'_>, python: &mut Python) {
         let rec = sample.header;
-        // A new process past the limit is left out whole (before any work on its stacks).
-        if self.opts.max_processes != 0
-            && self.processes.len() >= self.opts.max_processes
-            && !self.processes.contains_key(&rec.pid)
-        {
+        if !self.accepts(rec.pid) {
             self.dropped += 1;
             return;
         }
         self.samples += 1;
         let frames = sample.python_stack();
-        python.saw(
-            rec.pid,
-            !frames.is_empty(),
-            sample.python_status() != PY_NONE,
-            rec.time_ns,
-        );
         // A Python thread's `threading.Thread` name, read while it runs.
         if !frames.is_empty() {
             if let Some(name) = python.thread_name(rec.pid, rec.tid) {

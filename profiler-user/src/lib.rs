@@ -12,7 +12,8 @@
 //!    the thread leaves its system call ([`offcpu`] names why it waited); with `--event alloc`
 //!    or `heap`, uprobes on the malloc family and CPython's arena allocator send byte-sampled
 //!    allocations, and the heap profile tracks the sampled addresses until they are freed.
-//! 2. [`session`] drains the ring buffer into the [`aggregate::Aggregator`], which interns stacks
+//! 2. The [`collect::Collector`] (driven by [`session`], [`daemon`] and [`verify`]) drains the
+//!    ring buffer into the [`aggregate::Aggregator`], which interns stacks
 //!    and counts them per thread, and has new addresses normalized while processes are alive;
 //!    [`python`] finds CPython processes, writes their offsets for the BPF walker, names
 //!    Python frames during the drain, and finds the tracing libraries' objects for the span
@@ -41,6 +42,7 @@
 pub mod aggregate;
 pub mod analysis;
 pub mod bpf;
+pub mod collect;
 pub mod command;
 pub mod daemon;
 pub mod export;

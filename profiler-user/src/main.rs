@@ -1,500 +1,31 @@
-//! The `spanprof` command line.
+//! The `spanprof` command line: each subcommand's driver ([`cli`] has the flags).
 
-use std::ffi::OsString;
+mod cli;
+
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use spanprof::aggregate;
-use spanprof::command::CannotRun;
+use spanprof::collect;
 use spanprof::export::{ExporterConfig, Protocol};
-use spanprof::filter::{self, Filter};
+use spanprof::filter::Filter;
 use spanprof::format::{self, Format};
-use spanprof::profile::{Events, GroupBy, Profile};
+use spanprof::profile::{GroupBy, Profile};
 use spanprof::session::{self, Ending, Options, Target};
 use spanprof::write::PendingOutput;
-use spanprof::{bpf, stats, summary};
 
-/// Bytes of a sample record besides its stack copy, at most (header, frames, Python frames,
-/// span context).
-const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeader>()
-    + 2 * profiler_common::MAX_STACK_DEPTH * 8
-    + profiler_common::MAX_PY_FRAMES * profiler_common::PY_FRAME_SIZE
-    + std::mem::size_of::<profiler_common::SpanRecord>()) as u32;
+use cli::{
+    fail, otlp_config, output_formats, parse_duration, parse_group_by, parse_pids,
+    sampling_options, usage, CheckArgs, Cli, Cmd, DiffArgs, Failure, ProfileArgs, ReportArgs,
+    VerifyArgs, EXIT_BUDGET, EXIT_FAILURE, EXIT_USAGE,
+};
+use spanprof::{stats, summary};
 
-/// Exit status for bad command-line input.
-const EXIT_USAGE: u8 = 2;
-/// Exit status for a failed session.
-const EXIT_FAILURE: u8 = 1;
 /// Largest profile file `report`, `diff` and `check` read.
 const MAX_INPUT_BYTES: u64 = 1 << 30;
-/// Exit status of `check` and `diff` when a budget is exceeded or a function regressed.
-const EXIT_BUDGET: u8 = 3;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "spanprof",
-    version,
-    about = "Low-overhead eBPF sampling profiler with trace correlation"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Debug, Subcommand)]
-enum Cmd {
-    /// Profile running processes, or a command and its children, for a while.
-    Profile(ProfileArgs),
-    /// Top functions of a pprof file spanprof wrote (text or JSON), or the file filtered and
-    /// rendered again (by event, thread, trace or span).
-    Report(ReportArgs),
-    /// Compare two profiles: the functions whose share grew or shrank most, a differential
-    /// flame graph, and a non-zero exit on regression.
-    Diff(DiffArgs),
-    /// Check a profile against budgets: exit 3 when a function's share is over its budget.
-    Check(CheckArgs),
-    /// Profile the host (or selected processes) continuously, exporting OTLP profiles.
-    Daemon(DaemonArgs),
-    /// Check that profiling works here: calibrated workloads (or a target) profiled and
-    /// compared with their truth, with every figure; exit 1 when a check fails.
-    Verify(VerifyArgs),
-    /// A calibrated native workload of `spanprof verify` (not for direct use).
-    #[command(name = "__verify-workload", hide = true)]
-    VerifyWorkload {
-        kind: String,
-        out: PathBuf,
-        seconds: f64,
-    },
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  spanprof verify\n  \
-                  spanprof verify --pid 1234 --otlp-endpoint http://localhost:4317\n  \
-                  spanprof verify -- python3 app.py\n\n\
-                  Without a target it profiles built-in workloads whose truth is known: native \
-                  functions sharing the CPU 3:1, a known allocation volume, and with python3 two \
-                  Python functions sharing it 2:1 and requests traced with OpenTelemetry and \
-                  OSProfiler (skipped when the libraries cannot be imported). \
-                  Exit status: 1 when a check fails; 2 for bad arguments.")]
-struct VerifyArgs {
-    /// Check these running processes instead of the built-in workloads.
-    #[arg(short, long, value_name = "PID[,PID…]", conflicts_with = "command")]
-    pid: Option<String>,
-    /// How long a --pid target is profiled.
-    #[arg(short, long, value_name = "DURATION", default_value = "10s")]
-    duration: String,
-    /// Samples per second on each CPU.
-    #[arg(short = 'F', long, default_value_t = 499)]
-    frequency: u64,
-    /// The Python of the Python workloads (default: python3 on PATH).
-    #[arg(long, value_name = "PATH")]
-    python: Option<PathBuf>,
-    /// Also send the profile to this OTLP collector and check its answer.
-    #[arg(long, value_name = "URL")]
-    otlp_endpoint: Option<String>,
-    /// `grpc` or `http/protobuf` (default from OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
-    #[arg(long, value_name = "PROTOCOL")]
-    otlp_protocol: Option<String>,
-    /// Command to run and check, after `--`.
-    #[arg(last = true, value_name = "CMD")]
-    command: Vec<OsString>,
-}
-
-#[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Examples:\n  spanprof daemon --config /etc/spanprof/spanprof.toml\n  \
-                  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317 spanprof daemon\n\n\
-                  Signals: SIGTERM flushes the current window and exits; SIGHUP reloads the \
-                  configuration. Metrics on http://127.0.0.1:9464/metrics by default."
-)]
-struct DaemonArgs {
-    /// Configuration file (TOML); without one: every process, cpu at 19 Hz, 60 s windows,
-    /// exported as the OTEL_EXPORTER_OTLP_* variables say.
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-}
-
-#[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Examples:\n  spanprof profile --pid 1234 --duration 30s -o flame.svg\n  \
-                  spanprof profile -o run.pb.gz -o run.svg -- ./bench --fast\n\n\
-                  Formats (from the extension, or --format for every output): .svg flame graph, \
-                  .folded stacks, .pb.gz pprof, .speedscope.json, .otlp OTLP profiles.\n\
-                  Exit status: the command's in `-- CMD` mode; 2 for bad arguments; 1 for other errors."
-)]
-struct ProfileArgs {
-    /// Processes to profile, comma-separated.
-    #[arg(short, long, value_name = "PID[,PID…]", conflicts_with = "command")]
-    pid: Option<String>,
-    /// How long to profile (e.g. 30s, 500ms, 2m). Default: until the targets exit or Ctrl-C.
-    #[arg(short, long, value_name = "DURATION")]
-    duration: Option<String>,
-    /// What to sample, comma-separated or repeated: `cpu` (on-CPU stacks), `offcpu` (time
-    /// blocked, with its reason: sleep, lock, io, gil, other), `wall` (both, as wall-clock time);
-    /// or memory: `alloc` (sampled allocations), `heap` (those not freed at the end).
-    #[arg(short, long, value_name = "EVENT[,EVENT…]", default_value = "cpu")]
-    event: Vec<String>,
-    // NB: these two defaults are applied in code (giving the flag without alloc, heap, offcpu
-    // or wall is an error), so the help text states them the way clap states its own; the
-    // documentation check (`cargo xtask docs`) reads `[default: …]` from this help.
-    #[arg(long, value_name = "BYTES", help = format!(
-        "With alloc or heap: bytes allocated between two samples on average (1: every \
-         allocation) [default: {}]",
-        spanprof::profile::DEFAULT_ALLOC_RATE
-    ))]
-    alloc_rate: Option<u64>,
-    #[arg(long, value_name = "DURATION", help = format!(
-        "With offcpu or wall: blocked intervals shorter than this are not counted \
-         [default: {}]",
-        spanprof::offcpu::DEFAULT_MIN
-    ))]
-    offcpu_min: Option<String>,
-    /// Samples per second on each CPU; off-CPU intervals are sampled at the same rate of time
-    /// (an interval of 1/HZ or more is always kept).
-    #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
-    frequency: u64,
-    /// Output file; repeat for several formats of the same profile.
-    #[arg(short, long = "output", value_name = "FILE")]
-    output: Vec<PathBuf>,
-    /// Format of every output (svg, folded, pprof, speedscope, otlp), instead of the extension.
-    #[arg(long, value_name = "FORMAT")]
-    format: Option<String>,
-    /// Drop kernel frames.
-    #[arg(long)]
-    no_kernel: bool,
-    /// One frame per Python function instead of one per line: `f (app.py)`.
-    #[arg(long)]
-    no_lines: bool,
-    /// Keep only Python frames (native and kernel frames are dropped).
-    #[arg(long)]
-    python_only: bool,
-    /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
-    #[arg(long)]
-    no_spans: bool,
-    /// With --pid, also profile processes the targets start (always on for a command).
-    #[arg(long)]
-    children: bool,
-    /// Size of the kernel-to-user sample ring buffer in bytes (a power of two, ≥ 4096).
-    #[arg(long, default_value_t = 16 << 20, value_name = "BYTES")]
-    ring_buffer_size: u32,
-    /// How native user stacks are unwound: `dwarf` (the kernel copies the stack, spanprof
-    /// unwinds it with the modules' .eh_frame, frame pointers where a module has none) or `fp`
-    /// (the kernel follows frame pointers: cheaper, but cut short in code built without them).
-    #[arg(long, default_value = "dwarf", value_name = "MODE")]
-    unwind: String,
-    /// With --unwind dwarf: bytes of user stack copied per sample (8 to 32768).
-    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
-    stack_copy: u32,
-    /// Write per-process statistics (how many stacks were complete, truncated or failed, and
-    /// why) as JSON to FILE.
-    #[arg(long, value_name = "FILE")]
-    stats: Option<PathBuf>,
-    #[command(flatten)]
-    privacy: PrivacyArgs,
-    /// Put every sample under a root frame named after its span (`span`) or its thread
-    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
-    #[arg(long, value_name = "GROUP")]
-    group_by: Option<String>,
-    /// No progress bar or progress lines.
-    #[arg(long)]
-    quiet: bool,
-    /// Send the profile to this OTLP collector at the end of the session (e.g.
-    /// http://localhost:4317); the OTEL_EXPORTER_OTLP_[PROFILES_]* variables give the rest.
-    #[arg(long, value_name = "URL")]
-    otlp_endpoint: Option<String>,
-    /// OTLP protocol: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_[PROFILES_]PROTOCOL,
-    /// else grpc).
-    #[arg(long, value_name = "PROTOCOL")]
-    otlp_protocol: Option<String>,
-    /// An extra OTLP request header, KEY=VALUE (repeatable; added to
-    /// OTEL_EXPORTER_OTLP_[PROFILES_]HEADERS).
-    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
-    otlp_headers: Vec<String>,
-    /// Command to run and profile, after `--`.
-    #[arg(last = true, value_name = "CMD")]
-    command: Vec<OsString>,
-}
-
-/// The sample filters `report`, `diff` and `check` share; a sample must match them all.
-#[derive(Debug, clap::Args)]
-struct FilterArgs {
-    /// Keep one measure: `cpu` or `offcpu` (of a `cpu,offcpu` or `wall` profile), `alloc` or
-    /// `heap` (of an `alloc,heap` profile).
-    #[arg(long, value_name = "EVENT")]
-    event: Option<String>,
-    /// Keep samples of this thread (its name or id); repeat for several.
-    #[arg(long, value_name = "NAME|TID")]
-    thread: Vec<String>,
-    /// Keep samples of this OpenTelemetry trace (32 hex digits).
-    #[arg(long, value_name = "HEX")]
-    trace_id: Option<String>,
-    /// Keep samples of this OpenTelemetry span (16 hex digits).
-    #[arg(long, value_name = "HEX")]
-    span_id: Option<String>,
-    /// Keep samples of this OSProfiler trace (its base id, a UUID).
-    #[arg(long, value_name = "UUID")]
-    base_id: Option<String>,
-    /// Keep samples taken in this OSProfiler trace point (its own id, not a parent's).
-    #[arg(long, value_name = "UUID")]
-    osprofiler_id: Option<String>,
-    /// Keep samples in spans (OpenTelemetry) or trace points (OSProfiler) of this name, a glob
-    /// (`GET /servers*`); repeat for several.
-    #[arg(long = "span", value_name = "NAME")]
-    span: Vec<String>,
-}
-
-/// What the outputs may not show (see docs/privacy.md).
-#[derive(Debug, clap::Args)]
-struct PrivacyArgs {
-    /// Reduce every file path in the outputs (modules, source files, the executable, the
-    /// target's command line) to its base name: `--redact-paths` or `--redact-paths=basename`;
-    /// `--redact-paths=hash` keeps the base name behind a hash of the directory
-    /// (`<3f2a9c1b>/libc.so.6`).
-    #[arg(long, value_name = "MODE", num_args = 0..=1, require_equals = true,
-          default_missing_value = "basename")]
-    redact_paths: Option<String>,
-    /// Leave a sample label or resource attribute out of the pprof and OTLP outputs, e.g.
-    /// thread.name, span.name, process.command_line, host.name; repeat for several.
-    #[arg(long = "drop-label", value_name = "KEY")]
-    drop_label: Vec<String>,
-}
-
-impl PrivacyArgs {
-    fn parse(&self) -> Result<spanprof::privacy::Privacy, Failure> {
-        use spanprof::privacy::{PathMode, Privacy};
-        let redact_paths = self
-            .redact_paths
-            .as_deref()
-            .map(|m| {
-                PathMode::from_name(m).ok_or_else(|| {
-                    usage(format!(
-                        "invalid --redact-paths={m}: expected basename or hash"
-                    ))
-                })
-            })
-            .transpose()?;
-        let drop_labels = self
-            .drop_label
-            .iter()
-            .map(|k| Privacy::parse_label(k).map_err(usage))
-            .collect::<Result<_, _>>()?;
-        Ok(Privacy {
-            redact_paths,
-            drop_labels,
-        })
-    }
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  \
-                  spanprof report run.pb.gz\n  \
-                  spanprof report run.pb.gz --format json --top 0 > functions.json\n  \
-                  spanprof report run.pb.gz --event offcpu --thread worker-1 -o blocked.svg\n  \
-                  spanprof report run.pb.gz --span 'GET /servers*' -o servers.svg\n  \
-                  spanprof report run.pb.gz --trace-id 4bf92f3577b34da6a3ce929d0e0e4736 -o trace.svg\n\n\
-                  Without -o the report goes to standard output: a table of the top functions \
-                  (self and total shares) by default. \
-                  Exit status: 2 for bad arguments; 1 for other errors, and when no sample matches.")]
-struct ReportArgs {
-    /// A pprof file written by `spanprof profile` (`.pb.gz`, or not compressed), folded
-    /// stacks (`.folded`) or an OTLP profiles request (`.otlp`).
-    #[arg(value_name = "PROFILE")]
-    profile: PathBuf,
-    #[command(flatten)]
-    filter: FilterArgs,
-    /// Put every sample under a root frame named after its span (`span`) or its thread
-    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
-    #[arg(long, value_name = "GROUP")]
-    group_by: Option<String>,
-    /// Output file; repeat for several formats. `.txt` and `.json` get the table of
-    /// functions, the other extensions the profile (see `spanprof profile --help`).
-    #[arg(short, long = "output", value_name = "FILE")]
-    output: Vec<PathBuf>,
-    /// Format of every output, or of standard output: text (the default), json, svg,
-    /// folded, pprof, speedscope or otlp.
-    #[arg(long, value_name = "FORMAT")]
-    format: Option<String>,
-    /// Functions in the table (0: all of them).
-    #[arg(long, default_value_t = 20, value_name = "N")]
-    top: usize,
-    #[command(flatten)]
-    privacy: PrivacyArgs,
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  \
-                  spanprof diff main.pb.gz pr.pb.gz -o diff.svg --fail-on-regression 5%\n  \
-                  spanprof diff main.pb.gz pr.pb.gz --format json\n\n\
-                  Shares are of each run's total, so runs of different lengths compare. A \
-                  regression is a function whose self or total share grew by more than the \
-                  threshold and by more than 3 standard errors of the sampling (a run too short \
-                  to tell says so and passes). \
-                  Exit status: 3 on regression; 2 for bad arguments; 1 for other errors.")]
-struct DiffArgs {
-    /// The baseline profile (a pprof file written by `spanprof profile`).
-    #[arg(value_name = "BASE")]
-    base: PathBuf,
-    /// The profile to compare with it.
-    #[arg(value_name = "NEW")]
-    new: PathBuf,
-    #[command(flatten)]
-    filter: FilterArgs,
-    /// Output file: `.svg` a differential flame graph (red: grew, blue: shrank), `.txt` or
-    /// `.json` the comparison; repeat for several.
-    #[arg(short, long = "output", value_name = "FILE")]
-    output: Vec<PathBuf>,
-    /// Format of the comparison on standard output: text (the default) or json.
-    #[arg(long, value_name = "FORMAT")]
-    format: Option<String>,
-    /// Functions listed as grown and as shrunk (0: all of them).
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    top: usize,
-    /// Exit 3 when a function's share grew by more than this many points of the total
-    /// (e.g. 5%).
-    #[arg(long, value_name = "PERCENT")]
-    fail_on_regression: Option<String>,
-}
-
-#[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  \
-                  spanprof check run.pb.gz --max 'json_*=20%' --max-self 'memcpy*=5%'\n  \
-                  spanprof check run.pb.gz --span-max 'GET /servers*=30ms'\n\n\
-                  Patterns are globs (* and ?) matched against whole function names, or the \
-                  name before its ` (` (a Python function: `handle` matches `handle (app.py)`). \
-                  Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
-                  errors.")]
-struct CheckArgs {
-    /// A pprof file written by `spanprof profile`, folded stacks (`.folded`) or an OTLP
-    /// profiles request (`.otlp`).
-    #[arg(value_name = "PROFILE")]
-    profile: PathBuf,
-    #[command(flatten)]
-    filter: FilterArgs,
-    /// PATTERN=PERCENT%: the samples with a matching function anywhere in the stack may be at
-    /// most this share of the total; repeat for several.
-    #[arg(long = "max", value_name = "PATTERN=PERCENT%")]
-    max: Vec<String>,
-    /// PATTERN=PERCENT%: the samples whose innermost function matches (self time) may be at
-    /// most this share.
-    #[arg(long = "max-self", value_name = "PATTERN=PERCENT%")]
-    max_self: Vec<String>,
-    /// NAME=DURATION: spans of this name (a glob; OpenTelemetry span or OSProfiler trace point)
-    /// may take at most this long on average, as their samples show (e.g. 'GET /servers=30ms').
-    #[arg(long = "span-max", value_name = "NAME=DURATION")]
-    span_max: Vec<String>,
-}
-
-/// A one-line error and the exit status it gets.
-struct Failure(u8, String);
-
-fn usage(msg: impl Into<String>) -> Failure {
-    Failure(EXIT_USAGE, msg.into())
-}
-
-fn parse_duration(s: &str) -> Result<Duration, Failure> {
-    match humantime::parse_duration(s) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(usage(format!(
-            "invalid duration '{s}' for --duration: must be more than zero"
-        ))),
-        Err(_) => Err(usage(format!(
-            "invalid duration '{s}' for --duration: expected e.g. 30s, 500ms, 2m"
-        ))),
-    }
-}
-
-/// `--event` values: `cpu`, `offcpu`, `wall`, comma-separated or repeated.
-fn parse_events(values: &[String]) -> Result<Events, Failure> {
-    let mut events = Events {
-        cpu: false,
-        ..Events::default()
-    };
-    for name in values.iter().flat_map(|v| v.split(',')) {
-        match name.trim() {
-            "cpu" => events.cpu = true,
-            "offcpu" | "off-cpu" => events.off_cpu = true,
-            "wall" => {
-                events.cpu = true;
-                events.off_cpu = true;
-                events.wall = true;
-            }
-            "alloc" => events.alloc = true,
-            "heap" => events.heap = true,
-            other => {
-                return Err(usage(format!(
-                    "invalid --event {other:?}: expected cpu, offcpu, wall, alloc or heap"
-                )))
-            }
-        }
-    }
-    if (events.cpu || events.off_cpu) && events.in_bytes() {
-        return Err(usage(
-            "--event alloc and heap make a memory profile: they do not combine with cpu, offcpu \
-             or wall (run two sessions)",
-        ));
-    }
-    if !events.cpu && !events.off_cpu && !events.in_bytes() {
-        return Err(usage("--event needs cpu, offcpu, wall, alloc or heap"));
-    }
-    Ok(events)
-}
-
-fn parse_pids(s: &str) -> Result<Vec<u32>, Failure> {
-    let pids: Result<Vec<u32>, _> = s
-        .split(',')
-        .map(|p| {
-            p.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|&p| p > 0)
-                .ok_or_else(|| usage(format!("invalid pid '{}' in --pid", p.trim())))
-        })
-        .collect();
-    let mut pids = pids?;
-    pids.sort_unstable();
-    pids.dedup();
-    Ok(pids)
-}
-
-/// The format of each output: `--format` for all, else from each extension.
-fn output_formats(outputs: &[PathBuf], format: Option<&str>) -> Result<Vec<Format>, Failure> {
-    let forced = match format {
-        Some(name) => Some(Format::from_name(name).ok_or_else(|| {
-            usage(format!(
-                "unknown output format '{name}': use svg, folded, pprof, speedscope or otlp"
-            ))
-        })?),
-        None => None,
-    };
-    outputs
-        .iter()
-        .map(|path| {
-            forced.or_else(|| Format::from_path(path)).ok_or_else(|| {
-                usage(format!(
-                    "unknown output format for '{}': use a .svg, .folded, .pb.gz, \
-                     .speedscope.json or .otlp name, or --format svg|folded|pprof|speedscope|otlp",
-                    path.display()
-                ))
-            })
-        })
-        .collect()
-}
-
-fn parse_group_by(name: Option<&str>) -> Result<Option<GroupBy>, Failure> {
-    name.map(|name| {
-        GroupBy::from_name(name).ok_or_else(|| {
-            usage(format!(
-                "invalid --group-by '{name}': expected span or thread"
-            ))
-        })
-    })
-    .transpose()
-}
-
 /// Renders `profile` (grouped first if asked) into each pending output, printing `wrote …` or
 /// the error per output; returns [`EXIT_FAILURE`] when one could not be written.
 fn write_outputs(
@@ -515,75 +46,13 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         (Some(_), false) => return Err(usage("give either --pid or a command, not both")),
     };
     let duration = args.duration.as_deref().map(parse_duration).transpose()?;
-    if !(1..=10_000).contains(&args.frequency) {
-        return Err(usage(format!(
-            "invalid frequency {} for --frequency: expected 1 to 10000 Hz",
-            args.frequency
-        )));
-    }
-    if args.ring_buffer_size < 4096 || !args.ring_buffer_size.is_power_of_two() {
-        return Err(usage(format!(
-            "invalid --ring-buffer-size {}: must be a power of two of at least 4096",
-            args.ring_buffer_size
-        )));
-    }
-    let stack_copy_bytes = match args.unwind.as_str() {
-        "dwarf" => {
-            if !(8..=profiler_common::MAX_STACK_COPY as u32).contains(&args.stack_copy) {
-                return Err(usage(format!(
-                    "invalid --stack-copy {}: expected 8 to {} bytes",
-                    args.stack_copy,
-                    profiler_common::MAX_STACK_COPY
-                )));
-            }
-            // A ring that cannot hold a few records of the largest size loses every sample (a
-            // process whose stacks the copy cuts short gets the largest copy).
-            let record = SAMPLE_RECORD_MAX + profiler_common::MAX_STACK_COPY as u32;
-            if args.ring_buffer_size < 8 * record {
-                return Err(usage(format!(
-                    "--ring-buffer-size {} is too small for --unwind dwarf with --stack-copy {}: \
-                     give at least {} bytes (8 records of up to {record} bytes)",
-                    args.ring_buffer_size,
-                    args.stack_copy,
-                    (8 * record).next_power_of_two()
-                )));
-            }
-            args.stack_copy.next_multiple_of(8)
-        }
-        "fp" => 0,
-        other => {
-            return Err(usage(format!(
-                "invalid --unwind {other}: expected dwarf or fp"
-            )))
-        }
-    };
-    let mut events = parse_events(&args.event)?;
-    // An option of an event not asked for would be ignored: say so instead.
-    if args.alloc_rate.is_some() && !events.in_bytes() {
-        return Err(usage("--alloc-rate needs --event alloc or heap"));
-    }
-    if args.offcpu_min.is_some() && !events.off_cpu {
-        return Err(usage("--offcpu-min needs --event offcpu or wall"));
-    }
-    events.alloc_rate = args
-        .alloc_rate
-        .unwrap_or(spanprof::profile::DEFAULT_ALLOC_RATE);
-    if events.alloc_rate == 0 {
-        return Err(usage(
-            "invalid --alloc-rate 0: expected 1 (every allocation) or more bytes",
-        ));
-    }
-    let offcpu_min = parse_duration(
-        args.offcpu_min
-            .as_deref()
-            .unwrap_or(spanprof::offcpu::DEFAULT_MIN),
-    )?;
+    let sampling = sampling_options(&args)?;
     let formats = output_formats(&args.output, args.format.as_deref())?;
     let group = parse_group_by(args.group_by.as_deref())?;
     let exporter = otlp_config(&args)?;
     let privacy = args.privacy.parse()?;
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
-    session::install_signal_handlers();
+    collect::signals::install_session_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
     // rather than after a 30 s session.
     let pending = pending_outputs(&args.output)?;
@@ -594,29 +63,19 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         .transpose()
         .map_err(fail)?;
 
+    let stack_copy_bytes = sampling.unwind.stack_copy_bytes();
     let opts = Options {
         target,
         duration,
-        frequency: args.frequency,
         aggregate: aggregate::Options {
             kernel: !args.no_kernel,
             lines: !args.no_lines,
             python_only: args.python_only,
-            alloc_rate: events.alloc_rate,
-            heap: events.heap,
             timestamps: exporter.is_some() || formats.contains(&Format::Otlp),
             ..aggregate::Options::default()
         },
-        children: args.children,
-        ring_buffer_size: args.ring_buffer_size,
-        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
+        sampling,
         progress: !args.quiet,
-        spans: !args.no_spans,
-        stack_copy_bytes,
-        events,
-        offcpu_min_ns: u64::try_from(offcpu_min.as_nanos()).unwrap_or(u64::MAX),
         redact_paths: privacy.redact_paths,
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
@@ -736,36 +195,6 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     Ok(status)
 }
 
-/// The OTLP exporter asked for with `--otlp-endpoint`: the environment's settings, then the flags.
-fn otlp_config(args: &ProfileArgs) -> Result<Option<ExporterConfig>, Failure> {
-    let Some(endpoint) = &args.otlp_endpoint else {
-        if args.otlp_protocol.is_some() || !args.otlp_headers.is_empty() {
-            return Err(usage(
-                "--otlp-protocol and --otlp-header need --otlp-endpoint",
-            ));
-        }
-        return Ok(None);
-    };
-    let mut config = ExporterConfig::from_env().map_err(usage)?;
-    if let Some(p) = &args.otlp_protocol {
-        config.set_protocol(Protocol::from_name(p).map_err(usage)?);
-    }
-    config.set_endpoint(endpoint).map_err(usage)?;
-    for h in &args.otlp_headers {
-        match h.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => {
-                config.headers.push((k.trim().to_string(), v.to_string()))
-            }
-            _ => {
-                return Err(usage(format!(
-                    "invalid --otlp-header {h:?}: expected KEY=VALUE"
-                )))
-            }
-        }
-    }
-    Ok(Some(config))
-}
-
 fn verify(args: VerifyArgs) -> Result<u8, Failure> {
     let target = match (&args.pid, args.command.is_empty()) {
         (Some(p), _) => Some(Target::Pids(parse_pids(p)?)),
@@ -773,7 +202,13 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
         (None, true) => None,
     };
     let duration = parse_duration(&args.duration)?;
-    if !(1..=10_000).contains(&args.frequency) {
+    // Every check's session follows the children of its workload.
+    let sampling = collect::Options {
+        frequency: args.frequency,
+        follow_children: true,
+        ..collect::Options::default()
+    };
+    if sampling.validate(10_000).is_err() {
         return Err(usage(format!(
             "invalid --frequency {}: expected 1 to 10000",
             args.frequency
@@ -790,16 +225,13 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
             Some(config)
         }
     };
-    session::install_signal_handlers();
+    collect::signals::install_session_handlers();
     let opts = spanprof::verify::VerifyOptions {
         target,
         duration,
-        frequency: args.frequency,
+        sampling,
         python: args.python,
         exporter,
-        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(bpf::DEFAULT_BTF_PATH)),
     };
     eprintln!("spanprof verify: profiling calibrated workloads (a few seconds each)");
     let checks = spanprof::verify::run(&opts);
@@ -848,70 +280,6 @@ fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
             eprintln!("error: cannot send the profile to {endpoint} ({protocol}): {e}");
             false
         }
-    }
-}
-
-/// Parses an id option with `parse`, or fails as a usage error naming the expected form.
-fn parse_id<T>(
-    value: Option<&str>,
-    flag: &str,
-    expected: &str,
-    parse: fn(&str) -> Option<T>,
-) -> Result<Option<T>, Failure> {
-    value
-        .map(|v| {
-            parse(v).ok_or_else(|| usage(format!("invalid {flag} '{v}': expected {expected}")))
-        })
-        .transpose()
-}
-
-impl FilterArgs {
-    fn parse(&self) -> Result<Filter, Failure> {
-        const UUID: &str = "a UUID (8-4-4-4-12 hex digits)";
-        let event = self
-            .event
-            .as_deref()
-            .map(|e| {
-                filter::EventFilter::from_name(e.trim()).ok_or_else(|| {
-                    usage(format!(
-                        "invalid --event '{e}': expected cpu, offcpu, alloc or heap"
-                    ))
-                })
-            })
-            .transpose()?;
-        Ok(Filter {
-            event,
-            threads: self.thread.clone(),
-            span_names: self
-                .span
-                .iter()
-                .map(|n| spanprof::analysis::Pattern::new(n))
-                .collect(),
-            trace_id: parse_id(
-                self.trace_id.as_deref(),
-                "--trace-id",
-                "32 hex digits",
-                spanprof::profile::parse_hex,
-            )?,
-            span_id: parse_id(
-                self.span_id.as_deref(),
-                "--span-id",
-                "16 hex digits",
-                spanprof::profile::parse_hex,
-            )?,
-            base_id: parse_id(
-                self.base_id.as_deref(),
-                "--base-id",
-                UUID,
-                spanprof::profile::parse_uuid,
-            )?,
-            osprofiler_id: parse_id(
-                self.osprofiler_id.as_deref(),
-                "--osprofiler-id",
-                UUID,
-                spanprof::profile::parse_uuid,
-            )?,
-        })
     }
 }
 
@@ -1469,15 +837,6 @@ fn report_line(
         m.duration.as_secs_f64(),
         spanprof::wording::sampling(m),
     )
-}
-
-fn fail(e: anyhow::Error) -> Failure {
-    // A command that cannot be executed exits as a shell would have it (127 / 126).
-    let code = e
-        .downcast_ref::<CannotRun>()
-        .map_or(EXIT_FAILURE, CannotRun::exit_code);
-    // One line: the chain joined with ": ".
-    Failure(code, format!("{e:#}"))
 }
 
 fn main() -> ExitCode {

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
+use crate::collect::{EventSet, Memory};
 use crate::export::ExporterConfig;
-use crate::profile::{Events, FrameKind, Profile};
+use crate::profile::{FrameKind, Profile};
 use crate::session::{self, Options, Outcome, Target};
 use crate::summary::Cost;
 
@@ -84,14 +85,13 @@ pub struct VerifyOptions {
     /// How long the target is profiled (the built-in workloads take about 3 s each; the native
     /// split 3 s of its own CPU).
     pub duration: Duration,
-    /// Sampling frequency of every session.
-    pub frequency: u64,
+    /// How every session samples (`--frequency`; children followed); each check sets the
+    /// events.
+    pub sampling: crate::collect::Options,
     /// The Python for the Python workloads; default `python3` on `PATH`.
     pub python: Option<PathBuf>,
     /// Send the profile there and check the answer.
     pub exporter: Option<ExporterConfig>,
-    /// Kernel BTF.
-    pub btf_path: PathBuf,
 }
 
 /// Seconds each built-in workload runs.
@@ -142,16 +142,16 @@ pub fn run(opts: &VerifyOptions) -> Vec<Check> {
         Ok(()) => Check::new("capabilities", Status::Pass, held_capabilities()),
         Err(e) => Check::new("capabilities", Status::Fail, e.to_string()),
     });
-    let btf = opts.btf_path.is_file();
+    let btf = opts.sampling.btf_path.is_file();
     checks.push(Check::judged(
         "kernel BTF",
         btf,
         if btf {
-            opts.btf_path.display().to_string()
+            opts.sampling.btf_path.display().to_string()
         } else {
             format!(
                 "{} missing (CONFIG_DEBUG_INFO_BTF)",
-                opts.btf_path.display()
+                opts.sampling.btf_path.display()
             )
         },
     ));
@@ -193,27 +193,21 @@ fn held_capabilities() -> String {
 fn options(
     opts: &VerifyOptions,
     target: Target,
-    events: Events,
+    events: EventSet,
     duration: Option<Duration>,
 ) -> Options {
     Options {
         target,
         duration,
-        frequency: opts.frequency,
+        sampling: crate::collect::Options {
+            events,
+            ..opts.sampling.clone()
+        },
         aggregate: crate::aggregate::Options {
-            alloc_rate: events.alloc_rate,
-            heap: events.heap,
             timestamps: opts.exporter.is_some(),
             ..crate::aggregate::Options::default()
         },
-        children: true,
-        ring_buffer_size: 16 << 20,
-        btf_path: opts.btf_path.clone(),
         progress: false,
-        spans: true,
-        stack_copy_bytes: 16384,
-        events,
-        offcpu_min_ns: 5_000,
         redact_paths: None,
     }
 }
@@ -222,7 +216,7 @@ fn options(
 fn profile_command(
     opts: &VerifyOptions,
     argv: Vec<OsString>,
-    events: Events,
+    events: EventSet,
 ) -> Result<(Outcome, i32)> {
     let mut outcome = session::run(&options(opts, Target::Command(argv), events, None))?;
     let status = outcome.wait_command()?.and_then(|s| s.code()).unwrap_or(-1);
@@ -305,7 +299,7 @@ fn builtin(opts: &VerifyOptions, checks: &mut Vec<Check>) {
         truth.clone().into(),
         seconds.clone().into(),
     ];
-    match profile_command(opts, argv, Events::default()) {
+    match profile_command(opts, argv, EventSet::Cpu) {
         Err(e) => checks.push(Check::new(
             "native: functions",
             Status::Fail,
@@ -339,12 +333,7 @@ fn builtin(opts: &VerifyOptions, checks: &mut Vec<Check>) {
             truth.clone().into(),
             "1.5".into(),
         ];
-        let events = Events {
-            cpu: false,
-            alloc: true,
-            alloc_rate: crate::profile::DEFAULT_ALLOC_RATE,
-            ..Events::default()
-        };
+        let events = EventSet::Memory(Memory::Alloc);
         checks.push(match profile_command(opts, argv, events) {
             Err(e) => Check::new("allocations", Status::Fail, format!("{e:#}")),
             Ok((outcome, status)) => alloc_check(&outcome.profile, &truth, status),
@@ -384,7 +373,7 @@ fn builtin(opts: &VerifyOptions, checks: &mut Vec<Check>) {
     };
     let truth = scratch.path("split.json");
     checks.push(
-        match profile_command(opts, py("split", &truth), Events::default()) {
+        match profile_command(opts, py("split", &truth), EventSet::Cpu) {
             Err(e) => Check::new("python: functions", Status::Fail, format!("{e:#}")),
             Ok((outcome, status)) => split_check(
                 "python: functions",
@@ -397,7 +386,7 @@ fn builtin(opts: &VerifyOptions, checks: &mut Vec<Check>) {
     );
     let truth = scratch.path("traced.json");
     checks.push(
-        match profile_command(opts, py("traced", &truth), Events::default()) {
+        match profile_command(opts, py("traced", &truth), EventSet::Cpu) {
             Err(e) => Check::new("spans", Status::Fail, format!("{e:#}")),
             Ok((_, 3)) => Check::new(
                 "spans",
@@ -732,7 +721,7 @@ fn export_check(profile: &Profile, config: ExporterConfig) -> Check {
 fn check_target(opts: &VerifyOptions, target: Target, checks: &mut Vec<Check>) {
     let command = matches!(target, Target::Command(_));
     let duration = (!command).then_some(opts.duration);
-    let mut outcome = match session::run(&options(opts, target, Events::default(), duration)) {
+    let mut outcome = match session::run(&options(opts, target, EventSet::Cpu, duration)) {
         Ok(o) => o,
         Err(e) => {
             checks.push(Check::new("target", Status::Fail, format!("{e:#}")));

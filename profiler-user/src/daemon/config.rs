@@ -41,8 +41,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::collect::options::DEFAULT_STACK_COPY;
+use crate::collect::{EventError, EventSet, Invalid, Options, Unwind};
 use crate::export::{ExporterConfig, Protocol};
-use crate::profile::Events;
 
 /// The file as written (every field optional).
 #[derive(Debug, Default, Deserialize)]
@@ -170,18 +171,12 @@ impl Scope {
 /// The daemon's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DaemonConfig {
-    /// Samples per second per CPU.
-    pub frequency: u64,
-    /// What is sampled: cpu, offcpu or wall; or alloc.
-    pub events: Events,
-    /// Shortest off-CPU interval kept.
-    pub offcpu_min: Duration,
+    /// `[sampling]` but the window: frequency, events (cpu, offcpu or wall; or alloc),
+    /// alloc_rate, offcpu_min, unwind, spans. Children of the targets are followed; the ring
+    /// buffer and stack copy have the collector's defaults.
+    pub sampling: crate::collect::Options,
     /// One profile is exported per window.
     pub window: Duration,
-    /// Bytes of stack copied per sample (0: frame pointers).
-    pub stack_copy_bytes: u32,
-    /// Span contexts are read.
-    pub spans: bool,
     /// Which processes.
     pub scope: Scope,
     /// Where profiles go.
@@ -204,8 +199,9 @@ pub struct DaemonConfig {
     pub privacy: crate::privacy::Privacy,
 }
 
-/// Default bytes of stack copied per sample (`--stack-copy`'s default).
-const DEFAULT_STACK_COPY: u32 = 16384;
+/// Samples per second per CPU of the daemon, lower than a session's
+/// ([`crate::collect::options::DEFAULT_FREQUENCY`]): it runs always.
+pub const DEFAULT_FREQUENCY: u64 = 19;
 
 fn duration(field: &str, value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value)
@@ -232,72 +228,60 @@ impl DaemonConfig {
     pub fn parse(text: &str, mut exporter: ExporterConfig) -> Result<DaemonConfig, String> {
         let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
         let s = file.sampling;
-        let frequency = s.frequency.unwrap_or(19);
-        if !(1..=1000).contains(&frequency) {
-            return Err(format!(
-                "sampling.frequency: {frequency} Hz is out of 1 to 1000"
-            ));
-        }
-        let mut events = Events {
-            cpu: false,
-            ..Events::default()
-        };
-        for e in s.events.unwrap_or_else(|| vec!["cpu".to_string()]) {
-            match e.as_str() {
-                "cpu" => events.cpu = true,
-                "offcpu" | "off-cpu" => events.off_cpu = true,
-                "wall" => {
-                    events.cpu = true;
-                    events.off_cpu = true;
-                    events.wall = true;
-                }
-                "alloc" => events.alloc = true,
-                "heap" => {
-                    return Err(
-                        "sampling.events: \"heap\" is not available in the daemon yet \
-                                (`spanprof profile --event heap` has it): use cpu, offcpu, wall \
-                                or alloc"
-                            .to_string(),
-                    )
-                }
-                other => {
-                    return Err(format!(
-                        "sampling.events: unknown event {other:?}: use cpu, offcpu, wall or alloc"
-                    ))
-                }
-            }
-        }
-        if events.alloc && (events.cpu || events.off_cpu) {
+        let defaults = Options::default();
+        let events = s.events.unwrap_or_else(|| vec!["cpu".to_string()]);
+        if events.iter().any(|e| e == "heap") {
             return Err(
-                "sampling.events: alloc makes a memory profile and does not combine \
-                        with cpu, offcpu or wall (run two daemons)"
+                "sampling.events: \"heap\" is not available in the daemon yet \
+                        (`spanprof profile --event heap` has it): use cpu, offcpu, wall or alloc"
                     .to_string(),
             );
         }
-        if !events.cpu && !events.off_cpu && !events.alloc {
-            return Err(
-                "sampling.events: give at least one of cpu, offcpu, wall, alloc".to_string(),
-            );
-        }
-        events.alloc_rate = s.alloc_rate.unwrap_or(crate::profile::DEFAULT_ALLOC_RATE);
-        if events.alloc_rate == 0 {
-            return Err("sampling.alloc_rate: 1 (every allocation) or more bytes".to_string());
-        }
-        let offcpu_min = duration(
-            "sampling.offcpu_min",
-            s.offcpu_min
-                .as_deref()
-                .unwrap_or(crate::offcpu::DEFAULT_MIN),
-        )?;
+        let events = EventSet::parse(events.iter().map(String::as_str)).map_err(|e| match e {
+            EventError::Unknown(other) => {
+                format!("sampling.events: unknown event {other:?}: use cpu, offcpu, wall or alloc")
+            }
+            EventError::Mixed => "sampling.events: alloc makes a memory profile and does not \
+                                  combine with cpu, offcpu or wall (run two daemons)"
+                .to_string(),
+            EventError::Empty => {
+                "sampling.events: give at least one of cpu, offcpu, wall, alloc".to_string()
+            }
+        })?;
+        let offcpu_min = match &s.offcpu_min {
+            Some(d) => duration("sampling.offcpu_min", d)?,
+            None => defaults.offcpu_min,
+        };
+        let unwind = match s.unwind.as_deref() {
+            None => defaults.unwind,
+            Some(name) => Unwind::from_name(name, DEFAULT_STACK_COPY)
+                .ok_or_else(|| format!("sampling.unwind: {name:?}: use dwarf or fp"))?,
+        };
+        let sampling = Options {
+            frequency: s.frequency.unwrap_or(DEFAULT_FREQUENCY),
+            events,
+            alloc_rate: s.alloc_rate.unwrap_or(defaults.alloc_rate),
+            offcpu_min,
+            unwind,
+            spans: s.spans.unwrap_or(defaults.spans),
+            follow_children: true,
+            ..defaults
+        };
+        sampling.validate(1000).map_err(|e| match e {
+            Invalid::Frequency => format!(
+                "sampling.frequency: {} Hz is out of 1 to 1000",
+                sampling.frequency
+            ),
+            Invalid::AllocRate => {
+                "sampling.alloc_rate: 1 (every allocation) or more bytes".to_string()
+            }
+            // NB: the file sets neither the ring buffer nor the stack copy.
+            other => format!("sampling: {other:?}"),
+        })?;
         let window = duration("sampling.window", s.window.as_deref().unwrap_or("60s"))?;
         if window < Duration::from_secs(1) {
             return Err("sampling.window: at least 1s".to_string());
         }
-        let stack_copy_bytes = match s.unwind.as_deref().unwrap_or("dwarf") {
-            "dwarf" => DEFAULT_STACK_COPY,
-            "fp" => 0,
-            other => return Err(format!("sampling.unwind: {other:?}: use dwarf or fp")),
-        };
 
         let scope = Scope {
             pids: file.scope.pids,
@@ -386,12 +370,8 @@ impl DaemonConfig {
                 .collect::<Result<_, _>>()?,
         };
         Ok(DaemonConfig {
-            frequency,
-            events,
-            offcpu_min,
+            sampling,
             window,
-            stack_copy_bytes,
-            spans: s.spans.unwrap_or(true),
             scope,
             exporter,
             queue,
@@ -419,8 +399,10 @@ mod tests {
     #[test]
     fn defaults() {
         let c = DaemonConfig::parse("", base()).unwrap();
-        assert_eq!(c.frequency, 19);
-        assert!(c.events.cpu && !c.events.off_cpu);
+        assert_eq!(c.sampling.frequency, 19);
+        assert_eq!(c.sampling.events, EventSet::Cpu);
+        assert_eq!(c.sampling.unwind.stack_copy_bytes(), 16384);
+        assert!(c.sampling.follow_children);
         assert_eq!(c.window, Duration::from_secs(60));
         assert!(c.scope.is_host());
         assert_eq!(c.exporter.endpoint, "http://localhost:4317");
@@ -459,10 +441,10 @@ mod tests {
             base(),
         )
         .unwrap();
-        assert_eq!(c.frequency, 49);
-        assert!(c.events.cpu && c.events.off_cpu);
+        assert_eq!(c.sampling.frequency, 49);
+        assert_eq!(c.sampling.events, EventSet::CpuAndOffCpu);
         assert_eq!(c.window, Duration::from_secs(5));
-        assert_eq!(c.stack_copy_bytes, 0);
+        assert_eq!(c.sampling.unwind, Unwind::FramePointers);
         assert_eq!(c.scope.pids, [1, 2]);
         assert_eq!(c.scope.containers, ["abcdef"]);
         assert_eq!(c.exporter.endpoint, "http://c:4318/v1development/profiles");

@@ -3,12 +3,13 @@
 //!
 //! # How it runs
 //!
-//! - **Sampling** (the main thread): the BPF programs are loaded once, with children followed
-//!   in the kernel. Every second a scan of `/proc` adds the processes that came into
-//!   [scope](config::Scope) (the whole host by default); processes leave the target set in the
-//!   kernel when they exit. The ring buffer is drained every 50 ms into the window's
-//!   [`Aggregator`], bounded by `max_stacks` and `max_processes` (what does not fit is
-//!   counted in `spanprof_samples_dropped_total`).
+//! - **Sampling** (the main thread, on the [collector](crate::collect) a session uses too): the
+//!   BPF programs are loaded once, with children followed in the kernel. Every second a scan of
+//!   `/proc` adds the processes that came into [scope](config::Scope) (the whole host by
+//!   default); processes leave the target set in the kernel when they exit. The ring buffer is
+//!   drained every 50 ms into the window's [`Aggregator`](crate::aggregate::Aggregator), bounded
+//!   by `max_stacks` and `max_processes` (what does not fit is counted in
+//!   `spanprof_samples_dropped_total`).
 //! - **Windows**: at the end of each window the aggregate is symbolized into a
 //!   [`Profile`](crate::profile::Profile), encoded as one `ExportProfilesServiceRequest`
 //!   ([`crate::format::otlp`]) with a resource per process, and queued; sampling goes on into
@@ -32,77 +33,27 @@ pub mod metrics;
 pub mod queue;
 pub mod scope;
 
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 
-use crate::aggregate::{self, Aggregator};
-use crate::bpf::{AllocOptions, LoadOptions, OffCpuOptions, Programs};
+use crate::aggregate;
+use crate::collect::{self, signals, Collector, TICK};
 use crate::export::Exporter;
-use crate::profile::Meta;
-use crate::python::Python;
-use crate::session::{Probes, StackCopySizes};
-use crate::target_cpu::TargetCpu;
 use config::DaemonConfig;
 use metrics::Metrics;
 use queue::{ExportState, Queue, Window};
 use scope::Scanner;
 
-/// How often the ring buffer is drained.
-const TICK: Duration = Duration::from_millis(50);
 /// How often `/proc` is scanned for processes that came into scope.
 const SCAN_EVERY: Duration = Duration::from_secs(1);
-/// Ring buffer size: a window's symbolization (up to about a second on a busy host) must not
-/// fill it.
-const RING_BUFFER_BYTES: u32 = 16 << 20;
-
-static STOP: AtomicI32 = AtomicI32::new(0);
-static RELOAD: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop(sig: libc::c_int) {
-    STOP.store(sig, Ordering::Relaxed);
-}
-
-extern "C" fn on_hup(_: libc::c_int) {
-    RELOAD.store(true, Ordering::Relaxed);
-}
-
-fn install_signal_handlers() {
-    let handlers: [(libc::c_int, extern "C" fn(libc::c_int)); 3] = [
-        (libc::SIGINT, on_stop),
-        (libc::SIGTERM, on_stop),
-        (libc::SIGHUP, on_hup),
-    ];
-    for (sig, handler) in handlers {
-        // SAFETY: the handlers only store to atomics (async-signal-safe).
-        unsafe {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = handler as *const () as usize;
-            libc::sigemptyset(&mut act.sa_mask);
-            libc::sigaction(sig, &act, std::ptr::null_mut());
-        }
-    }
-}
-
-/// Waits until the ring buffer has data or `timeout` passes.
-fn wait_readable(fd: i32, timeout: Duration) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; EINTR (a signal) just ends the wait early.
-    unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
-}
 
 fn aggregate_options(config: &DaemonConfig) -> aggregate::Options {
     aggregate::Options {
         timestamps: true,
-        alloc_rate: config.events.alloc_rate,
         max_keys: config.max_stacks,
         max_processes: config.max_processes,
         ..aggregate::Options::default()
@@ -112,41 +63,19 @@ fn aggregate_options(config: &DaemonConfig) -> aggregate::Options {
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut config = DaemonConfig::load(config_path.as_deref()).map_err(anyhow::Error::msg)?;
-    crate::preflight::check_capabilities()?;
-    crate::preflight::check_pid_namespace()?;
-    install_signal_handlers();
+    collect::preflight()?;
+    signals::install_daemon_handlers();
     let me = std::process::id();
     let metrics = Arc::new(Metrics::default());
     metrics.tick();
 
-    let mut programs = Programs::load(&LoadOptions {
-        frequency: config.frequency,
-        follow_children: true,
-        ring_buffer_size: RING_BUFFER_BYTES,
-        btf_path: std::env::var_os("SPANPROF_BTF_PATH")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(crate::bpf::DEFAULT_BTF_PATH)),
-        stack_copy_bytes: config.stack_copy_bytes,
-        cpu: config.events.cpu,
-        off_cpu: config.events.off_cpu.then_some(OffCpuOptions {
-            period_ns: 1_000_000_000 / config.frequency.max(1),
-            min_ns: u64::try_from(config.offcpu_min.as_nanos()).unwrap_or(u64::MAX),
-            runnable: config.events.wall,
-        }),
-        alloc: config.events.alloc.then_some(AllocOptions {
-            rate: config.events.alloc_rate,
-            heap: false,
-        }),
-    })?;
+    let mut c = Collector::load(&config.sampling, aggregate_options(&config))?;
     // Allocation probes: on the C library of this process (the host's usual one) now, and on
     // any other one a process in scope maps when it is found.
-    let mut probes = Probes {
-        enabled: config.events.alloc,
-    };
-    probes.libc_of(&mut programs, me)?;
+    c.probe_own_libc()?;
     // Loaded and attached: what only that needed goes, before any other thread starts.
     match crate::preflight::drop_capabilities(&crate::preflight::capabilities_after_loading(
-        config.events.alloc,
+        config.sampling.events.alloc(),
     )) {
         Ok(kept) => eprintln!(
             "spanprof daemon: programs loaded; capabilities kept: {}",
@@ -184,31 +113,14 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut metrics_task = start_metrics(&runtime, config.metrics, &metrics)?;
 
     let mut scanner = Scanner::default();
-    let mut python = Python::new(true, config.spans);
-    let mut symbolizer = symbolizer::Symbolizer::new();
-    symbolizer.set_cache_limit(config.symbol_cache_bytes);
-    let mut copy = StackCopySizes {
-        default: config.stack_copy_bytes,
-        raised: Vec::new(),
-    };
-    let mut agg = Aggregator::new(aggregate_options(&config));
-    // The targets' CPU time per window, from /proc (children are followed).
-    let mut target_cpu = TargetCpu::new(true);
-    add_in_scope(
-        &mut scanner,
-        &config,
-        &mut programs,
-        &mut probes,
-        &mut python,
-        &mut target_cpu,
-        me,
-    );
+    c.symbolizer.set_cache_limit(config.symbol_cache_bytes);
+    add_in_scope(&mut scanner, &config, &mut c, me);
     eprintln!(
         "spanprof daemon: profiling {} at {} Hz ({}), a profile every {} s to {} ({}); \
          metrics on {}",
         config.scope.describe(),
-        config.frequency,
-        events_name(&config),
+        config.sampling.frequency,
+        config.sampling.events.name(),
         config.window.as_secs_f64(),
         config.exporter.endpoint,
         config.exporter.protocol.name(),
@@ -219,7 +131,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
             ))
     );
 
-    let mut cost_from = (crate::session::process_cpu_time(), programs.kernel_time());
+    // The window's cost is measured from here to its finish.
+    c.mark();
     // The window being symbolized: its id, its profile to be, and the records it was made of.
     let mut closing: Option<(u64, aggregate::PendingProfile, u64)> = None;
     let mut window_start = Instant::now();
@@ -227,9 +140,10 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     let mut window_id = 0u64;
     let mut last_scan = Instant::now();
     let mut scans = 0u64;
-    let mut lost_before = programs.lost_samples();
+    let mut lost_before = c.programs.lost_samples();
     let mut dropped_total = 0u64;
     let mut samples_total = 0u64;
+    let mut waiter = c.waiter(&[]);
     loop {
         // NB: no wait while a window is being symbolized: its next part comes at once.
         let wait = if closing.is_some() {
@@ -237,66 +151,45 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         } else {
             TICK
         };
-        wait_readable(programs.samples.as_raw_fd(), wait);
-        crate::session::drain(
-            &mut programs,
-            &mut agg,
-            &mut python,
-            &mut copy,
-            &mut symbolizer,
-        );
-        probes.python(&mut programs, &mut python);
-        agg.normalize_pending(&mut symbolizer);
+        waiter.wait(wait);
+        c.tick();
         metrics.tick();
         metrics
             .samples
-            .store(samples_total + agg.samples(), Ordering::Relaxed);
+            .store(samples_total + c.agg.samples(), Ordering::Relaxed);
         metrics
             .samples_dropped
-            .store(dropped_total + agg.dropped(), Ordering::Relaxed);
+            .store(dropped_total + c.agg.dropped(), Ordering::Relaxed);
 
         if last_scan.elapsed() >= SCAN_EVERY {
             last_scan = Instant::now();
-            add_in_scope(
-                &mut scanner,
-                &config,
-                &mut programs,
-                &mut probes,
-                &mut python,
-                &mut target_cpu,
-                me,
-            );
+            add_in_scope(&mut scanner, &config, &mut c, me);
             // Listing walks the map (a syscall per entry): every 10 s is enough for a gauge,
             // and for the CPU time of the children the kernel added (those that exit sooner
             // are in their parents' figures).
             scans += 1;
             if scans % 10 == 1 {
-                let pids = programs.target_pids();
+                let pids = c.programs.target_pids();
                 metrics.targets.store(pids.len() as u64, Ordering::Relaxed);
-                target_cpu.refresh(&pids);
+                c.target_cpu.refresh(&pids);
             }
             metrics
                 .targets_failed
                 .store(ADD_FAILED.load(Ordering::Relaxed), Ordering::Relaxed);
             metrics
                 .samples_lost
-                .store(programs.lost_samples(), Ordering::Relaxed);
-            metrics.set_caches(&symbolizer.cache_stats(), agg.unwind_table_bytes());
+                .store(c.programs.lost_samples(), Ordering::Relaxed);
+            metrics.set_caches(&c.symbolizer.cache_stats(), c.agg.unwind_table_bytes());
         }
         // The last window's symbolization goes on a part at a time: processes that start and
         // exit meanwhile are drained (and their modules read) while they live.
         if let Some(mut part) = closing.take() {
-            if part.1.step(&mut symbolizer, SYMBOLIZE_STEP) {
+            if part.1.step(&mut c.symbolizer, SYMBOLIZE_STEP) {
                 let mut done = Done {
-                    python: &python,
-                    symbolizer: &mut symbolizer,
-                    agg: &agg,
-                    programs: &programs,
+                    c: &mut c,
                     metrics: &metrics,
                     config: &config,
                     queue: &queue,
-                    cost_from: &mut cost_from,
-                    target_cpu: &mut target_cpu,
                 };
                 done.window(part);
             } else {
@@ -306,59 +199,43 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 closing = Some(part);
             }
         }
-        let stop = STOP.load(Ordering::Relaxed) != 0;
+        let stop = signals::stop_signal().is_some();
         if stop || window_start.elapsed() >= config.window {
             window_id += 1;
-            let lost = programs.lost_samples();
-            let meta = Meta {
-                target: config.scope.describe(),
-                start: window_wall,
-                duration: window_start.elapsed(),
-                // A memory profile has no sampling frequency.
-                frequency: if config.events.alloc {
-                    0
-                } else {
-                    config.frequency
-                },
-                events: config.events,
-                lost_samples: lost - lost_before,
-                python: Default::default(),
-                host: Some(crate::resource::HostInfo::current()),
-                build: Default::default(),
-                dropped_labels: Vec::new(),
-            };
+            let lost = c.programs.lost_samples();
+            let meta = c.meta(
+                config.scope.describe(),
+                window_wall,
+                window_start.elapsed(),
+                lost - lost_before,
+            );
             lost_before = lost;
             window_start = Instant::now();
             window_wall = SystemTime::now();
-            let window = agg.take_window();
+            let window = c.agg.take_window();
             samples_total += window.samples();
             dropped_total += window.dropped();
             let records = window.samples() + window.dropped();
             let mut done = Done {
-                python: &python,
-                symbolizer: &mut symbolizer,
-                agg: &agg,
-                programs: &programs,
+                c: &mut c,
                 metrics: &metrics,
                 config: &config,
                 queue: &queue,
-                cost_from: &mut cost_from,
-                target_cpu: &mut target_cpu,
             };
             // One window is symbolized at a time: a previous one still under way is finished
             // first (the sampling loop then waits, the ring buffer holding the samples).
             if let Some(mut previous) = closing.take() {
-                while !previous.1.step(done.symbolizer, Duration::MAX) {}
+                while !previous.1.step(&mut done.c.symbolizer, Duration::MAX) {}
                 done.window(previous);
             }
             let next = (
                 window_id,
-                window.into_pending(done.symbolizer, meta),
+                window.into_pending(&mut done.c.symbolizer, meta),
                 records,
             );
             if stop {
                 let mut next = next;
-                while !next.1.step(done.symbolizer, Duration::MAX) {}
+                while !next.1.step(&mut done.c.symbolizer, Duration::MAX) {}
                 done.window(next);
             } else {
                 closing = Some(next);
@@ -367,7 +244,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         if stop {
             break;
         }
-        if RELOAD.swap(false, Ordering::Relaxed) {
+        if signals::take_reload() {
             match DaemonConfig::load(config_path.as_deref()) {
                 Err(e) => eprintln!("spanprof daemon: reload failed, configuration unchanged: {e}"),
                 Ok(new) => {
@@ -385,22 +262,14 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                         }
                     }
                     if new.scope != config.scope {
-                        programs.clear_targets();
-                        target_cpu.untrack_all();
+                        c.programs.clear_targets();
+                        c.target_cpu.untrack_all();
                         scanner.reset();
                     }
-                    agg.set_limits(new.max_stacks, new.max_processes);
-                    symbolizer.set_cache_limit(new.symbol_cache_bytes);
+                    c.agg.set_limits(new.max_stacks, new.max_processes);
+                    c.symbolizer.set_cache_limit(new.symbol_cache_bytes);
                     config = new;
-                    add_in_scope(
-                        &mut scanner,
-                        &config,
-                        &mut programs,
-                        &mut probes,
-                        &mut python,
-                        &mut target_cpu,
-                        me,
-                    );
+                    add_in_scope(&mut scanner, &config, &mut c, me);
                     eprintln!(
                         "spanprof daemon: configuration reloaded: profiling {}",
                         config.scope.describe()
@@ -411,7 +280,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     }
 
     // Flush: the last window is queued; give the exporter until the deadline.
-    drop(programs);
+    drop(c);
     let limit = Instant::now() + config.exporter.timeout + Duration::from_secs(5);
     *deadline.lock().unwrap() = Some(limit);
     let sent = runtime.block_on(async {
@@ -435,49 +304,33 @@ const SYMBOLIZE_STEP: Duration = Duration::from_millis(20);
 
 /// What finishing a window needs.
 struct Done<'a> {
-    python: &'a Python,
-    symbolizer: &'a mut symbolizer::Symbolizer,
-    agg: &'a Aggregator,
-    programs: &'a Programs,
+    /// The collection: its symbolizer, and the cost since the last window was finished.
+    c: &'a mut Collector,
     metrics: &'a Metrics,
     config: &'a DaemonConfig,
     queue: &'a Queue,
-    /// CPU time and kernel time when the last window was finished.
-    cost_from: &'a mut (Duration, Option<crate::bpf::KernelTime>),
-    /// The targets' CPU time since the last window was finished.
-    target_cpu: &'a mut TargetCpu,
 }
 
 impl Done<'_> {
     /// Builds window `id`'s profile, once symbolized, and queues its export; forgets what was
     /// kept only for its samples.
     fn window(&mut self, (id, pending, records): (u64, aggregate::PendingProfile, u64)) {
-        let mut profile = pending.finish(self.python);
-        self.symbolizer.forget_exited();
+        let mut profile = pending.finish(&self.c.python);
+        self.c.symbolizer.forget_exited();
         release_freed_memory();
         self.metrics.set_caches(
-            &self.symbolizer.cache_stats(),
-            self.agg.unwind_table_bytes(),
+            &self.c.symbolizer.cache_stats(),
+            self.c.agg.unwind_table_bytes(),
         );
         // The window's cost, as a session's summary gives it, symbolizing included: from the
         // last window's end to this one's, as the targets' CPU time.
-        let kernel_now = self.programs.kernel_time();
-        let cpu_now = crate::session::process_cpu_time();
-        let targets = self.target_cpu.take(&self.programs.target_pids());
-        let (cpu_then, kernel_then) = std::mem::replace(self.cost_from, (cpu_now, kernel_now));
-        let overhead = crate::session::Overhead {
-            setup: Duration::ZERO,
-            sampling: cpu_now.saturating_sub(cpu_then),
-            cpu_at_end_of_sampling: cpu_now,
-            kernel: kernel_now
-                .zip(kernel_then)
-                .map(|(now, then)| now.since(&then)),
+        let overhead = collect::Overhead {
             records,
-            targets,
+            ..self.c.cost_since_mark()
         };
         self.metrics.set_cost(
             &crate::summary::Cost::of(&profile, &overhead),
-            kernel_now.map(|k| k.total_ns),
+            self.c.marked_kernel_time().map(|k| k.total_ns),
         );
         self.config.privacy.apply(&mut profile);
         self.metrics
@@ -504,46 +357,24 @@ fn release_freed_memory() {
     }
 }
 
-fn events_name(config: &DaemonConfig) -> &'static str {
-    if config.events.alloc {
-        return "alloc";
-    }
-    match (config.events.wall, config.events.cpu, config.events.off_cpu) {
-        (true, _, _) => "wall",
-        (false, true, true) => "cpu,offcpu",
-        (false, false, true) => "offcpu",
-        _ => "cpu",
-    }
-}
-
 /// Adds the processes that came into scope to the kernel's target set, looks for their
 /// interpreter at once (so their first samples have Python frames), and probes their C library
 /// for allocations (once per library file).
-fn add_in_scope(
-    scanner: &mut Scanner,
-    config: &DaemonConfig,
-    programs: &mut Programs,
-    probes: &mut Probes,
-    python: &mut Python,
-    target_cpu: &mut TargetCpu,
-    me: u32,
-) {
+fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, c: &mut Collector, me: u32) {
     for pid in scanner.scan(&config.scope, me) {
-        if programs.is_target(pid) {
+        if c.programs.is_target(pid) {
             continue;
         }
-        if programs.add_target(pid).is_err() {
+        if c.add_target(pid).is_err() {
             // The map is full (or the process is gone): counted, and said once in a while.
             ADD_FAILED.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        target_cpu.add(pid);
-        python.detect_now(pid);
-        if let Err(e) = probes.libc_of(programs, pid) {
+        if let Err(e) = c.discover(pid) {
             eprintln!("spanprof daemon: pid {pid}: {e:#}");
         }
     }
-    python.flush(programs);
+    c.flush_discovered();
 }
 
 /// Processes in scope that could not be added to the kernel's target set.
@@ -573,21 +404,12 @@ fn apply_reload(
     state: &Arc<Mutex<ExportState>>,
     queue: &Arc<Queue>,
 ) -> DaemonConfig {
-    let needs_restart = old.frequency != new.frequency
-        || old.events != new.events
-        || old.offcpu_min != new.offcpu_min
-        || old.stack_copy_bytes != new.stack_copy_bytes
-        || old.spans != new.spans;
-    if needs_restart {
+    if old.sampling != new.sampling {
         eprintln!(
             "spanprof daemon: sampling settings changed (frequency, events, alloc_rate, \
              offcpu_min, unwind, spans): they apply after a restart, the running ones are kept"
         );
-        new.frequency = old.frequency;
-        new.events = old.events;
-        new.offcpu_min = old.offcpu_min;
-        new.stack_copy_bytes = old.stack_copy_bytes;
-        new.spans = old.spans;
+        new.sampling = old.sampling.clone();
     }
     if old.exporter != new.exporter || old.max_backoff != new.max_backoff {
         let _guard = runtime.enter();
