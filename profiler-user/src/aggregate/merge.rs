@@ -1,0 +1,69 @@
+//! The stage that merges a Python stack into its native stack ([`merge`]): where each run of
+//! Python frames goes among the native frames of the interpreter loop.
+
+use crate::python::{MergeInfo, TOKEN_ENTRY};
+
+/// One frame of a merged stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    /// A native frame (lookup address).
+    Native(u64),
+    /// A Python frame (token).
+    Python(u64),
+    /// C code called into Python here, but the native stack does not show it.
+    NativeCode,
+}
+
+/// Merges a native user stack and a Python stack, both leaf first, into `out`, leaf first.
+///
+/// Python frames come in runs, one per call of the interpreter loop (a run ends with a frame
+/// carrying [`TOKEN_ENTRY`]). When the interpreter keeps frame pointers (`info.native_trusted`),
+/// each native frame inside the loop stands for the next run, leaf to root, and C frames between
+/// Python frames stay where they are. Runs left over (the native stack was cut) follow the
+/// native frames leafward of the outermost interpreter frame matched.
+///
+/// Without frame pointers, a frame-pointer walk of the native stack goes astray at the first
+/// interpreter frame, so only the interrupted instruction's own function is kept (when it is not
+/// the loop itself), then every run. Either way, with `info.markers` (3.11+, where a run
+/// boundary means C code called into Python) a [`Piece::NativeCode`] separates two runs that
+/// no native frame separates.
+pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &mut Vec<Piece>) {
+    if python.is_empty() {
+        out.extend(native.iter().map(|&a| Piece::Native(a)));
+        return;
+    }
+    // Frames of a process whose interpreter is unknown here (gone before it was looked at):
+    // nothing to match the runs with, so they follow the leaf native function.
+    let info = info.unwrap_or(MergeInfo {
+        eval_ranges: &[],
+        markers: false,
+        native_trusted: false,
+    });
+    let is_eval = |a: u64| info.eval_ranges.iter().any(|&(s, e)| (s..e).contains(&a));
+    let mut runs = python.split_inclusive(|&t| t & TOKEN_ENTRY != 0).peekable();
+    if info.native_trusted {
+        let mut matched_to = None;
+        for &a in native {
+            if is_eval(a) {
+                if let Some(run) = runs.next() {
+                    out.extend(run.iter().map(|&t| Piece::Python(t)));
+                    matched_to = Some(out.len());
+                    continue;
+                }
+            }
+            out.push(Piece::Native(a));
+        }
+        if runs.peek().is_none() {
+            return;
+        }
+        out.truncate(matched_to.unwrap_or(out.len()));
+    } else if let Some(&leaf) = native.first().filter(|&&a| !is_eval(a)) {
+        out.push(Piece::Native(leaf));
+    }
+    for run in runs {
+        if info.markers && matches!(out.last(), Some(Piece::Python(_))) {
+            out.push(Piece::NativeCode);
+        }
+        out.extend(run.iter().map(|&t| Piece::Python(t)));
+    }
+}
