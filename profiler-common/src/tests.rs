@@ -367,8 +367,11 @@ fn c_asserts() -> String {
 
 /// Compiles the asserts of [`c_asserts`] with `cc` and `args`; the compiler's errors if they fail.
 fn compile_asserts(cc: &str, args: &[&str]) -> Result<(), String> {
+    // NB: the target in the name too: the host's and the BPF check may use one compiler, and
+    // they run at once.
+    let target = if args.contains(&"bpf") { "bpf" } else { "host" };
     let dir = std::env::temp_dir().join(format!(
-        "spanprof-abi-{}-{}",
+        "spanprof-abi-{}-{}-{target}",
         std::process::id(),
         cc.replace('/', "_")
     ));

@@ -208,7 +208,7 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
         follow_children: true,
         ..collect::Options::default()
     };
-    if sampling.validate(10_000).is_err() {
+    if let Err(collect::Invalid::Frequency) = sampling.validate(10_000) {
         return Err(usage(format!(
             "invalid --frequency {}: expected 1 to 10000",
             args.frequency

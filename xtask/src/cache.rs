@@ -27,7 +27,8 @@ pub fn dir() -> Option<PathBuf> {
 
 /// A cargo target directory in the cache for `name`, created; `fallback` when the cache is
 /// off or cannot be made. Cargo keeps the builds of different checkouts apart by path, and
-/// locks the directory while it builds.
+/// locks the directory while it builds; the binaries it copies up to `release/` are the last
+/// checkout's, so a caller takes its own away under [`lock`].
 pub fn target_dir(name: &str, fallback: PathBuf) -> PathBuf {
     let Some(cache) = dir() else {
         return fallback;
@@ -42,6 +43,23 @@ pub fn target_dir(name: &str, fallback: PathBuf) -> PathBuf {
                 fallback.display()
             );
             fallback
+        }
+    }
+}
+
+/// Holds the cache's lock `name` until the file returned is dropped (none when the cache
+/// is off or the lock cannot be had: then nothing else uses the cache's directory either, or
+/// the caller goes on unlocked with a warning).
+pub fn lock(name: &str) -> Option<std::fs::File> {
+    let path = dir()?.join(format!("{name}.lock"));
+    let file = std::fs::create_dir_all(path.parent()?)
+        .and_then(|()| std::fs::File::create(&path))
+        .and_then(|f| f.lock().map(|()| f));
+    match file {
+        Ok(f) => Some(f),
+        Err(err) => {
+            eprintln!("xtask: warning: cache lock {}: {err}", path.display());
+            None
         }
     }
 }
@@ -93,8 +111,9 @@ pub fn store(name: &str, src: &Path) {
 /// Replaces `dest` by a copy of `src` (owners, modes, links and device nodes kept), made
 /// beside it and renamed, so that an interrupted copy is never taken for a whole one.
 fn copy_dir(src: &Path, dest: &Path) -> Result<()> {
+    // NB: a name of this process's own: two checkouts may store one entry at once.
     let mut partial = dest.as_os_str().to_owned();
-    partial.push(".partial");
+    partial.push(format!(".partial.{}", std::process::id()));
     let partial = PathBuf::from(partial);
     remove(&partial)?;
     if let Some(parent) = dest.parent() {

@@ -40,11 +40,14 @@ const RUSTFLAGS: &str = "-Cpasses=sancov-module \
     -Cllvm-args=-sanitizer-coverage-trace-compares \
     --cfg fuzzing";
 
-/// Builds the targets into the cache's `fuzz-target` (`cache.rs`), else `target/fuzz`;
-/// returns the directory of the binaries.
+/// Builds the targets in the cache's `fuzz-target` (`cache.rs`), else in `target/fuzz`, and
+/// copies the binaries to `target/fuzz/bin`, which it returns.
 pub fn build(root: &Path) -> Result<PathBuf> {
     step("building the fuzz targets (libFuzzer, coverage instrumentation, stable Rust)");
-    // NB: the cache's target directory keeps the instrumented dependencies of every checkout.
+    // NB: the cache's target directory keeps the instrumented dependencies of every checkout;
+    // its `release/` holds the binaries of the last build, whichever checkout's, so they are
+    // copied out before another build can replace them.
+    let _lock = cache::lock("fuzz-target");
     let target_dir = cache::target_dir("fuzz-target", root.join("target/fuzz"));
     cargo(root)
         .args([
@@ -61,7 +64,15 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         .arg(&target_dir)
         .env("RUSTFLAGS", RUSTFLAGS)
         .run()?;
-    Ok(target_dir.join(TRIPLE).join("release"))
+    let built = target_dir.join(TRIPLE).join("release");
+    let bins = root.join("target/fuzz/bin");
+    std::fs::create_dir_all(&bins).with_context(|| format!("creating {}", bins.display()))?;
+    for target in TARGETS {
+        let (from, to) = (built.join(target), bins.join(target));
+        std::fs::copy(&from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    }
+    Ok(bins)
 }
 
 /// Runs each of `targets` for `seconds` from its seeds; fails naming every target that

@@ -77,8 +77,13 @@ pub fn ensure(root: &Path, pip_python: &Path) -> Result<PathBuf> {
         return Ok(dir);
     }
     if is_root() && cache::restore("sid-rootfs", &dir, ".spanprof-rootfs", &want) {
-        step(&format!("Debian sid rootfs ready: {}", dir.display()));
-        return Ok(dir);
+        match works(&dir) {
+            Ok(()) => {
+                step(&format!("Debian sid rootfs ready: {}", dir.display()));
+                return Ok(dir);
+            }
+            Err(err) => eprintln!("xtask: warning: the cached rootfs: {err:#}; making it again"),
+        }
     }
     if !is_root() {
         bail!(
@@ -179,15 +184,8 @@ pub fn ensure(root: &Path, pip_python: &Path) -> Result<PathBuf> {
             .args(SPAN_LIBS)
             .run()
             .with_context(|| format!("installing the tracing libraries for 3.{minor}"))?;
-        let probe = Cmd::new("chroot")
-            .arg(&new)
-            .args(["env", &format!("PYTHONPATH=/opt/span-libs/3.{minor}")])
-            .arg(format!("/usr/bin/python3.{minor}"))
-            .args(["-c", "import opentelemetry.sdk.trace, osprofiler.profiler"]);
-        if !probe.succeeds() {
-            bail!("python3.{minor} in the rootfs cannot import the tracing libraries");
-        }
     }
+    works(&new)?;
     // The directory the container tests pivot_root away from.
     std::fs::create_dir_all(new.join(".oldroot"))?;
     std::fs::write(new.join(".spanprof-rootfs"), &want)?;
@@ -197,6 +195,21 @@ pub fn ensure(root: &Path, pip_python: &Path) -> Result<PathBuf> {
     cache::store("sid-rootfs", &dir);
     step(&format!("Debian sid rootfs ready: {}", dir.display()));
     Ok(dir)
+}
+
+/// Checks a rootfs as if just made: each interpreter with the tracing libraries runs in it.
+fn works(dir: &Path) -> Result<()> {
+    for minor in SPAN_LIB_MINORS {
+        let probe = Cmd::new("chroot")
+            .arg(dir)
+            .args(["env", &format!("PYTHONPATH=/opt/span-libs/3.{minor}")])
+            .arg(format!("/usr/bin/python3.{minor}"))
+            .args(["-c", "import opentelemetry.sdk.trace, osprofiler.profiler"]);
+        if !probe.succeeds() {
+            bail!("python3.{minor} in the rootfs cannot import the tracing libraries");
+        }
+    }
+    Ok(())
 }
 
 fn remove(dir: &Path) -> Result<()> {

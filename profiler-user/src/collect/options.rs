@@ -260,8 +260,9 @@ pub enum Invalid {
 }
 
 impl Options {
-    /// Checks every value against its range, in the order the command line reports them;
-    /// `max_frequency` is the front end's (10000 Hz for a session, 1000 for the daemon).
+    /// Checks every value against its range and reports the first out of range (the front
+    /// ends parse names, `--unwind` and the events, before); `max_frequency` is the front
+    /// end's (10000 Hz for a session, 1000 for the daemon).
     pub fn validate(&self, max_frequency: u64) -> Result<(), Invalid> {
         if !(1..=max_frequency).contains(&self.frequency) {
             return Err(Invalid::Frequency);

@@ -230,10 +230,12 @@ impl DaemonConfig {
         let s = file.sampling;
         let defaults = Options::default();
         let events = s.events.unwrap_or_else(|| vec!["cpu".to_string()]);
-        if events.iter().any(|e| e == "heap") {
+        // NB: before parsing, so that heap with another event is named as heap; trimmed as the
+        // parser trims (" heap" is heap).
+        if events.iter().any(|e| e.trim() == "heap") {
             return Err(
                 "sampling.events: \"heap\" is not available in the daemon yet \
-                        (`spanprof profile --event heap` has it): use cpu, offcpu, wall or alloc"
+                 (`spanprof profile --event heap` has it): use cpu, offcpu, wall or alloc"
                     .to_string(),
             );
         }
@@ -560,6 +562,10 @@ mod tests {
             ("[sampling]\nfrequency = 0", "sampling.frequency"),
             (
                 "[sampling]\nevents = [\"heap\"]",
+                "not available in the daemon",
+            ),
+            (
+                "[sampling]\nevents = [\"cpu\", \" heap \"]",
                 "not available in the daemon",
             ),
             (
