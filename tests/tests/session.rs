@@ -1,6 +1,7 @@
 //! Session control: Ctrl-C ends a session early and still writes the outputs; progress is shown
 //! as plain lines when stderr is not a terminal, and as a bar when it is.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -23,6 +24,15 @@ fn ctrl_c_ends_the_session_and_writes_the_outputs() {
         .arg(&out)
         .arg("-o")
         .arg(&svg);
+    // NB: spanprof keeps a SIGINT it was started with ignored (a script's `&`): as from a
+    // terminal, it starts with the default here, whatever the test runner was started with.
+    // SAFETY: signal is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     let mut run = Background::spawn(cmd);
     run.wait_for_stderr("spanprof: profiling", Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(1500));
