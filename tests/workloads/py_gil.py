@@ -25,5 +25,8 @@ def start_and_join(seconds):
 
 
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+# Time for the profiler to find the interpreter: main blocks in join() once, for the whole run,
+# and that wait has Python frames only if the interpreter was known when it began.
+time.sleep(0.5)
 tids = start_and_join(seconds)
 print(json.dumps({"main": threading.get_native_id(), "spinners": tids}), flush=True)

@@ -85,7 +85,9 @@ pub(super) fn gil_waits(interp: &Interp) {
         }
     }
     // NB: only main's waits inside start_and_join() count: its start-up before is I/O (imports,
-    // reading files; a CI run in a fresh chroot: 418 ms), which is not what this test is about.
+    // reading files; a CI run in a fresh chroot: 418 ms) and the workload's 0.5 s sleep (for
+    // spanprof to find the interpreter before main blocks: without it, a fresh pyenv 3.9 or 3.12
+    // was found after main's one join began, and the join had no Python frames).
     let main_total = table.function_total("main", "start_and_join");
     let main_lock = table.get("main", "start_and_join", "lock");
     let main_gil = table.get("main", "start_and_join", "gil");
