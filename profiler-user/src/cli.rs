@@ -43,6 +43,9 @@ pub(crate) enum Cmd {
     Diff(DiffArgs),
     /// Check a profile against budgets: exit 3 when a function's share is over its budget.
     Check(CheckArgs),
+    /// Write the outputs of a session again from its recording (`profile --record`), without
+    /// root or BPF.
+    Replay(ReplayArgs),
     /// Profile the host (or selected processes) continuously, exporting OTLP profiles.
     Daemon(DaemonArgs),
     /// Check that profiling works here: calibrated workloads (or a target) profiled and
@@ -179,6 +182,10 @@ pub(crate) struct ProfileArgs {
     /// why) as JSON to FILE.
     #[arg(long, value_name = "FILE")]
     pub(crate) stats: Option<PathBuf>,
+    /// Also record the session to FILE (gzip), from which `spanprof replay` writes its outputs
+    /// again without root; it holds what the outputs hold (see docs/replay.md).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) record: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) privacy: PrivacyArgs,
     /// Put every sample under a root frame named after its span (`span`) or its thread
@@ -372,6 +379,32 @@ pub(crate) struct CheckArgs {
     /// may take at most this long on average, as their samples show (e.g. 'GET /servers=30ms').
     #[arg(long = "span-max", value_name = "NAME=DURATION")]
     pub(crate) span_max: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+                  sudo spanprof profile --record run.rec.gz -o run.svg -- ./bench\n  \
+                  spanprof replay run.rec.gz -o run.svg -o run.pb.gz\n  \
+                  spanprof replay run.rec.gz --group-by span -o by-span.svg\n\n\
+                  The outputs are the ones the recorded session wrote (or would have written) \
+                  in each format. Without -o it prints the session's summary only. \
+                  Exit status: 2 for bad arguments; 1 for other errors.")]
+pub(crate) struct ReplayArgs {
+    /// A recording written by `spanprof profile --record`.
+    #[arg(value_name = "RECORDING")]
+    pub(crate) recording: PathBuf,
+    /// Output file; repeat for several formats (see `spanprof profile --help`).
+    #[arg(short, long = "output", value_name = "FILE")]
+    pub(crate) output: Vec<PathBuf>,
+    /// Format of every output (svg, folded, pprof, speedscope, otlp), instead of the extension.
+    #[arg(long, value_name = "FORMAT")]
+    pub(crate) format: Option<String>,
+    /// Put every sample under a root frame named after its span (`span`) or its thread
+    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
+    #[arg(long, value_name = "GROUP")]
+    pub(crate) group_by: Option<String>,
+    #[command(flatten)]
+    pub(crate) privacy: PrivacyArgs,
 }
 
 /// A one-line error and the exit status it gets.

@@ -49,6 +49,7 @@ pub mod export;
 pub mod filter;
 pub mod format;
 pub mod offcpu;
+pub mod pipeline;
 pub mod preflight;
 pub mod privacy;
 pub mod profile;

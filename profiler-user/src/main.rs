@@ -19,8 +19,8 @@ use spanprof::write::PendingOutput;
 
 use cli::{
     fail, otlp_config, output_formats, parse_duration, parse_group_by, parse_pids,
-    sampling_options, usage, CheckArgs, Cli, Cmd, DiffArgs, Failure, ProfileArgs, ReportArgs,
-    VerifyArgs, EXIT_BUDGET, EXIT_FAILURE, EXIT_USAGE,
+    sampling_options, usage, CheckArgs, Cli, Cmd, DiffArgs, Failure, ProfileArgs, ReplayArgs,
+    ReportArgs, VerifyArgs, EXIT_BUDGET, EXIT_FAILURE, EXIT_USAGE,
 };
 use spanprof::{stats, summary};
 
@@ -51,6 +51,14 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let group = parse_group_by(args.group_by.as_deref())?;
     let exporter = otlp_config(&args)?;
     let privacy = args.privacy.parse()?;
+    if args.record.is_some() && !privacy.is_empty() {
+        // The recording keeps the facts the outputs are made of: it would show what the flags
+        // hide. `replay` takes the same flags.
+        return Err(usage(
+            "--record does not combine with --redact-paths or --drop-label: record without \
+             them, then give them to `spanprof replay`",
+        ));
+    }
     // From here on, Ctrl-C ends the session cleanly (and the temporary files are removed).
     collect::signals::install_session_handlers();
     // Create the (temporary) outputs before profiling, so an unwritable path fails in a moment
@@ -58,6 +66,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     let pending = pending_outputs(&args.output)?;
     let stats_out = args
         .stats
+        .as_deref()
+        .map(PendingOutput::create)
+        .transpose()
+        .map_err(fail)?;
+    let record_out = args
+        .record
         .as_deref()
         .map(PendingOutput::create)
         .transpose()
@@ -71,7 +85,11 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             kernel: !args.no_kernel,
             lines: !args.no_lines,
             python_only: args.python_only,
-            timestamps: exporter.is_some() || formats.contains(&Format::Otlp),
+            // A recording serves every format: OTLP's times too.
+            timestamps: exporter.is_some()
+                || formats.contains(&Format::Otlp)
+                || record_out.is_some(),
+            record: record_out.is_some(),
             ..aggregate::Options::default()
         },
         sampling,
@@ -177,6 +195,19 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             }
         }
     }
+    if let (Some(out), Some(recording)) = (record_out, outcome.recording.take()) {
+        let dest = out.dest().display().to_string();
+        match recording
+            .map_err(anyhow::Error::msg)
+            .and_then(|b| out.commit(&b))
+        {
+            Ok(()) => eprintln!("wrote {dest} (recording)"),
+            Err(e) => {
+                eprintln!("error: cannot write the recording {dest}: {e:#}");
+                status = EXIT_FAILURE;
+            }
+        }
+    }
     let overhead = &outcome.overhead;
     let after = session::process_cpu_time().saturating_sub(overhead.cpu_at_end_of_sampling);
     eprintln!("{}", summary::overhead_line(profile, overhead, after));
@@ -193,6 +224,33 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         }
     }
     Ok(status)
+}
+
+/// `spanprof replay`: the outputs of a recorded session, written again from its recording.
+fn replay(args: ReplayArgs) -> Result<u8, Failure> {
+    let formats = output_formats(&args.output, args.format.as_deref())?;
+    let group = parse_group_by(args.group_by.as_deref())?;
+    let privacy = args.privacy.parse()?;
+    let shown = args.recording.display();
+    let mut replayed = spanprof::pipeline::replay::replay_file(&args.recording)
+        .map_err(|e| Failure(EXIT_FAILURE, format!("{shown}: {e}")))?;
+    privacy.apply(&mut replayed.profile);
+    let profile = &replayed.profile;
+    eprintln!(
+        "spanprof replay: {shown}: {} samples recorded by spanprof {}",
+        replayed.samples, replayed.header.spanprof
+    );
+    let mut errors = [0u64; profiler_common::ERROR_COUNT as usize];
+    for (to, &from) in errors.iter_mut().zip(&replayed.errors) {
+        *to = from;
+    }
+    eprint!("{}", summary::render(profile, &errors));
+    let pending = pending_outputs(&args.output)?;
+    Ok(write_outputs(
+        profile,
+        group,
+        pending.into_iter().zip(formats).collect(),
+    ))
 }
 
 fn verify(args: VerifyArgs) -> Result<u8, Failure> {
@@ -856,6 +914,7 @@ fn main() -> ExitCode {
         Cmd::Report(args) => report(args),
         Cmd::Diff(args) => diff(args),
         Cmd::Check(args) => check(args),
+        Cmd::Replay(args) => replay(args),
         Cmd::Daemon(args) => spanprof::daemon::run(args.config)
             .map(|()| 0)
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),

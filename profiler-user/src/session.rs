@@ -87,6 +87,8 @@ pub struct Outcome {
     pub overhead: Overhead,
     /// Off-CPU time the profile does not hold (`--event offcpu`, `wall`).
     pub off_cpu_unseen: Option<OffCpuUnseen>,
+    /// With [`aggregate::Options::record`]: the recording (gzip), or why it could not be kept.
+    pub recording: Option<Result<Vec<u8>, String>>,
 }
 
 /// Whether this process is in the terminal's foreground process group, so a Ctrl-C from that
@@ -351,6 +353,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     overhead.records = c.agg.samples();
     progress.finish();
     let errors = c.programs.error_counts();
+    c.agg.set_errors(&errors);
     let off_cpu_unseen = events.off_cpu().then(|| OffCpuUnseen::of(&c.programs));
     if events.heap() {
         c.agg.set_live(c.programs.live_allocations());
@@ -383,7 +386,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         eprintln!("spanprof: symbolizing {} samples", agg.samples());
     }
     let unwind = agg.unwind_stats();
-    let profile = agg.into_profile(&mut symbolizer, &python, meta);
+    let (profile, recording) = agg.into_profile_recorded(&mut symbolizer, &python, meta);
     Ok(Outcome {
         profile,
         ending,
@@ -395,6 +398,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         stack_copy: copy,
         off_cpu_unseen,
         overhead,
+        recording,
     })
 }
 

@@ -22,7 +22,7 @@
 //! titles, file modes), `folded` (folded stacks), `python` (interpreters,
 //! py-spy, Python workloads and frames), `spans` (the tracing libraries and the
 //! `spans:` line) and `unwind` (`--stats`, the workloads without frame
-//! pointers); `daemon`, `otlp` and `rootfs` are used by their paths.
+//! pointers); `daemon`, `golden`, `otlp` and `rootfs` are used by their paths.
 
 /// A `Vec<OsString>` of command-line arguments from anything string- or path-like:
 /// `args!["profile", "--pid", pid.to_string(), "-o", &path]`.
@@ -38,6 +38,7 @@ macro_rules! args {
 pub mod daemon;
 mod env;
 mod folded;
+pub mod golden;
 pub mod otlp;
 mod output;
 mod process;

@@ -18,7 +18,7 @@ use crate::cache;
 use crate::run::{cargo, step};
 
 /// Every fuzz target (`fuzz/Cargo.toml`'s binaries).
-pub const TARGETS: [&str; 7] = [
+pub const TARGETS: [&str; 8] = [
     "pprof_profile",
     "folded_profile",
     "otlp_profile",
@@ -26,6 +26,7 @@ pub const TARGETS: [&str; 7] = [
     "otel_thread_ctx_elf",
     "python_line_table",
     "python_memory",
+    "recording",
 ];
 
 /// Seconds each target runs in `cargo xtask test`.

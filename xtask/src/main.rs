@@ -56,6 +56,11 @@ tasks:
              each (default: all) for N seconds (default 60) from its seeds in
              fuzz/corpus/TARGET; a crash fails it, with the input saved in
              target/fuzz/artifacts/TARGET/
+  golden     deps, workloads, release build, then record the five golden sessions
+             anew (tests/golden/NAME: native, python, spans, offcpu, alloc; a few
+             seconds each) with `spanprof profile --record`, check that each replay
+             writes what the session wrote, and replace the committed recordings
+             and expected outputs (needs root; see docs/development.md)
   demo       deps, workloads, release build, then profile the cpu_split workload
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
@@ -144,6 +149,7 @@ fn dispatch(args: &[String]) -> Result<()> {
             doc_check::run(&root, &build_release(&root)?)
         }
         Some("demo") => demo(&root),
+        Some("golden") => golden(&root),
         Some("bench") => bench(&root, &args[1..]),
         Some("fuzz") => fuzz::task(&root, &args[1..]),
         Some("help" | "-h" | "--help") => {
@@ -305,6 +311,33 @@ fn test(root: &Path) -> Result<()> {
     } else {
         bail!("failed: {}", failures.join(", "))
     }
+}
+
+/// Records the golden sessions anew: `tests/tests/replay_live.rs` with
+/// `SPANPROF_GOLDEN_RECORD=1`, then the golden test against what it wrote.
+fn golden(root: &Path) -> Result<()> {
+    if !is_root() {
+        bail!("`cargo xtask golden` needs root (it profiles the golden sessions)");
+    }
+    let env = deps::ensure(root)?;
+    let workloads = workloads::build(root)?;
+    let bin = build_release(root)?;
+    for (test, record) in [("replay_live", "1"), ("golden", "0")] {
+        step(&format!(
+            "cargo test --release -p spanprof-tests --test {test}"
+        ));
+        cargo(root)
+            .args(["test", "--release", "-p", "spanprof-tests", "--test", test])
+            .args(["--", "--test-threads=1"])
+            .env("SPANPROF_GOLDEN_RECORD", record)
+            .env("SPANPROF_BIN", &bin)
+            .env("SPANPROF_WORKLOADS", &workloads)
+            .env("SPANPROF_PYTHON", &env.python)
+            .env("SPANPROF_SPAN_LIBS", &env.span_libs)
+            .run()?;
+    }
+    step("golden recordings written to tests/golden/: review and commit them");
+    Ok(())
 }
 
 fn demo(root: &Path) -> Result<()> {

@@ -1,8 +1,15 @@
 //! Unit tests of the aggregator: records as the BPF programs write them, counted and merged.
 
 use super::*;
+use crate::offcpu::BlockFacts;
+use crate::pipeline::count::{block_facts, EMPTY};
+use crate::pipeline::resolve::{off_cpu_key, span_context};
 use crate::python::MergeInfo;
+use crate::python::TOKEN_ENTRY;
+use profiler_common::Sample as SampleRecord;
 use profiler_common::{SampleHeader, RECORD_SAMPLE, SAMPLE_HEADER_SIZE};
+use profiler_common::{SpanRecord, EVENT_OFFCPU, SPAN_OSP, SPAN_OTEL};
+use symbolizer::unwind::UnwindStatus;
 
 /// An 8-aligned ring buffer record as the BPF program writes it.
 fn record(pid: u32, tid: u32, kstack: &[u64], ustack: &[u64]) -> Vec<u64> {
@@ -35,20 +42,20 @@ fn counts_per_thread_and_stack_and_queues_new_addresses_once() {
     agg.record(&sample(&r1), &mut py);
     agg.record(&sample(&record(10, 12, &[], &[0x1000, 0x2000])), &mut py);
     assert_eq!(agg.samples(), 3);
-    assert_eq!(agg.counts.len(), 2, "two threads");
+    assert_eq!(agg.count.counts.len(), 2, "two threads");
     // In the kernel, the user leaf is the return address of the system call.
     assert_eq!(
-        agg.counts[&(10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         2
     );
-    assert_eq!(agg.user[&10].by_id()[1], [0xfff, 0x1fff]);
+    assert_eq!(agg.count.user[&10].by_id()[1], [0xfff, 0x1fff]);
     // In user mode the leaf is the interrupted instruction itself.
     assert_eq!(
-        agg.counts[&(10, 12, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 12, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
-    assert_eq!(agg.user[&10].by_id()[2], [0x1000, 0x1fff]);
-    assert_eq!(agg.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
+    assert_eq!(agg.count.user[&10].by_id()[2], [0x1000, 0x1fff]);
+    assert_eq!(agg.count.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
 }
 
 #[test]
@@ -75,12 +82,12 @@ fn off_cpu_records_add_their_weight_under_their_facts() {
         }
     );
     let key = (10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, off);
-    assert_eq!(agg.counts[&key].off_cpu_ns, 20_000_000);
-    assert_eq!(agg.counts[&key].samples, 0);
+    assert_eq!(agg.count.counts[&key].off_cpu_ns, 20_000_000);
+    assert_eq!(agg.count.counts[&key].samples, 0);
     // The timer sample of the same stack is counted apart.
     let key = (10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0);
-    assert_eq!(agg.counts[&key].samples, 1);
-    assert_eq!(agg.counts[&key].off_cpu_ns, 0);
+    assert_eq!(agg.count.counts[&key].samples, 1);
+    assert_eq!(agg.count.counts[&key].off_cpu_ns, 0);
     // A record without its user stack has no system call to go by.
     h.offcpu_flags = OFFCPU_NO_USER | OFFCPU_IOWAIT;
     h.syscall_arg0 = 0;
@@ -103,13 +110,13 @@ fn a_reused_tid_under_another_pid_is_another_thread() {
         &sample(&record(20, 11, &[], &[0x1000, 0x2000, 0x3000])),
         &mut py,
     );
-    assert_eq!(agg.threads.len(), 2);
+    assert_eq!(agg.count.threads.len(), 2);
     assert_eq!(
-        agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
     assert_eq!(
-        agg.counts[&(20, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(20, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
 }
@@ -179,10 +186,10 @@ fn no_kernel_drops_kernel_stacks() {
     let mut py = Python::new(false, false);
     agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
     assert_eq!(
-        agg.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
-    assert_eq!(agg.kernel.ids.len(), 1, "only the empty stack");
+    assert_eq!(agg.count.kernel.ids.len(), 1, "only the empty stack");
 }
 
 /// A span record with OpenTelemetry ids and the given flags and names.
