@@ -8,7 +8,9 @@ use crate::python::MergeInfo;
 use crate::python::TOKEN_ENTRY;
 use profiler_common::Sample as SampleRecord;
 use profiler_common::{SampleHeader, RECORD_SAMPLE, SAMPLE_HEADER_SIZE};
-use profiler_common::{SpanRecord, EVENT_OFFCPU, SPAN_OSP, SPAN_OTEL};
+use profiler_common::{
+    SpanRecord, EVENT_OFFCPU, OFFCPU_IOWAIT, OFFCPU_NO_USER, SPAN_OSP, SPAN_OTEL,
+};
 use symbolizer::unwind::UnwindStatus;
 
 /// An 8-aligned ring buffer record as the BPF program writes it.

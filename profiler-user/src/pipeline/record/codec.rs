@@ -126,6 +126,21 @@ pub fn bad(what: impl std::fmt::Display) -> Error {
     Error(format!("damaged recording: {what}"))
 }
 
+fn truncated(pos: u64) -> Error {
+    Error(format!(
+        "truncated: the recording ends after {pos} bytes (uncompressed), inside a record"
+    ))
+}
+
+/// An error of the (gzip) input at `pos`.
+fn io_error(pos: u64, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        truncated(pos)
+    } else {
+        Error(format!("bad gzip data: {e}"))
+    }
+}
+
 /// Reads the primitives of [`Enc`] from decompressed bytes, counting them.
 #[derive(Debug)]
 pub struct Dec<R> {
@@ -146,19 +161,8 @@ impl<R: BufRead> Dec<R> {
         }
     }
 
-    fn io(&self, e: std::io::Error) -> Error {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            self.truncated()
-        } else {
-            Error(format!("bad gzip data: {e}"))
-        }
-    }
-
     fn truncated(&self) -> Error {
-        Error(format!(
-            "truncated: the recording ends after {} bytes (uncompressed), inside a record",
-            self.pos
-        ))
+        truncated(self.pos)
     }
 
     fn advance(&mut self, n: usize) -> Result<()> {
@@ -174,13 +178,15 @@ impl<R: BufRead> Dec<R> {
 
     /// Whether the input has no byte left.
     pub fn at_end(&mut self) -> Result<bool> {
-        let buf = self.input.fill_buf().map_err(|e| self.io(e))?;
+        let pos = self.pos;
+        let buf = self.input.fill_buf().map_err(|e| io_error(pos, e))?;
         Ok(buf.is_empty())
     }
 
     /// One byte.
     pub fn u8(&mut self) -> Result<u8> {
-        let buf = self.input.fill_buf().map_err(|e| self.io(e))?;
+        let pos = self.pos;
+        let buf = self.input.fill_buf().map_err(|e| io_error(pos, e))?;
         let Some(&b) = buf.first() else {
             return Err(self.truncated());
         };
@@ -242,7 +248,8 @@ impl<R: BufRead> Dec<R> {
         let n = self.len(max, "bytes")?;
         out.clear();
         while out.len() < n {
-            let buf = self.input.fill_buf().map_err(|e| self.io(e))?;
+            let pos = self.pos;
+            let buf = self.input.fill_buf().map_err(|e| io_error(pos, e))?;
             if buf.is_empty() {
                 return Err(self.truncated());
             }

@@ -71,7 +71,7 @@ impl Recorder {
         };
         // The empty stack is index 0 of every table, written nowhere.
         for table in [&mut r.kernel, &mut r.user, &mut r.python] {
-            table.insert(Box::new([]), 0);
+            table.insert(Vec::new().into_boxed_slice(), 0);
         }
         let e = &mut r.enc;
         e.buf.extend_from_slice(MAGIC);
