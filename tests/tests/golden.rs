@@ -85,12 +85,7 @@ fn damaged_recordings_are_one_line_errors() {
     for (name, bytes, needle) in cases {
         let path = dir.join(name);
         std::fs::write(&path, bytes).unwrap();
-        let out = run_spanprof([
-            "replay".as_ref(),
-            path.as_os_str(),
-            "-o".as_ref(),
-            dir.join("x.svg").as_os_str(),
-        ]);
+        let out = run_spanprof(args!["replay", &path, "-o", dir.join("x.svg")]);
         assert_eq!(out.code(), 1, "{out}");
         let lines: Vec<&str> = out.stderr.lines().collect();
         assert_eq!(lines.len(), 1, "{out}");
