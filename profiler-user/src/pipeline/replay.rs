@@ -40,7 +40,7 @@ pub fn replay(input: impl BufRead) -> Result<Replayed> {
     let mut count = Counter::new(header.options);
     let mut errors = Vec::new();
     loop {
-        match reader.next()? {
+        match reader.next_event()? {
             Event::Sample(r) => {
                 // A new process's description is the next event.
                 count.count(&r);

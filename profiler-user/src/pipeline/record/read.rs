@@ -154,7 +154,7 @@ impl<R: BufRead> Reader<R> {
     }
 
     /// The next event; [`Event::End`] once the events are over.
-    pub fn next(&mut self) -> Result<Event<'_>> {
+    pub fn next_event(&mut self) -> Result<Event<'_>> {
         let tag = self.dec.u8()?;
         match tag {
             TAG_SAMPLE => self.sample().map(Event::Sample),
