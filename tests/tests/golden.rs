@@ -96,3 +96,45 @@ fn damaged_recordings_are_one_line_errors() {
         assert!(!dir.join("x.svg").exists());
     }
 }
+
+/// `--record` keeps what `--redact-paths` and `--drop-label` would hide: refused together,
+/// before anything is profiled (no root needed to be told).
+#[test]
+fn record_does_not_combine_with_privacy_flags() {
+    let dir = TempDir::new("record-privacy");
+    for flag in ["--redact-paths", "--drop-label=thread.name"] {
+        let out = run_spanprof(args![
+            "profile",
+            "--record",
+            dir.join("r.rec.gz"),
+            flag,
+            "--",
+            "true"
+        ]);
+        assert_eq!(out.code(), 2, "{out}");
+        assert!(
+            out.stderr
+                .contains("--record does not combine with --redact-paths or --drop-label"),
+            "{out}"
+        );
+        assert!(dir.entries().is_empty(), "{:?}", dir.entries());
+    }
+}
+
+/// `replay` takes the privacy flags: the paths of a recording are redacted in its outputs.
+#[test]
+fn replay_redacts_paths_when_asked() {
+    let dir = TempDir::new("replay-redact");
+    let recording = golden_root().join("native").join(RECORDING);
+    let out = run_spanprof(args![
+        "replay",
+        &recording,
+        "--redact-paths",
+        "-o",
+        dir.join("r.speedscope.json")
+    ]);
+    out.assert_success();
+    let text = std::fs::read_to_string(dir.join("r.speedscope.json")).unwrap();
+    assert!(text.contains("cpu_split.c"), "{text}");
+    assert!(!text.contains("/workloads/"), "{text}");
+}
