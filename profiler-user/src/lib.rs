@@ -13,13 +13,17 @@
 //!    or `heap`, uprobes on the malloc family and CPython's arena allocator send byte-sampled
 //!    allocations, and the heap profile tracks the sampled addresses until they are freed.
 //! 2. The [`collect::Collector`] (driven by [`session`], [`daemon`] and [`verify`]) drains the
-//!    ring buffer into the [`aggregate::Aggregator`], which interns stacks
-//!    and counts them per thread, and has new addresses normalized while processes are alive;
+//!    ring buffer into the [`aggregate::Aggregator`], which runs the [`pipeline`]'s resolve
+//!    stage (unwinding, Python naming: the live reads) and count stage (interning stacks and
+//!    counting them per thread), and has new addresses normalized while processes are alive;
 //!    [`python`] finds CPython processes, writes their offsets for the BPF walker, names
 //!    Python frames during the drain, and finds the tracing libraries' objects for the span
 //!    reader (every 50 ms, as modules are imported). Counts are kept per span context too.
-//! 3. At the end, the aggregate is symbolized (crate `symbolizer`) into a [`profile::Profile`],
-//!    Python frames merged into the native stacks ([`aggregate::merge`]).
+//! 3. At the end, the aggregate is symbolized (crate `symbolizer`) and assembled into a
+//!    [`profile::Profile`] from the counts and those facts as data ([`pipeline::assemble`]),
+//!    Python frames merged into the native stacks ([`aggregate::merge`]). `profile --record`
+//!    records what the count and assemble stages were given ([`pipeline::record`]);
+//!    `spanprof replay` runs them again from it ([`pipeline::replay`]).
 //! 4. [`format`] renders the profile as SVG, folded stacks, pprof (span ids and names as labels),
 //!    speedscope or OTLP, grouped by span if asked, and reads pprof, folded and OTLP files back;
 //!    [`write`](mod@write) puts the files in place atomically with mode 0600. [`filter`] keeps
