@@ -491,25 +491,26 @@ impl<R: BufRead> Reader<R> {
     }
 }
 
+/// Seconds of a time or duration at most: what fits in an `i64` of nanoseconds (year 2262), as
+/// the formats write them.
+const MAX_SECONDS: u64 = i64::MAX as u64 / 1_000_000_000 - 1;
+
 fn duration<R: BufRead>(d: &mut Dec<R>) -> Result<Duration> {
     let secs = d.var()?;
     let nanos = d.u32("nanoseconds")?;
-    if nanos >= 1_000_000_000 {
-        return Err(bad(format!("{nanos} nanoseconds")));
+    if nanos >= 1_000_000_000 || secs > MAX_SECONDS {
+        return Err(bad(format!("a time of {secs} s and {nanos} ns")));
     }
     Ok(Duration::new(secs, nanos))
 }
 
 fn meta<R: BufRead>(d: &mut Dec<R>) -> Result<Meta> {
     let target = d.str()?;
-    let before_epoch = d.bool()?;
-    let since = duration(d)?;
-    let start = if before_epoch {
-        SystemTime::UNIX_EPOCH.checked_sub(since)
-    } else {
-        SystemTime::UNIX_EPOCH.checked_add(since)
+    // NB: a session starts after 1970 (the formats cannot write an earlier start).
+    if d.bool()? {
+        return Err(bad("a start time before 1970"));
     }
-    .ok_or_else(|| bad("a start time out of range"))?;
+    let start = SystemTime::UNIX_EPOCH + duration(d)?;
     let duration = duration(d)?;
     let frequency = d.var()?;
     let f = d.u8()?;
