@@ -55,7 +55,7 @@ impl EventFilter {
             return Err(format!(
                 "--event {}: the profile has no such samples (it was profiled with --event {})",
                 self.name(),
-                crate::analysis::event_names(profile).join(",")
+                crate::event_names(profile).join(",")
             ));
         }
         match self {
@@ -98,7 +98,7 @@ pub struct Filter {
     pub osprofiler_id: Option<[u8; 16]>,
     /// `--span`: globs of span names (OpenTelemetry) or trace point names (OSProfiler); a
     /// sample in a span of any of them is kept.
-    pub span_names: Vec<crate::analysis::Pattern>,
+    pub span_names: Vec<crate::Pattern>,
 }
 
 impl Filter {
@@ -279,7 +279,7 @@ mod tests {
         let cpu = only(Some(EventFilter::Cpu), &[]).unwrap();
         assert!(!cpu.meta.events.off_cpu && cpu.meta.events.cpu);
         assert_eq!(
-            crate::summary::total_weight(&cpu),
+            crate::wording::total_weight(&cpu),
             11,
             "weighed in samples again"
         );
@@ -329,7 +329,7 @@ mod tests {
         let by_name = |globs: &[&str]| Filter {
             span_names: globs
                 .iter()
-                .map(|g| crate::analysis::Pattern::new(g))
+                .map(|g| crate::Pattern::new(g))
                 .collect(),
             ..Filter::default()
         };
