@@ -327,10 +327,7 @@ mod tests {
         assert_eq!(kept(&Filter::default()), (11, 3, 2));
         // By name: one span each; a glob over both kinds of name.
         let by_name = |globs: &[&str]| Filter {
-            span_names: globs
-                .iter()
-                .map(|g| crate::Pattern::new(g))
-                .collect(),
+            span_names: globs.iter().map(|g| crate::Pattern::new(g)).collect(),
             ..Filter::default()
         };
         assert_eq!(kept(&by_name(&[fixture::SPAN_NAME])).1, 1);

@@ -31,13 +31,13 @@ use std::time::{Duration, SystemTime};
 use anyhow::Result;
 use symbolizer::Symbolizer;
 
-use spanprof_pipeline::aggregate::{self, Aggregator};
 use crate::bpf::{KernelTime, Programs};
 use crate::profile::Meta;
 use crate::python::Python;
 use crate::target_cpu::TargetCpu;
 use discover::Probes;
 pub use options::{EventError, EventSet, Invalid, Memory, Options, Unwind};
+use spanprof_pipeline::aggregate::{self, Aggregator};
 pub use tick::{Waiter, TICK};
 
 /// A loaded collection: the programs, what finds processes, the aggregate, the symbolizer.

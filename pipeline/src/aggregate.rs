@@ -22,8 +22,8 @@ use symbolizer::{Symbol, Symbolizer};
 
 use crate::offcpu::{classify, BlockFacts};
 use crate::profile::{
-    Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample,
-    SpanContext, SpanName, Thread, Timed, scale_allocation,
+    scale_allocation, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats,
+    Sample, SpanContext, SpanName, Thread, Timed,
 };
 use crate::python::{split_token, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 use crate::resource::ProcessInfo;

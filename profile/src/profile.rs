@@ -8,7 +8,6 @@
 use std::time::{Duration, SystemTime};
 use symbolizer::unwind::UnwindStatus;
 
-
 /// What kind of code a frame belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameKind {

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use spanprof_collect::{self as collect, EventError, EventSet, Invalid, Unwind};
 use spanprof::command::CannotRun;
 use spanprof::export::{ExporterConfig, Protocol};
 use spanprof_analysis::filter::{self, Filter};
+use spanprof_collect::{self as collect, EventError, EventSet, Invalid, Unwind};
 use spanprof_profile::format::Format;
 use spanprof_profile::profile::GroupBy;
 

@@ -51,7 +51,9 @@
 // one `spanprof` crate was split keep naming them `crate::profile`, `crate::collect`… as before.
 use spanprof_analysis::stats;
 use spanprof_collect as collect;
-use spanprof_collect::{bpf, preflight, target_cpu};
+#[cfg(test)]
+use spanprof_collect::target_cpu;
+use spanprof_collect::{bpf, preflight};
 use spanprof_pipeline::aggregate;
 use spanprof_profile::{format, privacy, profile, resource, wording};
 

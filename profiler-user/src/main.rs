@@ -8,13 +8,13 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use spanprof_pipeline::aggregate;
-use spanprof_collect as collect;
 use spanprof::export::{ExporterConfig, Protocol};
+use spanprof::session::{self, Ending, Options, Target};
 use spanprof_analysis::filter::Filter;
+use spanprof_collect as collect;
+use spanprof_pipeline::aggregate;
 use spanprof_profile::format::{self, Format};
 use spanprof_profile::profile::{GroupBy, Profile};
-use spanprof::session::{self, Ending, Options, Target};
 use spanprof_profile::write::PendingOutput;
 
 use cli::{
@@ -611,7 +611,7 @@ fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
 }
 
 fn diff(args: DiffArgs) -> Result<u8, Failure> {
-    use spanprof_analysis::{self, Diff};
+    use spanprof_analysis::{self as analysis, Diff};
     let threshold = args
         .fail_on_regression
         .as_deref()
@@ -684,7 +684,7 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
 }
 
 fn check(args: CheckArgs) -> Result<u8, Failure> {
-    use spanprof_analysis::{self, Budget, Functions, ShareKind};
+    use spanprof_analysis::{self as analysis, Budget, Functions, ShareKind};
     let mut budgets = Vec::new();
     for (values, kind) in [
         (&args.max, ShareKind::Total),

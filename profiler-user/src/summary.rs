@@ -88,7 +88,7 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
 /// Where the targets' CPU time of a [`Cost`] comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TargetCpuSource {
-    /// `/proc/PID/stat` of the profiled processes ([`crate::target_cpu`]); `unreadable`
+    /// `/proc/PID/stat` of the profiled processes ([`target_cpu`](spanprof_collect::target_cpu)); `unreadable`
     /// processes could not be read (gone before their first read).
     Proc {
         /// Processes read.

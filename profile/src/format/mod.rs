@@ -448,8 +448,7 @@ pub mod fixture {
     /// Name of [`with_spans`]' first OSProfiler trace point.
     pub const OSP_NAME: &str = "wsgi";
     /// Name of its second trace point: the longest a name is kept ([`crate::profile::SPAN_NAME_MAX`]).
-    pub const LONG_NAME: &str =
-        "db.SELECT instances.uuid FROM instances WHERE instances.host = ?";
+    pub const LONG_NAME: &str = "db.SELECT instances.uuid FROM instances WHERE instances.host = ?";
 
     /// [`profile`] with span contexts: sample 0 in an OpenTelemetry span (`00f067aa0ba902b7`),
     /// sample 1 in an OSProfiler trace point (`22…`, base `11…`), sample 2 in both (span
