@@ -1,7 +1,7 @@
 //! `--span`, `--trace-id`, `--span-id`, `--osprofiler-id`, `--event` and `--thread` of
 //! `report`, `diff` and `check`: [`Filter`] keeps the samples of one trace or span (by id or
 //! span name glob), one measure ([`EventFilter`]) or some threads
-//! ([`Profile::retain_samples`]), of a profile read back by [`crate::format`].
+//! ([`Profile::retain_samples`]), of a profile read back by [`spanprof_profile::format`].
 
 use std::fmt;
 

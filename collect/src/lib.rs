@@ -8,7 +8,7 @@
 //! conditions; the daemon its scope, windows, export and reloads.
 //!
 //! Beside the collector: [`bpf`] loads the C programs of `profiler-ebpf/` (compiled by
-//! `build.rs`) and owns their maps and ring buffer; [`preflight`] checks capabilities and the
+//! `build.rs`) and owns their maps and ring buffer; [`preflight`](mod@preflight) checks capabilities and the
 //! kernel before anything is loaded; [`target_cpu`] measures the profiled processes' CPU time,
 //! what the overhead is a share of.
 

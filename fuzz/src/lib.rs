@@ -40,7 +40,7 @@ pub fn u32_at(data: &[u8], at: usize) -> u32 {
 /// function table, span times, the text and JSON reports, the run line, a diff with itself,
 /// every output format, and a read back of the pprof written.
 pub fn report_everything(profile: &spanprof_profile::profile::Profile) {
-    use spanprof_analysis::{self, Diff, Functions};
+    use spanprof_analysis::{self as analysis, Diff, Functions};
     use spanprof_profile::format::{self, Format};
     let functions = Functions::of(profile);
     let spans = analysis::span_times(profile, analysis::span_name_and_id).unwrap_or_default();

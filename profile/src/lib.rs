@@ -5,7 +5,7 @@
 //! - [`profile`]: the model ([`profile::Profile`]: samples of interned frames with their
 //!   thread, span context, unwind status and off-CPU reason; the run's metadata), and the
 //!   transformations every output shares (grouping by span, retaining samples).
-//! - [`format`]: one module per format, each reading and writing it (pprof, OTLP, folded
+//! - [`format`](mod@format): one module per format, each reading and writing it (pprof, OTLP, folded
 //!   stacks; SVG flame graphs and speedscope are written only).
 //! - [`wording`]: what every output, the summary and the reports say, in one place.
 //! - [`privacy`]: path redaction and label dropping before a profile is written or exported.
