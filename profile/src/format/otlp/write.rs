@@ -47,8 +47,7 @@ use opentelemetry_proto::tonic::profiles::v1development::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use crate::aggregate::scale_allocation;
-use crate::profile::{labels, Frame, FrameKind, Profile, Sample, Timed};
+use crate::profile::{labels, scale_allocation, Frame, FrameKind, Profile, Sample, Timed};
 use crate::resource::{resource_attributes, ProcessInfo, Value};
 
 /// The instrumentation scope of every profile.

@@ -38,7 +38,7 @@
 //! - An off-CPU sample's stack starts (at its root) with the pseudo-frame of its reason,
 //!   `[off-cpu: lock]`, and it carries the string label [`OFF_CPU_REASON_LABEL`]
 //!   (`off_cpu.reason`): `sleep`, `lock`, `io`, `gil` or `other`
-//!   ([`OffCpuReason::name`](crate::offcpu::OffCpuReason::name)); `go tool pprof -tagfocus
+//!   ([`OffCpuReason::name`](crate::profile::OffCpuReason::name)); `go tool pprof -tagfocus
 //!   off_cpu.reason=lock` keeps the lock waits.
 //! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread; but
 //!   the all-zero memory samples above), with
@@ -112,7 +112,7 @@ pub const UNWIND_LABEL: &str = "unwind";
 /// Sample label: why it is not complete ([`symbolizer::unwind::UnwindStatus::reason`]).
 pub const UNWIND_REASON_LABEL: &str = "unwind.reason";
 /// Sample label of an off-CPU sample: why the thread was blocked
-/// ([`OffCpuReason::name`](crate::offcpu::OffCpuReason::name)).
+/// ([`OffCpuReason::name`](crate::profile::OffCpuReason::name)).
 pub const OFF_CPU_REASON_LABEL: &str = "off_cpu.reason";
 
 /// Sample type: on-CPU perf events.

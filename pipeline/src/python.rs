@@ -29,7 +29,6 @@ use profiler_common::{
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::bpf::Programs;
 use symbolizer::otel_ctx::{read_process_ctx, ModuleCache, ProcessCtx, ThreadCtxVar, TlsAccess};
 use symbolizer::python::detect::{detect, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
@@ -336,6 +335,17 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Function id of [`unknown`], interned first.
 const UNKNOWN_FUNCTION: u32 = 0;
 
+/// Where the offsets of the processes found go: the BPF programs' `py_procs` and `span_procs`
+/// maps, which the collector's `bpf::Programs` (crate `spanprof-collect`) holds.
+pub trait KernelMaps {
+    /// Why a map write failed.
+    type Error: std::fmt::Display;
+    /// Tells the BPF program where a CPython process keeps its interpreter and threads.
+    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), Self::Error>;
+    /// Tells the BPF program where a CPython process keeps its threads' span contexts.
+    fn set_spans(&mut self, pid: u32, value: &SpanProc) -> Result<(), Self::Error>;
+}
+
 /// The CPython side of a session.
 #[derive(Debug)]
 pub struct Python {
@@ -469,7 +479,7 @@ impl Python {
     }
 
     /// Looks at every pending process that is due, and writes the BPF map for those found.
-    pub fn detect_pending(&mut self, programs: &mut Programs) {
+    pub fn detect_pending(&mut self, programs: &mut impl KernelMaps) {
         let now = Instant::now();
         let due: Vec<u32> = self
             .procs
@@ -514,12 +524,12 @@ impl Python {
     }
 
     /// Writes the `py_procs` entries of the processes found since the last call.
-    pub fn flush(&mut self, programs: &mut Programs) {
+    pub fn flush(&mut self, programs: &mut impl KernelMaps) {
         for (pid, value) in std::mem::take(&mut self.writes) {
             match programs.set_python(pid, &value) {
                 Ok(()) => {
                     if let Some(Proc::Ready(r)) = self.procs.get_mut(&pid) {
-                        r.since_ns = crate::bpf::monotonic_ns();
+                        r.since_ns = crate::monotonic_ns();
                     }
                 }
                 Err(e) => {

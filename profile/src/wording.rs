@@ -147,6 +147,39 @@ pub fn memory_text(profile: &Profile) -> String {
     }
 }
 
+/// The sum of [`Profile::weight`]: samples, nanoseconds when off-CPU time is in the profile, or
+/// bytes for a memory profile.
+pub fn total_weight(profile: &Profile) -> u64 {
+    profile
+        .samples
+        .iter()
+        .fold(0u64, |t, s| t.saturating_add(profile.weight(s)))
+}
+
+/// A weight as the summary writes it: `11` (samples) for an on-CPU profile, `405.5 ms` with
+/// off-CPU time, `812.0 MiB` for a memory profile.
+pub fn amount(profile: &Profile, weight: u64) -> String {
+    let events = profile.meta.events;
+    if events.in_bytes() {
+        size(weight)
+    } else if events.in_nanoseconds() {
+        millis(weight)
+    } else {
+        weight.to_string()
+    }
+}
+
+/// What follows an [`amount`] to say what it counts: ` samples` for an on-CPU profile (whose
+/// amounts are bare numbers), nothing when the amount has its unit (`405.5 ms`, `812.0 MiB`).
+pub fn unit_suffix(profile: &Profile) -> &'static str {
+    let events = profile.meta.events;
+    if events.in_bytes() || events.in_nanoseconds() {
+        ""
+    } else {
+        " samples"
+    }
+}
+
 /// What an empty profile means, for the summary and the empty flame graph.
 pub fn no_samples_text(events: Events) -> &'static str {
     if events.heap {

@@ -21,6 +21,9 @@ use profiler_common::{
     SCRATCH_SLOTS, TARGET_EXPLICIT,
 };
 
+use spanprof_pipeline::monotonic_ns;
+use spanprof_pipeline::python::KernelMaps;
+
 use crate::profile::DEFAULT_ALLOC_RATE;
 
 /// The compiled eBPF object.
@@ -782,13 +785,15 @@ impl Programs {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-parameter; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+/// The Python stage hands the offsets of the processes it finds to the maps through this.
+impl KernelMaps for Programs {
+    type Error = LoadError;
+
+    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), LoadError> {
+        Programs::set_python(self, pid, value)
+    }
+
+    fn set_spans(&mut self, pid: u32, value: &SpanProc) -> Result<(), LoadError> {
+        Programs::set_spans(self, pid, value)
+    }
 }

@@ -39,7 +39,7 @@
 //! | `alloc,heap` | the four, in that order | `inuse_space` | bytes in use at the end |
 //!
 //! Off-CPU samples start with a root pseudo-frame naming why the thread was blocked
-//! (`[off-cpu: lock]`, [`OffCpuReason::frame_name`](crate::offcpu::OffCpuReason::frame_name)),
+//! (`[off-cpu: lock]`, [`OffCpuReason::frame_name`](crate::profile::OffCpuReason::frame_name)),
 //! so every format separates the reasons; pprof also gives them the string label
 //! [`pprof::OFF_CPU_REASON_LABEL`] (`off_cpu.reason` = `sleep`, `lock`, `io`, `gil` or `other`).
 //!
@@ -295,12 +295,13 @@ fn validate(profile: &Profile) -> Result<(), OutputError> {
     Ok(())
 }
 
-/// A small hand-built profile shared by the sinks' tests.
-#[cfg(test)]
-pub(crate) mod fixture {
+/// A small hand-built profile shared by the sinks' tests (and, with the `fixture` feature, by
+/// the unit tests of the crates above).
+#[cfg(any(test, feature = "fixture"))]
+pub mod fixture {
     use std::time::{Duration, SystemTime};
 
-    use crate::offcpu::OffCpuReason;
+    use crate::profile::OffCpuReason;
     use crate::profile::{
         Events, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, Sample,
         SpanContext, SpanName, Thread,
@@ -323,7 +324,7 @@ pub(crate) mod fixture {
     ///
     /// Folded: `main;compute 8`, `main;compute;do_syscall_64_[k] 2`,
     /// `main;[unknown] (libfoo.so+0x1234) 1`; 11 samples, 4 lost, 100 Hz.
-    pub(crate) fn profile() -> Profile {
+    pub fn profile() -> Profile {
         Profile {
             meta: Meta {
                 target: "pid 100 (app)".to_string(),
@@ -436,26 +437,25 @@ pub(crate) mod fixture {
     }
 
     /// OpenTelemetry trace id of [`with_spans`]' spans.
-    pub(crate) const TRACE: [u8; 16] = [
+    pub const TRACE: [u8; 16] = [
         0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47,
         0x36,
     ];
     /// OSProfiler base id of [`with_spans`]' spans.
-    pub(crate) const BASE: [u8; 16] = [0x11; 16];
+    pub const BASE: [u8; 16] = [0x11; 16];
     /// Name of [`with_spans`]' first OpenTelemetry span.
-    pub(crate) const SPAN_NAME: &str = "GET /servers/{server_id}";
+    pub const SPAN_NAME: &str = "GET /servers/{server_id}";
     /// Name of [`with_spans`]' first OSProfiler trace point.
-    pub(crate) const OSP_NAME: &str = "wsgi";
+    pub const OSP_NAME: &str = "wsgi";
     /// Name of its second trace point: the longest a name is kept ([`crate::profile::SPAN_NAME_MAX`]).
-    pub(crate) const LONG_NAME: &str =
-        "db.SELECT instances.uuid FROM instances WHERE instances.host = ?";
+    pub const LONG_NAME: &str = "db.SELECT instances.uuid FROM instances WHERE instances.host = ?";
 
     /// [`profile`] with span contexts: sample 0 in an OpenTelemetry span (`00f067aa0ba902b7`),
     /// sample 1 in an OSProfiler trace point (`22…`, base `11…`), sample 2 in both (span
     /// `00f067aa0ba902b8`, trace point `33…` under `22…`), sample 3 in none. The first span and
     /// trace point have names ([`SPAN_NAME`], [`OSP_NAME`]), the span of sample 2 none (a span
     /// of the API alone), its trace point [`LONG_NAME`].
-    pub(crate) fn with_spans() -> Profile {
+    pub fn with_spans() -> Profile {
         let mut p = profile();
         p.spans = vec![
             SpanContext {
@@ -495,17 +495,17 @@ pub(crate) mod fixture {
     }
 
     /// Nanoseconds thread 0 was blocked on a lock in `main;compute;do_syscall_64`, in span 0.
-    pub(crate) const LOCK_NS: u64 = 30_000_000;
+    pub const LOCK_NS: u64 = 30_000_000;
     /// Nanoseconds thread 1 slept in `main`, in no span.
-    pub(crate) const SLEEP_NS: u64 = 250_000_000;
+    pub const SLEEP_NS: u64 = 250_000_000;
     /// Nanoseconds thread 1 was blocked on a lock in `main;compute` (frame 4), in span 1.
-    pub(crate) const LOCK2_NS: u64 = 15_500_000;
+    pub const LOCK2_NS: u64 = 15_500_000;
 
     /// [`with_spans`] profiled with `--event cpu,offcpu`: its 4 on-CPU samples (11 at 100 Hz,
     /// 110 ms), then 3 off-CPU samples under the pseudo-frames 5 `[off-cpu: lock]` and 6
     /// `[off-cpu: sleep]`: [`LOCK_NS`] (thread 0, span 0), [`SLEEP_NS`] (thread 1, no span),
     /// [`LOCK2_NS`] (thread 1, span 1); 295.5 ms off-CPU in all.
-    pub(crate) fn off_cpu() -> Profile {
+    pub fn off_cpu() -> Profile {
         let mut p = with_spans();
         p.meta.events = Events {
             cpu: true,
@@ -546,7 +546,7 @@ pub(crate) mod fixture {
     }
 
     /// [`off_cpu`] profiled with `--event offcpu`: its off-CPU samples alone.
-    pub(crate) fn off_cpu_only() -> Profile {
+    pub fn off_cpu_only() -> Profile {
         let mut p = off_cpu();
         p.meta.events = Events {
             cpu: false,
@@ -570,7 +570,7 @@ pub(crate) mod fixture {
     ///
     /// In all 34,567 allocations of 1,283,500,000 bytes (1.2 GiB), 1,037 of 823,500,000 bytes
     /// (785.4 MiB) in use at the end.
-    pub(crate) fn memory() -> Profile {
+    pub fn memory() -> Profile {
         let mut p = with_spans();
         p.meta.events = Events {
             cpu: false,
@@ -599,7 +599,7 @@ pub(crate) mod fixture {
     }
 
     /// [`memory`] profiled with `--event alloc`: nothing in use is tracked.
-    pub(crate) fn alloc_only() -> Profile {
+    pub fn alloc_only() -> Profile {
         let mut p = memory();
         p.meta.events.heap = false;
         for s in &mut p.samples {
@@ -610,14 +610,14 @@ pub(crate) mod fixture {
 
     /// [`memory`] profiled with `--event heap`: the samples still carry what was allocated (the
     /// heap is tracked from the sampled allocations), which the outputs do not show.
-    pub(crate) fn heap_only() -> Profile {
+    pub fn heap_only() -> Profile {
         let mut p = memory();
         p.meta.events.alloc = false;
         p
     }
 
     /// [`off_cpu`] profiled with `--event wall`.
-    pub(crate) fn wall() -> Profile {
+    pub fn wall() -> Profile {
         let mut p = off_cpu();
         p.meta.events = Events {
             cpu: true,

@@ -43,13 +43,25 @@
 //! `budget` (`--max`, `--max-self`, `--span-max`), `spans` (span times), `diff` (changes,
 //! regressions, the verdict), `report` (`spanprof report`'s text and JSON) and `text` (numbers
 //! as printed).
+//!
+//! Besides: [`filter`] keeps the samples of one trace, span, event or thread set of a profile
+//! read back (`--span`, `--trace-id`, `--event`, `--thread`…), and [`stats`] says how complete
+//! the native stacks of a profile are (the summary's `native stacks:` lines, `--stats`).
+
+// The modules of the profile crate at this crate's root: the modules moved here from the one
+// `spanprof` crate keep naming them `crate::profile`, `crate::format`… as before the split.
+#[cfg(test)]
+use spanprof_profile::format;
+use spanprof_profile::{profile, wording};
 
 mod budget;
 mod diff;
+pub mod filter;
 mod pattern;
 mod report;
 mod shares;
 mod spans;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 mod text;

@@ -5,7 +5,7 @@
 //! [`read_pprof`] turns the bytes of a `.pb.gz` (or plain `profile.proto`) that
 //! [`crate::format::pprof`] wrote back into the [`Profile`] it came from, so every sink of
 //! [`crate::format`] can render it again: a replayed file feeds the same sinks as a live session.
-//! [`crate::filter::Filter`] then keeps the samples asked for.
+//! `Filter` (crate `spanprof-analysis`) then keeps the samples asked for.
 //!
 //! What comes back, from what the writer put in the file:
 //!
@@ -69,7 +69,7 @@ use crate::format::pprof::{
     SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
 };
 use crate::format::ReadError;
-use crate::offcpu::OffCpuReason;
+use crate::profile::OffCpuReason;
 use crate::profile::{
     labels, parse_hex, parse_uuid, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile,
     PythonStats, Sample, SpanContext, SpanName, Thread,

@@ -13,6 +13,7 @@ mod lists;
 #[cfg(test)]
 mod tests;
 
+use crate::profile::OffCpuReason;
 use lists::{
     GIL_FUNCTIONS, GIL_PRIMITIVES, IO_SYSCALLS, KERNEL_IO, KERNEL_LOCK, KERNEL_SLEEP,
     LOCK_SYSCALLS, NATIVE_LOCK, NATIVE_SLEEP, SLEEP_IF_ARG0_ZERO,
@@ -20,53 +21,6 @@ use lists::{
 
 /// Blocked intervals shorter than this are not counted (`--offcpu-min`, `sampling.offcpu_min`).
 pub const DEFAULT_MIN: &str = "5us";
-
-/// Why a thread was off CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum OffCpuReason {
-    /// Sleeping on purpose: `nanosleep`, `time.sleep`, a `select` without file descriptors.
-    Sleep,
-    /// Waiting for a lock, a semaphore, a condition or another futex.
-    Lock,
-    /// Waiting for I/O: network, disk, pipes, `poll`/`epoll`/`select` on descriptors.
-    Io,
-    /// Waiting for CPython's global interpreter lock.
-    Gil,
-    /// Anything else (page faults, signals, ptrace stops, unknown system calls).
-    Other,
-}
-
-impl OffCpuReason {
-    /// Every reason, in the order summaries list them.
-    pub const ALL: [OffCpuReason; 5] = [
-        OffCpuReason::Sleep,
-        OffCpuReason::Lock,
-        OffCpuReason::Io,
-        OffCpuReason::Gil,
-        OffCpuReason::Other,
-    ];
-
-    /// The label value: `sleep`, `lock`, `io`, `gil` or `other`.
-    pub fn name(self) -> &'static str {
-        match self {
-            OffCpuReason::Sleep => "sleep",
-            OffCpuReason::Lock => "lock",
-            OffCpuReason::Io => "io",
-            OffCpuReason::Gil => "gil",
-            OffCpuReason::Other => "other",
-        }
-    }
-
-    /// The inverse of [`OffCpuReason::name`].
-    pub fn from_name(name: &str) -> Option<OffCpuReason> {
-        OffCpuReason::ALL.into_iter().find(|r| r.name() == name)
-    }
-
-    /// The pseudo-frame at the root of an off-CPU stack: `[off-cpu: lock]`.
-    pub fn frame_name(self) -> String {
-        format!("[off-cpu: {}]", self.name())
-    }
-}
 
 /// What the kernel recorded of one blocked interval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

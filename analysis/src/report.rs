@@ -66,7 +66,7 @@ pub fn report_text(
         return s;
     }
     let rows = rows_shown(functions, top);
-    let amount = |w: u64| crate::summary::amount(profile, w);
+    let amount = |w: u64| crate::wording::amount(profile, w);
     let widths = rows.iter().fold((0, 0), |(a, b), r| {
         (
             a.max(amount(r.self_weight).len()),

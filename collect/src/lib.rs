@@ -1,11 +1,25 @@
-//! The collector that `spanprof profile` ([`crate::session`]), `spanprof daemon`
-//! ([`crate::daemon`]) and `spanprof verify` drive: load the programs ([`Collector::load`]),
+//! The collector that `spanprof profile` (`session.rs` of the `spanprof` crate), `spanprof
+//! daemon` (`daemon/`) and `spanprof verify` drive: load the programs ([`Collector::load`]),
 //! add and discover targets ([`discover`]), tick ([`tick`]: drain, probe new processes,
 //! normalize), take a window or stop ([`Collector::stop`]), and measure its own cost
 //! ([`Collector::cost_since_mark`]). What it samples, and how, is one [`Options`].
 //!
 //! The front ends keep only what is theirs: a session its targets, progress and stop
 //! conditions; the daemon its scope, windows, export and reloads.
+//!
+//! Beside the collector: [`bpf`] loads the C programs of `profiler-ebpf/` (compiled by
+//! `build.rs`) and owns their maps and ring buffer; [`preflight`](mod@preflight) checks capabilities and the
+//! kernel before anything is loaded; [`target_cpu`] measures the profiled processes' CPU time,
+//! what the overhead is a share of.
+
+// The modules of the crates below at this crate's root: the modules moved here from the one
+// `spanprof` crate keep naming them `crate::python`, `crate::profile`… as before the split.
+use spanprof_pipeline::{offcpu, python};
+use spanprof_profile::{profile, resource, write};
+
+pub mod bpf;
+pub mod preflight;
+pub mod target_cpu;
 
 pub mod discover;
 pub mod options;
@@ -17,13 +31,13 @@ use std::time::{Duration, SystemTime};
 use anyhow::Result;
 use symbolizer::Symbolizer;
 
-use crate::aggregate::{self, Aggregator};
 use crate::bpf::{KernelTime, Programs};
 use crate::profile::Meta;
 use crate::python::Python;
 use crate::target_cpu::TargetCpu;
 use discover::Probes;
 pub use options::{EventError, EventSet, Invalid, Memory, Options, Unwind};
+use spanprof_pipeline::aggregate::{self, Aggregator};
 pub use tick::{Waiter, TICK};
 
 /// A loaded collection: the programs, what finds processes, the aggregate, the symbolizer.

@@ -1,7 +1,7 @@
 //! `--span`, `--trace-id`, `--span-id`, `--osprofiler-id`, `--event` and `--thread` of
 //! `report`, `diff` and `check`: [`Filter`] keeps the samples of one trace or span (by id or
 //! span name glob), one measure ([`EventFilter`]) or some threads
-//! ([`Profile::retain_samples`]), of a profile read back by [`crate::format`].
+//! ([`Profile::retain_samples`]), of a profile read back by [`spanprof_profile::format`].
 
 use std::fmt;
 
@@ -55,7 +55,7 @@ impl EventFilter {
             return Err(format!(
                 "--event {}: the profile has no such samples (it was profiled with --event {})",
                 self.name(),
-                crate::analysis::event_names(profile).join(",")
+                crate::event_names(profile).join(",")
             ));
         }
         match self {
@@ -98,7 +98,7 @@ pub struct Filter {
     pub osprofiler_id: Option<[u8; 16]>,
     /// `--span`: globs of span names (OpenTelemetry) or trace point names (OSProfiler); a
     /// sample in a span of any of them is kept.
-    pub span_names: Vec<crate::analysis::Pattern>,
+    pub span_names: Vec<crate::Pattern>,
 }
 
 impl Filter {
@@ -279,7 +279,7 @@ mod tests {
         let cpu = only(Some(EventFilter::Cpu), &[]).unwrap();
         assert!(!cpu.meta.events.off_cpu && cpu.meta.events.cpu);
         assert_eq!(
-            crate::summary::total_weight(&cpu),
+            crate::wording::total_weight(&cpu),
             11,
             "weighed in samples again"
         );
@@ -327,10 +327,7 @@ mod tests {
         assert_eq!(kept(&Filter::default()), (11, 3, 2));
         // By name: one span each; a glob over both kinds of name.
         let by_name = |globs: &[&str]| Filter {
-            span_names: globs
-                .iter()
-                .map(|g| crate::analysis::Pattern::new(g))
-                .collect(),
+            span_names: globs.iter().map(|g| crate::Pattern::new(g)).collect(),
             ..Filter::default()
         };
         assert_eq!(kept(&by_name(&[fixture::SPAN_NAME])).1, 1);

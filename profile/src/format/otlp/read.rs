@@ -24,8 +24,8 @@ use prost::Message;
 use symbolizer::unwind::UnwindStatus;
 
 use crate::format::ReadError;
-use crate::offcpu::OffCpuReason;
 use crate::profile::parse_uuid;
+use crate::profile::OffCpuReason;
 use crate::profile::{
     labels, Events, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats,
     Sample, SpanContext, SpanName, Thread,

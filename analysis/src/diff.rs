@@ -275,7 +275,7 @@ pub fn diff_text(base: (&Profile, &str), new: (&Profile, &str), diff: &Diff, top
     let _ = writeln!(s, "spanprof diff: {} -> {}", base.1, new.1);
     let _ = writeln!(s, "  base: {}", run_line(base.0));
     let _ = writeln!(s, "  new:  {}", run_line(new.0));
-    let amount = |p: &Profile, f: &Functions| crate::summary::amount(p, f.total);
+    let amount = |p: &Profile, f: &Functions| crate::wording::amount(p, f.total);
     if diff.base.total > 0 {
         let _ = writeln!(
             s,

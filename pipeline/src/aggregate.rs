@@ -22,8 +22,8 @@ use symbolizer::{Symbol, Symbolizer};
 
 use crate::offcpu::{classify, BlockFacts};
 use crate::profile::{
-    Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats, Sample,
-    SpanContext, SpanName, Thread, Timed,
+    scale_allocation, Frame, FrameKind, Memory, Meta, OsProfilerIds, Process, Profile, PythonStats,
+    Sample, SpanContext, SpanName, Thread, Timed,
 };
 use crate::python::{split_token, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 use crate::resource::ProcessInfo;
@@ -170,20 +170,6 @@ const ALLOC_KEY: u32 = 2;
 /// Sampled allocations whose stacks are remembered for the heap profile, at most (about 50
 /// MiB); later ones still count as allocated, and as unattributed if still in use at the end.
 const MAX_HEAP_SITES: usize = 1 << 20;
-
-/// How many allocations and bytes one sampled allocation of `size` bytes stands for, sampled
-/// at `rate` bytes on average (Poisson sampling by bytes: it was sampled with probability
-/// `1 - exp(-size / rate)`); `rate <= 1` samples every allocation.
-pub fn scale_allocation(size: u64, rate: u64) -> (f64, f64) {
-    if rate <= 1 {
-        return (1.0, size as f64);
-    }
-    let p = -(-(size as f64) / rate as f64).exp_m1();
-    if p <= 0.0 {
-        return (0.0, 0.0);
-    }
-    (1.0 / p, size as f64 / p)
-}
 
 /// The facts of an off-CPU record that its reason depends on, packed: bit 0 set (off-CPU),
 /// bit 1 in I/O wait, bit 2 the first argument was 0, bits 16.. the system call number + 1
@@ -912,7 +898,7 @@ fn unix_offset_ns() -> i64 {
     let unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    unix - crate::bpf::monotonic_ns() as i64
+    unix - crate::monotonic_ns() as i64
 }
 
 /// The process's name: `/proc/PID/comm` of the main thread, else the sampled thread's comm.

@@ -8,8 +8,6 @@
 use std::time::{Duration, SystemTime};
 use symbolizer::unwind::UnwindStatus;
 
-use crate::offcpu::OffCpuReason;
-
 /// What kind of code a frame belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FrameKind {
@@ -103,7 +101,7 @@ pub struct Sample {
     /// Number of on-CPU perf events that hit this stack on this thread (0 for off-CPU samples).
     pub count: u64,
     /// Nanoseconds this thread spent blocked in this stack (0 for on-CPU samples), an unbiased
-    /// estimate from sampled intervals ([`crate::offcpu`]).
+    /// estimate from sampled intervals (`offcpu` of crate `spanprof-pipeline`).
     pub off_cpu_ns: u64,
     /// Why the thread was blocked: `Some` exactly for off-CPU samples, whose first frame is the
     /// reason's pseudo-frame ([`OffCpuReason::frame_name`]).
@@ -466,6 +464,20 @@ impl Default for Events {
 /// `--alloc-rate` default: one sample per 512 KiB allocated on average, as Go and tcmalloc do.
 pub const DEFAULT_ALLOC_RATE: u64 = 512 * 1024;
 
+/// How many allocations and bytes one sampled allocation of `size` bytes stands for, sampled
+/// at `rate` bytes on average (Poisson sampling by bytes: it was sampled with probability
+/// `1 - exp(-size / rate)`); `rate <= 1` samples every allocation.
+pub fn scale_allocation(size: u64, rate: u64) -> (f64, f64) {
+    if rate <= 1 {
+        return (1.0, size as f64);
+    }
+    let p = -(-(size as f64) / rate as f64).exp_m1();
+    if p <= 0.0 {
+        return (0.0, 0.0);
+    }
+    (1.0 / p, size as f64 / p)
+}
+
 impl Events {
     /// Whether sample weights are nanoseconds (a time profile with off-CPU time in it).
     pub fn in_nanoseconds(&self) -> bool {
@@ -741,6 +753,53 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
         parse_hex(&s.replace('-', ""))
     } else {
         parse_hex(s)
+    }
+}
+
+/// Why a thread was off CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OffCpuReason {
+    /// Sleeping on purpose: `nanosleep`, `time.sleep`, a `select` without file descriptors.
+    Sleep,
+    /// Waiting for a lock, a semaphore, a condition or another futex.
+    Lock,
+    /// Waiting for I/O: network, disk, pipes, `poll`/`epoll`/`select` on descriptors.
+    Io,
+    /// Waiting for CPython's global interpreter lock.
+    Gil,
+    /// Anything else (page faults, signals, ptrace stops, unknown system calls).
+    Other,
+}
+
+impl OffCpuReason {
+    /// Every reason, in the order summaries list them.
+    pub const ALL: [OffCpuReason; 5] = [
+        OffCpuReason::Sleep,
+        OffCpuReason::Lock,
+        OffCpuReason::Io,
+        OffCpuReason::Gil,
+        OffCpuReason::Other,
+    ];
+
+    /// The label value: `sleep`, `lock`, `io`, `gil` or `other`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OffCpuReason::Sleep => "sleep",
+            OffCpuReason::Lock => "lock",
+            OffCpuReason::Io => "io",
+            OffCpuReason::Gil => "gil",
+            OffCpuReason::Other => "other",
+        }
+    }
+
+    /// The inverse of [`OffCpuReason::name`].
+    pub fn from_name(name: &str) -> Option<OffCpuReason> {
+        OffCpuReason::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// The pseudo-frame at the root of an off-CPU stack: `[off-cpu: lock]`.
+    pub fn frame_name(self) -> String {
+        format!("[off-cpu: {}]", self.name())
     }
 }
 
