@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(profile) = spanprof::format::otlp::read_otlp(data) {
+    if let Ok(profile) = spanprof_profile::format::otlp::read_otlp(data) {
         spanprof_fuzz::report_everything(&profile);
     }
 });

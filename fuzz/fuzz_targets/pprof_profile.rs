@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use spanprof::format::pprof as report;
-use spanprof::privacy::{PathMode, Privacy};
+use spanprof_profile::format::pprof as report;
+use spanprof_profile::privacy::{PathMode, Privacy};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(mut profile) = report::read_pprof(data) else {

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use spanprof::pipeline::replay;
+use spanprof_pipeline::replay;
 
 fuzz_target!(|data: &[u8]| {
     let replayed = if data.starts_with(&[0x1f, 0x8b]) {

@@ -39,9 +39,9 @@ pub fn u32_at(data: &[u8], at: usize) -> u32 {
 /// What `report`, `diff` and `check` compute and render from a profile they read: the
 /// function table, span times, the text and JSON reports, the run line, a diff with itself,
 /// every output format, and a read back of the pprof written.
-pub fn report_everything(profile: &spanprof::profile::Profile) {
-    use spanprof::analysis::{self, Diff, Functions};
-    use spanprof::format::{self, Format};
+pub fn report_everything(profile: &spanprof_profile::profile::Profile) {
+    use spanprof_analysis::{self as analysis, Diff, Functions};
+    use spanprof_profile::format::{self, Format};
     let functions = Functions::of(profile);
     let spans = analysis::span_times(profile, analysis::span_name_and_id).unwrap_or_default();
     let _ = analysis::report_text(profile, &functions, &spans, 20);
@@ -61,7 +61,7 @@ pub fn report_everything(profile: &spanprof::profile::Profile) {
     ] {
         if let Ok(bytes) = format::render(profile, format) {
             if format == Format::Pprof {
-                let _ = spanprof::format::pprof::read_pprof(&bytes);
+                let _ = spanprof_profile::format::pprof::read_pprof(&bytes);
             }
         }
     }

@@ -403,7 +403,7 @@ fn rust_layout_matches_c_header() {
 }
 
 /// The header as the eBPF programs see it: the compiler, target and flags that
-/// profiler-user/build.rs compiles them with (clang from `$SPANPROF_CLANG`, else `clang-19`,
+/// collect/build.rs compiles them with (clang from `$SPANPROF_CLANG`, else `clang-19`,
 /// else `clang`), so the layout checked is the one in the loaded object.
 #[test]
 fn rust_layout_matches_c_header_for_bpf() {

@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use spanprof::collect::{self, EventError, EventSet, Invalid, Unwind};
 use spanprof::command::CannotRun;
 use spanprof::export::{ExporterConfig, Protocol};
-use spanprof::filter::{self, Filter};
-use spanprof::format::Format;
-use spanprof::profile::GroupBy;
+use spanprof_analysis::filter::{self, Filter};
+use spanprof_collect::{self as collect, EventError, EventSet, Invalid, Unwind};
+use spanprof_profile::format::Format;
+use spanprof_profile::profile::GroupBy;
 
 /// Exit status for bad command-line input.
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -133,13 +133,13 @@ pub(crate) struct ProfileArgs {
     #[arg(long, value_name = "BYTES", help = format!(
         "With alloc or heap: bytes allocated between two samples on average (1: every \
          allocation) [default: {}]",
-        spanprof::profile::DEFAULT_ALLOC_RATE
+        spanprof_profile::profile::DEFAULT_ALLOC_RATE
     ))]
     pub(crate) alloc_rate: Option<u64>,
     #[arg(long, value_name = "DURATION", help = format!(
         "With offcpu or wall: blocked intervals shorter than this are not counted \
          [default: {}]",
-        spanprof::offcpu::DEFAULT_MIN
+        spanprof_pipeline::offcpu::DEFAULT_MIN
     ))]
     pub(crate) offcpu_min: Option<String>,
     /// Samples per second on each CPU; off-CPU intervals are sampled at the same rate of time
@@ -257,8 +257,8 @@ pub(crate) struct PrivacyArgs {
 }
 
 impl PrivacyArgs {
-    pub(crate) fn parse(&self) -> Result<spanprof::privacy::Privacy, Failure> {
-        use spanprof::privacy::{PathMode, Privacy};
+    pub(crate) fn parse(&self) -> Result<spanprof_profile::privacy::Privacy, Failure> {
+        use spanprof_profile::privacy::{PathMode, Privacy};
         let redact_paths = self
             .redact_paths
             .as_deref()
@@ -618,31 +618,31 @@ impl FilterArgs {
             span_names: self
                 .span
                 .iter()
-                .map(|n| spanprof::analysis::Pattern::new(n))
+                .map(|n| spanprof_analysis::Pattern::new(n))
                 .collect(),
             trace_id: parse_id(
                 self.trace_id.as_deref(),
                 "--trace-id",
                 "32 hex digits",
-                spanprof::profile::parse_hex,
+                spanprof_profile::profile::parse_hex,
             )?,
             span_id: parse_id(
                 self.span_id.as_deref(),
                 "--span-id",
                 "16 hex digits",
-                spanprof::profile::parse_hex,
+                spanprof_profile::profile::parse_hex,
             )?,
             base_id: parse_id(
                 self.base_id.as_deref(),
                 "--base-id",
                 UUID,
-                spanprof::profile::parse_uuid,
+                spanprof_profile::profile::parse_uuid,
             )?,
             osprofiler_id: parse_id(
                 self.osprofiler_id.as_deref(),
                 "--osprofiler-id",
                 UUID,
-                spanprof::profile::parse_uuid,
+                spanprof_profile::profile::parse_uuid,
             )?,
         })
     }

@@ -8,21 +8,23 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use spanprof::aggregate;
-use spanprof::collect;
 use spanprof::export::{ExporterConfig, Protocol};
-use spanprof::filter::Filter;
-use spanprof::format::{self, Format};
-use spanprof::profile::{GroupBy, Profile};
 use spanprof::session::{self, Ending, Options, Target};
-use spanprof::write::PendingOutput;
+use spanprof_analysis::filter::Filter;
+use spanprof_collect as collect;
+use spanprof_pipeline::aggregate;
+use spanprof_profile::format::{self, Format};
+use spanprof_profile::profile::{GroupBy, Profile};
+use spanprof_profile::write::PendingOutput;
 
 use cli::{
     fail, otlp_config, output_formats, parse_duration, parse_group_by, parse_pids,
     sampling_options, usage, CheckArgs, Cli, Cmd, DiffArgs, Failure, ProfileArgs, ReplayArgs,
     ReportArgs, VerifyArgs, EXIT_BUDGET, EXIT_FAILURE, EXIT_USAGE,
 };
-use spanprof::{stats, summary};
+use spanprof::summary;
+use spanprof_analysis::stats;
+use spanprof_profile::wording;
 
 /// Largest profile file `report`, `diff` and `check` read.
 const MAX_INPUT_BYTES: u64 = 1 << 30;
@@ -113,8 +115,8 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     if let Ending::TargetsExited(_) = outcome.ending {
         eprintln!(
             "spanprof: every target exited; writing the {}{} gathered",
-            summary::amount(profile, summary::total_weight(profile)),
-            match summary::unit_suffix(profile) {
+            wording::amount(profile, wording::total_weight(profile)),
+            match wording::unit_suffix(profile) {
                 "" => "",
                 _ => " samples",
             }
@@ -167,7 +169,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             "spanprof: {} module files could not be read for their unwind tables: their frames \
              were unwound by frame pointer{}",
             outcome.unwind.modules_unreadable,
-            spanprof::preflight::file_access_hint()
+            spanprof_collect::preflight::file_access_hint()
                 .map_or(String::new(), |hint| format!(" ({hint})"))
         );
     }
@@ -232,7 +234,7 @@ fn replay(args: ReplayArgs) -> Result<u8, Failure> {
     let group = parse_group_by(args.group_by.as_deref())?;
     let privacy = args.privacy.parse()?;
     let shown = args.recording.display();
-    let mut replayed = spanprof::pipeline::replay::replay_file(&args.recording)
+    let mut replayed = spanprof_pipeline::replay::replay_file(&args.recording)
         .map_err(|e| Failure(EXIT_FAILURE, format!("{shown}: {e}")))?;
     privacy.apply(&mut replayed.profile);
     let profile = &replayed.profile;
@@ -311,8 +313,8 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
 fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
     let endpoint = config.endpoint.clone();
     let protocol = config.protocol.name();
-    let request = spanprof::format::otlp::request(profile);
-    let profiles = spanprof::format::otlp::profile_count(&request);
+    let request = spanprof_profile::format::otlp::request(profile);
+    let profiles = spanprof_profile::format::otlp::profile_count(&request);
     let result = spanprof::export::export_once(config, &request);
     match result {
         Ok(accepted) if accepted.rejected_profiles > 0 => {
@@ -410,9 +412,9 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
         });
     }
     let read = match Format::from_path(path) {
-        Some(Format::Folded) => spanprof::format::folded::read_folded(&bytes),
-        Some(Format::Otlp) => spanprof::format::otlp::read_otlp(&bytes),
-        _ => spanprof::format::pprof::read_pprof(&bytes),
+        Some(Format::Folded) => spanprof_profile::format::folded::read_folded(&bytes),
+        Some(Format::Otlp) => spanprof_profile::format::otlp::read_otlp(&bytes),
+        _ => spanprof_profile::format::pprof::read_pprof(&bytes),
     };
     read.map_err(|e| {
         Failure(
@@ -449,7 +451,7 @@ fn read_capped(mut from: impl std::io::Read, bytes: &mut Vec<u8>) -> std::io::Re
 /// `405.5 ms`) and its number of span contexts.
 struct Filtered {
     profile: Profile,
-    /// The total and what follows it ([`summary::unit_suffix`]).
+    /// The total and what follows it ([`wording::unit_suffix`]).
     before: (String, &'static str),
     spans: usize,
 }
@@ -458,7 +460,7 @@ struct Filtered {
 fn read_filtered(path: &Path, filter: &Filter) -> Result<Filtered, Failure> {
     let mut profile = read_profile(path)?;
     // Weights: samples of an on-CPU profile, nanoseconds once off-CPU time is in it.
-    let amount = |p: &Profile, w: u64| (summary::amount(p, w), summary::unit_suffix(p));
+    let amount = |p: &Profile, w: u64| (wording::amount(p, w), wording::unit_suffix(p));
     let in_spans: u64 = profile
         .samples
         .iter()
@@ -466,14 +468,14 @@ fn read_filtered(path: &Path, filter: &Filter) -> Result<Filtered, Failure> {
         .map(|s| profile.weight(s))
         .sum();
     let (before, in_spans, spans) = (
-        amount(&profile, summary::total_weight(&profile)),
-        summary::amount(&profile, in_spans),
+        amount(&profile, wording::total_weight(&profile)),
+        wording::amount(&profile, in_spans),
         profile.spans.len(),
     );
     filter
         .apply(&mut profile)
         .map_err(|e| Failure(EXIT_FAILURE, format!("{}: {e}", path.display())))?;
-    if !filter.is_empty() && summary::total_weight(&profile) == 0 {
+    if !filter.is_empty() && wording::total_weight(&profile) == 0 {
         return Err(Failure(
             EXIT_FAILURE,
             format!(
@@ -615,16 +617,16 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     let profile = &read.profile;
     let grouped = group.map(|g| profile.grouped(g));
     let shown = grouped.as_ref().unwrap_or(profile);
-    let functions = spanprof::analysis::Functions::of(shown);
+    let functions = spanprof_analysis::Functions::of(shown);
     // A memory profile has no span times.
     let named = span_times(shown).unwrap_or_default();
     let render = |format: ReportFormat| -> Result<Vec<u8>> {
         Ok(match format {
             ReportFormat::Text => {
-                spanprof::analysis::report_text(shown, &functions, &named, args.top).into_bytes()
+                spanprof_analysis::report_text(shown, &functions, &named, args.top).into_bytes()
             }
             ReportFormat::Json => {
-                spanprof::analysis::report_json(shown, &functions, &named, args.top).into_bytes()
+                spanprof_analysis::report_json(shown, &functions, &named, args.top).into_bytes()
             }
             ReportFormat::Profile(f) => format::render(shown, f)?,
         })
@@ -648,9 +650,9 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     ))
 }
 
-/// The sampled time of each span name of `profile` ([`spanprof::analysis::span_times`]).
-fn span_times(profile: &Profile) -> Result<Vec<spanprof::analysis::SpanTime>, String> {
-    spanprof::analysis::span_times(profile, spanprof::analysis::span_name_and_id)
+/// The sampled time of each span name of `profile` ([`spanprof_analysis::span_times`]).
+fn span_times(profile: &Profile) -> Result<Vec<spanprof_analysis::SpanTime>, String> {
+    spanprof_analysis::span_times(profile, spanprof_analysis::span_name_and_id)
 }
 
 /// Writes `bytes` to standard output; a closed pipe (`| head`) is not an error.
@@ -667,7 +669,7 @@ fn write_stdout(bytes: &[u8]) -> Result<u8, Failure> {
 }
 
 fn diff(args: DiffArgs) -> Result<u8, Failure> {
-    use spanprof::analysis::{self, Diff};
+    use spanprof_analysis::{self as analysis, Diff};
     let threshold = args
         .fail_on_regression
         .as_deref()
@@ -740,7 +742,7 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
 }
 
 fn check(args: CheckArgs) -> Result<u8, Failure> {
-    use spanprof::analysis::{self, Budget, Functions, ShareKind};
+    use spanprof_analysis::{self as analysis, Budget, Functions, ShareKind};
     let mut budgets = Vec::new();
     for (values, kind) in [
         (&args.max, ShareKind::Total),
@@ -881,11 +883,11 @@ fn report_line(
     format!(
         "spanprof report: kept {}{} of {}{}, {} of {spans} spans ({filter}) from {}: \
          {}, {:.1} s {}",
-        summary::amount(profile, summary::total_weight(profile)),
-        if summary::unit_suffix(profile) == before.1 {
+        wording::amount(profile, wording::total_weight(profile)),
+        if wording::unit_suffix(profile) == before.1 {
             ""
         } else {
-            summary::unit_suffix(profile)
+            wording::unit_suffix(profile)
         },
         before.0,
         before.1,
@@ -893,7 +895,7 @@ fn report_line(
         file.display(),
         m.target,
         m.duration.as_secs_f64(),
-        spanprof::wording::sampling(m),
+        spanprof_profile::wording::sampling(m),
     )
 }
 

@@ -423,7 +423,7 @@ pub struct OffCpuUnseen {
 impl OffCpuUnseen {
     /// Reads the kernel's per-thread state of every target, at the end of a session.
     fn of(programs: &Programs) -> OffCpuUnseen {
-        let now = crate::bpf::monotonic_ns();
+        let now = spanprof_pipeline::monotonic_ns();
         let mut unseen = OffCpuUnseen {
             runnable_ns: programs.error_counts()[ErrorCode::RunnableNs as usize],
             ..Default::default()

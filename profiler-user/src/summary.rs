@@ -17,10 +17,13 @@ use std::fmt::Write;
 use profiler_common::{ErrorCode, ERROR_COUNT};
 use rustc_hash::FxHashMap;
 
-use crate::offcpu::OffCpuReason;
+use crate::profile::OffCpuReason;
 use crate::profile::{Profile, Sample};
 use crate::session::Overhead;
-use crate::wording::{estimated, memory_text, millis, no_samples_text, sampling, size};
+use crate::wording::{
+    amount, estimated, memory_text, millis, no_samples_text, sampling, size, total_weight,
+    unit_suffix,
+};
 use std::time::Duration;
 
 /// Functions by self weight (the leaf frame's display name; [`Profile::weight`]: samples,
@@ -85,7 +88,7 @@ pub fn overhead_line(profile: &Profile, o: &Overhead, symbolize_and_write: Durat
 /// Where the targets' CPU time of a [`Cost`] comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TargetCpuSource {
-    /// `/proc/PID/stat` of the profiled processes ([`crate::target_cpu`]); `unreadable`
+    /// `/proc/PID/stat` of the profiled processes ([`target_cpu`](spanprof_collect::target_cpu)); `unreadable`
     /// processes could not be read (gone before their first read).
     Proc {
         /// Processes read.
@@ -236,39 +239,6 @@ impl Cost {
             ""
         };
         format!("spanprof overhead while sampling: {spent}; {all}{share}{uncounted}")
-    }
-}
-
-/// The sum of [`Profile::weight`]: samples, nanoseconds when off-CPU time is in the profile, or
-/// bytes for a memory profile.
-pub fn total_weight(profile: &Profile) -> u64 {
-    profile
-        .samples
-        .iter()
-        .fold(0u64, |t, s| t.saturating_add(profile.weight(s)))
-}
-
-/// A weight as the summary writes it: `11` (samples) for an on-CPU profile, `405.5 ms` with
-/// off-CPU time, `812.0 MiB` for a memory profile.
-pub fn amount(profile: &Profile, weight: u64) -> String {
-    let events = profile.meta.events;
-    if events.in_bytes() {
-        size(weight)
-    } else if events.in_nanoseconds() {
-        millis(weight)
-    } else {
-        weight.to_string()
-    }
-}
-
-/// What follows an [`amount`] to say what it counts: ` samples` for an on-CPU profile (whose
-/// amounts are bare numbers), nothing when the amount has its unit (`405.5 ms`, `812.0 MiB`).
-pub fn unit_suffix(profile: &Profile) -> &'static str {
-    let events = profile.meta.events;
-    if events.in_bytes() || events.in_nanoseconds() {
-        ""
-    } else {
-        " samples"
     }
 }
 

@@ -25,6 +25,7 @@
 pub mod debug_file;
 pub mod mapped;
 pub mod otel_ctx;
+pub mod plt;
 pub mod python;
 pub mod unwind;
 
@@ -112,6 +113,8 @@ struct Module {
 /// alone.
 struct Parsed {
     symbolizer: blazesym::symbolize::Symbolizer,
+    /// Names of its PLT stubs ([`plt::PltTable`]), which no symbol table covers.
+    plt: Option<plt::PltTable>,
     /// What keeping it costs, estimated ([`parse_cost`]).
     bytes: u64,
     /// The [`Symbolizer::symbolize`] call that used it last.
@@ -584,6 +587,7 @@ impl Symbolizer {
                 self.parsed_bytes += bytes;
                 Parsed {
                     symbolizer: new_blazesym(),
+                    plt: plt::PltTable::read(file),
                     bytes,
                     used: calls,
                 }
@@ -631,6 +635,15 @@ impl Symbolizer {
                     let reason = format!("cannot read {}: {err}", path.display());
                     for (i, offset) in &items {
                         user_out[*i] = unknown(Some(path), *offset, &reason);
+                    }
+                }
+            }
+            // A PLT stub is named after the function it jumps to, not after the symbol
+            // before it (`_init`).
+            if let Some(table) = &parsed.plt {
+                for (i, offset) in &items {
+                    if let Some(name) = table.name(*offset) {
+                        user_out[*i] = plt_symbol(name, path, *offset);
                     }
                 }
             }
@@ -756,6 +769,17 @@ fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {
         file: None,
         line: None,
         unknown_reason: Some(reason.to_string()),
+    }
+}
+
+fn plt_symbol(name: String, module: &Path, address: u64) -> Symbol {
+    Symbol {
+        function: Some(name),
+        module: Some(module.display().to_string()),
+        address,
+        file: None,
+        line: None,
+        unknown_reason: None,
     }
 }
 

@@ -392,6 +392,10 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
+        if matches!(flag.as_str(), "-h" | "--help") {
+            print!("{USAGE}");
+            return Ok(());
+        }
         let value = it
             .next()
             .with_context(|| format!("`{flag}` needs a value\n{USAGE}"))?;

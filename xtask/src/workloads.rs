@@ -64,6 +64,8 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3.11";
 /// before stripping, in `cpu_split_stripped.symbols`, so that tests can check
 /// which function an `[unknown] (cpu_split_stripped+0x…)` frame is in.
 ///
+/// `libspanprof_plt.so`, `plt_calls` and `plt_calls_ibt` ([`build_plt`]) for the PLT tests.
+///
 /// Then, without frame pointers ([`NOFP_CFLAGS`]), for the unwinding tests:
 /// - `cpu_split_nofp` (PIE) and `cpu_split_nofp_nopie` (`-no-pie`): cpu_split;
 /// - `qsort_callback`: CPU time in a comparison callback below libc's `qsort`;
@@ -108,10 +110,40 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         .arg(src.join("short_children.c"))
         .run()?;
     build_stripped(&src, &out)?;
+    build_plt(&src, &out)?;
     build_without_frame_pointers(&src, &out)?;
     build_python_extension(&src, &out)?;
     build_offcpu(root, &out)?;
     Ok(out)
+}
+
+/// `libspanprof_plt.so` (from `plt_lib.c`) and the two builds of `plt_calls`, which call it
+/// through their PLT in a hot loop: `plt_calls` (lazy binding, `.plt`) and `plt_calls_ibt`
+/// (`-z ibtplt -z now`: the calls go through `.plt.sec`). They find the library in their own
+/// directory (`-rpath $ORIGIN`).
+fn build_plt(src: &Path, out: &Path) -> Result<()> {
+    Cmd::new("gcc")
+        .args(CFLAGS)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(out.join("libspanprof_plt.so"))
+        .arg(src.join("plt_lib.c"))
+        .run()?;
+    for (name, flags) in [
+        ("plt_calls", &[][..]),
+        ("plt_calls_ibt", &["-Wl,-z,ibtplt", "-Wl,-z,now"][..]),
+    ] {
+        Cmd::new("gcc")
+            .args(CFLAGS)
+            .arg("-o")
+            .arg(out.join(name))
+            .arg(src.join("plt_calls.c"))
+            .arg("-L")
+            .arg(out)
+            .args(["-lspanprof_plt", "-Wl,-rpath,$ORIGIN"])
+            .args(flags)
+            .run()?;
+    }
+    Ok(())
 }
 
 /// The off-CPU workloads, each built from `xtask/workloads/<name>.c` with [`CFLAGS`] and

@@ -24,7 +24,7 @@
 //! | `spanprof_bpf_run_seconds_total` | counter | run time of spanprof's BPF programs in the kernel (from the kernel's BPF statistics; absent when they are not counted) |
 //! | `spanprof_window_kernel_seconds_per_sample` | gauge | in the last window: in-kernel time per sample (a sample: a record the programs made, on-CPU or off-CPU, kept or lost; absent when not counted) |
 //! | `spanprof_window_cpu_seconds_per_sample` | gauge | in the last window: spanprof's own CPU per sample |
-//! | `spanprof_window_target_cpu_seconds` | gauge | in the last window: the CPU time of the profiled processes, from `/proc/PID/stat` ([`crate::target_cpu`]; on-CPU samples × period when none could be read; absent for `alloc`) |
+//! | `spanprof_window_target_cpu_seconds` | gauge | in the last window: the CPU time of the profiled processes, from `/proc/PID/stat` ([`target_cpu`](spanprof_collect::target_cpu); on-CPU samples × period when none could be read; absent for `alloc`) |
 //! | `spanprof_window_overhead_ratio` | gauge | in the last window: spanprof's CPU (in the kernel and its own) over `spanprof_window_target_cpu_seconds` |
 //!
 //! `/healthz` answers 200 `ok` while the sampling loop runs (it went round in the last 10

@@ -46,7 +46,12 @@ impl LineTableFormat {
 
 /// The line of the instruction at `instr_offset` (bytes) in a code object whose
 /// `co_firstlineno` is `first_line` and whose line table is `table`; `None` when the
-/// instruction has no line (or is outside the table, 3.10+), or the version is unsupported.
+/// instruction is outside the table (3.10+) or the version is unsupported.
+///
+/// An instruction the table gives no line (3.10+: a closure's `COPY_FREE_VARS` and
+/// `MAKE_CELL` before its `RESUME`, compiler-made cleanup code) is on `first_line`, the `def`
+/// line: the frame is in that function, before (or beside) its first line, as a plain
+/// function's `RESUME` is.
 pub fn line_for(
     version_minor: u8,
     first_line: u32,
@@ -68,9 +73,10 @@ pub fn line_for_format(
     let offset = i64::from(instr_offset);
     let line = match format {
         LineTableFormat::Lnotab => Some(lnotab(first, table, offset)),
-        LineTableFormat::Pep626 => pep626(first, table, offset),
-        LineTableFormat::Locations => locations(first, table, offset),
-    }?;
+        LineTableFormat::Pep626 => pep626(first, table, offset)?,
+        LineTableFormat::Locations => locations(first, table, offset)?,
+    }
+    .unwrap_or(first);
     u32::try_from(line).ok()
 }
 
@@ -109,8 +115,9 @@ fn lnotab(first_line: i64, table: &[u8], offset: i64) -> i64 {
 }
 
 /// 3.10 `_PyCode_CheckLineNumber` scanning forward from the start: the range
-/// `[start, end)` holding the offset gives its line; -128 marks a range without one.
-fn pep626(first_line: i64, table: &[u8], offset: i64) -> Option<i64> {
+/// `[start, end)` holding the offset gives its line; -128 marks a range without one
+/// (`Some(None)`); `None` when no range holds it.
+fn pep626(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> {
     let mut computed = first_line;
     let mut end = 0i64;
     for pair in table.chunks_exact(2) {
@@ -125,14 +132,15 @@ fn pep626(first_line: i64, table: &[u8], offset: i64) -> Option<i64> {
         };
         // Zero-width entries only move `computed` (long line jumps are split that way).
         if start <= offset && offset < end {
-            return line;
+            return Some(line);
         }
     }
     None
 }
 
-/// 3.11+ `_PyCode_CheckLineNumber` over the location table, scanning forward.
-fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<i64> {
+/// 3.11+ `_PyCode_CheckLineNumber` over the location table, scanning forward: as
+/// [`pep626`], `Some(None)` for an entry of kind NONE (15).
+fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> {
     let mut computed = first_line;
     let mut end = 0i64;
     let mut i = 0usize;
@@ -159,7 +167,7 @@ fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<i64> {
         computed += line_delta;
         let line = (kind != 15).then_some(computed);
         if start <= offset && offset < end {
-            return line;
+            return Some(line);
         }
         // The next entry starts at the next byte with bit 7 set.
         i += 1;
@@ -273,14 +281,15 @@ mod tests {
 
     #[test]
     fn pep626_pairs() {
-        // first line 20: [0,4) → 21, [4,8) no line, [8,12) → 19, then a zero-width +127
+        // first line 20: [0,4) → 21, [4,8) no line (the first line), [8,12) → 19, then a
+        // zero-width +127
         // and [12,16) → 19 + 127 + 100 = 246.
         let table = [4, 1, 4, 0x80, 4, 0xfe, 0, 127, 4, 100];
         let at = |o| line_for(10, 20, &table, o);
         assert_eq!(at(0), Some(21));
         assert_eq!(at(2), Some(21));
-        assert_eq!(at(4), None);
-        assert_eq!(at(6), None);
+        assert_eq!(at(4), Some(20));
+        assert_eq!(at(6), Some(20));
         assert_eq!(at(8), Some(19));
         assert_eq!(at(10), Some(19));
         assert_eq!(at(12), Some(246));
@@ -302,7 +311,7 @@ mod tests {
         t.extend([head(11, 2), 3, 9]);
         // [6,8) one-line form +2: 103.
         t.extend([head(12, 1), 0, 4]);
-        // [8,10) no location.
+        // [8,10) no location: the first line.
         t.push(head(15, 1));
         // [10,16) no columns, -5: 98.
         t.push(head(13, 3));
@@ -320,7 +329,7 @@ mod tests {
         assert_eq!(at(2), Some(101));
         assert_eq!(at(4), Some(101));
         assert_eq!(at(6), Some(103));
-        assert_eq!(at(8), None);
+        assert_eq!(at(8), Some(100));
         assert_eq!(at(10), Some(98));
         assert_eq!(at(14), Some(98));
         assert_eq!(at(16), Some(398));
@@ -334,6 +343,34 @@ mod tests {
             assert_eq!(line_for(minor, 100, &t, 10), Some(98));
         }
         assert_eq!(line_for(13, 1, &[], 0), None);
+    }
+
+    /// A closure's table as CPython 3.11–3.13 compile `def pred(x):` on line 19 with a cell
+    /// and a free variable: COPY_FREE_VARS and MAKE_CELL without a location, RESUME on the
+    /// `def` line, the body from line 20. A frame not yet past its prologue (3.11/3.12 point
+    /// before the first instruction: offset 0) is on the `def` line, never on none.
+    #[test]
+    fn closure_prologue_without_location_is_on_the_def_line() {
+        let mut t = Vec::new();
+        // [0,4) COPY_FREE_VARS, MAKE_CELL: kind NONE, two code units.
+        t.push(head(15, 2));
+        // [4,6) RESUME: ONE_LINE0 with two column bytes, line 19.
+        t.extend([head(10, 1), 0, 0]);
+        // [6,10) line 20: ONE_LINE1.
+        t.extend([head(11, 2), 15, 16]);
+        for minor in [11, 12, 13] {
+            let at = |o| line_for(minor, 19, &t, o);
+            assert_eq!(at(0), Some(19), "3.{minor}");
+            assert_eq!(at(2), Some(19), "3.{minor}");
+            assert_eq!(at(4), Some(19), "3.{minor}");
+            assert_eq!(at(6), Some(20), "3.{minor}");
+            assert_eq!(at(10), None, "3.{minor}: past the table");
+        }
+        // 3.10 closures: a no-line pair first.
+        let t = [4, 0x80, 2, 0, 4, 1];
+        assert_eq!(line_for(10, 19, &t, 0), Some(19));
+        assert_eq!(line_for(10, 19, &t, 4), Some(19));
+        assert_eq!(line_for(10, 19, &t, 6), Some(20));
     }
 
     #[test]

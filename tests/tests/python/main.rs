@@ -11,10 +11,11 @@
 //!   and itself (3.11+); kernel frames come below native frames below Python
 //!   frames;
 //! - a Python process started after the session began is unwound;
-//! - `--python-only` and `--no-lines` reshape the frames.
+//! - `--python-only` and `--no-lines` reshape the frames;
+//! - a closure's frames are on its own lines, also in its prologue (which 3.11+ give no line).
 //!
 //! The tests are declared here, one per interpreter; their checks live in a module per part
-//! (`split`, `threads`, `shapes`, `later`, `reshaped`, `churn`), what they share in `common`.
+//! (`split`, `threads`, `shapes`, `later`, `reshaped`, `churn`, `lines`), what they share in `common`.
 
 use churn::{
     closures_lambdas_genexprs_are_named, freed_code_and_exiting_processes_never_mislead,
@@ -22,6 +23,7 @@ use churn::{
 };
 use common::Interp;
 use later::{child_started_later_is_unwound, exec_after_start_is_unwound};
+use lines::closure_frames_are_on_their_own_lines;
 use reshaped::python_only_without_lines;
 use shapes::{deep_recursion_whole_or_truncated, generators_coroutines_callbacks_and_syscalls};
 use split::split_matches_truth_and_py_spy;
@@ -30,6 +32,7 @@ use threads::{threads_carry_their_own_stacks, threads_started_later_carry_their_
 mod churn;
 mod common;
 mod later;
+mod lines;
 mod reshaped;
 mod shapes;
 mod split;
@@ -162,4 +165,16 @@ per_version!(freed_nested_code_never_misleads:
     freed_nested_code_never_misleads_3_11 => 11,
     freed_nested_code_never_misleads_3_12 => 12,
     freed_nested_code_never_misleads_3_13 => 13,
+);
+
+// ---------------------------------------------------------------------------
+// 6. Lines of frames before their first line
+// ---------------------------------------------------------------------------
+
+per_version!(closure_frames_are_on_their_own_lines:
+    closure_frames_are_on_their_own_lines_3_8 => 8,
+    closure_frames_are_on_their_own_lines_3_10 => 10,
+    closure_frames_are_on_their_own_lines_3_11 => 11,
+    closure_frames_are_on_their_own_lines_3_12 => 12,
+    closure_frames_are_on_their_own_lines_3_13 => 13,
 );

@@ -1,0 +1,393 @@
+//! The assemble stage: the counts of a [`Counter`] and the facts gathered for them become a
+//! [`Profile`].
+//!
+//! Its inputs are data ([`Facts`]): the symbols of every address the counts hold (in the order
+//! of [`Counter::addresses`]), what the Python side knew ([`PythonFacts`]), the offset of the
+//! monotonic clock to Unix time, and the run's metadata. Each count key's Python stack is
+//! merged into its native stack ([`merge`]), the off-CPU reason classified from the frames
+//! ([`classify`]), and the samples sorted, so that the same inputs give the same profile.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use profiler_common::TASK_COMM_LEN;
+use rustc_hash::FxHashMap;
+use symbolizer::unwind::UnwindStatus;
+use symbolizer::Symbol;
+
+use crate::count::{block_facts, Counter};
+use crate::merge::{merge, Piece};
+use crate::offcpu::classify;
+use crate::profile::{
+    Frame, FrameKind, Memory, Meta, Process, Profile, PythonStats, Sample, Thread, Timed,
+};
+use crate::python::{split_token, MergeInfo, PyFunction, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
+
+/// Frame shown where C code called into Python but native unwinding could not show it.
+pub const NATIVE_CODE: &str = "[native code]";
+/// Frame at the root end of a Python stack that was cut.
+pub const TRUNCATED: &str = "[truncated]";
+/// The whole stack of a sample without Python frames, under `--python-only`.
+pub const NO_PYTHON_FRAMES: &str = "[no python frames]";
+
+/// How to merge the stacks of one Python process ([`MergeInfo`], owned).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergeFacts {
+    /// Run-time ranges of the interpreter loop.
+    pub eval_ranges: Vec<(u64, u64)>,
+    /// A boundary between two interpreter calls means C code called into Python (3.11+).
+    pub markers: bool,
+    /// The interpreter keeps frame pointers.
+    pub native_trusted: bool,
+}
+
+/// What the Python side knew at the end of a window: the input of assembly that
+/// [`Python`] produces.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PythonFacts<'a> {
+    /// Functions by id (the function part of each token).
+    pub functions: Cow<'a, [PyFunction]>,
+    /// How to merge each Python process's stacks, by pid.
+    pub merge: BTreeMap<u32, MergeFacts>,
+    /// The CPython version of each Python process, by pid.
+    pub versions: BTreeMap<u32, String>,
+    /// Python processes found.
+    pub found: u32,
+    /// Why processes that looked like Python could not be profiled as such.
+    pub notes: Vec<String>,
+    /// Span contexts were looked for.
+    pub spans_enabled: bool,
+    /// Processes whose span contexts the kernel read.
+    pub with_spans: u32,
+}
+
+impl<'a> PythonFacts<'a> {
+    /// What `python` knows of the processes `pids`; its function table is borrowed.
+    pub fn of(python: &'a Python, pids: impl IntoIterator<Item = u32>) -> PythonFacts<'a> {
+        let mut merge = BTreeMap::new();
+        let mut versions = BTreeMap::new();
+        for pid in pids {
+            if let Some(m) = python.merge_info(pid) {
+                merge.insert(
+                    pid,
+                    MergeFacts {
+                        eval_ranges: m.eval_ranges.to_vec(),
+                        markers: m.markers,
+                        native_trusted: m.native_trusted,
+                    },
+                );
+            }
+            if let Some(v) = python.runtime_version(pid) {
+                versions.insert(pid, v.to_string());
+            }
+        }
+        PythonFacts {
+            functions: Cow::Borrowed(python.functions()),
+            merge,
+            versions,
+            found: python.found(),
+            notes: python.notes(),
+            spans_enabled: python.spans_enabled(),
+            with_spans: python.with_spans(),
+        }
+    }
+
+    fn merge_info(&self, pid: u32) -> Option<MergeInfo<'_>> {
+        self.merge.get(&pid).map(|m| MergeInfo {
+            eval_ranges: &m.eval_ranges,
+            markers: m.markers,
+            native_trusted: m.native_trusted,
+        })
+    }
+}
+
+/// The inputs of assembly besides the counts.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    /// The run's metadata (its Python statistics are filled in here).
+    pub meta: Meta,
+    /// Symbols of the user addresses, in the order of [`Counter::addresses`].
+    pub user_symbols: Vec<Symbol>,
+    /// Symbols of the kernel addresses, in the order of [`Counter::addresses`].
+    pub kernel_symbols: Vec<Symbol>,
+    /// What the Python side knew.
+    pub python: PythonFacts<'a>,
+    /// What to add to a `CLOCK_MONOTONIC` time for the Unix time.
+    pub unix_offset_ns: i64,
+}
+
+/// What to add to a `CLOCK_MONOTONIC` time (the clock of `bpf_ktime_get_ns`) for the Unix time.
+pub fn unix_offset_ns() -> i64 {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    unix - crate::monotonic_ns() as i64
+}
+
+/// Builds the profile of `count` from `facts`; `user_addrs` and `kernel_addrs` are
+/// [`Counter::addresses`], as long as the symbols of `facts` (the caller checks it).
+pub fn assemble(
+    mut count: Counter,
+    user_addrs: &[(u32, u64)],
+    kernel_addrs: &[u64],
+    facts: Facts<'_>,
+) -> Profile {
+    let Facts {
+        mut meta,
+        user_symbols,
+        kernel_symbols,
+        python,
+        unix_offset_ns: to_unix,
+    } = facts;
+    let opts = count.opts;
+    meta.python = PythonStats {
+        processes: python.found,
+        notes: python.notes.clone(),
+        spans_enabled: python.spans_enabled,
+        span_processes: python.with_spans,
+        ..count.python_stats.clone()
+    };
+    let mut frames = FrameTable::default();
+    let user_frame: FxHashMap<(u32, u64), u32> = user_addrs
+        .iter()
+        .zip(user_symbols)
+        .map(|(&k, s)| (k, frames.intern(s, FrameKind::Native)))
+        .collect();
+    let kernel_frame: FxHashMap<u64, u32> = kernel_addrs
+        .iter()
+        .zip(kernel_symbols)
+        .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel)))
+        .collect();
+
+    let mut thread_ids: Vec<(u32, u32)> = count.threads.keys().copied().collect();
+    thread_ids.sort_unstable();
+    let thread_index: FxHashMap<(u32, u32), u32> = thread_ids
+        .iter()
+        .enumerate()
+        .map(|(i, &key)| (key, i as u32))
+        .collect();
+    let threads: Vec<Thread> = thread_ids
+        .iter()
+        .map(|&(pid, tid)| Thread {
+            pid,
+            tid,
+            name: count
+                .python_thread_names
+                .get(&(pid, tid))
+                .cloned()
+                .unwrap_or_else(|| comm_string(&count.threads[&(pid, tid)])),
+        })
+        .collect();
+
+    let kernel_stacks = count.kernel.by_id();
+    let python_stacks = count.python.by_id();
+    let user_stacks: FxHashMap<u32, Vec<&[u64]>> = count
+        .user
+        .iter()
+        .map(|(&pid, t)| (pid, t.by_id()))
+        .collect();
+    let mut python_frame: FxHashMap<u64, u32> = FxHashMap::default();
+    let mut pieces = Vec::new();
+    let mut samples: Vec<Sample> = Vec::with_capacity(count.counts.len());
+    // Monotonic event times to wall-clock ones; none at all past MAX_TIMED.
+    let keep_times = opts.timestamps && !count.timed_overflow;
+    let timed = |times: &[(u64, u64)]| -> Vec<Timed> {
+        if !keep_times {
+            return Vec::new();
+        }
+        let mut v: Vec<Timed> = times
+            .iter()
+            .map(|&(t, value)| Timed {
+                unix_ns: t.saturating_add_signed(to_unix),
+                value,
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    for (&(pid, tid, kid, uid, pyid, span, unwind, off), counts) in &count.counts {
+        let ustack = user_stacks[&pid][uid as usize];
+        let kstack = kernel_stacks[kid as usize];
+        let pystack = python_stacks[pyid as usize];
+        pieces.clear();
+        // A stack unwound with the unwind tables holds every interpreter frame up to where it
+        // stopped, frame pointers or not.
+        let info = python.merge_info(pid).map(|mut info| {
+            info.native_trusted |=
+                matches!(unwind, UnwindStatus::Complete | UnwindStatus::Truncated(_));
+            info
+        });
+        merge(ustack, pystack, info, &mut pieces);
+        // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
+        let mut stack: Vec<u32> = Vec::with_capacity(pieces.len() + kstack.len());
+        for piece in pieces.iter().rev() {
+            let id = match *piece {
+                Piece::Native(a) if !opts.python_only => user_frame[&(pid, a)],
+                Piece::NativeCode if !opts.python_only => frames.placeholder(NATIVE_CODE),
+                Piece::Native(_) | Piece::NativeCode => continue,
+                Piece::Python(token) => {
+                    let (func, _, _) = split_token(token);
+                    if func == TRUNCATED_FUNCTION {
+                        frames.placeholder(TRUNCATED)
+                    } else {
+                        let key = token & !TOKEN_ENTRY;
+                        *python_frame.entry(key).or_insert_with(|| {
+                            frames.insert(python_frame_of(&python.functions, key))
+                        })
+                    }
+                }
+            };
+            stack.push(id);
+        }
+        if opts.kernel && !opts.python_only {
+            stack.extend(kstack.iter().rev().map(|a| kernel_frame[a]));
+        }
+        // Off-CPU: the reason, from the kernel and native frames, as a root pseudo-frame.
+        let reason = (off & 1 == 1).then(|| {
+            let name = |id: u32| frames.frames[id as usize].function.as_deref().unwrap_or("");
+            let kernel: Vec<&str> = kstack.iter().map(|a| name(kernel_frame[a])).collect();
+            // Unknown native frames keep their module (`[unknown] (python3.11+0x…)`): the
+            // classifier knows a stripped interpreter's GIL wait by its caller's module.
+            let native: Vec<String> = ustack
+                .iter()
+                .map(|a| frames.frames[user_frame[&(pid, *a)] as usize].base_name())
+                .collect();
+            let native: Vec<&str> = native.iter().map(String::as_str).collect();
+            classify(&block_facts(off), &kernel, &native)
+        });
+        if let Some(reason) = reason {
+            stack.insert(0, frames.placeholder(&reason.frame_name()));
+        }
+        if stack.is_empty() {
+            stack.push(frames.placeholder(if opts.python_only {
+                NO_PYTHON_FRAMES
+            } else {
+                crate::wording::NO_STACK
+            }));
+        }
+        samples.push(Sample {
+            frames: stack,
+            thread: thread_index[&(pid, tid)],
+            count: counts.samples,
+            off_cpu_ns: counts.off_cpu_ns,
+            off_cpu: reason,
+            alloc: Memory {
+                objects: counts.alloc_objects.round() as u64,
+                bytes: counts.alloc_bytes.round() as u64,
+            },
+            inuse: Memory {
+                objects: counts.inuse_objects.round() as u64,
+                bytes: counts.inuse_bytes.round() as u64,
+            },
+            span: span.checked_sub(1),
+            unwind,
+            times: timed(&counts.times),
+            inuse_times: timed(&counts.inuse_times),
+        });
+    }
+    samples.sort_by(|a, b| {
+        (a.thread, &a.frames, a.span, a.unwind, a.off_cpu)
+            .cmp(&(b.thread, &b.frames, b.span, b.unwind, b.off_cpu))
+    });
+    // Off-CPU keys that differ only in facts the reason did not depend on are one sample.
+    samples.dedup_by(|b, a| {
+        let same = (a.thread, &a.frames, a.span, a.unwind, a.off_cpu)
+            == (b.thread, &b.frames, b.span, b.unwind, b.off_cpu);
+        if same {
+            a.count += b.count;
+            a.off_cpu_ns = a.off_cpu_ns.saturating_add(b.off_cpu_ns);
+            a.alloc.objects += b.alloc.objects;
+            a.alloc.bytes += b.alloc.bytes;
+            a.inuse.objects += b.inuse.objects;
+            a.inuse.bytes += b.inuse.bytes;
+            a.times.append(&mut b.times);
+            a.times.sort_unstable();
+            a.inuse_times.append(&mut b.inuse_times);
+            a.inuse_times.sort_unstable();
+        }
+        same
+    });
+
+    let processes = std::mem::take(&mut count.processes)
+        .into_iter()
+        .map(|(pid, name)| {
+            let mut info = count.process_info.remove(&pid).unwrap_or_default();
+            info.runtime = python
+                .versions
+                .get(&pid)
+                .map(|v| ("cpython".to_string(), v.clone()));
+            Process { pid, name, info }
+        })
+        .collect();
+    Profile {
+        meta,
+        frames: frames.frames,
+        threads,
+        processes,
+        samples,
+        spans: std::mem::take(&mut count.spans),
+    }
+}
+
+/// The profile frame of a Python token (without its entry flag).
+fn python_frame_of(functions: &[PyFunction], token: u64) -> Frame {
+    let (func, line, _) = split_token(token);
+    // NB: the replay checks every token against its function table first.
+    let f = &functions[func as usize];
+    Frame {
+        kind: FrameKind::Python,
+        function: Some(f.name.clone()),
+        module: None,
+        address: 0,
+        file: f.file.clone(),
+        line: (line != 0).then_some(line),
+        unknown_reason: None,
+    }
+}
+
+fn comm_string(comm: &[u8; TASK_COMM_LEN]) -> String {
+    String::from_utf8_lossy(profiler_common::comm_bytes(comm)).into_owned()
+}
+
+#[derive(Debug, Default)]
+struct FrameTable {
+    ids: FxHashMap<Frame, u32>,
+    frames: Vec<Frame>,
+}
+
+impl FrameTable {
+    fn intern(&mut self, sym: Symbol, kind: FrameKind) -> u32 {
+        let frame = Frame {
+            kind,
+            function: sym.function,
+            module: sym.module,
+            address: sym.address,
+            file: sym.file,
+            line: sym.line,
+            unknown_reason: sym.unknown_reason,
+        };
+        self.insert(frame)
+    }
+
+    fn insert(&mut self, frame: Frame) -> u32 {
+        if let Some(&id) = self.ids.get(&frame) {
+            return id;
+        }
+        let id = self.frames.len() as u32;
+        self.ids.insert(frame.clone(), id);
+        self.frames.push(frame);
+        id
+    }
+
+    fn placeholder(&mut self, name: &str) -> u32 {
+        self.insert(Frame {
+            kind: FrameKind::Native,
+            function: Some(name.to_string()),
+            module: None,
+            address: 0,
+            file: None,
+            line: None,
+            unknown_reason: None,
+        })
+    }
+}

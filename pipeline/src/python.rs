@@ -1,0 +1,991 @@
+//! CPython targets: finding the interpreter of each profiled process, telling the BPF walker
+//! where it is (the `py_procs` map), and naming the frames it records.
+//!
+//! # Overview
+//! A process is looked at the first time one of its samples arrives (or at the start, for
+//! `--pid` targets), and again after it calls `execve` (the kernel sends an exec record). An
+//! interpreter that is not mapped yet (a process still in the dynamic loader, a shell about to
+//! exec python) is looked for again a few times. Once found, its version's offsets go into
+//! `py_procs` as a [`PyProc`] and the BPF program walks its threads' frames from the next sample
+//! on. A child forked by a CPython process inherits its parent's entry in the kernel.
+//!
+//! Each recorded Python frame becomes a token of the interned stack: the function id (an index
+//! into [`Python::functions`]), the line, and the entry flag the merge with native frames uses
+//! ([`crate::aggregate`]).
+//!
+//! # Design constraints
+//! Names are read from the live process (`process_vm_readv`) at the drain that follows the
+//! sample; garbage or freed memory yields an `[unknown python code]` frame, never a crash.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use profiler_common::{
+    PyFrame, PyProc, SpanProc, ATTR_DICTOFFSET, ATTR_INLINE, ATTR_MANAGED, ATTR_TAGGED, DICT_LOG2,
+    DICT_SIZE, LOCAL_LOCALDICTS, LOCAL_TSTATE_DICT, LONG_SIZE, LONG_TAG, NO_KEY, PY_CODE_BLOCK,
+    PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM, PY_FRAME_BLOCK, PY_FRAME_ENTRY,
+    PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER, PY_MATCH_NATIVE_TID,
+    PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW, TLS_DTV, TLS_STATIC,
+};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use symbolizer::otel_ctx::{read_process_ctx, ModuleCache, ProcessCtx, ThreadCtxVar, TlsAccess};
+use symbolizer::python::detect::{detect, DetectError, PythonProcess};
+use symbolizer::python::memory::{LiveMemory, ProcessMemory};
+use symbolizer::python::names::CodeNames;
+use symbolizer::python::objects::{AttrLayout, DictLayout, ObjectOffsets, Objects, SpanFinder};
+use symbolizer::python::offsets::{
+    DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN, NEWEST_MINOR,
+};
+use symbolizer::python::walk::{TypeAddrs, STR_HASH};
+
+/// Times a process that is not (yet) Python is looked at after it appeared or exec'd: a
+/// process still in the dynamic loader has no libpython mapped yet.
+const DETECT_TRIES: u32 = 8;
+/// At least this long between two looks, and only if the process sent a sample meanwhile (a
+/// short-lived child must be found while it runs; an idle one costs nothing).
+const DETECT_RETRY: Duration = Duration::from_millis(25);
+
+/// Token flag: the frame is the outermost of one call of the interpreter loop.
+pub const TOKEN_ENTRY: u64 = 1 << 63;
+/// Function id of the `[truncated]` marker token.
+pub const TRUNCATED_FUNCTION: u32 = u32::MAX;
+
+/// What [`crate::aggregate::merge`] needs to know of a Python process.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeInfo<'a> {
+    /// Run-time ranges of the interpreter loop.
+    pub eval_ranges: &'a [(u64, u64)],
+    /// A boundary between two interpreter calls means C code called into Python (3.11+).
+    pub markers: bool,
+    /// The interpreter keeps frame pointers, so the native stack gets through it.
+    pub native_trusted: bool,
+}
+
+/// A Python function as shown in profiles.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyFunction {
+    /// `co_qualname` (3.11+) or `co_name`; `[unknown python code]` when it could not be read.
+    pub name: String,
+    /// `co_filename`, when read.
+    pub file: Option<String>,
+}
+
+/// Where a process stands.
+#[derive(Debug)]
+enum Proc {
+    /// To be looked at (again) from `next` on.
+    Pending {
+        tries: u32,
+        next: Instant,
+        /// A sample arrived since the last look.
+        seen: bool,
+    },
+    /// A CPython process the BPF program walks.
+    Ready(Box<Ready>),
+    /// Not Python, or a version or build spanprof cannot read.
+    Skipped,
+    /// A CPython process that exited: only what the merge needs is kept.
+    Exited(Box<Merge>),
+}
+
+impl Proc {
+    /// To be looked at now.
+    fn pending() -> Proc {
+        Proc::Pending {
+            tries: 0,
+            next: Instant::now(),
+            seen: true,
+        }
+    }
+}
+
+/// What [`MergeInfo`] is made of.
+#[derive(Debug, Clone)]
+struct Merge {
+    eval_ranges: Vec<(u64, u64)>,
+    /// Whether entry flags delimit calls into the interpreter from C (3.11+); on 3.8–3.10
+    /// every frame is its own call and says nothing about C code in between.
+    markers: bool,
+    native_trusted: bool,
+}
+
+#[derive(Debug)]
+struct Ready {
+    names: CodeNames<LiveMemory>,
+    /// `threading.Thread` names of the process's threads.
+    threads: ThreadNames,
+    merge: Merge,
+    /// `CLOCK_MONOTONIC` (the clock of `bpf_ktime_get_ns`) when `py_procs` was written: a later
+    /// sample without Python status means the kernel lost the entry (an exec record lost).
+    since_ns: u64,
+    /// The tracing libraries of the process, looked for until found (`None`: `--no-spans`).
+    spans: Option<Box<Spans>>,
+}
+
+/// `threading.Thread` names of one process, read from `threading._active` in user space: when a
+/// thread not named yet is sampled (at most every [`THREAD_NAMES_EVERY`]; a thread still not
+/// found is not a reason to read again for [`THREAD_MISS_BACKOFF`]: a C thread, or one started
+/// by `_thread` directly), and every [`THREAD_NAMES_REFRESH`] when any thread is sampled (a
+/// renamed thread, a thread id reused).
+#[derive(Debug)]
+struct ThreadNames {
+    mem: LiveMemory,
+    py: &'static PyOffsets,
+    objects: Option<&'static ObjectOffsets>,
+    runtime_addr: u64,
+    /// Native thread id → its Python name (the last read).
+    names: FxHashMap<u32, String>,
+    /// Threads sampled but not found by the last read, and when.
+    misses: FxHashMap<u32, Instant>,
+    /// When `threading._active` may be read again for a new thread.
+    next: Instant,
+    /// When it is read again whatever is sampled.
+    refresh: Instant,
+}
+
+/// The shortest time between two reads of a process's thread names for a thread sampled
+/// unnamed: `threading` names a thread before its `run()` starts.
+const THREAD_NAMES_EVERY: Duration = Duration::from_millis(250);
+/// How long a thread that a read did not find does not cause another.
+const THREAD_MISS_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the names are read again while the process is sampled.
+const THREAD_NAMES_REFRESH: Duration = Duration::from_secs(5);
+/// Threads remembered as not found, at most (then forgotten all at once).
+const MAX_THREAD_MISSES: usize = 4096;
+
+impl ThreadNames {
+    fn new(
+        mem: LiveMemory,
+        py: &'static PyOffsets,
+        objects: Option<&'static ObjectOffsets>,
+        runtime_addr: u64,
+    ) -> Self {
+        let now = Instant::now();
+        ThreadNames {
+            mem,
+            py,
+            objects,
+            runtime_addr,
+            names: FxHashMap::default(),
+            misses: FxHashMap::default(),
+            next: now,
+            refresh: now + THREAD_NAMES_REFRESH,
+        }
+    }
+
+    /// The Python name of thread `tid`, reading the names again when it is due (see the type).
+    /// Allocation-free when nothing is read.
+    fn get(&mut self, tid: u32) -> Option<&str> {
+        let now = Instant::now();
+        let unnamed = !self.names.contains_key(&tid)
+            && self
+                .misses
+                .get(&tid)
+                .is_none_or(|&at| now.duration_since(at) >= THREAD_MISS_BACKOFF);
+        if (unnamed && now >= self.next) || now >= self.refresh {
+            self.next = now + THREAD_NAMES_EVERY;
+            self.refresh = now + THREAD_NAMES_REFRESH;
+            if let Some(obj) = self.objects {
+                let o = Objects {
+                    mem: &self.mem,
+                    py: self.py,
+                    obj,
+                };
+                if let Ok(found) = o.thread_names(self.runtime_addr) {
+                    self.names = found
+                        .into_iter()
+                        .filter_map(|(id, name)| Some((u32::try_from(id).ok()?, name)))
+                        .collect();
+                }
+            }
+            if !self.names.contains_key(&tid) {
+                if self.misses.len() >= MAX_THREAD_MISSES {
+                    self.misses.clear();
+                }
+                self.misses.insert(tid, now);
+            }
+        }
+        self.names.get(&tid).map(String::as_str)
+    }
+}
+
+/// How often a Python process is looked at for tracing libraries it imported since (at most one
+/// look per drain, every 50 ms): the spans of a library imported mid-session are read from
+/// about this long after the import. A look that finds no new module costs four small reads.
+const SPAN_LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// The thread context record attributes spanprof reads, in `SpanProc::osp_keys` order:
+/// OSProfiler's ids, and the Python context the OpenTelemetry ids were published in (written
+/// by python/spanprof-context).
+const OSP_ATTRIBUTES: [&str; 4] = [
+    "osprofiler.base_id",
+    "osprofiler.trace_id",
+    "osprofiler.parent_id",
+    "spanprof.python_context",
+];
+
+/// How often a process is looked at for a thread context it publishes (OTEP 4947: a module
+/// exporting `otel_thread_ctx_v1`, loaded since) and for updates of its process context.
+const CTX_LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
+#[derive(Debug)]
+struct Spans {
+    finder: SpanFinder,
+    /// The thread context the process publishes, once found.
+    thread_ctx: Option<ThreadCtxVar>,
+    /// Its process context (the attribute key map of the thread context records).
+    process_ctx: Option<ProcessCtx>,
+    next_ctx: Instant,
+    /// The `span_procs` value without the objects: the version's offsets.
+    base: SpanProc,
+    mem: LiveMemory,
+    runtime_addr: u64,
+    py: &'static PyOffsets,
+    objects: &'static ObjectOffsets,
+    next: Instant,
+}
+
+impl Spans {
+    /// Looks for the libraries again if it is time; the `span_procs` value when something new
+    /// was found. `modules` caches what module files say of `otel_thread_ctx_v1`.
+    fn look(&mut self, now: Instant, modules: &mut ModuleCache) -> Option<SpanProc> {
+        if now < self.next {
+            return None;
+        }
+        self.next = now + SPAN_LOOK_EVERY;
+        let objects = Objects {
+            mem: &self.mem,
+            py: self.py,
+            obj: self.objects,
+        };
+        let mut changed = self.finder.look(&objects, self.runtime_addr);
+        if now >= self.next_ctx {
+            self.next_ctx = now + CTX_LOOK_EVERY;
+            let pid = self.mem.pid();
+            if self.thread_ctx.is_none() {
+                if let Ok(Some(var)) = modules.find_thread_ctx(pid, &self.mem) {
+                    self.thread_ctx = Some(var);
+                    changed = true;
+                }
+            }
+            if self.thread_ctx.is_some() {
+                let ctx = read_process_ctx(pid, &self.mem);
+                // Unreadable (mid-update) keeps what was read before.
+                if ctx.is_some() && ctx != self.process_ctx {
+                    self.process_ctx = ctx;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return None;
+        }
+        let mut v = self.base;
+        if let Some(var) = &self.thread_ctx {
+            match var.access {
+                TlsAccess::Static { tp_offset } => {
+                    v.tls_kind = TLS_STATIC;
+                    v.tls_offset = tp_offset;
+                }
+                TlsAccess::Dynamic { module, offset } => {
+                    v.tls_kind = TLS_DTV;
+                    v.tls_module = module;
+                    v.tls_offset = offset as i64;
+                }
+            }
+            let keys = self.process_ctx.as_ref().map(|c| c.key_map.as_slice());
+            for (slot, name) in v.osp_keys.iter_mut().zip(OSP_ATTRIBUTES) {
+                *slot = keys
+                    .and_then(|k| k.iter().position(|n| n == name))
+                    .and_then(|i| u8::try_from(i).ok())
+                    .filter(|&i| i != NO_KEY)
+                    .unwrap_or(NO_KEY);
+            }
+        }
+        if let Some(o) = self.finder.otel {
+            v.otel_var = o.var;
+            v.otel_var_hash = o.var_hash;
+            v.otel_key = o.span_key.addr;
+            v.otel_key_hash = o.span_key.hash;
+            v.context_name = o.context_name.addr;
+            v.context_name_hash = o.context_name.hash;
+        }
+        if let Some(o) = self.finder.osp {
+            v.osp_local = o.local.addr;
+            v.osp_local_hash = o.local.hash;
+            v.osp_profiler_name = o.profiler_name.addr;
+            v.osp_profiler_name_hash = o.profiler_name.hash;
+            v.osp_profiler_type = o.profiler_type;
+            v.osp_stack_name = o.stack_name.addr;
+            v.osp_stack_name_hash = o.stack_name.hash;
+        }
+        if let Some(n) = self.finder.names {
+            v.name_attr = n.attr.addr;
+            v.name_attr_hash = n.attr.hash;
+            v.str_type = n.str_type;
+        }
+        Some(v)
+    }
+}
+
+/// How often processes are checked for exit, to free their caches.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Function id of [`unknown`], interned first.
+const UNKNOWN_FUNCTION: u32 = 0;
+
+/// Where the offsets of the processes found go: the BPF programs' `py_procs` and `span_procs`
+/// maps, which the collector's `bpf::Programs` (crate `spanprof-collect`) holds.
+pub trait KernelMaps {
+    /// Why a map write failed.
+    type Error: std::fmt::Display;
+    /// Tells the BPF program where a CPython process keeps its interpreter and threads.
+    fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), Self::Error>;
+    /// Tells the BPF program where a CPython process keeps its threads' span contexts.
+    fn set_spans(&mut self, pid: u32, value: &SpanProc) -> Result<(), Self::Error>;
+}
+
+/// The CPython side of a session.
+#[derive(Debug)]
+pub struct Python {
+    enabled: bool,
+    /// Span contexts are read (the tracing libraries are looked for).
+    spans: bool,
+    procs: FxHashMap<u32, Proc>,
+    functions: Vec<PyFunction>,
+    function_ids: FxHashMap<PyFunction, u32>,
+    /// Why processes that looked like Python could not be profiled as such, with their pids.
+    notes: BTreeMap<String, (Vec<u32>, u32)>,
+    last_sweep: Instant,
+    /// Python processes found (a process found again after an exec counts once).
+    found: FxHashSet<u32>,
+    /// `py_procs` entries to write at the next [`Python::flush`].
+    writes: Vec<(u32, PyProc)>,
+    /// `span_procs` entries to write at the next [`Python::flush`].
+    span_writes: Vec<(u32, SpanProc)>,
+    /// Processes whose span contexts the kernel reads (OpenTelemetry, OSProfiler found).
+    with_spans: FxHashSet<u32>,
+    /// Module files parsed for a published thread context, shared by every process.
+    modules: ModuleCache,
+    /// Python processes found since the last [`Python::take_new_processes`].
+    new_processes: Vec<u32>,
+    /// The CPython version of each process found (`3.11.2`, or `3.11` when the patch level is
+    /// not known).
+    versions: FxHashMap<u32, String>,
+}
+
+impl Python {
+    /// `enabled = false` never looks at processes (nothing in the kernel walks them then);
+    /// `spans = false` never looks for tracing libraries (no span context is read).
+    pub fn new(enabled: bool, spans: bool) -> Self {
+        Python {
+            enabled,
+            spans,
+            procs: FxHashMap::default(),
+            functions: vec![unknown()],
+            function_ids: [(unknown(), UNKNOWN_FUNCTION)].into_iter().collect(),
+            notes: BTreeMap::new(),
+            last_sweep: Instant::now(),
+            found: FxHashSet::default(),
+            writes: Vec::new(),
+            span_writes: Vec::new(),
+            with_spans: FxHashSet::default(),
+            modules: ModuleCache::default(),
+            new_processes: Vec::new(),
+            versions: FxHashMap::default(),
+        }
+    }
+
+    /// Interned functions, by id.
+    pub fn functions(&self) -> &[PyFunction] {
+        &self.functions
+    }
+
+    /// Lines about processes that could not be profiled as Python: one per reason, with the
+    /// pids (the first few, and how many).
+    pub fn notes(&self) -> Vec<String> {
+        self.notes
+            .iter()
+            .map(|(reason, (pids, count))| {
+                let shown: Vec<String> = pids.iter().map(u32::to_string).collect();
+                let more = match *count as usize {
+                    n if n > pids.len() => format!(" and {} more", n - pids.len()),
+                    _ => String::new(),
+                };
+                let s = if *count == 1 { "" } else { "es" };
+                format!("{reason} (process{s} {}{more})", shown.join(", "))
+            })
+            .collect()
+    }
+
+    /// Notes why a process is not profiled as Python; the first 5 pids per reason are kept,
+    /// the others counted.
+    fn note(&mut self, pid: u32, reason: String) {
+        let (pids, count) = self.notes.entry(reason).or_default();
+        if !pids.contains(&pid) {
+            *count += 1;
+            if pids.len() < 5 {
+                pids.push(pid);
+            }
+        }
+    }
+
+    /// Python processes found so far.
+    pub fn found(&self) -> u32 {
+        self.found.len() as u32
+    }
+
+    /// Notes a process that sent a sample; it is looked at by the next
+    /// [`Python::detect_pending`], or at once if the sample has Python frames already (a child
+    /// forked by a Python process inherits its parent's `py_procs` entry in the kernel), so
+    /// that they can be named. `in_kernel` says whether the kernel had an entry for it when
+    /// the sample was taken (`time_ns`): a known Python process sampled without one, after
+    /// its entry was written, lost it (its exec record was lost): it is looked at again.
+    /// Cheap when the process is known.
+    pub fn saw(&mut self, pid: u32, has_python_frames: bool, in_kernel: bool, time_ns: u64) {
+        if !self.enabled {
+            return;
+        }
+        let redo = match self.procs.get_mut(&pid) {
+            None => true,
+            // A late sample of a process that exited keeps its merge facts; a live pid is a
+            // new process that reused it.
+            Some(Proc::Exited(_)) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            Some(Proc::Pending { next, seen, .. }) => {
+                *seen = true;
+                has_python_frames && *next <= Instant::now()
+            }
+            Some(Proc::Ready(r)) => !in_kernel && time_ns > r.since_ns,
+            Some(Proc::Skipped) => false,
+        };
+        if !redo {
+            return;
+        }
+        if has_python_frames {
+            self.detect_now(pid);
+        } else {
+            self.procs.insert(pid, Proc::pending());
+        }
+    }
+
+    /// A process called execve: whatever was known of its interpreter is gone.
+    pub fn exec(&mut self, pid: u32) {
+        // The new program is another runtime, or none, until it is found again.
+        self.versions.remove(&pid);
+        if self.enabled {
+            self.procs.insert(pid, Proc::pending());
+        }
+    }
+
+    /// Looks at every pending process that is due, and writes the BPF map for those found.
+    pub fn detect_pending(&mut self, programs: &mut impl KernelMaps) {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| matches!(p, Proc::Pending { next, seen: true, .. } if *next <= now))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            self.detect_now(pid);
+        }
+        for (&pid, p) in &mut self.procs {
+            if let Proc::Ready(r) = p {
+                if let Some(value) = r
+                    .spans
+                    .as_mut()
+                    .and_then(|s| s.look(now, &mut self.modules))
+                {
+                    self.span_writes.push((pid, value));
+                }
+            }
+        }
+        self.flush(programs);
+        if self.last_sweep.elapsed() >= SWEEP_EVERY {
+            self.last_sweep = Instant::now();
+            self.sweep();
+        }
+    }
+
+    /// Frees what processes that exited held: name caches (only the merge facts of Python
+    /// processes are kept), and the entries of the others, so a reused pid starts afresh.
+    fn sweep(&mut self) {
+        self.procs.retain(|&pid, p| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+            if let Proc::Ready(r) = p {
+                *p = Proc::Exited(Box::new(r.merge.clone()));
+                return true;
+            }
+            matches!(p, Proc::Exited(_))
+        });
+    }
+
+    /// Writes the `py_procs` entries of the processes found since the last call.
+    pub fn flush(&mut self, programs: &mut impl KernelMaps) {
+        for (pid, value) in std::mem::take(&mut self.writes) {
+            match programs.set_python(pid, &value) {
+                Ok(()) => {
+                    if let Some(Proc::Ready(r)) = self.procs.get_mut(&pid) {
+                        r.since_ns = crate::monotonic_ns();
+                    }
+                }
+                Err(e) => {
+                    self.note(
+                        pid,
+                        format!("cannot hand python offsets to the kernel: {e}"),
+                    );
+                    self.procs.insert(pid, Proc::Skipped);
+                    self.found.remove(&pid);
+                }
+            }
+        }
+        for (pid, value) in std::mem::take(&mut self.span_writes) {
+            match programs.set_spans(pid, &value) {
+                Ok(()) => {
+                    self.with_spans.insert(pid);
+                }
+                Err(e) => self.note(pid, format!("cannot hand span objects to the kernel: {e}")),
+            }
+        }
+    }
+
+    /// The Python processes found since the last call.
+    pub fn take_new_processes(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.new_processes)
+    }
+
+    /// Processes whose threads' span contexts are read (a tracing library was found).
+    pub fn with_spans(&self) -> u32 {
+        self.with_spans.len() as u32
+    }
+
+    /// Whether span contexts are looked for.
+    pub fn spans_enabled(&self) -> bool {
+        self.spans
+    }
+
+    /// The CPython version of a process found to be Python (the latest, after an exec).
+    pub fn runtime_version(&self, pid: u32) -> Option<&str> {
+        self.versions.get(&pid).map(String::as_str)
+    }
+
+    /// Looks at one process now; a [`Python::flush`] hands what was found to the kernel.
+    pub fn detect_now(&mut self, pid: u32) {
+        if !self.enabled {
+            return;
+        }
+        let tries = match self.procs.get(&pid) {
+            Some(Proc::Pending { tries, .. }) => *tries,
+            Some(Proc::Skipped) => return,
+            Some(Proc::Ready(_) | Proc::Exited(_)) | None => 0,
+        };
+        let next = match detect(pid) {
+            Ok(process) => match (process.version, self.ready(process)) {
+                (version, Ok(ready)) => {
+                    self.found.insert(pid);
+                    self.versions.insert(pid, version.to_string());
+                    self.new_processes.push(pid);
+                    Proc::Ready(Box::new(ready))
+                }
+                (_, Err(reason)) => {
+                    self.note(pid, reason);
+                    Proc::Skipped
+                }
+            },
+            // Not mapped yet (dynamic loader, shell before exec): look again a few times.
+            Err(DetectError::NotPython(_)) if tries + 1 < DETECT_TRIES => Proc::Pending {
+                tries: tries + 1,
+                next: Instant::now() + DETECT_RETRY,
+                seen: false,
+            },
+            Err(DetectError::NotPython(_) | DetectError::Maps { .. }) => Proc::Skipped,
+            Err(e) => {
+                self.note(pid, e.to_string());
+                Proc::Skipped
+            }
+        };
+        self.procs.insert(pid, next);
+    }
+
+    fn ready(&mut self, process: PythonProcess) -> Result<Ready, String> {
+        let pid = process.pid;
+        let version = process.version;
+        let minor = format!("{}.{}", version.major, version.minor);
+        let unsupported = |what: &str| {
+            format!(
+                "{what}: not supported, profiled as native code only (spanprof reads the \
+                 Python frames of GIL builds of CPython 3.8 to 3.{NEWEST_MINOR})"
+            )
+        };
+        if process.debug_build {
+            return Err(unsupported(&format!("python {version} is a debug build")));
+        }
+        let mem = LiveMemory::new(pid);
+        if version.minor >= 13 {
+            // The runtime publishes its own offsets and its build: trust the table only if
+            // they agree, and never walk a free-threaded build with a GIL build's table.
+            let mut raw = vec![0u8; DEBUG_OFFSETS_LEN];
+            mem.read(process.runtime_addr, &mut raw)
+                .map_err(|e| format!("python {minor}: cannot read _PyRuntime: {e}"))?;
+            let debug = DebugOffsets::parse(&raw);
+            if debug.as_ref().is_ok_and(|d| d.free_threaded != 0) {
+                return Err(unsupported(&format!(
+                    "python {version} is a free-threaded build"
+                )));
+            }
+            let offsets = process
+                .offsets()
+                .ok_or_else(|| unsupported(&format!("python {minor}")))?;
+            debug
+                .and_then(|d| d.check(offsets))
+                .map_err(|e| format!("python {version} does not match spanprof's tables: {e}"))?;
+        }
+        let offsets = process
+            .offsets()
+            .ok_or_else(|| unsupported(&format!("python {minor}")))?;
+        let value = py_proc(&process, offsets).map_err(|e| format!("python {version}: {e}"))?;
+        self.writes.push((pid, value));
+        // Spans are an extra: a process whose span objects cannot be set up is still walked.
+        let objects = ObjectOffsets::for_version(version.major, version.minor);
+        let base = objects.and_then(|o| span_proc(&process, offsets, o).ok());
+        let spans = match (self.spans, objects, base) {
+            (true, Some(objects), Some(base)) => {
+                let mut spans = Box::new(Spans {
+                    finder: SpanFinder::default(),
+                    base,
+                    mem,
+                    runtime_addr: process.runtime_addr,
+                    py: offsets,
+                    objects,
+                    next: Instant::now(),
+                    thread_ctx: None,
+                    process_ctx: None,
+                    next_ctx: Instant::now(),
+                });
+                // At once, so a `--pid` target's spans are read from the first sample on.
+                if let Some(value) = spans.look(Instant::now(), &mut self.modules) {
+                    self.span_writes.push((pid, value));
+                }
+                Some(spans)
+            }
+            _ => None,
+        };
+        let types = TypeAddrs {
+            code: process.code_type_addr,
+            unicode: process.unicode_type_addr,
+        };
+        Ok(Ready {
+            names: CodeNames::new(mem, offsets, types),
+            threads: ThreadNames::new(LiveMemory::new(pid), offsets, objects, process.runtime_addr),
+            merge: Merge {
+                markers: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
+                native_trusted: process.frame_pointers,
+                eval_ranges: process.eval_ranges,
+            },
+            // Set when the entry is written (flush); until then no sample is judged by it.
+            since_ns: u64::MAX,
+            spans,
+        })
+    }
+
+    /// The interned-stack tokens of a sample's recorded frames, into `out` (as many as fit).
+    /// `lines = false` drops the lines (`--no-lines`). Allocates only for a code object or
+    /// offset seen for the first time.
+    pub fn tokens(&mut self, pid: u32, frames: &[PyFrame], lines: bool, out: &mut [u64]) -> usize {
+        let functions = &mut self.functions;
+        let function_ids = &mut self.function_ids;
+        let mut ready = match self.procs.get_mut(&pid) {
+            Some(Proc::Ready(ready)) => Some(ready),
+            _ => None,
+        };
+        let mut n = 0;
+        for (frame, slot) in frames.iter().zip(out.iter_mut()) {
+            let (func, line) = match ready.as_mut() {
+                Some(ready) => ready
+                    .names
+                    .resolve(frame, |info| {
+                        intern(
+                            functions,
+                            function_ids,
+                            PyFunction {
+                                name: info.name.clone(),
+                                file: Some(info.filename.clone()),
+                            },
+                        )
+                    })
+                    .unwrap_or((UNKNOWN_FUNCTION, None)),
+                // Frames from a process whose interpreter is not known here (gone before it
+                // was looked at, or its detection failed).
+                None => (UNKNOWN_FUNCTION, None),
+            };
+            let line = if lines { line.unwrap_or(0) } else { 0 };
+            let entry = if frame.flags & PY_FRAME_ENTRY != 0 {
+                TOKEN_ENTRY
+            } else {
+                0
+            };
+            *slot = u64::from(func) | (u64::from(line.min(0x7fff_ffff)) << 32) | entry;
+            n += 1;
+        }
+        n
+    }
+
+    /// The `threading.Thread` name of a thread of a Python process, read while it runs (call
+    /// it for each sample: it reads the process's names when this thread has none yet).
+    pub fn thread_name(&mut self, pid: u32, tid: u32) -> Option<&str> {
+        match self.procs.get_mut(&pid) {
+            Some(Proc::Ready(ready)) => ready.threads.get(tid),
+            _ => None,
+        }
+    }
+
+    /// How to merge the native and Python stacks of a process.
+    pub fn merge_info(&self, pid: u32) -> Option<MergeInfo<'_>> {
+        let m = match self.procs.get(&pid) {
+            Some(Proc::Ready(r)) => &r.merge,
+            Some(Proc::Exited(m)) => m,
+            _ => return None,
+        };
+        Some(MergeInfo {
+            eval_ranges: &m.eval_ranges,
+            markers: m.markers,
+            native_trusted: m.native_trusted,
+        })
+    }
+}
+
+fn unknown() -> PyFunction {
+    PyFunction {
+        name: "[unknown python code]".to_string(),
+        file: None,
+    }
+}
+
+fn intern(
+    functions: &mut Vec<PyFunction>,
+    ids: &mut FxHashMap<PyFunction, u32>,
+    f: PyFunction,
+) -> u32 {
+    if let Some(&id) = ids.get(&f) {
+        return id;
+    }
+    let id = functions.len() as u32;
+    ids.insert(f.clone(), id);
+    functions.push(f);
+    id
+}
+
+/// Splits a token into (function id, line or 0, entry flag).
+pub fn split_token(token: u64) -> (u32, u32, bool) {
+    (
+        token as u32,
+        ((token >> 32) & 0x7fff_ffff) as u32,
+        token & TOKEN_ENTRY != 0,
+    )
+}
+
+/// The `span_procs` value of a process before its tracing libraries are found: the offsets of
+/// its version and the HAMT node types (0 when the symbol table does not have them: the BPF
+/// program then tells nodes apart by their type's name).
+pub fn span_proc(
+    process: &PythonProcess,
+    py: &PyOffsets,
+    o: &ObjectOffsets,
+) -> Result<SpanProc, String> {
+    let u = |v: u64, what: &str| -> Result<u32, String> {
+        u32::try_from(v).map_err(|_| format!("offset of {what} out of range"))
+    };
+    let [bitmap, array, collision] = process.hamt_types.map(|t| t.unwrap_or(0));
+    let (tstate_local, local_kind) = match o.tstate_local_key {
+        Some(at) => (at, LOCAL_LOCALDICTS),
+        None => (o.tstate_dict, LOCAL_TSTATE_DICT),
+    };
+    Ok(SpanProc {
+        hamt_bitmap_type: bitmap,
+        hamt_array_type: array,
+        hamt_collision_type: collision,
+        tstate_context: u(o.tstate_context, "PyThreadState.context")?,
+        context_vars: u(o.context_vars, "PyContext.ctx_vars")?,
+        hamt_root: u(o.hamt_root, "PyHamtObject.h_root")?,
+        tstate_local: u(tstate_local, "PyThreadState.dict")?,
+        local_kind,
+        dict_kind: match o.dict_layout {
+            DictLayout::Size => DICT_SIZE,
+            DictLayout::Log2 => DICT_LOG2,
+        },
+        dict_values: u(o.dict_values, "PyDictValues.values")?,
+        attr_kind: match o.attr_layout {
+            AttrLayout::DictOffset => ATTR_DICTOFFSET,
+            AttrLayout::Managed => ATTR_MANAGED,
+            AttrLayout::Tagged => ATTR_TAGGED,
+            AttrLayout::Inline => ATTR_INLINE,
+        },
+        type_flags: u(o.type_flags, "tp_flags")?,
+        type_dictoffset: u(o.type_dictoffset, "tp_dictoffset")?,
+        type_basicsize: u(o.type_basicsize, "tp_basicsize")?,
+        type_cached_keys: u(o.type_cached_keys, "ht_cached_keys")?,
+        long_kind: if o.long_tag { LONG_TAG } else { LONG_SIZE },
+        str_data: u(py.unicode_ascii_size, "PyASCIIObject data")?,
+        tuple_items: u(o.tuple_items, "PyTupleObject.ob_item")?,
+        osp_keys: [NO_KEY; 4],
+        ..SpanProc::default()
+    })
+}
+
+/// The `py_procs` value of a process: its runtime address and its version's offsets.
+pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String> {
+    let u = |v: u64, what: &str| -> Result<u32, String> {
+        u32::try_from(v).map_err(|_| format!("offset of {what} out of range"))
+    };
+    let (tstate_match, tstate_thread) = match o.thread_match {
+        ThreadIdMatch::NativeThreadId(at) => (PY_MATCH_NATIVE_TID, at),
+        ThreadIdMatch::PthreadId => (PY_MATCH_PTHREAD, o.tstate_thread_id),
+    };
+    let (instr_kind, cframe_current) = match o.frame_layout {
+        FrameLayout::FrameObject {
+            lasti_in_code_units: false,
+        } => (PY_INSTR_LASTI_BYTES, PY_NO_OFFSET),
+        FrameLayout::FrameObject {
+            lasti_in_code_units: true,
+        } => (PY_INSTR_LASTI_UNITS, PY_NO_OFFSET),
+        FrameLayout::CFrame { current_frame } => {
+            (PY_INSTR_POINTER, u(current_frame, "cframe.current_frame")?)
+        }
+        FrameLayout::Direct => (PY_INSTR_POINTER, PY_NO_OFFSET),
+    };
+    let (entry_kind, frame_entry) = match (o.frame_layout, o.frame_is_entry, o.frame_owner) {
+        (FrameLayout::FrameObject { .. }, _, _) => (PY_ENTRY_EVERY_FRAME, PY_NO_OFFSET),
+        (_, Some(at), _) => (PY_ENTRY_FIELD, u(at, "is_entry")?),
+        (_, None, Some(at)) => (PY_ENTRY_SHIM, u(at, "owner")?),
+        (_, None, None) => return Err("no way to find interpreter entry frames".into()),
+    };
+    let code_adaptive = match (instr_kind, o.code_adaptive) {
+        (PY_INSTR_POINTER, Some(at)) => u(at, "co_code_adaptive")?,
+        (PY_INSTR_POINTER, None) => return Err("no co_code_adaptive offset".into()),
+        _ => PY_NO_OFFSET,
+    };
+    let name = o.code_qualname.unwrap_or(o.code_name);
+    // 3.12+: first line and co_version only; before, the name, file and line table too.
+    let block_end = match o.code_version {
+        Some(v) => v + 4,
+        None => o.code_filename.max(name).max(o.code_linetable) + 8,
+    };
+    if o.code_filename.min(name).min(o.code_linetable) < o.code_firstlineno
+        || o.code_version.is_some_and(|v| v < o.code_firstlineno)
+        || block_end - o.code_firstlineno > u64::from(PY_CODE_BLOCK)
+    {
+        return Err(
+            "co_filename, co_name and co_linetable are too far from co_firstlineno for one read"
+                .into(),
+        );
+    }
+    let instr_size = if instr_kind == PY_INSTR_POINTER { 8 } else { 4 };
+    let mut frame_size = (o.frame_previous + 8)
+        .max(o.frame_code + 8)
+        .max(o.frame_instr + instr_size);
+    if frame_entry != PY_NO_OFFSET {
+        frame_size = frame_size.max(u64::from(frame_entry) + 1);
+    }
+    if frame_size > u64::from(PY_FRAME_BLOCK) {
+        return Err("frame fields span more than one read".into());
+    }
+    Ok(PyProc {
+        runtime_addr: process.runtime_addr,
+        runtime_interp_head: u(o.runtime_interpreters_head, "interpreters.head")?,
+        interp_threads_head: u(o.interp_threads_head, "threads.head")?,
+        tstate_next: u(o.tstate_next, "tstate.next")?,
+        tstate_match,
+        tstate_thread: u(tstate_thread, "tstate thread id")?,
+        tstate_frame: u(o.tstate_frame, "tstate frame")?,
+        cframe_current,
+        frame_previous: u(o.frame_previous, "frame.previous")?,
+        frame_code: u(o.frame_code, "frame.code")?,
+        frame_instr: u(o.frame_instr, "frame.instr")?,
+        frame_entry,
+        instr_kind,
+        entry_kind,
+        code_adaptive,
+        code_firstlineno: u(o.code_firstlineno, "co_firstlineno")?,
+        code_filename: u(o.code_filename, "co_filename")?,
+        frame_size: frame_size as u32,
+        code_size: (block_end - o.code_firstlineno) as u32,
+        code_name: u(name, "co_qualname")?,
+        frame_window: if instr_kind == PY_INSTR_POINTER {
+            PY_WINDOW
+        } else {
+            0
+        },
+        name_hash: if o.code_version.is_none() {
+            u(STR_HASH, "str hash")?
+        } else {
+            PY_NO_OFFSET
+        },
+        code_linetable: u(o.code_linetable, "co_linetable")?,
+        name_data: u(o.unicode_ascii_size, "str data")?,
+        code_version: match o.code_version {
+            Some(v) => u(v, "co_version")?,
+            None => PY_NO_OFFSET,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use symbolizer::python::detect::{PyVersion, VersionSource};
+    use symbolizer::python::offsets::ALL;
+
+    fn process(minor: u8) -> PythonProcess {
+        PythonProcess {
+            pid: 1,
+            version: PyVersion {
+                major: 3,
+                minor,
+                patch: Some(0),
+            },
+            version_source: VersionSource::PyVersionSymbol,
+            module: "/usr/lib/libpython3.so".into(),
+            load_bias: 0,
+            runtime_addr: 0x7000,
+            code_type_addr: None,
+            unicode_type_addr: None,
+            hamt_types: [None; 3],
+            eval_ranges: vec![],
+            debug_build: false,
+            frame_pointers: false,
+        }
+    }
+
+    #[test]
+    fn every_table_fits_the_kernel_walker() {
+        for o in ALL {
+            let p = py_proc(&process(o.version.1), o)
+                .unwrap_or_else(|e| panic!("3.{}: {e}", o.version.1));
+            assert_eq!(p.runtime_addr, 0x7000);
+            assert!(p.frame_size <= PY_FRAME_BLOCK && p.frame_size > 0);
+            assert!(p.code_size <= PY_CODE_BLOCK && p.code_size >= 12);
+            let expected_entry = match o.version.1 {
+                8..=10 => PY_ENTRY_EVERY_FRAME,
+                11 => PY_ENTRY_FIELD,
+                _ => PY_ENTRY_SHIM,
+            };
+            assert_eq!(p.entry_kind, expected_entry, "3.{}", o.version.1);
+            let expected_match = if o.version.1 >= 11 {
+                PY_MATCH_NATIVE_TID
+            } else {
+                PY_MATCH_PTHREAD
+            };
+            assert_eq!(p.tstate_match, expected_match);
+        }
+    }
+
+    #[test]
+    fn tokens_round_trip() {
+        let t = 7u64 | (1234u64 << 32) | TOKEN_ENTRY;
+        assert_eq!(split_token(t), (7, 1234, true));
+        assert_eq!(split_token(3), (3, 0, false));
+    }
+}

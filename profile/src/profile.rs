@@ -1,0 +1,910 @@
+//! The symbolized, aggregated profile that every output sink reads.
+//!
+//! One [`Profile`] is built at the end of a session (or read back from a pprof file by
+//! [`crate::format`]) and handed to each sink in [`crate::format`]. Frames, threads and span
+//! contexts are interned tables; a [`Sample`] points into them by index, so a sink walks small
+//! integers instead of strings.
+
+use std::time::{Duration, SystemTime};
+use symbolizer::unwind::UnwindStatus;
+
+/// What kind of code a frame belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A user-space native frame (ELF executable or shared library).
+    Native,
+    /// A kernel frame.
+    Kernel,
+    /// A Python frame: `function` is the qualified name, `file` and `line` where it runs.
+    Python,
+}
+
+/// One symbolized frame, shared by every stack that contains it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Native or kernel.
+    pub kind: FrameKind,
+    /// Demangled function name, or `None` when the address could not be symbolized.
+    pub function: Option<String>,
+    /// Path of the module (executable, shared object, `[kernel]`) the address belongs to, if known.
+    pub module: Option<String>,
+    /// Address normalized to the module: the file offset for ELF files, the absolute address for
+    /// the kernel and for addresses that could not be normalized.
+    pub address: u64,
+    /// Source file of the function, when debug information has it.
+    pub file: Option<String>,
+    /// Source line of the address, when debug information has it.
+    pub line: Option<u32>,
+    /// Why the frame has no function name (e.g. "no symbol", "process exited"), when it has none.
+    pub unknown_reason: Option<String>,
+}
+
+impl Frame {
+    /// The name shown in folded stacks and flamegraphs.
+    ///
+    /// Known functions show their demangled name; unknown ones `[unknown] (libfoo.so+0x1234)` with
+    /// the module's base name and the normalized address. Kernel frames end in `_[k]`, the
+    /// convention of perf and inferno. Python frames read `qualname (file.py:LINE)`, with the
+    /// file's base name, or `qualname (file.py)` without a line (`--no-lines`).
+    pub fn display_name(&self) -> String {
+        match self.kind {
+            FrameKind::Kernel => format!("{}_[k]", self.base_name()),
+            FrameKind::Native => self.base_name(),
+            FrameKind::Python => {
+                let name = self.base_name();
+                let Some(file) = self.file.as_deref() else {
+                    return name;
+                };
+                let file = file.rsplit('/').next().unwrap_or(file);
+                match self.line {
+                    Some(line) => format!("{name} ({file}:{line})"),
+                    None => format!("{name} ({file})"),
+                }
+            }
+        }
+    }
+
+    /// The name without the kernel suffix: the function, or `[unknown] (module+0x…)`.
+    pub fn base_name(&self) -> String {
+        match &self.function {
+            Some(f) => f.clone(),
+            None => {
+                let module = self
+                    .module
+                    .as_deref()
+                    .map(|m| m.rsplit('/').next().unwrap_or(m))
+                    .unwrap_or("?");
+                format!("[unknown] ({module}+{:#x})", self.address)
+            }
+        }
+    }
+}
+
+/// A thread that samples were taken on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Thread {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name (`comm`) as the kernel reported it in the sample.
+    pub name: String,
+}
+
+/// One aggregated sample: a distinct (stack, thread) with its count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// Indexes into [`Profile::frames`], root (outermost caller) first, leaf last.
+    pub frames: Vec<u32>,
+    /// Index into [`Profile::threads`].
+    pub thread: u32,
+    /// Number of on-CPU perf events that hit this stack on this thread (0 for off-CPU samples).
+    pub count: u64,
+    /// Nanoseconds this thread spent blocked in this stack (0 for on-CPU samples), an unbiased
+    /// estimate from sampled intervals (`offcpu` of crate `spanprof-pipeline`).
+    pub off_cpu_ns: u64,
+    /// Why the thread was blocked: `Some` exactly for off-CPU samples, whose first frame is the
+    /// reason's pseudo-frame ([`OffCpuReason::frame_name`]).
+    pub off_cpu: Option<OffCpuReason>,
+    /// Allocations made in this stack (`--event alloc`), scaled from the sampled ones: an
+    /// allocation of `s` bytes sampled at rate `R` counts `1 / (1 - exp(-s / R))` times.
+    pub alloc: Memory,
+    /// Allocations of this stack still not freed at the end (`--event heap`), scaled alike.
+    pub inuse: Memory,
+    /// Index into [`Profile::spans`]: the tracing context the thread was in; `None` outside any.
+    pub span: Option<u32>,
+    /// How the native user stack was unwound: complete, truncated, failed (and why), or
+    /// unchecked (frame pointers).
+    pub unwind: UnwindStatus,
+    /// Each event of this sample with when it happened, oldest first, when the session kept
+    /// them (outputs with timestamps: OTLP); empty otherwise. On-CPU events have the value 1,
+    /// off-CPU ones their nanoseconds, allocations their size in bytes (unscaled).
+    pub times: Vec<Timed>,
+    /// `--event heap`: the sampled allocations of this sample still in use at the end, with
+    /// when they were made and their size (unscaled), when timestamps were kept.
+    pub inuse_times: Vec<Timed>,
+}
+
+/// One event of a [`Sample`] and when it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timed {
+    /// Wall-clock time, nanoseconds since the Unix epoch.
+    pub unix_ns: u64,
+    /// Its value: 1 (on-CPU), nanoseconds (off-CPU) or bytes (allocation).
+    pub value: u64,
+}
+
+/// Allocated memory: how many allocations and how many bytes (estimates, rounded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Memory {
+    /// Allocations.
+    pub objects: u64,
+    /// Bytes asked for.
+    pub bytes: u64,
+}
+
+impl Memory {
+    /// Whether nothing was allocated.
+    pub fn is_empty(&self) -> bool {
+        self.objects == 0 && self.bytes == 0
+    }
+}
+
+/// The tracing context a sample was taken in, read from the thread while it was stopped.
+///
+/// Ids are kept as bytes in wire order (big-endian, as W3C trace context and OTLP carry them);
+/// the `*_hex`/`uuid` helpers give the text forms the outputs use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SpanContext {
+    /// OpenTelemetry trace id.
+    pub trace_id: Option<[u8; 16]>,
+    /// OpenTelemetry span id.
+    pub span_id: Option<[u8; 8]>,
+    /// The OSProfiler trace the thread was in.
+    pub osprofiler: Option<OsProfilerIds>,
+    /// The OpenTelemetry span's name (SDK spans only; not from a published thread context).
+    pub span_name: Option<SpanName>,
+    /// The name of the current OSProfiler trace point (what `profiler.start(name)` was given).
+    pub osprofiler_name: Option<SpanName>,
+}
+
+/// Bytes of a [`SpanName`] at most: what the kernel reads of a name
+/// ([`profiler_common::SPAN_NAME_MAX`]).
+pub const SPAN_NAME_MAX: usize = profiler_common::SPAN_NAME_MAX;
+
+/// A span or trace point name, inline: at most [`SPAN_NAME_MAX`] bytes of UTF-8, so that a
+/// [`SpanContext`] stays `Copy` and interning one per sample allocates nothing.
+///
+/// A name from the kernel is ASCII; a longer one was cut to its first [`SPAN_NAME_MAX`] bytes
+/// there, and one that was not ASCII was dropped. A name read back from a file is cut the same
+/// way (at a character boundary), so a round trip keeps what spanprof wrote.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SpanName {
+    /// The name, then zeros: equal names are equal arrays, so `Eq` and `Hash` can be derived.
+    bytes: [u8; SPAN_NAME_MAX],
+    len: u8,
+}
+
+impl SpanName {
+    /// A name as the kernel read it: 1 to [`SPAN_NAME_MAX`] ASCII bytes, else none (a byte
+    /// of 0x80 or more means the str changed under the read: garbage).
+    pub fn from_ascii(bytes: &[u8]) -> Option<Self> {
+        if bytes.is_empty() || bytes.len() > SPAN_NAME_MAX || !bytes.is_ascii() {
+            return None;
+        }
+        Some(Self::from_valid(bytes))
+    }
+
+    /// A name from text, cut to at most [`SPAN_NAME_MAX`] bytes at a character boundary; none
+    /// when empty.
+    pub fn new(text: &str) -> Option<Self> {
+        let mut end = text.len().min(SPAN_NAME_MAX);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        (end > 0).then(|| Self::from_valid(&text.as_bytes()[..end]))
+    }
+
+    /// `bytes`: valid UTF-8 of 1 to [`SPAN_NAME_MAX`] bytes.
+    fn from_valid(bytes: &[u8]) -> Self {
+        let mut name = Self {
+            bytes: [0; SPAN_NAME_MAX],
+            len: bytes.len() as u8,
+        };
+        name.bytes[..bytes.len()].copy_from_slice(bytes);
+        name
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // Only valid UTF-8 is ever stored.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for SpanName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for SpanName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialOrd for SpanName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// By text, as a `String` would sort.
+impl Ord for SpanName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+/// OSProfiler's ids of a thread: `profiler.get_base_id()`, `get_id()` and `get_parent_id()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OsProfilerIds {
+    /// The whole trace (the request): the first id of the trace stack.
+    pub base_id: [u8; 16],
+    /// The current trace point: the last id of the trace stack.
+    pub trace_id: [u8; 16],
+    /// The trace point the current one is nested in (the one before it), if any.
+    pub parent_id: Option<[u8; 16]>,
+}
+
+/// Lower-case hex of bytes, as trace and span ids are written.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// A UUID in its canonical 8-4-4-4-12 form, as OSProfiler writes ids.
+pub fn uuid(bytes: &[u8; 16]) -> String {
+    let h = hex(bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Label keys of span contexts in pprof (and the names of `spanprof report` filters).
+pub mod labels {
+    /// OpenTelemetry trace id, 32 hex digits.
+    pub const TRACE_ID: &str = "trace_id";
+    /// OpenTelemetry span id, 16 hex digits.
+    pub const SPAN_ID: &str = "span_id";
+    /// OSProfiler base id (the request's trace), a UUID.
+    pub const OSP_BASE_ID: &str = "osprofiler.base_id";
+    /// OSProfiler current trace point id, a UUID.
+    pub const OSP_TRACE_ID: &str = "osprofiler.trace_id";
+    /// OSProfiler parent trace point id, a UUID.
+    pub const OSP_PARENT_ID: &str = "osprofiler.parent_id";
+    /// OpenTelemetry span name (at most [`super::SPAN_NAME_MAX`] bytes).
+    pub const SPAN_NAME: &str = "span.name";
+    /// OSProfiler current trace point name (at most [`super::SPAN_NAME_MAX`] bytes).
+    pub const OSP_NAME: &str = "osprofiler.name";
+}
+
+impl SpanContext {
+    /// True when nothing is known: no id, no name.
+    pub fn is_empty(&self) -> bool {
+        self.trace_id.is_none()
+            && self.span_id.is_none()
+            && self.osprofiler.is_none()
+            && self.span_name.is_none()
+            && self.osprofiler_name.is_none()
+    }
+
+    /// The (key, value) string labels of this context, in a fixed order (see [`labels`]).
+    pub fn labels(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.trace_id {
+            out.push((labels::TRACE_ID, hex(t)));
+        }
+        if let Some(s) = &self.span_id {
+            out.push((labels::SPAN_ID, hex(s)));
+        }
+        if let Some(n) = &self.span_name {
+            out.push((labels::SPAN_NAME, n.as_str().to_string()));
+        }
+        if let Some(o) = &self.osprofiler {
+            out.push((labels::OSP_BASE_ID, uuid(&o.base_id)));
+            out.push((labels::OSP_TRACE_ID, uuid(&o.trace_id)));
+            if let Some(p) = &o.parent_id {
+                out.push((labels::OSP_PARENT_ID, uuid(p)));
+            }
+        }
+        if let Some(n) = &self.osprofiler_name {
+            out.push((labels::OSP_NAME, n.as_str().to_string()));
+        }
+        out
+    }
+}
+
+/// A process that was profiled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Process {
+    /// Process id.
+    pub pid: u32,
+    /// Executable name: `/proc/PID/comm` when first sampled, else the sampled thread's `comm`.
+    pub name: String,
+    /// What the process says about itself (executable, command line, service name,
+    /// container), read from `/proc` when it was first sampled; empty for a profile read back
+    /// from a file.
+    pub info: crate::resource::ProcessInfo,
+}
+
+/// Facts about the session that produced the profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Meta {
+    /// What was profiled, for titles: e.g. `pid 1234 (python3)` or `./bench --fast`.
+    pub target: String,
+    /// Wall-clock start of the session.
+    pub start: SystemTime,
+    /// How long sampling ran.
+    pub duration: Duration,
+    /// Sampling frequency in Hz; the period of one sample is `1e9 / frequency` nanoseconds.
+    pub frequency: u64,
+    /// What was sampled (`--event`).
+    pub events: Events,
+    /// Samples the kernel could not hand over (ring buffer full), never silently dropped.
+    pub lost_samples: u64,
+    /// What the CPython walker found.
+    pub python: PythonStats,
+    /// The host the session ran on (its name only for a profile read back from a file).
+    pub host: Option<crate::resource::HostInfo>,
+    /// The commit and branch a CI system said it was building ([`Build::from_env`]).
+    pub build: Build,
+    /// Labels and resource attributes the sinks leave out (`--drop-label`, sorted; see
+    /// [`crate::privacy`]).
+    pub dropped_labels: Vec<String>,
+}
+
+/// The commit and branch of the code a CI run profiled, as its CI system names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Build {
+    /// `GITHUB_SHA` (GitHub Actions) or `CI_COMMIT_SHA` (GitLab CI).
+    pub commit: Option<String>,
+    /// `GITHUB_HEAD_REF` (a pull request's branch), `GITHUB_REF_NAME` or `CI_COMMIT_REF_NAME`.
+    pub branch: Option<String>,
+}
+
+/// Longest commit or branch kept: the variables are the environment's, not spanprof's.
+const MAX_BUILD_FIELD: usize = 200;
+
+impl Build {
+    /// What the environment of this process says.
+    pub fn from_env() -> Build {
+        Build::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// What `var` says: the first variable set and not empty of each list, on one line (control
+    /// characters become spaces) and at most 200 bytes.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Build {
+        let first = |names: &[&str]| {
+            names.iter().find_map(|n| {
+                let v = var(n)?;
+                let v: String = v
+                    .trim()
+                    .chars()
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
+                (!v.is_empty()).then(|| truncate(v, MAX_BUILD_FIELD))
+            })
+        };
+        Build {
+            commit: first(&["GITHUB_SHA", "CI_COMMIT_SHA"]),
+            branch: first(&["GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME"]),
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// What a profile measures (`--event`).
+///
+/// `cpu` alone is an on-CPU profile whose samples count timer events. With `off_cpu`, samples
+/// also carry nanoseconds blocked, and every output weighs stacks in nanoseconds (an on-CPU
+/// sample is worth [`Meta::period_ns`]). `wall` is `cpu` and `off_cpu` shown as one wall-clock
+/// time per thread (`wall/nanoseconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Events {
+    /// On-CPU samples (`--event cpu`, the default).
+    pub cpu: bool,
+    /// Off-CPU intervals (`--event offcpu`).
+    pub off_cpu: bool,
+    /// Both, as one wall-clock profile (`--event wall`).
+    pub wall: bool,
+    /// Sampled allocations (`--event alloc`): `alloc_objects/count`, `alloc_space/bytes`.
+    pub alloc: bool,
+    /// Sampled allocations not freed at the end (`--event heap`): `inuse_objects/count`,
+    /// `inuse_space/bytes`. Memory events do not combine with time events.
+    pub heap: bool,
+    /// Bytes between two sampled allocations on average (`--alloc-rate`; 1: every allocation).
+    pub alloc_rate: u64,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            cpu: true,
+            off_cpu: false,
+            wall: false,
+            alloc: false,
+            heap: false,
+            alloc_rate: DEFAULT_ALLOC_RATE,
+        }
+    }
+}
+
+/// `--alloc-rate` default: one sample per 512 KiB allocated on average, as Go and tcmalloc do.
+pub const DEFAULT_ALLOC_RATE: u64 = 512 * 1024;
+
+/// How many allocations and bytes one sampled allocation of `size` bytes stands for, sampled
+/// at `rate` bytes on average (Poisson sampling by bytes: it was sampled with probability
+/// `1 - exp(-size / rate)`); `rate <= 1` samples every allocation.
+pub fn scale_allocation(size: u64, rate: u64) -> (f64, f64) {
+    if rate <= 1 {
+        return (1.0, size as f64);
+    }
+    let p = -(-(size as f64) / rate as f64).exp_m1();
+    if p <= 0.0 {
+        return (0.0, 0.0);
+    }
+    (1.0 / p, size as f64 / p)
+}
+
+impl Events {
+    /// Whether sample weights are nanoseconds (a time profile with off-CPU time in it).
+    pub fn in_nanoseconds(&self) -> bool {
+        self.off_cpu || self.wall
+    }
+
+    /// Whether this is a memory profile (`alloc`, `heap`): weights are bytes.
+    pub fn in_bytes(&self) -> bool {
+        self.alloc || self.heap
+    }
+}
+
+/// What the CPython walker found over a session, for the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PythonStats {
+    /// CPython processes found.
+    pub processes: u32,
+    /// Samples of those processes with Python frames (a walk that failed midway included).
+    pub with_frames: u64,
+    /// Samples of threads without a Python thread state (C threads, no interpreter yet).
+    pub no_thread: u64,
+    /// Samples whose walk stopped at a failed read (with or without frames before it).
+    pub read_failed: u64,
+    /// Samples whose Python stack was cut (too deep, a cycle, or a failed read).
+    pub truncated: u64,
+    /// Processes that looked like Python but could not be profiled as such, one line each.
+    pub notes: Vec<String>,
+    /// Samples whose span context came from the thread context record the process publishes
+    /// itself (OTEP 4947), not from its tracing libraries' objects.
+    pub published_spans: u64,
+    /// Span contexts were looked for (not `--no-spans`).
+    pub spans_enabled: bool,
+    /// Python processes where OpenTelemetry, OSProfiler or a published thread context was found.
+    pub span_processes: u32,
+}
+
+impl Meta {
+    /// Nanoseconds of CPU time one sample stands for.
+    pub fn period_ns(&self) -> u64 {
+        1_000_000_000 / self.frequency.max(1)
+    }
+}
+
+/// A complete on-CPU profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// Session facts.
+    pub meta: Meta,
+    /// Interned frames.
+    pub frames: Vec<Frame>,
+    /// Interned threads.
+    pub threads: Vec<Thread>,
+    /// Processes seen (the targets and their children).
+    pub processes: Vec<Process>,
+    /// Aggregated samples, in a deterministic order.
+    pub samples: Vec<Sample>,
+    /// Distinct span contexts that samples point to.
+    pub spans: Vec<SpanContext>,
+}
+
+impl Profile {
+    /// Total number of on-CPU samples.
+    pub fn total_samples(&self) -> u64 {
+        // NB: counts read from a file are untrusted: saturating, never an overflow.
+        self.samples
+            .iter()
+            .fold(0u64, |t, s| t.saturating_add(s.count))
+    }
+
+    /// A sample's weight in the profile's unit: bytes in use (`heap`) or allocated (`alloc`) for
+    /// a memory profile; its count for an on-CPU profile; else nanoseconds (on-CPU time
+    /// `count * period` plus off-CPU time).
+    pub fn weight(&self, sample: &Sample) -> u64 {
+        let events = &self.meta.events;
+        if events.heap {
+            sample.inuse.bytes
+        } else if events.alloc {
+            sample.alloc.bytes
+        } else if events.in_nanoseconds() {
+            sample
+                .count
+                .saturating_mul(self.meta.period_ns())
+                .saturating_add(sample.off_cpu_ns)
+        } else {
+            sample.count
+        }
+    }
+
+    /// Total off-CPU nanoseconds.
+    pub fn total_off_cpu_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.off_cpu_ns).sum()
+    }
+}
+
+/// How `--group-by` puts samples under a synthetic root frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupBy {
+    /// One root per span context ([`SpanContext::group_name`]), `[no span]` for the others.
+    Span,
+    /// One root per thread name, `[thread NAME]` (the `threading.Thread` name of a Python
+    /// thread, else the OS name): threads of one name share a root.
+    Thread,
+}
+
+impl GroupBy {
+    /// Every grouping, in the order help texts list them.
+    pub const ALL: [GroupBy; 2] = [GroupBy::Span, GroupBy::Thread];
+
+    /// Parses a `--group-by` value: `span` or `thread` (ASCII case ignored).
+    pub fn from_name(name: &str) -> Option<GroupBy> {
+        GroupBy::ALL
+            .into_iter()
+            .find(|g| g.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The value's name, the inverse of [`GroupBy::from_name`].
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupBy::Span => "span",
+            GroupBy::Thread => "thread",
+        }
+    }
+}
+
+/// The root frame of samples taken outside any span, with `--group-by span`.
+pub const NO_SPAN_FRAME: &str = "[no span]";
+
+impl SpanContext {
+    /// The name of the synthetic root frame that `--group-by span` puts samples of this context
+    /// under: `[span SPAN_ID trace TRACE_ID]` for OpenTelemetry, `[osprofiler TRACE_POINT base
+    /// BASE_ID]` for OSProfiler alone, `[span … trace … osprofiler TRACE_POINT]` for both, and
+    /// [`NO_SPAN_FRAME`] for an empty context.
+    pub fn group_name(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = &self.span_id {
+            parts.push(format!("span {}", hex(s)));
+        }
+        if let Some(t) = &self.trace_id {
+            parts.push(format!("trace {}", hex(t)));
+        }
+        match (&self.osprofiler, parts.is_empty()) {
+            (Some(o), true) => {
+                parts.push(format!(
+                    "osprofiler {} base {}",
+                    uuid(&o.trace_id),
+                    uuid(&o.base_id)
+                ));
+            }
+            (Some(o), false) => parts.push(format!("osprofiler {}", uuid(&o.trace_id))),
+            (None, _) => {}
+        }
+        if parts.is_empty() {
+            return NO_SPAN_FRAME.to_string();
+        }
+        format!("[{}]", parts.join(" "))
+    }
+}
+
+impl Profile {
+    /// The span context of a sample, if it has one.
+    pub fn span_of(&self, sample: &Sample) -> Option<&SpanContext> {
+        sample.span.and_then(|i| self.spans.get(i as usize))
+    }
+
+    /// A copy of the profile with every sample under a synthetic root frame chosen by `group`.
+    ///
+    /// The frames are placeholders like `[truncated]`: native, no module, address 0, so every
+    /// output shows them as plain names (`[span 00f067aa0ba902b7 trace 4bf9…]` in a flame graph).
+    pub fn grouped(&self, group: GroupBy) -> Profile {
+        let mut out = self.clone();
+        let mut ids: std::collections::HashMap<Frame, u32> = out
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.clone(), i as u32))
+            .collect();
+        let mut root_of = |name: String, frames: &mut Vec<Frame>| -> u32 {
+            let frame = Frame {
+                kind: FrameKind::Native,
+                function: Some(name),
+                module: None,
+                address: 0,
+                file: None,
+                line: None,
+                unknown_reason: None,
+            };
+            *ids.entry(frame).or_insert_with_key(|frame| {
+                frames.push(frame.clone());
+                frames.len() as u32 - 1
+            })
+        };
+        // One root per span index (and one for samples without), or per thread index, looked
+        // up once each.
+        let mut roots: std::collections::HashMap<Option<u32>, u32> = Default::default();
+        for i in 0..out.samples.len() {
+            let key = match group {
+                GroupBy::Span => out.samples[i].span,
+                GroupBy::Thread => Some(out.samples[i].thread),
+            };
+            let root = match roots.get(&key) {
+                Some(&root) => root,
+                None => {
+                    let name = match group {
+                        GroupBy::Span => self
+                            .span_of(&out.samples[i])
+                            .map_or_else(|| NO_SPAN_FRAME.to_string(), SpanContext::group_name),
+                        GroupBy::Thread => format!(
+                            "[thread {}]",
+                            self.threads
+                                .get(out.samples[i].thread as usize)
+                                .map_or("?", |t| t.name.as_str())
+                        ),
+                    };
+                    let root = root_of(name, &mut out.frames);
+                    roots.insert(key, root);
+                    root
+                }
+            };
+            out.samples[i].frames.insert(0, root);
+        }
+        out
+    }
+
+    /// Keeps the samples for which `keep` is true, and only the threads, processes and span
+    /// contexts they use (frames stay: sinks only write the frames samples use).
+    pub fn retain_samples(&mut self, mut keep: impl FnMut(&Profile, &Sample) -> bool) {
+        let samples = std::mem::take(&mut self.samples);
+        let samples: Vec<Sample> = samples.into_iter().filter(|s| keep(self, s)).collect();
+        let mut thread_map = vec![None; self.threads.len()];
+        let mut span_map = vec![None; self.spans.len()];
+        let (mut threads, mut spans) = (Vec::new(), Vec::new());
+        self.samples = samples
+            .into_iter()
+            .map(|mut s| {
+                s.thread = *thread_map[s.thread as usize].get_or_insert_with(|| {
+                    threads.push(self.threads[s.thread as usize].clone());
+                    threads.len() as u32 - 1
+                });
+                s.span = s.span.map(|i| {
+                    *span_map[i as usize].get_or_insert_with(|| {
+                        spans.push(self.spans[i as usize]);
+                        spans.len() as u32 - 1
+                    })
+                });
+                s
+            })
+            .collect();
+        self.processes
+            .retain(|p| threads.iter().any(|t: &Thread| t.pid == p.pid));
+        self.threads = threads;
+        self.spans = spans;
+    }
+}
+
+/// Parses exactly `2 * N` hex digits (either case) into bytes.
+pub fn parse_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    if s.len() != 2 * N || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Parses a UUID, `8-4-4-4-12` or 32 hex digits (either case).
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let dashed = s.len() == 36
+        && s.char_indices()
+            .all(|(i, c)| matches!(i, 8 | 13 | 18 | 23) == (c == '-'));
+    if dashed {
+        parse_hex(&s.replace('-', ""))
+    } else {
+        parse_hex(s)
+    }
+}
+
+/// Why a thread was off CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OffCpuReason {
+    /// Sleeping on purpose: `nanosleep`, `time.sleep`, a `select` without file descriptors.
+    Sleep,
+    /// Waiting for a lock, a semaphore, a condition or another futex.
+    Lock,
+    /// Waiting for I/O: network, disk, pipes, `poll`/`epoll`/`select` on descriptors.
+    Io,
+    /// Waiting for CPython's global interpreter lock.
+    Gil,
+    /// Anything else (page faults, signals, ptrace stops, unknown system calls).
+    Other,
+}
+
+impl OffCpuReason {
+    /// Every reason, in the order summaries list them.
+    pub const ALL: [OffCpuReason; 5] = [
+        OffCpuReason::Sleep,
+        OffCpuReason::Lock,
+        OffCpuReason::Io,
+        OffCpuReason::Gil,
+        OffCpuReason::Other,
+    ];
+
+    /// The label value: `sleep`, `lock`, `io`, `gil` or `other`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OffCpuReason::Sleep => "sleep",
+            OffCpuReason::Lock => "lock",
+            OffCpuReason::Io => "io",
+            OffCpuReason::Gil => "gil",
+            OffCpuReason::Other => "other",
+        }
+    }
+
+    /// The inverse of [`OffCpuReason::name`].
+    pub fn from_name(name: &str) -> Option<OffCpuReason> {
+        OffCpuReason::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// The pseudo-frame at the root of an off-CPU stack: `[off-cpu: lock]`.
+    pub fn frame_name(self) -> String {
+        format!("[off-cpu: {}]", self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn span_names_are_cut_and_checked_the_same_way_whatever_their_source() {
+        let long = "x".repeat(SPAN_NAME_MAX + 10);
+        // From the kernel: ASCII only, already cut.
+        let name = SpanName::from_ascii(b"GET /servers/7").unwrap();
+        assert_eq!(name.as_str(), "GET /servers/7");
+        assert_eq!(format!("{name:?}"), "\"GET /servers/7\"");
+        assert_eq!(SpanName::from_ascii(b""), None);
+        assert_eq!(SpanName::from_ascii("caf\u{e9}".as_bytes()), None);
+        assert_eq!(SpanName::from_ascii(long.as_bytes()), None);
+        // From text: cut to SPAN_NAME_MAX bytes, at a character boundary.
+        assert_eq!(
+            SpanName::new(&long).unwrap().as_str(),
+            &long[..SPAN_NAME_MAX]
+        );
+        let accents = "\u{e9}".repeat(SPAN_NAME_MAX); // 2 bytes each
+        assert_eq!(
+            SpanName::new(&accents).unwrap().as_str(),
+            "\u{e9}".repeat(SPAN_NAME_MAX / 2)
+        );
+        let odd = format!("a{accents}");
+        assert_eq!(
+            SpanName::new(&odd).unwrap().as_str().len(),
+            SPAN_NAME_MAX - 1
+        );
+        assert_eq!(SpanName::new(""), None);
+        // Equal text, equal names; ordered as text.
+        assert_eq!(SpanName::new("abc"), SpanName::from_ascii(b"abc"));
+        assert!(SpanName::new("ab").unwrap() < SpanName::new("b").unwrap());
+        assert!(SpanName::new("a").unwrap() < SpanName::new("ab").unwrap());
+    }
+
+    use super::*;
+    use crate::format::{self, fixture, Format};
+
+    #[test]
+    fn group_names() {
+        let p = fixture::with_spans();
+        let names: Vec<String> = p.spans.iter().map(SpanContext::group_name).collect();
+        assert_eq!(
+            names,
+            [
+                "[span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736]",
+                "[osprofiler 22222222-2222-2222-2222-222222222222 base \
+                 11111111-1111-1111-1111-111111111111]",
+                "[span 00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
+                 33333333-3333-3333-3333-333333333333]",
+            ]
+        );
+        assert_eq!(SpanContext::default().group_name(), NO_SPAN_FRAME);
+        assert_eq!(GroupBy::from_name("SPAN"), Some(GroupBy::Span));
+        assert_eq!(GroupBy::from_name("trace"), None);
+        assert_eq!(GroupBy::from_name("Thread"), Some(GroupBy::Thread));
+    }
+
+    #[test]
+    fn grouped_puts_a_root_frame_per_span() {
+        let p = fixture::with_spans().grouped(GroupBy::Span);
+        let folded = String::from_utf8(format::render(&p, Format::Folded).unwrap()).unwrap();
+        assert_eq!(
+            folded,
+            "[no span];main;[unknown] (libfoo.so+0x1234) 1\n\
+             [osprofiler 22222222-2222-2222-2222-222222222222 base \
+             11111111-1111-1111-1111-111111111111];main;compute 3\n\
+             [span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736];main;compute 5\n\
+             [span 00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
+             33333333-3333-3333-3333-333333333333];main;compute;do_syscall_64_[k] 2\n"
+        );
+        let root = &p.frames[p.samples[3].frames[0] as usize];
+        assert_eq!(
+            (root.kind, root.module.as_deref(), root.address),
+            (FrameKind::Native, None, 0)
+        );
+        // Samples without spans share one root; grouping twice adds a second level.
+        let mut q = fixture::profile();
+        let before = q.frames.len();
+        q = q.grouped(GroupBy::Span);
+        assert_eq!(q.frames.len(), before + 1);
+        let twice = q.grouped(GroupBy::Span);
+        assert_eq!(twice.frames.len(), before + 1);
+        assert_eq!(twice.samples[0].frames[..2], [before as u32, before as u32]);
+    }
+
+    #[test]
+    fn retain_samples_compacts_tables() {
+        let mut p = fixture::with_spans();
+        p.retain_samples(|_, s| s.thread == 1);
+        assert_eq!(p.total_samples(), 4);
+        assert_eq!(p.threads.len(), 1);
+        assert_eq!(p.threads[0].tid, 101);
+        assert_eq!(p.spans.len(), 1);
+        assert_eq!(
+            p.samples
+                .iter()
+                .map(|s| (s.thread, s.span))
+                .collect::<Vec<_>>(),
+            [(0, Some(0)), (0, None)]
+        );
+        assert_eq!(p.processes.len(), 1);
+        p.retain_samples(|_, _| false);
+        assert!(p.threads.is_empty() && p.spans.is_empty() && p.processes.is_empty());
+    }
+}
