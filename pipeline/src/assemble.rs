@@ -294,12 +294,12 @@ pub fn assemble(
         let same = (a.thread, &a.frames, a.span, a.unwind, a.off_cpu)
             == (b.thread, &b.frames, b.span, b.unwind, b.off_cpu);
         if same {
-            a.count += b.count;
+            a.count = a.count.saturating_add(b.count);
             a.off_cpu_ns = a.off_cpu_ns.saturating_add(b.off_cpu_ns);
-            a.alloc.objects += b.alloc.objects;
-            a.alloc.bytes += b.alloc.bytes;
-            a.inuse.objects += b.inuse.objects;
-            a.inuse.bytes += b.inuse.bytes;
+            a.alloc.objects = a.alloc.objects.saturating_add(b.alloc.objects);
+            a.alloc.bytes = a.alloc.bytes.saturating_add(b.alloc.bytes);
+            a.inuse.objects = a.inuse.objects.saturating_add(b.inuse.objects);
+            a.inuse.bytes = a.inuse.bytes.saturating_add(b.inuse.bytes);
             a.times.append(&mut b.times);
             a.times.sort_unstable();
             a.inuse_times.append(&mut b.inuse_times);

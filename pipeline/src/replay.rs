@@ -44,6 +44,11 @@ pub fn replay(input: impl BufRead) -> Result<Replayed> {
             Event::Sample(r) => {
                 // A new process's description is the next event.
                 count.count(&r);
+                // New user stacks wait there to be normalized in a live session; a replay
+                // normalizes nothing.
+                if !count.pending.is_empty() {
+                    count.pending.clear();
+                }
             }
             Event::Exec(pid, time_ns) => {
                 count.exec(pid, time_ns);
@@ -54,7 +59,8 @@ pub fn replay(input: impl BufRead) -> Result<Replayed> {
             Event::End => break,
         }
     }
-    let recorded = reader.facts()?;
+    let (user_addrs, kernel_addrs) = count.addresses();
+    let recorded = reader.facts((user_addrs.len(), kernel_addrs.len()))?;
     let samples = count.samples();
     let profile = assemble_checked(count, recorded)?;
     Ok(Replayed {

@@ -555,7 +555,8 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 
 /*
  * 16 hex digits at `at` in w->win (garbage digits give garbage, never a fault). Branch-free:
- * '0'-'9' give c & 0xf, 'a'-'f' and 'A'-'F' (bit 6 set) that plus 9. A branch per digit (as
+ * '0'-'9' give c & 0xf, 'a'-'f' and 'A'-'F' (bit 6 set) that plus 9, any other byte some
+ * nibble (kept to 4 bits, so it never spills into the next digit). A branch per digit (as
  * hex_nibble has) let the verifier on 6.18.44 walk its paths apart: span_published() went over
  * the 1,000,000-instruction limit and no program loaded.
  */
@@ -566,7 +567,7 @@ static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
 
 	for (i = 0; i < CTX_PY_CONTEXT_LEN; i++) {
 		c = load_u8(buf, at + i, SPANPROF_PY_WINDOW);
-		v = v << 4 | (__u64)((c & 0xf) + 9 * (c >> 6));
+		v = v << 4 | (__u64)(((c & 0xf) + 9 * (c >> 6)) & 0xf);
 	}
 	return v;
 }

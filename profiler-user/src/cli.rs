@@ -183,7 +183,7 @@ pub(crate) struct ProfileArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) stats: Option<PathBuf>,
     /// Also record the session to FILE (gzip), from which `spanprof replay` writes its outputs
-    /// again without root; it holds what the outputs hold (see docs/replay.md).
+    /// again without root; it holds what an OTLP output of the session would hold (see docs/replay.md).
     #[arg(long, value_name = "FILE")]
     pub(crate) record: Option<PathBuf>,
     #[command(flatten)]

@@ -296,10 +296,15 @@ impl<R: BufRead> Dec<R> {
 pub struct StrList {
     strings: Vec<String>,
     bytes: usize,
+    /// Bytes of every string handed out, copies of earlier ones included.
+    given: usize,
 }
 
 /// Bytes of distinct strings a recording holds at most.
 const MAX_STRING_BYTES: usize = 1 << 28;
+/// Bytes of strings handed out at most, copies included: a reference of two bytes to a string
+/// of a megabyte must not make a small file into terabytes.
+const MAX_GIVEN_BYTES: usize = 1 << 30;
 
 impl StrList {
     /// Reads a string written by [`StrTable::put`].
@@ -315,18 +320,20 @@ impl StrList {
                 self.strings.push(s.clone());
                 Ok(Some(s))
             }
-            n => self
-                .strings
-                .get((n - 2) as usize)
-                .cloned()
-                .map(Some)
-                .ok_or_else(|| {
+            n => {
+                let s = self.strings.get((n - 2) as usize).ok_or_else(|| {
                     bad(format!(
                         "string {} of {} referred to",
                         n - 2,
                         self.strings.len()
                     ))
-                }),
+                })?;
+                self.given += s.len() + 1;
+                if self.given > MAX_GIVEN_BYTES {
+                    return Err(bad("more text than a recording holds"));
+                }
+                Ok(Some(s.clone()))
+            }
         }
     }
 }
@@ -393,5 +400,24 @@ mod tests {
         // A reference to a string not read.
         let mut d = Dec::new(&[5u8][..], 10);
         assert!(StrList::default().get(&mut d).is_err());
+    }
+
+    #[test]
+    fn copies_of_a_long_string_count_against_the_text_budget() {
+        // One string of MAX_STRING bytes, then more references to it than the budget allows:
+        // a small input must not hand out more than MAX_GIVEN_BYTES of copies.
+        let long = "x".repeat(MAX_STRING);
+        let refs = MAX_GIVEN_BYTES / (MAX_STRING + 1) + 2;
+        let mut e = Enc::default();
+        let mut t = StrTable::default();
+        for _ in 0..refs {
+            t.put(&mut e, Some(&long));
+        }
+        assert!(e.buf.len() < MAX_STRING + 4 * refs);
+        let mut d = Dec::new(&e.buf[..], 1 << 30);
+        let mut l = StrList::default();
+        let err = (0..refs).find_map(|_| l.get(&mut d).err());
+        let err = err.expect("the budget was not enforced");
+        assert!(err.0.contains("more text"), "{err}");
     }
 }

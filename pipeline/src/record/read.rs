@@ -397,11 +397,18 @@ impl<R: BufRead> Reader<R> {
         })
     }
 
-    /// The facts of assembly, after [`Event::End`]; the input must end with them.
-    pub fn facts(mut self) -> Result<Recorded> {
+    /// The facts of assembly, after [`Event::End`]; the input must end with them. `addresses`:
+    /// how many user and kernel addresses the samples hold, one symbol each (checked before
+    /// any symbol is read).
+    pub fn facts(mut self, addresses: (usize, usize)) -> Result<Recorded> {
         let mut strings = StrList::default();
-        let mut symbols = |dec: &mut Dec<R>| -> Result<Vec<Symbol>> {
+        let mut symbols = |dec: &mut Dec<R>, what: &str, expected: usize| -> Result<Vec<Symbol>> {
             let n = dec.len(MAX_ITEMS, "symbols")?;
+            if n != expected {
+                return Err(bad(format!(
+                    "{n} {what} symbols for {expected} {what} addresses"
+                )));
+            }
             let mut v = Vec::with_capacity(n.min(4096));
             for _ in 0..n {
                 let function = strings.get(dec)?;
@@ -424,8 +431,8 @@ impl<R: BufRead> Reader<R> {
             }
             Ok(v)
         };
-        let user_symbols = symbols(&mut self.dec)?;
-        let kernel_symbols = symbols(&mut self.dec)?;
+        let user_symbols = symbols(&mut self.dec, "user", addresses.0)?;
+        let kernel_symbols = symbols(&mut self.dec, "kernel", addresses.1)?;
         let d = &mut self.dec;
         let n = d.len(MAX_ITEMS, "Python functions")?;
         let mut functions = Vec::with_capacity(n.min(4096));

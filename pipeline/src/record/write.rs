@@ -57,7 +57,7 @@ impl Recorder {
     /// is written now.
     pub fn new(opts: &Options) -> Recorder {
         let mut r = Recorder {
-            gz: GzEncoder::new(Vec::new(), Compression::new(9)),
+            gz: GzEncoder::new(Vec::new(), Compression::new(6)),
             enc: Enc::default(),
             written: 0,
             overflow: false,
@@ -101,6 +101,10 @@ impl Recorder {
 
     /// One sample, as the count stage was given it.
     pub fn sample(&mut self, r: &Resolved<'_>) {
+        // Past the limit nothing more is written: the tables stop growing too.
+        if self.overflow {
+            return;
+        }
         let thread = (r.pid, r.tid);
         let mut flags = 0;
         let comm_changed = self.comms.get(&thread) != Some(&r.comm);
