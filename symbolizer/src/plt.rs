@@ -231,7 +231,7 @@ fn entry_size(sh_entsize: u64, default_size: u64, size: u64) -> Option<u64> {
         8 | 16 => sh_entsize,
         _ => default_size,
     };
-    [declared, 16].into_iter().find(|&n| size % n == 0)
+    [declared, 16].into_iter().find(|&n| size.is_multiple_of(n))
 }
 
 /// Resolver address → name of the ifunc symbols (`STT_GNU_IFUNC`) of the dynamic symbol
