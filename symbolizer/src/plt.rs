@@ -195,14 +195,16 @@ fn read_elf(cache: &ReadCache<&File>) -> Option<PltTable> {
         let Some(bytes) = section_bytes(cache, endian, section, MAX_PLT_SECTION) else {
             continue;
         };
-        let entry_size = match section.sh_entsize(endian) {
-            8 => 8,
-            16 => 16,
-            _ => default_size,
+        let Some(entry_size) = entry_size(section.sh_entsize(endian), default_size, size) else {
+            // No entry size cuts the section into whole entries: its stubs stay `[plt]`
+            // rather than be read from the middle of an instruction.
+            continue;
         };
-        for (k, code) in bytes.chunks(entry_size).enumerate() {
-            let at = k as u64 * entry_size as u64;
-            let name = match decode_x86_64(code, addr.wrapping_add(at)) {
+        // Only `.plt` has lazy-binding halves (`push INDEX`).
+        let push_index = name == b".plt";
+        for (k, code) in bytes.chunks(entry_size as usize).enumerate() {
+            let at = k as u64 * entry_size;
+            let name = match decode_x86_64(code, addr.wrapping_add(at), push_index) {
                 Some(Stub::Slot(slot)) => slots.get(&slot).cloned().flatten(),
                 Some(Stub::Index(i)) => usize::try_from(i)
                     .ok()
@@ -219,6 +221,17 @@ fn read_elf(cache: &ReadCache<&File>) -> Option<PltTable> {
     }
     table.entries.sort_unstable_by_key(|e| e.start);
     Some(table)
+}
+
+/// The size of a PLT section's entries: its `sh_entsize` (when 8 or 16), else the section's
+/// default, kept only when it divides the section's `size`; else 16 when that divides it;
+/// else `None` (no entry starts can be trusted).
+fn entry_size(sh_entsize: u64, default_size: u64, size: u64) -> Option<u64> {
+    let declared = match sh_entsize {
+        8 | 16 => sh_entsize,
+        _ => default_size,
+    };
+    [declared, 16].into_iter().find(|&n| size.is_multiple_of(n))
 }
 
 /// Resolver address → name of the ifunc symbols (`STT_GNU_IFUNC`) of the dynamic symbol
@@ -269,31 +282,41 @@ enum Stub {
     Index(u64),
 }
 
-/// Decodes the first instructions of the PLT entry `code` at address `ip`, past `endbr64`
-/// and no-ops; `None` for anything else (the resolver entry pushes a GOT word).
-fn decode_x86_64(code: &[u8], ip: u64) -> Option<Stub> {
+/// Decodes the first instructions of the PLT entry `code` at address `ip`: `jmp *SLOT(%rip)`
+/// past `endbr64` and no-ops; with `push_index` (`.plt` only), a lazy-binding half, which
+/// must be `[endbr64] push IMM` from the entry's start, then a `jmp`. `None` for anything
+/// else (the resolver entry pushes a GOT word), so that a stray `6a xx` byte inside another
+/// instruction never reads as a `.rela.plt` index.
+fn decode_x86_64(code: &[u8], ip: u64, push_index: bool) -> Option<Stub> {
     use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind};
     let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
-    for _ in 0..3 {
+    let mut next = || {
         if !decoder.can_decode() {
             return None;
         }
         let ins = decoder.decode();
-        if ins.is_invalid() {
-            return None;
-        }
+        (!ins.is_invalid()).then_some(ins)
+    };
+    // Whether every instruction so far was `endbr64` (at most one).
+    let mut from_start = true;
+    for k in 0..3 {
+        let ins = next()?;
         match ins.mnemonic() {
-            Mnemonic::Endbr64 | Mnemonic::Nop => continue,
+            Mnemonic::Endbr64 => from_start &= k == 0,
+            Mnemonic::Nop => from_start = false,
             Mnemonic::Jmp if ins.op0_kind() == OpKind::Memory && ins.is_ip_rel_memory_operand() => {
                 return Some(Stub::Slot(ins.ip_rel_memory_address()));
             }
             Mnemonic::Push
-                if matches!(
-                    ins.op0_kind(),
-                    OpKind::Immediate32to64 | OpKind::Immediate8to64
-                ) =>
+                if push_index
+                    && from_start
+                    && matches!(
+                        ins.op0_kind(),
+                        OpKind::Immediate32to64 | OpKind::Immediate8to64
+                    ) =>
             {
-                return Some(Stub::Index(ins.immediate(0)));
+                let index = ins.immediate(0);
+                return (next()?.mnemonic() == Mnemonic::Jmp).then_some(Stub::Index(index));
             }
             _ => return None,
         }

@@ -260,3 +260,125 @@ fn garbage_files_never_panic() {
     let table = PltTable::read(&File::open(&path).unwrap());
     let _ = table.map(|t| t.named_entries());
 }
+
+/// The entry size: `sh_entsize` (8 or 16), else the default, kept only when it divides the
+/// section; else 16; else none.
+#[test]
+fn entry_sizes_must_divide_the_section() {
+    assert_eq!(entry_size(16, 16, 0x30), Some(16));
+    assert_eq!(entry_size(8, 8, 0x18), Some(8));
+    assert_eq!(entry_size(0, 8, 0x18), Some(8));
+    assert_eq!(entry_size(0, 16, 0x40), Some(16));
+    assert_eq!(entry_size(3, 16, 0x40), Some(16));
+    // A declared 16 that does not divide; neither does 16.
+    assert_eq!(entry_size(16, 8, 0x18), None);
+    // A declared 8 that does not divide (nor 16).
+    assert_eq!(entry_size(8, 8, 0x1c), None);
+    assert_eq!(entry_size(0, 16, 0x24), None);
+    assert_eq!(entry_size(0, 16, 0), Some(16));
+}
+
+/// A lazy-binding half names a `.rela.plt` index only in `.plt` and only when it is
+/// `[endbr64] push IMM; jmp` from the entry's start; a `6a xx` byte reached from the middle
+/// of an instruction (an entry cut at the wrong size) names nothing.
+#[test]
+fn push_index_only_from_an_entry_start_in_plt() {
+    let ip = 0x1000;
+    // push 5; jmp rel32; nop (a lazy `.plt` entry's second half, from its start).
+    let lazy = [0x6a, 0x05, 0xe9, 0, 0, 0, 0, 0x90];
+    assert_eq!(decode_x86_64(&lazy, ip, true), Some(Stub::Index(5)));
+    assert_eq!(decode_x86_64(&lazy, ip, false), None);
+    // endbr64; push 3; bnd jmp rel32; nop (`.plt` of an IBT build).
+    let ibt = [
+        0xf3, 0x0f, 0x1e, 0xfa, 0x6a, 0x03, 0xf2, 0xe9, 0, 0, 0, 0, 0x0f, 0x1f, 0x44, 0x00,
+    ];
+    assert_eq!(decode_x86_64(&ibt, ip, true), Some(Stub::Index(3)));
+    // A push not followed by a jmp, after a no-op, or cut before its jmp.
+    assert_eq!(decode_x86_64(&[0x6a, 0x05, 0x90, 0x90], ip, true), None);
+    assert_eq!(
+        decode_x86_64(&[0x90, 0x6a, 0x05, 0xe9, 0, 0, 0, 0], ip, true),
+        None
+    );
+    assert_eq!(decode_x86_64(&[0x6a, 0x05], ip, true), None);
+    // The second half of a 16-byte IBT `.plt.got` stub read as an 8-byte entry whose GOT
+    // displacement ends in 0x6a: `6a 00` then garbage.
+    let stub = [
+        0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0x6a, 0x00, 0x00, 0x00, 0x0f, 0x1f, 0x44, 0x00,
+        0x00,
+    ];
+    for piece in stub.chunks(8) {
+        assert!(
+            !matches!(decode_x86_64(piece, ip, true), Some(Stub::Index(_))),
+            "{piece:02x?}"
+        );
+    }
+    assert_eq!(
+        decode_x86_64(&stub, ip, false),
+        Some(Stub::Slot(ip + 11 + 0x6a))
+    );
+}
+
+/// Sets `sh_size` and `sh_entsize` of section `name` in the 64-bit little-endian ELF `data`.
+fn patch_section(data: &mut [u8], name: &str, size: u64, entsize: u64) {
+    let (shoff, index) = {
+        let elf = ElfFile64::<Endianness>::parse(&*data).unwrap();
+        let endian = elf.endian();
+        let sections = elf.elf_section_table();
+        let index = sections
+            .iter()
+            .position(|s| sections.section_name(endian, s).unwrap() == name.as_bytes())
+            .unwrap();
+        (elf.elf_header().e_shoff(endian), index)
+    };
+    let at = shoff as usize + index * 64;
+    data[at + 32..at + 40].copy_from_slice(&size.to_le_bytes());
+    data[at + 56..at + 64].copy_from_slice(&entsize.to_le_bytes());
+}
+
+/// A PLT section whose size no entry size divides gives no entries: its addresses are
+/// `[plt]`, never a neighbour's name; the module's other PLT sections keep theirs.
+#[test]
+fn section_size_not_divided_by_its_entry_size_is_unnamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("calls.c");
+    std::fs::write(
+        &src,
+        "extern int ext_a(int); extern int ext_b(int); extern int ext_c(int);\n\
+         int f(int x) { return ext_a(x) + ext_b(x) * ext_c(x + 1); }\n",
+    )
+    .unwrap();
+    let lib = dir.path().join("ibt.so");
+    let status = std::process::Command::new("gcc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .args(["-Wl,-z,ibtplt", "-Wl,-z,now"])
+        .status()
+        .expect("gcc runs");
+    assert!(status.success());
+    let t = truth(&lib);
+    let (sec, _, sec_size) = t.sections[".plt.sec"];
+    let (plt, _, _) = t.sections[".plt"];
+    let (got, _, got_size) = t.sections[".plt.got"];
+    assert_eq!(sec_size, 0x30);
+    assert_eq!(got_size, 0x10);
+    let mut data = std::fs::read(&lib).unwrap();
+    // `.plt.sec` 0x2c bytes of 16-byte entries (neither 16 nor the fallback divides), and
+    // `.plt.got` declared with 16-byte entries but 0x18 bytes long.
+    patch_section(&mut data, ".plt.sec", sec_size - 4, 16);
+    patch_section(&mut data, ".plt.got", got_size + 8, 16);
+    let patched = dir.path().join("patched.so");
+    std::fs::write(&patched, &data).unwrap();
+    let table = PltTable::read(&File::open(&patched).unwrap()).expect("a PLT table");
+    for o in (sec..sec + sec_size - 4).chain(got..got + got_size + 8) {
+        assert_eq!(table.name(o).as_deref(), Some(PLT_MARKER), "+{o:#x}");
+    }
+    // `.plt` still names its lazy-binding halves.
+    assert!(
+        table
+            .name(plt + 16)
+            .is_some_and(|n| n.starts_with("ext_") && n.ends_with("@plt")),
+        "{:?}",
+        table.name(plt + 16)
+    );
+}

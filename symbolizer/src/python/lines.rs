@@ -48,10 +48,12 @@ impl LineTableFormat {
 /// `co_firstlineno` is `first_line` and whose line table is `table`; `None` when the
 /// instruction is outside the table (3.10+) or the version is unsupported.
 ///
-/// An instruction the table gives no line (3.10+: a closure's `COPY_FREE_VARS` and
-/// `MAKE_CELL` before its `RESUME`, compiler-made cleanup code) is on `first_line`, the `def`
-/// line: the frame is in that function, before (or beside) its first line, as a plain
-/// function's `RESUME` is.
+/// An instruction the table gives no line (3.10+) is on `first_line`, the `def` line, only
+/// when no entry with a line precedes it in the table: a closure's prologue (`COPY_FREE_VARS`
+/// and `MAKE_CELL` before its `RESUME`, 3.11–3.13), where the frame is in that function before
+/// its first line, as a plain function's `RESUME` is. A no-line range after a located one
+/// (compiler-made exception or `with` cleanup code) has no known line: `None`, never the
+/// `def` line.
 pub fn line_for(
     version_minor: u8,
     first_line: u32,
@@ -72,11 +74,10 @@ pub fn line_for_format(
     let first = i64::from(first_line);
     let offset = i64::from(instr_offset);
     let line = match format {
-        LineTableFormat::Lnotab => Some(lnotab(first, table, offset)),
-        LineTableFormat::Pep626 => pep626(first, table, offset)?,
-        LineTableFormat::Locations => locations(first, table, offset)?,
-    }
-    .unwrap_or(first);
+        LineTableFormat::Lnotab => lnotab(first, table, offset),
+        LineTableFormat::Pep626 => pep626(first, table, offset)?.line(first)?,
+        LineTableFormat::Locations => locations(first, table, offset)?.line(first)?,
+    };
     u32::try_from(line).ok()
 }
 
@@ -99,6 +100,28 @@ pub fn line_for_prefix(
     line_for_format(format, first_line, table, instr_offset)
 }
 
+/// What a 3.10+ table says of the range holding an offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Located {
+    /// The range's line.
+    Line(i64),
+    /// A range without a line that no entry with a line precedes: the prologue.
+    Prologue,
+    /// A range without a line after a located one (cleanup code).
+    NoLine,
+}
+
+impl Located {
+    /// The line: `first_line` in the prologue, `None` for other no-line ranges.
+    fn line(self, first_line: i64) -> Option<i64> {
+        match self {
+            Self::Line(line) => Some(line),
+            Self::Prologue => Some(first_line),
+            Self::NoLine => None,
+        }
+    }
+}
+
 /// 3.8–3.9 `PyCode_Addr2Line`: add line increments while the running address stays at or
 /// below the instruction's.
 fn lnotab(first_line: i64, table: &[u8], offset: i64) -> i64 {
@@ -116,10 +139,11 @@ fn lnotab(first_line: i64, table: &[u8], offset: i64) -> i64 {
 
 /// 3.10 `_PyCode_CheckLineNumber` scanning forward from the start: the range
 /// `[start, end)` holding the offset gives its line; -128 marks a range without one
-/// (`Some(None)`); `None` when no range holds it.
-fn pep626(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> {
+/// ([`Located::Prologue`] or [`Located::NoLine`]); `None` when no range holds it.
+fn pep626(first_line: i64, table: &[u8], offset: i64) -> Option<Located> {
     let mut computed = first_line;
     let mut end = 0i64;
+    let mut located_before = false;
     for pair in table.chunks_exact(2) {
         let start = end;
         end += i64::from(pair[0]);
@@ -132,17 +156,19 @@ fn pep626(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> {
         };
         // Zero-width entries only move `computed` (long line jumps are split that way).
         if start <= offset && offset < end {
-            return Some(line);
+            return Some(located(line, located_before));
         }
+        located_before |= line.is_some();
     }
     None
 }
 
 /// 3.11+ `_PyCode_CheckLineNumber` over the location table, scanning forward: as
-/// [`pep626`], `Some(None)` for an entry of kind NONE (15).
-fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> {
+/// [`pep626`], an entry of kind NONE (15) having no line.
+fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<Located> {
     let mut computed = first_line;
     let mut end = 0i64;
+    let mut located_before = false;
     let mut i = 0usize;
     while i < table.len() {
         let head = table[i];
@@ -167,8 +193,9 @@ fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> 
         computed += line_delta;
         let line = (kind != 15).then_some(computed);
         if start <= offset && offset < end {
-            return Some(line);
+            return Some(located(line, located_before));
         }
+        located_before |= line.is_some();
         // The next entry starts at the next byte with bit 7 set.
         i += 1;
         while i < table.len() && table[i] & 0x80 == 0 {
@@ -176,6 +203,15 @@ fn locations(first_line: i64, table: &[u8], offset: i64) -> Option<Option<i64>> 
         }
     }
     None
+}
+
+/// A range's line, or which kind of no-line range it is.
+fn located(line: Option<i64>, located_before: bool) -> Located {
+    match line {
+        Some(line) => Located::Line(line),
+        None if located_before => Located::NoLine,
+        None => Located::Prologue,
+    }
 }
 
 /// A location-table varint: 6 bits per byte, least significant first, bit 6 set when more
@@ -281,15 +317,14 @@ mod tests {
 
     #[test]
     fn pep626_pairs() {
-        // first line 20: [0,4) → 21, [4,8) no line (the first line), [8,12) → 19, then a
-        // zero-width +127
-        // and [12,16) → 19 + 127 + 100 = 246.
+        // first line 20: [0,4) → 21, [4,8) no line (after a located range: none), [8,12) → 19,
+        // then a zero-width +127 and [12,16) → 19 + 127 + 100 = 246.
         let table = [4, 1, 4, 0x80, 4, 0xfe, 0, 127, 4, 100];
         let at = |o| line_for(10, 20, &table, o);
         assert_eq!(at(0), Some(21));
         assert_eq!(at(2), Some(21));
-        assert_eq!(at(4), Some(20));
-        assert_eq!(at(6), Some(20));
+        assert_eq!(at(4), None);
+        assert_eq!(at(6), None);
         assert_eq!(at(8), Some(19));
         assert_eq!(at(10), Some(19));
         assert_eq!(at(12), Some(246));
@@ -311,7 +346,7 @@ mod tests {
         t.extend([head(11, 2), 3, 9]);
         // [6,8) one-line form +2: 103.
         t.extend([head(12, 1), 0, 4]);
-        // [8,10) no location: the first line.
+        // [8,10) no location, after located entries (cleanup code): no line.
         t.push(head(15, 1));
         // [10,16) no columns, -5: 98.
         t.push(head(13, 3));
@@ -329,7 +364,7 @@ mod tests {
         assert_eq!(at(2), Some(101));
         assert_eq!(at(4), Some(101));
         assert_eq!(at(6), Some(103));
-        assert_eq!(at(8), Some(100));
+        assert_eq!(at(8), None);
         assert_eq!(at(10), Some(98));
         assert_eq!(at(14), Some(98));
         assert_eq!(at(16), Some(398));
@@ -371,6 +406,42 @@ mod tests {
         assert_eq!(line_for(10, 19, &t, 0), Some(19));
         assert_eq!(line_for(10, 19, &t, 4), Some(19));
         assert_eq!(line_for(10, 19, &t, 6), Some(20));
+    }
+
+    /// A no-line range after a located one (compiler-made exception or `with` cleanup code)
+    /// has no known line: never the `def` line, also in a closure whose prologue is on it.
+    #[test]
+    fn no_line_range_after_a_located_one_has_no_line() {
+        let mut t = Vec::new();
+        // [0,4) a closure's prologue: kind NONE.
+        t.push(head(15, 2));
+        // [4,6) RESUME, line 19; [6,10) line 20.
+        t.extend([head(10, 1), 0, 0]);
+        t.extend([head(11, 2), 15, 16]);
+        // [10,16) cleanup code: kind NONE, three code units.
+        t.push(head(15, 3));
+        // [16,18) line 22 again after it.
+        t.extend([head(12, 1), 0, 4]);
+        for minor in 11..=15 {
+            let at = |o| line_for(minor, 19, &t, o);
+            assert_eq!(at(0), Some(19), "3.{minor}: the prologue");
+            assert_eq!(at(6), Some(20), "3.{minor}");
+            assert_eq!(at(10), None, "3.{minor}: cleanup code");
+            assert_eq!(at(14), None, "3.{minor}: cleanup code");
+            assert_eq!(at(16), Some(22), "3.{minor}");
+        }
+        // A plain function: RESUME on the def line, then a body line, then cleanup code.
+        let t = [head(10, 1), 0, 0, head(11, 1), 4, 8, head(15, 2)];
+        assert_eq!(line_for(12, 7, &t, 4), None);
+        // 3.10: [0,4) → 31, [4,8) no line, [8,10) → 32.
+        let t = [4, 1, 4, 0x80, 2, 1];
+        assert_eq!(line_for(10, 30, &t, 0), Some(31));
+        assert_eq!(line_for(10, 30, &t, 4), None);
+        assert_eq!(line_for(10, 30, &t, 6), None);
+        assert_eq!(line_for(10, 30, &t, 8), Some(32));
+        // A located zero-width entry before the no-line range counts as a line.
+        let t = [0, 1, 4, 0x80, 2, 1];
+        assert_eq!(line_for(10, 30, &t, 0), None);
     }
 
     #[test]
