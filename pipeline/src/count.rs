@@ -92,19 +92,7 @@ const ALLOC_KEY: u32 = 2;
 /// MiB); later ones still count as allocated, and as unattributed if still in use at the end.
 const MAX_HEAP_SITES: usize = 1 << 20;
 
-/// How many allocations and bytes one sampled allocation of `size` bytes stands for, sampled
-/// at `rate` bytes on average (Poisson sampling by bytes: it was sampled with probability
-/// `1 - exp(-size / rate)`); `rate <= 1` samples every allocation.
-pub fn scale_allocation(size: u64, rate: u64) -> (f64, f64) {
-    if rate <= 1 {
-        return (1.0, size as f64);
-    }
-    let p = -(-(size as f64) / rate as f64).exp_m1();
-    if p <= 0.0 {
-        return (0.0, 0.0);
-    }
-    (1.0 / p, size as f64 / p)
-}
+pub use crate::profile::scale_allocation;
 
 /// The inverse of [`crate::resolve::off_cpu_key`].
 pub fn block_facts(key: u32) -> BlockFacts {
