@@ -173,7 +173,10 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
                 continue;
             }
             native += s.count;
-            if !symbols.contains(f.as_str()) {
+            // A PLT stub is named after the function it jumps to (`memcpy@plt`): a symbol the
+            // module imports, which `nm -D` lists as undefined.
+            let name = f.strip_suffix("@plt").unwrap_or(f);
+            if !symbols.contains(name) {
                 *foreign.entry(f.clone()).or_default() += s.count;
             }
         }
