@@ -74,8 +74,10 @@ impl Collector {
             }
             // A long drain (a backlog, cold module tables) still hands new interpreters to the
             // kernel every few ms: a short-lived child must be found while it runs.
+            // A program that just exec'd is looked at again when due (its libpython mapped
+            // by now), not after the drain: its next samples are walked.
             n = n.wrapping_add(1);
-            if n.is_multiple_of(64) && looked.elapsed() >= DETECT_DURING_DRAIN {
+            if python.due_now() || n.is_multiple_of(64) && looked.elapsed() >= DETECT_DURING_DRAIN {
                 drop(item);
                 python.detect_pending(programs);
                 looked = Instant::now();
@@ -91,6 +93,16 @@ impl Collector {
             {
                 copy.raised.push(pid);
             }
+        }
+    }
+
+    /// How long the loop may wait for samples: [`TICK`], or less when a process that just
+    /// exec'd is due to be looked at again for its interpreter (its own samples do not wake
+    /// the loop).
+    pub fn max_wait(&self) -> Duration {
+        match self.python.next_due() {
+            Some(due) => due.saturating_duration_since(Instant::now()).min(TICK),
+            None => TICK,
         }
     }
 
@@ -145,14 +157,10 @@ impl Waiter {
     /// Waits up to `timeout` for samples past the wake-up mark or for a watched process to
     /// exit; a signal ends the wait early.
     pub fn wait(&mut self, timeout: Duration) {
+        // Whole ms, rounded up: a wait shorter than one is not a busy loop.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: `pfds` is a valid array of pollfds of the given length.
-        let r = unsafe {
-            libc::poll(
-                self.pfds.as_mut_ptr(),
-                self.pfds.len() as libc::nfds_t,
-                timeout.as_millis() as i32,
-            )
-        };
+        let r = unsafe { libc::poll(self.pfds.as_mut_ptr(), self.pfds.len() as libc::nfds_t, ms) };
         if r < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             // NB: never spin: without poll (e.g. too many fds), the loop still ticks.
             std::thread::sleep(timeout);

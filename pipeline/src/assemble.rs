@@ -21,7 +21,9 @@ use crate::offcpu::classify;
 use crate::profile::{
     Frame, FrameKind, Memory, Meta, Process, Profile, PythonStats, Sample, Thread, Timed,
 };
-use crate::python::{split_token, MergeInfo, PyFunction, Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
+use crate::python::{
+    split_token, MergeInfo, PyFunction, Python, Unread, TOKEN_ENTRY, TRUNCATED_FUNCTION,
+};
 
 /// Frame shown where C code called into Python but native unwinding could not show it.
 pub const NATIVE_CODE: &str = "[native code]";
@@ -225,10 +227,19 @@ pub fn assemble(
                 Piece::Native(a) if !opts.python_only => user_frame[&(pid, a)],
                 Piece::NativeCode if !opts.python_only => frames.placeholder(NATIVE_CODE),
                 Piece::Native(_) | Piece::NativeCode => continue,
+                Piece::Unread(unread) => {
+                    if unread == Unread::NotFound {
+                        meta.python.not_found += counts.samples;
+                    }
+                    frames.placeholder(unread.frame_name())
+                }
                 Piece::Python(token) => {
                     let (func, _, _) = split_token(token);
                     if func == TRUNCATED_FUNCTION {
                         frames.placeholder(TRUNCATED)
+                    } else if let Some(unread) = Unread::of_function(func) {
+                        // A marker among frames (a recording's): said where it is.
+                        frames.placeholder(unread.frame_name())
                     } else {
                         let key = token & !TOKEN_ENTRY;
                         *python_frame.entry(key).or_insert_with(|| {

@@ -1,7 +1,7 @@
 //! The stage that merges a Python stack into its native stack ([`merge`]): where each run of
 //! Python frames goes among the native frames of the interpreter loop.
 
-use crate::python::{MergeInfo, TOKEN_ENTRY};
+use crate::python::{split_token, MergeInfo, Unread, TOKEN_ENTRY};
 
 /// One frame of a merged stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +12,8 @@ pub enum Piece {
     Python(u64),
     /// C code called into Python here, but the native stack does not show it.
     NativeCode,
+    /// The interpreter loop ran Python code here, but its frames were not read.
+    Unread(Unread),
 }
 
 /// Merges a native user stack and a Python stack, both leaf first, into `out`, leaf first.
@@ -27,9 +29,36 @@ pub enum Piece {
 /// the loop itself), then every run. Either way, with `info.markers` (3.11+, where a run
 /// boundary means C code called into Python) a [`Piece::NativeCode`] separates two runs that
 /// no native frame separates.
+///
+/// A Python stack without frames (empty, or only an [`Unread`] marker token) of a Python
+/// process (`info` known) whose native stack is in the interpreter loop gets the marker in
+/// place of the outermost interpreter frame (without frame pointers: after the leaf native
+/// function, as runs go); elsewhere the native stack stands alone.
 pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &mut Vec<Piece>) {
-    if python.is_empty() {
-        out.extend(native.iter().map(|&a| Piece::Native(a)));
+    let unread = match python {
+        [] => Some(Unread::NotFound),
+        [token] => Unread::of_function(split_token(*token).0),
+        _ => None,
+    };
+    if python.is_empty() || unread.is_some() {
+        let eval = info.and_then(|info| {
+            let outermost = native.iter().rposition(|&a| info.is_eval(a))?;
+            Some((info, outermost))
+        });
+        match (unread, eval) {
+            (Some(unread), Some((info, outermost))) if info.native_trusted => {
+                out.extend(native[..outermost].iter().map(|&a| Piece::Native(a)));
+                out.push(Piece::Unread(unread));
+                out.extend(native[outermost + 1..].iter().map(|&a| Piece::Native(a)));
+            }
+            (Some(unread), Some((info, _))) => {
+                if let Some(&leaf) = native.first().filter(|&&a| !info.is_eval(a)) {
+                    out.push(Piece::Native(leaf));
+                }
+                out.push(Piece::Unread(unread));
+            }
+            _ => out.extend(native.iter().map(|&a| Piece::Native(a))),
+        }
         return;
     }
     // Frames of a process whose interpreter is unknown here (gone before it was looked at):
@@ -39,7 +68,7 @@ pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &
         markers: false,
         native_trusted: false,
     });
-    let is_eval = |a: u64| info.eval_ranges.iter().any(|&(s, e)| (s..e).contains(&a));
+    let is_eval = |a: u64| info.is_eval(a);
     let mut runs = python.split_inclusive(|&t| t & TOKEN_ENTRY != 0).peekable();
     if info.native_trusted {
         let mut matched_to = None;

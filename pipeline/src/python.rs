@@ -41,15 +41,78 @@ use symbolizer::python::walk::{TypeAddrs, STR_HASH};
 
 /// Times a process that is not (yet) Python is looked at after it appeared or exec'd: a
 /// process still in the dynamic loader has no libpython mapped yet.
-const DETECT_TRIES: u32 = 8;
-/// At least this long between two looks, and only if the process sent a sample meanwhile (a
-/// short-lived child must be found while it runs; an idle one costs nothing).
+const DETECT_TRIES: u32 = 10;
+/// The first look again comes this soon: the dynamic loader maps libpython within a few ms of
+/// the exec, and the program's first Python code runs soon after (`-- CMD` mode).
+const DETECT_FIRST_RETRY: Duration = Duration::from_millis(1);
+/// Looks again double their interval up to this one; from then on only if the process sent a
+/// sample meanwhile (a short-lived child must be found while it runs; an idle one costs
+/// nothing).
 const DETECT_RETRY: Duration = Duration::from_millis(25);
+
+/// How long after the `tries`-th look the next one comes: 1, 2, 4, 8, 16, then 25 ms.
+fn retry_delay(tries: u32) -> Duration {
+    DETECT_FIRST_RETRY
+        .saturating_mul(1 << tries.min(16))
+        .min(DETECT_RETRY)
+}
 
 /// Token flag: the frame is the outermost of one call of the interpreter loop.
 pub const TOKEN_ENTRY: u64 = 1 << 63;
 /// Function id of the `[truncated]` marker token.
 pub const TRUNCATED_FUNCTION: u32 = u32::MAX;
+/// The lowest function id of a marker token (`[truncated]`, [`Unread`]): function ids at or
+/// above it index no function.
+pub const FIRST_MARKER_FUNCTION: u32 = u32::MAX - 3;
+
+/// Why a sample taken inside the interpreter loop has no Python frames: the marker shown where
+/// they would be (`[python frames not read: …]`), never a silent gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unread {
+    /// The kernel had no entry for the process yet: its interpreter was not found (a program
+    /// that just started or exec'd, or an entry lost).
+    NotFound,
+    /// The kernel found no Python thread state for the thread.
+    NoThread,
+    /// The kernel's walk failed at its first read.
+    WalkFailed,
+    /// The thread state had no current frame.
+    NoFrame,
+}
+
+impl Unread {
+    /// The marker token the resolve stage puts in an empty Python stack (`NotFound` has none:
+    /// an empty stack says it, once the process is known to be Python).
+    pub fn token(self) -> u64 {
+        let func = match self {
+            Unread::NotFound => return 0,
+            Unread::NoThread => u32::MAX - 1,
+            Unread::WalkFailed => u32::MAX - 2,
+            Unread::NoFrame => FIRST_MARKER_FUNCTION,
+        };
+        u64::from(func) | TOKEN_ENTRY
+    }
+
+    /// The reason a marker token stands for.
+    pub fn of_function(func: u32) -> Option<Unread> {
+        match func {
+            f if f == u32::MAX - 1 => Some(Unread::NoThread),
+            f if f == u32::MAX - 2 => Some(Unread::WalkFailed),
+            FIRST_MARKER_FUNCTION => Some(Unread::NoFrame),
+            _ => None,
+        }
+    }
+
+    /// The frame shown.
+    pub fn frame_name(self) -> &'static str {
+        match self {
+            Unread::NotFound => "[python frames not read: interpreter not found yet]",
+            Unread::NoThread => "[python frames not read: no python thread state]",
+            Unread::WalkFailed => "[python frames not read: walk failed]",
+            Unread::NoFrame => "[python frames not read: no current frame]",
+        }
+    }
+}
 
 /// What [`crate::aggregate::merge`] needs to know of a Python process.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +123,15 @@ pub struct MergeInfo<'a> {
     pub markers: bool,
     /// The interpreter keeps frame pointers, so the native stack gets through it.
     pub native_trusted: bool,
+}
+
+impl MergeInfo<'_> {
+    /// Whether `addr` (a lookup address) is in the interpreter loop.
+    pub fn is_eval(&self, addr: u64) -> bool {
+        self.eval_ranges
+            .iter()
+            .any(|&(s, e)| (s..e).contains(&addr))
+    }
 }
 
 /// A Python function as shown in profiles.
@@ -353,6 +425,8 @@ pub struct Python {
     /// Span contexts are read (the tracing libraries are looked for).
     spans: bool,
     procs: FxHashMap<u32, Proc>,
+    /// The earliest `next` of the pending processes that wait for a time, not a sample.
+    due: Option<Instant>,
     functions: Vec<PyFunction>,
     function_ids: FxHashMap<PyFunction, u32>,
     /// Why processes that looked like Python could not be profiled as such, with their pids.
@@ -383,6 +457,7 @@ impl Python {
             enabled,
             spans,
             procs: FxHashMap::default(),
+            due: None,
             functions: vec![unknown()],
             function_ids: [(unknown(), UNKNOWN_FUNCTION)].into_iter().collect(),
             notes: BTreeMap::new(),
@@ -454,7 +529,9 @@ impl Python {
             Some(Proc::Exited(_)) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
             Some(Proc::Pending { next, seen, .. }) => {
                 *seen = true;
-                has_python_frames && *next <= Instant::now()
+                let next = *next;
+                self.due = Some(self.due.map_or(next, |due| due.min(next)));
+                has_python_frames && next <= Instant::now()
             }
             Some(Proc::Ready(r)) => !in_kernel && time_ns > r.since_ns,
             Some(Proc::Skipped) => false,
@@ -465,7 +542,7 @@ impl Python {
         if has_python_frames {
             self.detect_now(pid);
         } else {
-            self.procs.insert(pid, Proc::pending());
+            self.set_proc(pid, Proc::pending());
         }
     }
 
@@ -474,7 +551,7 @@ impl Python {
         // The new program is another runtime, or none, until it is found again.
         self.versions.remove(&pid);
         if self.enabled {
-            self.procs.insert(pid, Proc::pending());
+            self.set_proc(pid, Proc::pending());
         }
     }
 
@@ -490,6 +567,16 @@ impl Python {
         for pid in due {
             self.detect_now(pid);
         }
+        self.due = self
+            .procs
+            .values()
+            .filter_map(|p| match p {
+                Proc::Pending {
+                    next, seen: true, ..
+                } => Some(*next),
+                _ => None,
+            })
+            .min();
         for (&pid, p) in &mut self.procs {
             if let Proc::Ready(r) = p {
                 if let Some(value) = r
@@ -506,6 +593,18 @@ impl Python {
             self.last_sweep = Instant::now();
             self.sweep();
         }
+    }
+
+    /// When the next pending look is due (`None`: none is waiting for a time, only for a
+    /// sample): the loop waits no longer than that, so a program that just exec'd is found
+    /// within a few ms.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Whether a pending look is due now: the drain stops for it between two records.
+    pub fn due_now(&self) -> bool {
+        self.due.is_some_and(|due| due <= Instant::now())
     }
 
     /// Frees what processes that exited held: name caches (only the merge facts of Python
@@ -596,18 +695,34 @@ impl Python {
                 }
             },
             // Not mapped yet (dynamic loader, shell before exec): look again a few times.
-            Err(DetectError::NotPython(_)) if tries + 1 < DETECT_TRIES => Proc::Pending {
-                tries: tries + 1,
-                next: Instant::now() + DETECT_RETRY,
-                seen: false,
-            },
+            Err(DetectError::NotPython(_)) if tries + 1 < DETECT_TRIES => {
+                let delay = retry_delay(tries);
+                Proc::Pending {
+                    tries: tries + 1,
+                    next: Instant::now() + delay,
+                    // The quick looks after an exec need no sample: the program's first ones
+                    // would come without Python frames.
+                    seen: delay < DETECT_RETRY,
+                }
+            }
             Err(DetectError::NotPython(_) | DetectError::Maps { .. }) => Proc::Skipped,
             Err(e) => {
                 self.note(pid, e.to_string());
                 Proc::Skipped
             }
         };
-        self.procs.insert(pid, next);
+        self.set_proc(pid, next);
+    }
+
+    /// Sets where `pid` stands, keeping [`Python::next_due`] up to date.
+    fn set_proc(&mut self, pid: u32, p: Proc) {
+        if let Proc::Pending {
+            next, seen: true, ..
+        } = p
+        {
+            self.due = Some(self.due.map_or(next, |due| due.min(next)));
+        }
+        self.procs.insert(pid, p);
     }
 
     fn ready(&mut self, process: PythonProcess) -> Result<Ready, String> {

@@ -13,7 +13,7 @@ use std::path::Path;
 use crate::assemble::{assemble, Facts};
 use crate::count::Counter;
 use crate::profile::Profile;
-use crate::python::{split_token, TRUNCATED_FUNCTION};
+use crate::python::{split_token, FIRST_MARKER_FUNCTION};
 use crate::record::codec::{bad, Error, Result};
 use crate::record::read::{Event, Recorded};
 use crate::record::{Header, Reader, MAX_UNCOMPRESSED};
@@ -90,7 +90,7 @@ fn assemble_checked(count: Counter, recorded: Recorded) -> Result<Profile> {
     for stack in count.python.ids.keys() {
         for &token in stack.iter() {
             let (func, _, _) = split_token(token);
-            if func != TRUNCATED_FUNCTION && func as usize >= functions {
+            if func < FIRST_MARKER_FUNCTION && func as usize >= functions {
                 return Err(bad(format!(
                     "Python function {func} of {functions} referred to"
                 )));

@@ -11,14 +11,14 @@
 
 use profiler_common::{
     Sample as SampleRecord, SpanRecord, EVENT_OFFCPU, MAX_PY_FRAMES, MAX_STACK_COPY,
-    MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NO_THREAD, PY_READ_FAILED, SPAN_OSP,
+    MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NO_THREAD, PY_OK, PY_READ_FAILED, SPAN_OSP,
     SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE,
     USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
 
 use crate::profile::{OsProfilerIds, SpanContext, SpanName};
-use crate::python::{Python, TOKEN_ENTRY, TRUNCATED_FUNCTION};
+use crate::python::{Python, Unread, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 use crate::resource::ProcessInfo;
 use crate::Options;
 
@@ -171,10 +171,24 @@ impl Resolver {
         if n > 0 {
             python_flags |= PY_WITH_FRAMES;
         }
-        match sample.python_status() {
+        let status = sample.python_status();
+        match status {
             PY_NO_THREAD => python_flags |= PY_FLAG_NO_THREAD,
             PY_READ_FAILED => python_flags |= PY_FLAG_READ_FAILED,
             _ => {}
+        }
+        // Why a stack has no Python frames, for the assembly to say where they would be (if
+        // its native stack turns out to be in the interpreter loop).
+        let unread = match status {
+            _ if n > 0 || sample.python_truncated() => None,
+            PY_NO_THREAD => Some(Unread::NoThread),
+            PY_READ_FAILED => Some(Unread::WalkFailed),
+            PY_OK => Some(Unread::NoFrame),
+            _ => None,
+        };
+        if let Some(unread) = unread {
+            self.python[n] = unread.token();
+            n += 1;
         }
         if sample.python_truncated() {
             python_flags |= PY_FLAG_TRUNCATED;

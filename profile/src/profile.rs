@@ -501,6 +501,9 @@ pub struct PythonStats {
     pub no_thread: u64,
     /// Samples whose walk stopped at a failed read (with or without frames before it).
     pub read_failed: u64,
+    /// Samples taken in the interpreter loop before the process's interpreter was found
+    /// (`[python frames not read: interpreter not found yet]`).
+    pub not_found: u64,
     /// Samples whose Python stack was cut (too deep, a cycle, or a failed read).
     pub truncated: u64,
     /// Processes that looked like Python but could not be profiled as such, one line each.

@@ -38,7 +38,11 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 	e.kind = SPANPROF_RECORD_EXEC;
 	e.pid = tgid;
 	e.time_ns = bpf_ktime_get_ns();
-	if (bpf_ringbuf_output(&samples, &e, sizeof(e), 0))
+	/*
+	 * User space looks for the new program's interpreter at once (and again every few ms
+	 * while the dynamic loader maps it): its first Python code is walked, not its 50th ms.
+	 */
+	if (bpf_ringbuf_output(&samples, &e, sizeof(e), BPF_RB_FORCE_WAKEUP))
 		count_error(SPANPROF_ERR_RINGBUF_FULL);
 	return 0;
 }

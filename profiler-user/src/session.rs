@@ -300,7 +300,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             .duration
             .map(|d| d.saturating_sub(start.elapsed()))
             .unwrap_or(TICK);
-        waiter.wait(remaining.min(TICK));
+        waiter.wait(remaining.min(c.max_wait()));
         c.tick();
         // One bpf() call a second is enough for the live count; the final one is exact.
         let once_a_second = last_check.elapsed() >= Duration::from_secs(1);

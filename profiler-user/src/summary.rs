@@ -390,12 +390,14 @@ pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String
         let _ = writeln!(
             out,
             "python: {} process{}; samples with python frames: {}, of threads without a python \
-             thread state: {}, whose walk failed at a read: {}; stacks truncated: {}",
+             thread state: {}, whose walk failed at a read: {}, in the interpreter before it \
+             was found: {}; stacks truncated: {}",
             py.processes,
             if py.processes == 1 { "" } else { "es" },
             py.with_frames,
             py.no_thread,
             py.read_failed,
+            py.not_found,
             py.truncated,
         );
     }

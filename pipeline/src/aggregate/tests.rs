@@ -3,8 +3,8 @@
 use super::*;
 use crate::count::{block_facts, EMPTY};
 use crate::offcpu::BlockFacts;
-use crate::python::MergeInfo;
 use crate::python::TOKEN_ENTRY;
+use crate::python::{MergeInfo, Unread};
 use crate::resolve::{off_cpu_key, span_context};
 use profiler_common::Sample as SampleRecord;
 use profiler_common::{SampleHeader, RECORD_SAMPLE, SAMPLE_HEADER_SIZE};
@@ -139,7 +139,7 @@ fn merged(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>) -> Vec<Pi
     out
 }
 
-use Piece::{Native as N, NativeCode as C, Python as P};
+use Piece::{Native as N, NativeCode as C, Python as P, Unread as U};
 const E: u64 = TOKEN_ENTRY;
 
 #[test]
@@ -177,6 +177,44 @@ fn untrusted_native_stacks_keep_only_the_leaf_function() {
 fn stacks_without_python_frames_or_interpreter_keep_every_frame() {
     assert_eq!(merged(&[1, 2], &[], info(false, true)), [N(1), N(2)]);
     assert_eq!(merged(&[1, 2], &[7 | E], None), [N(1), P(7 | E)]);
+}
+
+#[test]
+fn interpreter_stacks_without_python_frames_carry_their_reason() {
+    let no_thread = Unread::NoThread.token();
+    // Frame pointers: the outermost interpreter frame becomes the marker; the rest stays.
+    let native = [0x100, 0x5010, 0x200, 0x5020, 0x300];
+    for (python, unread) in [
+        (&[][..], Unread::NotFound),
+        (&[no_thread][..], Unread::NoThread),
+        (&[Unread::WalkFailed.token()][..], Unread::WalkFailed),
+        (&[Unread::NoFrame.token()][..], Unread::NoFrame),
+    ] {
+        assert_eq!(
+            merged(&native, python, info(true, true)),
+            [N(0x100), N(0x5010), N(0x200), U(unread), N(0x300)]
+        );
+    }
+    // Without: the leaf function (not the loop), then the marker.
+    assert_eq!(
+        merged(&native, &[no_thread], info(false, true)),
+        [N(0x100), U(Unread::NoThread)]
+    );
+    assert_eq!(
+        merged(&native[1..], &[], info(false, false)),
+        [U(Unread::NotFound)]
+    );
+    // Not in the loop (a C thread), or not a Python process: no marker, every frame.
+    assert_eq!(
+        merged(&[0x100, 0x300], &[no_thread], info(true, true)),
+        [N(0x100), N(0x300)]
+    );
+    assert_eq!(merged(&native, &[], None), native.map(N));
+    // A real one-frame stack is a frame, not a marker.
+    assert_eq!(
+        merged(&native, &[7 | E], info(true, true)),
+        [N(0x100), P(7 | E), N(0x200), N(0x5020), N(0x300)]
+    );
 }
 
 #[test]

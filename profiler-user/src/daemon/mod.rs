@@ -41,7 +41,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 
 use crate::aggregate;
-use crate::collect::{self, signals, Collector, TICK};
+use crate::collect::{self, signals, Collector};
 use crate::export::Exporter;
 use config::DaemonConfig;
 use metrics::Metrics;
@@ -149,7 +149,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         let wait = if closing.is_some() {
             Duration::ZERO
         } else {
-            TICK
+            c.max_wait()
         };
         waiter.wait(wait);
         c.tick();

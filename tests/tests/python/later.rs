@@ -112,3 +112,116 @@ pub(super) fn child_started_later_is_unwound(interp: &Interp) {
     }
     assert_no_problems(&problems, interp, &stacks, &out);
 }
+
+/// The marker of a sample taken in the interpreter loop before the process's interpreter was
+/// found.
+const NOT_FOUND_YET: &str = "[python frames not read: interpreter not found yet]";
+
+/// Work from the first statement: `at_once` spins for 2 s of CPU.
+const AT_ONCE: &str = "\
+import time
+def at_once():
+    end = time.process_time() + 2.0
+    x = 1
+    while time.process_time() < end:
+        for _ in range(200):
+            x = (x * 69069 + 1) % 4294967296
+    return x
+at_once()
+";
+
+/// What one sample of a Python process says of its Python frames.
+fn python_frames_said(stack: &FoldedStack) -> &'static str {
+    if !stack.py_frames().is_empty() {
+        "named"
+    } else if stack.contains(NOT_FOUND_YET) {
+        "not found yet"
+    } else if stack.frames.iter().any(|f| {
+        // Frames read whose code was gone when named (a process's last samples), or none.
+        f.starts_with("[python frames not read") || f.starts_with("[unknown python code]")
+    }) {
+        "marked"
+    } else if stack
+        .frames
+        .iter()
+        .any(|f| f.starts_with("_PyEval_EvalFrameDefault") || f.starts_with("_PyEval_Vector"))
+    {
+        // In the interpreter loop, with neither a frame nor a reason: the defect.
+        "silent"
+    } else {
+        // Start-up and shut-down in C, before and after any Python code.
+        "native"
+    }
+}
+
+/// `-- python3.X -c …`: a program that works from its first statement has Python frames on
+/// ≥ 99% of the samples taken in the interpreter loop: the interpreter is found at the exec
+/// (and again every few ms while the loader maps libpython), not at the 50 ms tick. The
+/// samples taken before carry a marker, and the summary counts them; none is silent.
+pub(super) fn python_frames_from_the_first_ms_in_command_mode(interp: &Interp) {
+    require_python_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("py-at-once");
+    let folded = tmp.join("at-once.folded");
+    let out = run_spanprof(args![
+        "profile",
+        "--frequency",
+        "999",
+        "-o",
+        folded,
+        "--",
+        interp.path,
+        "-c",
+        AT_ONCE,
+    ]);
+    out.assert_success();
+    let stacks = read_folded(&folded);
+    let mut said = std::collections::BTreeMap::<&str, u64>::new();
+    for stack in &stacks {
+        *said.entry(python_frames_said(stack)).or_default() += stack.count;
+    }
+    let n = |k: &str| said.get(k).copied().unwrap_or(0);
+    let in_loop = n("named") + n("not found yet") + n("marked") + n("silent");
+    let at_once = folded_count(&stacks, |s| s.py_qualnames().contains(&"at_once"));
+    let mut problems = Vec::new();
+    // 2 s of CPU at 999 Hz: ~2000 samples in at_once.
+    if at_once < 1600 {
+        problems.push(format!(
+            "only {at_once} samples in at_once (~2000 expected)"
+        ));
+    }
+    if (n("named") as f64) < 0.99 * in_loop as f64 {
+        problems.push(format!(
+            "{} of the {in_loop} samples in the interpreter loop have Python frames \
+             (< 99%): {said:?}",
+            n("named")
+        ));
+    }
+    if n("silent") > 0 {
+        let silent: Vec<String> = stacks
+            .iter()
+            .filter(|s| python_frames_said(s) == "silent")
+            .map(|s| format!("    {} {}", s.count, s.frames.join(";")))
+            .collect();
+        problems.push(format!(
+            "{} samples in the interpreter loop have neither Python frames nor a marker:\n{}",
+            n("silent"),
+            silent.join("\n")
+        ));
+    }
+    // The summary counts the marked samples.
+    let counted = out
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("in the interpreter before it was found: "))
+        .and_then(|(_, rest)| rest.split(';').next()?.parse::<u64>().ok());
+    if counted != Some(n("not found yet")) {
+        problems.push(format!(
+            "the summary counts {counted:?} samples taken before the interpreter was found, \
+             the profile marks {}",
+            n("not found yet")
+        ));
+    }
+    println!("{}: {said:?}, {at_once} in at_once", interp.label);
+    assert_no_problems(&problems, interp, &stacks, &out);
+}

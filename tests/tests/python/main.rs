@@ -22,7 +22,10 @@ use churn::{
     freed_nested_code_never_misleads,
 };
 use common::Interp;
-use later::{child_started_later_is_unwound, exec_after_start_is_unwound};
+use later::{
+    child_started_later_is_unwound, exec_after_start_is_unwound,
+    python_frames_from_the_first_ms_in_command_mode,
+};
 use lines::closure_frames_are_on_their_own_lines;
 use reshaped::python_only_without_lines;
 use shapes::{deep_recursion_whole_or_truncated, generators_coroutines_callbacks_and_syscalls};
@@ -121,6 +124,20 @@ per_version!(exec_after_start_is_unwound:
     exec_after_start_is_unwound_3_12 => 12,
     exec_after_start_is_unwound_3_8 => 8,
 );
+
+per_version!(python_frames_from_the_first_ms_in_command_mode:
+    python_frames_from_the_first_ms_in_command_mode_3_8 => 8,
+    python_frames_from_the_first_ms_in_command_mode_3_9 => 9,
+    python_frames_from_the_first_ms_in_command_mode_3_10 => 10,
+    python_frames_from_the_first_ms_in_command_mode_3_11 => 11,
+    python_frames_from_the_first_ms_in_command_mode_3_12 => 12,
+    python_frames_from_the_first_ms_in_command_mode_3_13 => 13,
+);
+
+#[test]
+fn python_frames_from_the_first_ms_in_command_mode_debian_3_11() {
+    python_frames_from_the_first_ms_in_command_mode(&Interp::debian_3_11());
+}
 
 per_version!(child_started_later_is_unwound:
     child_started_later_is_unwound_3_11 => 11,
