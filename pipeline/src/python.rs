@@ -30,7 +30,7 @@ use profiler_common::{
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use symbolizer::otel_ctx::{read_process_ctx, ModuleCache, ProcessCtx, ThreadCtxVar, TlsAccess};
-use symbolizer::python::detect::{detect, DetectError, PythonProcess};
+use symbolizer::python::detect::{detect, needs_libpython, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
 use symbolizer::python::objects::{AttrLayout, DictLayout, ObjectOffsets, Objects, SpanFinder};
@@ -152,6 +152,8 @@ enum Proc {
         next: Instant,
         /// A sample arrived since the last look.
         seen: bool,
+        /// Its executable needs libpython: looked at again within ms, sample or not.
+        quick: bool,
     },
     /// A CPython process the BPF program walks.
     Ready(Box<Ready>),
@@ -168,6 +170,7 @@ impl Proc {
             tries: 0,
             next: Instant::now(),
             seen: true,
+            quick: false,
         }
     }
 }
@@ -676,10 +679,10 @@ impl Python {
         if !self.enabled {
             return;
         }
-        let tries = match self.procs.get(&pid) {
-            Some(Proc::Pending { tries, .. }) => *tries,
+        let (tries, quick) = match self.procs.get(&pid) {
+            Some(Proc::Pending { tries, quick, .. }) => (*tries, *quick),
             Some(Proc::Skipped) => return,
-            Some(Proc::Ready(_) | Proc::Exited(_)) | None => 0,
+            Some(Proc::Ready(_) | Proc::Exited(_)) | None => (0, false),
         };
         let next = match detect(pid) {
             Ok(process) => match (process.version, self.ready(process)) {
@@ -696,13 +699,21 @@ impl Python {
             },
             // Not mapped yet (dynamic loader, shell before exec): look again a few times.
             Err(DetectError::NotPython(_)) if tries + 1 < DETECT_TRIES => {
-                let delay = retry_delay(tries);
+                // A program the loader is still starting, linked with libpython (pyenv's,
+                // uwsgi), is looked at again within ms whether it sends a sample or not: its
+                // first Python code is soon. Any other only after a sample, 25 ms apart (a
+                // shell before its exec, an embedding that loads libpython later).
+                let quick = quick || tries == 0 && needs_libpython(pid);
+                let delay = if quick {
+                    retry_delay(tries)
+                } else {
+                    DETECT_RETRY
+                };
                 Proc::Pending {
                     tries: tries + 1,
                     next: Instant::now() + delay,
-                    // The quick looks after an exec need no sample: the program's first ones
-                    // would come without Python frames.
                     seen: delay < DETECT_RETRY,
+                    quick,
                 }
             }
             Err(DetectError::NotPython(_) | DetectError::Maps { .. }) => Proc::Skipped,

@@ -315,6 +315,73 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
     })
 }
 
+/// Whether process `pid`'s executable names a `libpython*` library among the ones it needs
+/// (`DT_NEEDED`): a program the dynamic loader is still starting then has its interpreter mapped
+/// within ms, and is worth looking at again that soon. False when unknown (gone, unreadable,
+/// static, not ELF). Every read is bounded.
+pub fn needs_libpython(pid: u32) -> bool {
+    let Ok(maps) = read_maps(pid) else {
+        return false;
+    };
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let Some(mapping) = maps.iter().find(|m| exe.as_os_str() == m.path.as_str()) else {
+        return false;
+    };
+    let Ok((file, _)) = open_mapped(pid, mapping) else {
+        return false;
+    };
+    needed_names(&file).is_some_and(|names| names.iter().any(|n| n.starts_with(b"libpython")))
+}
+
+/// The `DT_NEEDED` names of a 64-bit little-endian ELF file; `None` when it cannot be read.
+fn needed_names(file: &File) -> Option<Vec<Vec<u8>>> {
+    let path = Path::new("");
+    let eh = read_at(file, path, 0, 64).ok()?;
+    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (le_u64(&eh, 32), le_u16(&eh, 54), le_u16(&eh, 56));
+    if phentsize < 56 || phnum > 256 {
+        return None;
+    }
+    let ph = read_at(file, path, phoff, (phentsize * phnum) as usize).ok()?;
+    let headers = (0..phnum as usize).map(|i| &ph[i * phentsize as usize..]);
+    // (p_type, p_offset, p_vaddr, p_filesz)
+    let headers: Vec<(u64, u64, u64, u64)> = headers
+        .map(|p| (le_u32(p, 0), le_u64(p, 8), le_u64(p, 16), le_u64(p, 32)))
+        .collect();
+    let &(_, dyn_off, _, dyn_size) = headers.iter().find(|h| h.0 == 2)?; // PT_DYNAMIC
+    let dynamic = read_at(file, path, dyn_off, dyn_size.min(64 << 10) as usize).ok()?;
+    let (mut strtab, mut strsz, mut needed) = (None, None, Vec::new());
+    for entry in dynamic.chunks_exact(16) {
+        match (le_u64(entry, 0), le_u64(entry, 8)) {
+            (0, _) => break, // DT_NULL
+            (1, at) => needed.push(at),
+            (5, vaddr) => strtab = Some(vaddr),
+            (10, size) => strsz = Some(size),
+            _ => {}
+        }
+    }
+    // The string table's address to its file offset, through the load segment holding it.
+    let (strtab, strsz) = (strtab?, strsz?.min(1 << 20));
+    let &(_, p_offset, p_vaddr, _) = headers.iter().find(|&&(t, _, vaddr, size)| {
+        t == 1 && vaddr <= strtab && strtab < vaddr.saturating_add(size)
+    })?;
+    let strings = read_at(file, path, strtab - p_vaddr + p_offset, strsz as usize).ok()?;
+    Some(
+        needed
+            .into_iter()
+            .filter_map(|at| {
+                let rest = strings.get(usize::try_from(at).ok()?..)?;
+                let end = rest.iter().position(|&b| b == 0)?;
+                Some(rest[..end].to_vec())
+            })
+            .collect(),
+    )
+}
+
 /// Finds the CPython interpreter of process `pid`. Its files are read through
 /// [`crate::mapped::open_mapped`]: the files the process maps, whatever its root.
 pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
@@ -497,6 +564,28 @@ fn find_version(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn needed_names_are_read_from_the_dynamic_section() {
+        // This test binary needs the C library, and no libpython.
+        let me = std::fs::File::open("/proc/self/exe").unwrap();
+        let names = super::needed_names(&me).expect("a dynamic ELF");
+        assert!(
+            names.iter().any(|n| n.starts_with(b"libc.so")),
+            "{:?}",
+            names
+                .iter()
+                .map(|n| String::from_utf8_lossy(n))
+                .collect::<Vec<_>>()
+        );
+        assert!(!names.iter().any(|n| n.starts_with(b"libpython")));
+        // Not ELF, or cut short: unknown, not a panic.
+        let dir = std::env::temp_dir().join(format!("spanprof-needed-{}", std::process::id()));
+        std::fs::write(&dir, b"\x7fELF\x02\x01").unwrap();
+        assert!(super::needed_names(&std::fs::File::open(&dir).unwrap()).is_none());
+        let _ = std::fs::remove_file(&dir);
+        assert!(!super::needs_libpython(u32::MAX));
+    }
+
     use super::*;
     use crate::mapped::parse_maps;
 
