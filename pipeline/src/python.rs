@@ -408,7 +408,7 @@ impl Spans {
 /// How often processes are checked for exit, to free their caches.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Function id of [`unknown`], interned first.
-const UNKNOWN_FUNCTION: u32 = 0;
+pub(crate) const UNKNOWN_FUNCTION: u32 = 0;
 
 /// Where the offsets of the processes found go: the BPF programs' `py_procs` and `span_procs`
 /// maps, which the collector's `bpf::Programs` (crate `spanprof-collect`) holds.

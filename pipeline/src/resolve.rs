@@ -18,7 +18,9 @@ use profiler_common::{
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
 
 use crate::profile::{OsProfilerIds, SpanContext, SpanName};
-use crate::python::{Python, Unread, TOKEN_ENTRY, TRUNCATED_FUNCTION};
+use crate::python::{
+    split_token, Python, Unread, TOKEN_ENTRY, TRUNCATED_FUNCTION, UNKNOWN_FUNCTION,
+};
 use crate::resource::ProcessInfo;
 use crate::Options;
 
@@ -167,22 +169,35 @@ impl Resolver {
             self.lines,
             &mut self.python[..MAX_PY_FRAMES],
         );
+        let status = sample.python_status();
+        // A walk that faulted after reading only frames that name no code object started from
+        // a half-built frame (3.11 publishes tstate->cframe a few instructions before filling
+        // it): it read nothing.
+        if status == PY_READ_FAILED
+            && self.python[..n]
+                .iter()
+                .all(|&t| split_token(t).0 == UNKNOWN_FUNCTION)
+        {
+            n = 0;
+        }
         let mut python_flags = 0;
         if n > 0 {
             python_flags |= PY_WITH_FRAMES;
         }
-        let status = sample.python_status();
         match status {
             PY_NO_THREAD => python_flags |= PY_FLAG_NO_THREAD,
             PY_READ_FAILED => python_flags |= PY_FLAG_READ_FAILED,
             _ => {}
         }
         // Why a stack has no Python frames, for the assembly to say where they would be (if
-        // its native stack turns out to be in the interpreter loop).
+        // its native stack turns out to be in the interpreter loop). A walk that read no frame
+        // is not a cut stack, whatever the kernel flagged (recordings made before a 3.11 call
+        // being entered was told apart): a lone `[truncated]` would stand for the whole stack.
         let unread = match status {
-            _ if n > 0 || sample.python_truncated() => None,
+            _ if n > 0 => None,
             PY_NO_THREAD => Some(Unread::NoThread),
             PY_READ_FAILED => Some(Unread::WalkFailed),
+            PY_OK if sample.python_truncated() => Some(Unread::WalkFailed),
             PY_OK => Some(Unread::NoFrame),
             _ => None,
         };
@@ -190,7 +205,7 @@ impl Resolver {
             self.python[n] = unread.token();
             n += 1;
         }
-        if sample.python_truncated() {
+        if sample.python_truncated() && unread.is_none() {
             python_flags |= PY_FLAG_TRUNCATED;
             // The marker closes the outermost run (it is where the walk stopped).
             self.python[n] = u64::from(TRUNCATED_FUNCTION) | TOKEN_ENTRY;

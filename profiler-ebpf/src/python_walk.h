@@ -204,7 +204,12 @@ next:
 	w->frame = code;
 	return 0;
 fault:
-	w->s.py_status = SPANPROF_PY_READ_FAILED | SPANPROF_PY_TRUNCATED;
+	/*
+	 * Frames read before the fault are kept, cut. None read: the thread's current frame was
+	 * unreadable, not a cut stack (3.11/3.12 publish tstate->cframe a few instructions before
+	 * filling it, as a call of the interpreter loop begins).
+	 */
+	w->s.py_status = SPANPROF_PY_READ_FAILED | (w->n ? SPANPROF_PY_TRUNCATED : 0);
 	return 1;
 }
 

@@ -5,7 +5,9 @@ use crate::count::{block_facts, EMPTY};
 use crate::offcpu::BlockFacts;
 use crate::python::TOKEN_ENTRY;
 use crate::python::{MergeInfo, Unread};
-use crate::resolve::{off_cpu_key, span_context};
+use crate::resolve::{
+    off_cpu_key, span_context, Resolver, PY_FLAG_READ_FAILED, PY_FLAG_TRUNCATED, PY_WITH_FRAMES,
+};
 use profiler_common::Sample as SampleRecord;
 use profiler_common::{SampleHeader, RECORD_SAMPLE, SAMPLE_HEADER_SIZE};
 use profiler_common::{
@@ -278,4 +280,60 @@ fn span_names_come_with_their_ids_and_only_as_ascii() {
     let a = span_context(&span_record(SPAN_OTEL | SPAN_OTEL_NAME, b"a", b""));
     let b = span_context(&span_record(SPAN_OTEL | SPAN_OTEL_NAME, b"b", b""));
     assert_ne!(a, b);
+}
+
+/// A sample record with `frames` Python frames (code addresses) and the kernel's `py_status`.
+fn py_record(py_status: u32, frames: &[u64]) -> Vec<u64> {
+    let mut words = record(10, 11, &[], &[0x1000]);
+    for &code in frames {
+        // A PyFrame: code, check, then instr and flags in one word.
+        words.extend_from_slice(&[code, 0, 0]);
+    }
+    // SAFETY: as in `record`.
+    let h = unsafe { &mut *(words.as_mut_ptr() as *mut SampleHeader) };
+    h.py_status = py_status;
+    h.py_len = frames.len() as _;
+    words
+}
+
+#[test]
+fn a_walk_that_read_nothing_is_unread_not_truncated() {
+    use profiler_common::{PY_FRAME_SIZE, PY_OK, PY_READ_FAILED, PY_TRUNCATED};
+    assert_eq!(PY_FRAME_SIZE, 24);
+    let mut resolver = Resolver::new(&Options::default());
+    let mut py = Python::new(false, false);
+    let walk_failed = [Unread::WalkFailed.token()];
+    for (status, frames, python, flags) in [
+        // The first read faulted (a 3.11 call's C frame published before it was filled).
+        (
+            PY_READ_FAILED | PY_TRUNCATED,
+            &[][..],
+            &walk_failed[..],
+            PY_FLAG_READ_FAILED,
+        ),
+        // Only frames naming no code object were read before the fault: nothing was read.
+        (
+            PY_READ_FAILED | PY_TRUNCATED,
+            &[0x7000][..],
+            &walk_failed[..],
+            PY_FLAG_READ_FAILED,
+        ),
+        // Frames left but none kept.
+        (PY_OK | PY_TRUNCATED, &[][..], &walk_failed[..], 0),
+    ] {
+        let words = py_record(status, frames);
+        let r = resolver.resolve(&sample(&words), &mut py);
+        assert_eq!(
+            (r.python, r.python_flags),
+            (python, flags),
+            "{status:#x} {frames:?}"
+        );
+    }
+    // A stack cut after frames that name code keeps them and its `[truncated]` marker: here
+    // the process is unknown, so its frames are unknown too, and the cut is said only when
+    // the walk did not fault.
+    let words = py_record(PY_OK | PY_TRUNCATED, &[0x7000]);
+    let r = resolver.resolve(&sample(&words), &mut py);
+    assert_eq!(r.python.len(), 2);
+    assert_eq!(r.python_flags, PY_WITH_FRAMES | PY_FLAG_TRUNCATED);
 }

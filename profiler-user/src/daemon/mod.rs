@@ -357,24 +357,27 @@ fn release_freed_memory() {
     }
 }
 
-/// Adds the processes that came into scope to the kernel's target set, looks for their
-/// interpreter at once (so their first samples have Python frames), and probes their C library
-/// for allocations (once per library file).
+/// Adds the processes that came into scope to the kernel's target set, after looking for their
+/// interpreter (so their first samples have Python frames) and probing their C library for
+/// allocations (once per library file).
 fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, c: &mut Collector, me: u32) {
-    for pid in scanner.scan(&config.scope, me) {
-        if c.programs.is_target(pid) {
-            continue;
-        }
-        if c.add_target(pid).is_err() {
-            // The map is full (or the process is gone): counted, and said once in a while.
-            ADD_FAILED.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
+    let new: Vec<u32> = scanner
+        .scan(&config.scope, me)
+        .into_iter()
+        .filter(|&pid| !c.programs.is_target(pid))
+        .collect();
+    for &pid in &new {
         if let Err(e) = c.discover(pid) {
             eprintln!("spanprof daemon: pid {pid}: {e:#}");
         }
     }
     c.flush_discovered();
+    for pid in new {
+        if c.add_target(pid).is_err() {
+            // The map is full (or the process is gone): counted, and said once in a while.
+            ADD_FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Processes in scope that could not be added to the kernel's target set.

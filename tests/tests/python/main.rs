@@ -28,7 +28,10 @@ use later::{
 };
 use lines::closure_frames_are_on_their_own_lines;
 use reshaped::python_only_without_lines;
-use shapes::{deep_recursion_whole_or_truncated, generators_coroutines_callbacks_and_syscalls};
+use shapes::{
+    c_calling_back_into_python_keeps_its_callers, deep_recursion_whole_or_truncated,
+    generators_coroutines_callbacks_and_syscalls,
+};
 use split::split_matches_truth_and_py_spy;
 use threads::{threads_carry_their_own_stacks, threads_started_later_carry_their_own_stacks};
 
@@ -113,6 +116,15 @@ per_version!(generators_coroutines_callbacks_and_syscalls:
     generators_coroutines_callbacks_and_syscalls_3_11 => 11,
     generators_coroutines_callbacks_and_syscalls_3_12 => 12,
     generators_coroutines_callbacks_and_syscalls_3_13 => 13,
+);
+
+per_version!(c_calling_back_into_python_keeps_its_callers:
+    c_calling_back_into_python_keeps_its_callers_3_8 => 8,
+    c_calling_back_into_python_keeps_its_callers_3_9 => 9,
+    c_calling_back_into_python_keeps_its_callers_3_10 => 10,
+    c_calling_back_into_python_keeps_its_callers_3_11 => 11,
+    c_calling_back_into_python_keeps_its_callers_3_12 => 12,
+    c_calling_back_into_python_keeps_its_callers_3_13 => 13,
 );
 
 // ---------------------------------------------------------------------------
