@@ -11,8 +11,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use profiler_common::TASK_COMM_LEN;
-use rustc_hash::FxHashMap;
-use symbolizer::unwind::UnwindStatus;
+use rustc_hash::{FxHashMap, FxHashSet};
+use symbolizer::unwind::{FailedBy, UnwindStatus};
 use symbolizer::Symbol;
 
 use crate::count::{block_facts, Counter};
@@ -29,6 +29,9 @@ use crate::python::{
 pub const NATIVE_CODE: &str = "[native code]";
 /// Frame at the root end of a Python stack that was cut.
 pub const TRUNCATED: &str = "[truncated]";
+/// Root frame of a native stack cut at a return address in no mapped code (its callers are
+/// not known): `--unwind fp` through code without frame pointers.
+pub const UNKNOWN_CALLERS: &str = "[unknown callers: the walk left mapped code]";
 /// The whole stack of a sample without Python frames, under `--python-only`.
 pub const NO_PYTHON_FRAMES: &str = "[no python frames]";
 
@@ -150,6 +153,13 @@ pub fn assemble(
         ..count.python_stats.clone()
     };
     let mut frames = FrameTable::default();
+    // Return addresses that are no code: a native stack is cut at its leafmost one.
+    let outside: FxHashSet<(u32, u64)> = user_addrs
+        .iter()
+        .zip(&user_symbols)
+        .filter(|(_, s)| s.unknown_reason.as_deref() == Some(symbolizer::OUTSIDE_MAPPINGS))
+        .map(|(&k, _)| k)
+        .collect();
     let user_frame: FxHashMap<(u32, u64), u32> = user_addrs
         .iter()
         .zip(user_symbols)
@@ -207,8 +217,20 @@ pub fn assemble(
         v.sort_unstable();
         v
     };
-    for (&(pid, tid, kid, uid, pyid, span, unwind, off), counts) in &count.counts {
-        let ustack = user_stacks[&pid][uid as usize];
+    for (&(pid, tid, kid, uid, pyid, span, mut unwind, off), counts) in &count.counts {
+        let mut ustack = user_stacks[&pid][uid as usize];
+        // A walk by frame pointers through code that keeps none goes on with whatever the
+        // register held: from the first address in no mapping on, the frames are garbage.
+        let cut = !outside.is_empty() && {
+            match ustack.iter().position(|&a| outside.contains(&(pid, a))) {
+                Some(i) => {
+                    ustack = &ustack[..i];
+                    unwind = UnwindStatus::Failed(FailedBy::LeftMappedCode);
+                    true
+                }
+                None => false,
+            }
+        };
         let kstack = kernel_stacks[kid as usize];
         let pystack = python_stacks[pyid as usize];
         pieces.clear();
@@ -221,7 +243,10 @@ pub fn assemble(
         });
         merge(ustack, pystack, info, &mut pieces);
         // Root first: outermost user frame … user leaf, then syscall entry … kernel leaf.
-        let mut stack: Vec<u32> = Vec::with_capacity(pieces.len() + kstack.len());
+        let mut stack: Vec<u32> = Vec::with_capacity(pieces.len() + kstack.len() + 1);
+        if cut && !opts.python_only {
+            stack.push(frames.placeholder(UNKNOWN_CALLERS));
+        }
         for piece in pieces.iter().rev() {
             let id = match *piece {
                 Piece::Native(a) if !opts.python_only => user_frame[&(pid, a)],

@@ -133,8 +133,18 @@ impl std::fmt::Debug for Parsed {
 /// Where a user address lives, once normalized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Location {
-    Elf { module: u32, offset: u64 },
-    Unknown { reason: String },
+    Elf {
+        module: u32,
+        offset: u64,
+    },
+    /// In an executable mapping backed by no file: its name (`[vdso]`) and the offset in it.
+    Anonymous {
+        name: Box<str>,
+        offset: u64,
+    },
+    Unknown {
+        reason: String,
+    },
 }
 
 /// An executable file mapping of a process, as its memory map last said.
@@ -153,6 +163,8 @@ struct Range {
 struct Proc {
     /// Sorted by start.
     ranges: Vec<Range>,
+    /// Executable mappings backed by no file (JIT code, the vDSO), sorted by start.
+    anonymous: Vec<mapped::AnonymousRange>,
     /// [`Symbolizer::forget_exited`] found it gone; the next call forgets it.
     gone: bool,
     /// The drain ([`Symbolizer::next_drain`]) in which [`Symbolizer::seen`] last read its map.
@@ -166,6 +178,12 @@ impl Proc {
     fn range(&self, addr: u64) -> Option<&Range> {
         let i = self.ranges.partition_point(|r| r.start <= addr);
         let r = self.ranges.get(i.checked_sub(1)?)?;
+        (addr < r.end).then_some(r)
+    }
+
+    fn in_anonymous(&self, addr: u64) -> Option<&mapped::AnonymousRange> {
+        let i = self.anonymous.partition_point(|r| r.start <= addr);
+        let r = self.anonymous.get(i.checked_sub(1)?)?;
         (addr < r.end).then_some(r)
     }
 }
@@ -196,6 +214,15 @@ pub struct CacheStats {
     /// Processes whose memory map is kept.
     pub processes: usize,
 }
+
+/// [`Symbol::unknown_reason`] of a user address in no executable mapping of its process, file
+/// or anonymous: no code was ever there, so it is no return address (a frame-pointer walk that
+/// went on through code that keeps none), and its callers are not known either.
+pub const OUTSIDE_MAPPINGS: &str = "in no executable mapping of the process: not a return address";
+
+/// [`Symbol::unknown_reason`] of a user address in an executable mapping backed by no file.
+pub const ANONYMOUS_CODE: &str =
+    "not in a file the process maps executable (anonymous or special memory: JIT code, the vDSO)";
 
 /// The default bound of the parsed symbols kept between two symbolizations (64 MiB).
 pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 20;
@@ -342,6 +369,7 @@ impl Symbolizer {
     pub fn exited(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.ranges = Vec::new();
+            p.anonymous = Vec::new();
             p.exited = Some(self.calls);
         }
     }
@@ -366,8 +394,9 @@ impl Symbolizer {
         let read = self.read_ranges(pid);
         let p = self.procs.entry(pid).or_default();
         p.read_in = drains;
-        if let Ok(ranges) = read {
+        if let Ok((ranges, anonymous)) = read {
             p.ranges = ranges;
+            p.anonymous = anonymous;
             p.gone = false;
         }
     }
@@ -387,9 +416,10 @@ impl Symbolizer {
         if addrs.is_empty() {
             return;
         }
-        let read = self.read_ranges(pid).map(|ranges| {
+        let read = self.read_ranges(pid).map(|(ranges, anonymous)| {
             let proc_ = self.procs.entry(pid).or_default();
             proc_.ranges = ranges;
+            proc_.anonymous = anonymous;
             proc_.gone = false;
         });
         let proc_ = self.procs.entry(pid).or_default();
@@ -402,18 +432,24 @@ impl Symbolizer {
                         offset: addr - r.start + r.offset,
                     }
                 }
-                (None, Ok(_)) => {
-                    self.stats.normalized += 1;
-                    Location::Unknown {
-                        reason: "not in a file the process maps executable (anonymous or \
-                                 special memory: JIT code, the vDSO)"
-                            .to_string(),
-                    }
-                }
+                // Gone: a library mapped after its map was last read may hold it, so it is
+                // not judged outside.
                 (None, Err(reason)) => {
                     self.stats.process_gone += 1;
                     Location::Unknown {
                         reason: reason.clone(),
+                    }
+                }
+                (None, Ok(())) => {
+                    self.stats.normalized += 1;
+                    match proc_.in_anonymous(addr) {
+                        Some(r) => Location::Anonymous {
+                            name: r.name.clone(),
+                            offset: addr - r.start,
+                        },
+                        None => Location::Unknown {
+                            reason: OUTSIDE_MAPPINGS.to_string(),
+                        },
                     }
                 }
             };
@@ -421,17 +457,24 @@ impl Symbolizer {
         }
     }
 
-    /// The executable file mappings of a live process, their module files opened now; the
-    /// reason it has none to give.
-    fn read_ranges(&mut self, pid: u32) -> Result<Vec<Range>, String> {
+    /// The executable file mappings of a live process, their module files opened now, and its
+    /// anonymous executable ranges; the reason it has none to give.
+    fn read_ranges(
+        &mut self,
+        pid: u32,
+    ) -> Result<(Vec<Range>, Vec<mapped::AnonymousRange>), String> {
         let gone = || "process exited before symbolization".to_string();
-        let maps = match mapped::read_maps(pid) {
+        let text = match mapped::read_maps_text(pid) {
             // A zombie (or a kernel thread) has an empty map.
-            Ok(maps) if maps.is_empty() => return Err(gone()),
-            Ok(maps) => maps,
+            Ok(text) if text.is_empty() => return Err(gone()),
+            Ok(text) => text,
             Err(_) if !Path::new(&format!("/proc/{pid}")).exists() => return Err(gone()),
             Err(e) => return Err(format!("cannot read memory map: {e}")),
         };
+        let maps = mapped::parse_maps(&text);
+        if maps.is_empty() {
+            return Err(gone());
+        }
         let mut ranges: Vec<Range> = maps
             .iter()
             .filter(|m| m.is_exec())
@@ -443,7 +486,7 @@ impl Symbolizer {
             })
             .collect();
         ranges.sort_unstable_by_key(|r| r.start);
-        Ok(ranges)
+        Ok((ranges, mapped::anonymous_exec_ranges(&text)))
     }
 
     /// The module of maps line `line` of process `pid`: its file, opened now, while the
@@ -540,6 +583,9 @@ impl Symbolizer {
                     per_module.entry(*module).or_default().push((i, *offset));
                     let path = self.modules[*module as usize].as_ref().map(|m| &*m.path);
                     user_out.push(unknown(path, *offset, "not symbolized"));
+                }
+                Some(Location::Anonymous { name, offset }) => {
+                    user_out.push(unknown(Some(Path::new(&**name)), *offset, ANONYMOUS_CODE))
                 }
                 Some(Location::Unknown { reason }) => user_out.push(unknown(None, addr, reason)),
                 None => user_out.push(unknown(None, addr, "not normalized")),
@@ -989,6 +1035,33 @@ mod tests {
         s.normalize(pid, &mut vec![0x10]);
         let (user, _) = s.symbolize(&[(pid, 0x10)], &[]);
         assert!(user[0].function.is_none());
-        assert!(user[0].unknown_reason.is_some());
+        assert_eq!(user[0].unknown_reason.as_deref(), Some(OUTSIDE_MAPPINGS));
+    }
+
+    #[test]
+    fn an_address_in_anonymous_code_is_code_of_no_module() {
+        let pid = std::process::id();
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let addr = page as u64 + 16;
+        let mut s = Symbolizer::new();
+        s.normalize(pid, &mut vec![addr]);
+        // SAFETY: mapped above, nothing refers to it.
+        unsafe { libc::munmap(page, 4096) };
+        let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+        assert_eq!(user[0].unknown_reason.as_deref(), Some(ANONYMOUS_CODE));
+        // Shown as where it is, not as an address of no mapping.
+        assert_eq!(user[0].module.as_deref(), Some(mapped::ANONYMOUS));
+        assert_eq!(user[0].address, 16);
     }
 }

@@ -92,7 +92,55 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
 
 /// `/proc/PID/maps`, parsed.
 pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    std::fs::read_to_string(format!("/proc/{pid}/maps")).map(|t| parse_maps(&t))
+    read_maps_text(pid).map(|t| parse_maps(&t))
+}
+
+/// `/proc/PID/maps` as text.
+pub fn read_maps_text(pid: u32) -> std::io::Result<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+}
+
+/// The executable mappings of a `/proc/PID/maps` text that [`parse_line`] leaves out, backed by
+/// no file (JIT code, the vDSO, `[uprobes]`): an address in one is code, though no module names
+/// it. Sorted by start.
+pub fn anonymous_exec_ranges(text: &str) -> Vec<AnonymousRange> {
+    let mut ranges: Vec<AnonymousRange> = text
+        .lines()
+        .filter(|line| parse_line(line).is_none())
+        .filter_map(|line| {
+            let mut it = line.split_ascii_whitespace();
+            let (start, end) = it.next()?.split_once('-')?;
+            let perms = it.next()?.as_bytes();
+            (perms.get(2) == Some(&b'x')).then_some(())?;
+            // Offset, device, inode, then the name of a special mapping (`[vdso]`).
+            let name = it
+                .nth(3)
+                .filter(|n| n.starts_with('['))
+                .unwrap_or(ANONYMOUS);
+            Some(AnonymousRange {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                name: name.into(),
+            })
+        })
+        .collect();
+    ranges.sort_unstable_by_key(|r| r.start);
+    ranges
+}
+
+/// What an address in an anonymous executable mapping is shown in: the mapping's name when the
+/// kernel gives one (`[vdso]`), else this.
+pub const ANONYMOUS: &str = "[anonymous]";
+
+/// An executable mapping backed by no file ([`anonymous_exec_ranges`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnonymousRange {
+    /// First address.
+    pub start: u64,
+    /// Address past the end.
+    pub end: u64,
+    /// `[vdso]` or another special mapping's name, else [`ANONYMOUS`].
+    pub name: Box<str>,
 }
 
 /// How [`open_mapped`] reached a file.
@@ -229,6 +277,31 @@ fn open_checked(path: &Path, identity: Option<(u64, u64)>) -> std::io::Result<Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn anonymous_executable_ranges_are_the_unbacked_ones() {
+        let text = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1234 /usr/bin/app
+55d0c0a01000-55d0c0a02000 r-xp 00001000 08:01 1234 /usr/bin/my app
+55d0c1000000-55d0c1021000 rw-p 00000000 00:00 0 [heap]
+7f0000000000-7f0000010000 rwxp 00000000 00:00 0 
+7fff00000000-7fff00002000 r-xp 00000000 00:00 0 [vdso]
+7fff00004000-7fff00005000 r-xp 00000000 00:0f 99 /memfd:jit (deleted)
+garbage line
+";
+        let ranges = anonymous_exec_ranges(text);
+        let ranges: Vec<(u64, u64, &str)> =
+            ranges.iter().map(|r| (r.start, r.end, &*r.name)).collect();
+        assert_eq!(
+            ranges,
+            [
+                (0x7f00_0000_0000, 0x7f00_0001_0000, ANONYMOUS),
+                (0x7fff_0000_0000, 0x7fff_0000_2000, "[vdso]"),
+            ]
+        );
+        // The file-backed executable mappings (a memfd's too) are modules, not among them.
+        assert_eq!(parse_maps(text).iter().filter(|m| m.is_exec()).count(), 2);
+    }
 
     #[test]
     fn lines_parse_with_device_inode_and_spaces() {

@@ -86,6 +86,10 @@ pub enum FailedBy {
     NoUnwindInfo,
     /// The process exited before its stack was unwound (its modules could not be read).
     ProcessGone,
+    /// A return address is in no executable mapping of the process: the walk (by frame
+    /// pointers, through code that keeps none) went on with what was not a frame; the stack is
+    /// cut there.
+    LeftMappedCode,
 }
 
 impl UnwindStatus {
@@ -112,13 +116,14 @@ impl UnwindStatus {
             UnwindStatus::Failed(FailedBy::Overflow) => "address overflow",
             UnwindStatus::Failed(FailedBy::NoUnwindInfo) => "no unwind tables for the last frame",
             UnwindStatus::Failed(FailedBy::ProcessGone) => "process exited before unwinding",
+            UnwindStatus::Failed(FailedBy::LeftMappedCode) => "return address in no mapped code",
         })
     }
 
     /// The status a [`UnwindStatus::reason`] or [`UnwindStatus::kind`] string names (for
     /// profiles read back from a file).
     pub fn from_label(kind: &str, reason: Option<&str>) -> Option<UnwindStatus> {
-        const ALL: [UnwindStatus; 11] = [
+        const ALL: [UnwindStatus; 12] = [
             UnwindStatus::Complete,
             UnwindStatus::Unchecked,
             UnwindStatus::Truncated(TruncatedBy::StackCopy),
@@ -130,6 +135,7 @@ impl UnwindStatus {
             UnwindStatus::Failed(FailedBy::Overflow),
             UnwindStatus::Failed(FailedBy::NoUnwindInfo),
             UnwindStatus::Failed(FailedBy::ProcessGone),
+            UnwindStatus::Failed(FailedBy::LeftMappedCode),
         ];
         ALL.into_iter()
             .find(|s| s.kind() == kind && s.reason() == reason)

@@ -49,6 +49,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "gcc",
         "builds the C test workloads and the frame-pointer CPython",
     ),
+    (
+        "g++",
+        "builds the C++ workload of the unwinding tests (nofp_strings)",
+    ),
     ("make", "builds the frame-pointer CPython"),
     (
         "curl",

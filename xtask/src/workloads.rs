@@ -71,6 +71,8 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3.11";
 /// - `qsort_callback`: CPU time in a comparison callback below libc's `qsort`;
 /// - `dlopen_late` and `libspanprof_plugin.so` (from `plugin.c`), which `dlopen_late` loads
 ///   from its own directory half a second after it started;
+/// - `nofp_strings` (C++, `g++`) and `nofp_rust` (`rustc -O`): string sorting and hashing,
+///   whose `%rbp` holds pointers to heap data (a frame-pointer walk reads data as frames);
 /// - `cext/spanprof_cext<EXT_SUFFIX>` (from `spanprof_cext.c`): a C extension module for
 ///   Debian's `/usr/bin/python3.11`, which `tests/workloads/py_cext.py` imports.
 ///
@@ -261,6 +263,22 @@ fn build_without_frame_pointers(src: &Path, out: &Path) -> Result<()> {
         .arg("-ldl")
         .run()?;
     check_no_frame_pointer(&dlopen, &["main", "warm_up", "run_plugin"])?;
+
+    // C++ and Rust whose %rbp holds heap pointers: a frame-pointer walk reads data as frames.
+    let strings = out.join("nofp_strings");
+    Cmd::new("g++")
+        .args(NOFP_CFLAGS.iter().filter(|f| !f.starts_with("-D")))
+        .arg("-o")
+        .arg(&strings)
+        .arg(src.join("nofp_strings.cpp"))
+        .run()?;
+    check_no_frame_pointer(&strings, &["main"])?;
+    let rust = out.join("nofp_rust");
+    Cmd::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
+        .args(["-O", "-g", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&rust)
+        .arg(src.join("nofp_rust.rs"))
+        .run()?;
     Ok(())
 }
 

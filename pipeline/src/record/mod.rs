@@ -110,6 +110,7 @@ fn unwind_code(s: UnwindStatus) -> u8 {
                 FailedBy::Overflow => 4,
                 FailedBy::NoUnwindInfo => 5,
                 FailedBy::ProcessGone => 6,
+                FailedBy::LeftMappedCode => 7,
             }
         }
     }
@@ -129,6 +130,7 @@ fn unwind_status(b: u8) -> Option<UnwindStatus> {
         20 => UnwindStatus::Failed(FailedBy::Overflow),
         21 => UnwindStatus::Failed(FailedBy::NoUnwindInfo),
         22 => UnwindStatus::Failed(FailedBy::ProcessGone),
+        23 => UnwindStatus::Failed(FailedBy::LeftMappedCode),
         _ => return None,
     })
 }
