@@ -1,7 +1,7 @@
 //! The stage that merges a Python stack into its native stack ([`merge`]): where each run of
 //! Python frames goes among the native frames of the interpreter loop.
 
-use crate::python::{split_token, MergeInfo, Unread, TOKEN_ENTRY};
+use crate::python::{split_token, MergeInfo, Unread, TOKEN_ENTRY, TRUNCATED_FUNCTION};
 
 /// One frame of a merged stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +16,11 @@ pub enum Piece {
     Unread(Unread),
 }
 
+/// The marker of frames left out of a deep Python stack (a `[truncated]` token inside a run).
+fn is_gap(token: u64) -> bool {
+    token & TOKEN_ENTRY == 0 && split_token(token).0 == TRUNCATED_FUNCTION
+}
+
 /// Merges a native user stack and a Python stack, both leaf first, into `out`, leaf first.
 ///
 /// Python frames come in runs, one per call of the interpreter loop (a run ends with a frame
@@ -23,6 +28,11 @@ pub enum Piece {
 /// each native frame inside the loop stands for the next run, leaf to root, and C frames between
 /// Python frames stay where they are. Runs left over (the native stack was cut) follow the
 /// native frames leafward of the outermost interpreter frame matched.
+///
+/// A Python stack deeper than a sample holds has a `[truncated]` token where frames were left
+/// out; when the native stack has more interpreter frames than there are runs, the runs after
+/// it are matched with the outermost interpreter frames and the native frames of the calls
+/// left out are dropped with them.
 ///
 /// Without frame pointers, a frame-pointer walk of the native stack goes astray at the first
 /// interpreter frame, so only the interrupted instruction's own function is kept (when it is not
@@ -71,16 +81,42 @@ pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &
     let is_eval = |a: u64| info.is_eval(a);
     let mut runs = python.split_inclusive(|&t| t & TOKEN_ENTRY != 0).peekable();
     if info.native_trusted {
+        // Frames left out of a deep stack (the gap marker, inside run `g` of `r`): when the
+        // native stack has an interpreter frame for every run, the runs after the gap go with
+        // the outermost ones, and the native frames between the gap run's two ends (the
+        // interpreter calls whose frames were left out) go too.
+        let mut skip_to = None;
+        if let Some(at) = python.iter().position(|&t| is_gap(t)) {
+            let g = python[..at]
+                .iter()
+                .filter(|&&t| t & TOKEN_ENTRY != 0)
+                .count();
+            let r = python.split_inclusive(|&t| t & TOKEN_ENTRY != 0).count();
+            let e = native.iter().filter(|&&a| is_eval(a)).count();
+            if e > r {
+                skip_to = Some((g, e - (r - g)));
+            }
+        }
         let mut matched_to = None;
+        let (mut evals, mut skipping) = (0, false);
         for &a in native {
             if is_eval(a) {
+                let idx = evals;
+                evals += 1;
+                if skipping {
+                    skipping = skip_to.is_some_and(|(_, x)| idx != x);
+                    continue;
+                }
                 if let Some(run) = runs.next() {
                     out.extend(run.iter().map(|&t| Piece::Python(t)));
                     matched_to = Some(out.len());
+                    skipping = skip_to.is_some_and(|(g, _)| idx == g);
                     continue;
                 }
             }
-            out.push(Piece::Native(a));
+            if !skipping {
+                out.push(Piece::Native(a));
+            }
         }
         if runs.peek().is_none() {
             return;

@@ -11,9 +11,9 @@
 
 use profiler_common::{
     Sample as SampleRecord, SpanRecord, EVENT_OFFCPU, MAX_PY_FRAMES, MAX_STACK_COPY,
-    MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NO_THREAD, PY_OK, PY_READ_FAILED, SPAN_OSP,
-    SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN, USTACK_COPY_FAULT, USTACK_COPY_NONE,
-    USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
+    MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NO_THREAD, PY_OK, PY_OUTER_FRAMES,
+    PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
+    USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
 };
 use symbolizer::unwind::{FailedBy, StackCopy, TruncatedBy, UnwindStatus, Unwinders};
 
@@ -30,13 +30,17 @@ pub const PY_WITH_FRAMES: u8 = 1;
 pub const PY_FLAG_NO_THREAD: u8 = 2;
 /// [`Resolved::python_flags`]: the kernel's walk of the Python frames failed.
 pub const PY_FLAG_READ_FAILED: u8 = 4;
-/// [`Resolved::python_flags`]: the Python stack was cut (it ends in the `[truncated]` token).
+/// [`Resolved::python_flags`]: the Python stack was cut (it holds a `[truncated]` token: at its
+/// end when the walk stopped early, where frames were left out of a stack deeper than a sample
+/// holds).
 pub const PY_FLAG_TRUNCATED: u8 = 8;
 /// [`Resolved::python_flags`]: the span context came from a thread context the process
 /// publishes (OTEP 4947).
 pub const PY_FLAG_PUBLISHED_SPAN: u8 = 16;
 /// Every flag of [`Resolved::python_flags`].
 pub const PY_FLAGS: u8 = 31;
+/// Where a Python stack deeper than a sample holds was cut: after its innermost frames.
+const GAP_AT: usize = MAX_PY_FRAMES - PY_OUTER_FRAMES;
 
 /// One sample, resolved: what the count stage needs and nothing it would have to read.
 #[derive(Debug, Clone, Copy)]
@@ -64,7 +68,8 @@ pub struct Resolved<'a> {
     /// How the user stack was unwound.
     pub unwind: UnwindStatus,
     /// Python stack as tokens ([`Python::tokens`]), innermost first, ending in the
-    /// `[truncated]` token when the walk was cut.
+    /// `[truncated]` token when the walk stopped early; a stack deeper than a sample holds has
+    /// one (without [`TOKEN_ENTRY`]) where frames were left out.
     pub python: &'a [u64],
     /// `PY_*` flags of the Python walk.
     pub python_flags: u8,
@@ -85,7 +90,7 @@ pub struct Resolver {
     unwound: [u64; MAX_STACK_DEPTH],
     kernel: [u64; MAX_STACK_DEPTH],
     user: [u64; MAX_STACK_DEPTH],
-    python: Box<[u64; MAX_PY_FRAMES + 1]>,
+    python: Box<[u64; MAX_PY_FRAMES + 2]>,
     last_sweep: std::time::Instant,
     /// Processes whose stacks the copy truncated, for the session to give a bigger copy (each
     /// pid once until it execs).
@@ -106,7 +111,7 @@ impl Resolver {
             unwound: [0; MAX_STACK_DEPTH],
             kernel: [0; MAX_STACK_DEPTH],
             user: [0; MAX_STACK_DEPTH],
-            python: Box::new([0; MAX_PY_FRAMES + 1]),
+            python: Box::new([0; MAX_PY_FRAMES + 2]),
             last_sweep: std::time::Instant::now(),
             truncated_by_copy: Vec::new(),
             raised: Default::default(),
@@ -204,6 +209,16 @@ impl Resolver {
         if let Some(unread) = unread {
             self.python[n] = unread.token();
             n += 1;
+        }
+        // A stack deeper than a sample holds: the marker goes where frames were left out,
+        // inside the run it cut (the merge matches the runs after it from the root).
+        if let (Some(_), None) = (sample.python_skipped(), unread) {
+            if n > GAP_AT {
+                python_flags |= PY_FLAG_TRUNCATED;
+                self.python.copy_within(GAP_AT..n, GAP_AT + 1);
+                self.python[GAP_AT] = u64::from(TRUNCATED_FUNCTION);
+                n += 1;
+            }
         }
         if sample.python_truncated() && unread.is_none() {
             python_flags |= PY_FLAG_TRUNCATED;

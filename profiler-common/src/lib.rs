@@ -17,8 +17,13 @@
 pub const MAX_STACK_DEPTH: usize = 127;
 /// Length of a task's `comm`, NUL-padded.
 pub const TASK_COMM_LEN: usize = 16;
-/// Python frames one sample can carry; a deeper stack has [`PY_TRUNCATED`] set.
+/// Python frames one sample can carry; a deeper stack keeps its innermost and its
+/// [`PY_OUTER_FRAMES`] outermost frames, with [`PY_SKIPPED`] set.
 pub const MAX_PY_FRAMES: usize = 512;
+/// The outermost frames a stack deeper than [`MAX_PY_FRAMES`] keeps.
+pub const PY_OUTER_FRAMES: usize = 32;
+/// The frames the kernel's walk follows at most; a deeper stack has [`PY_TRUNCATED`] set.
+pub const PY_WALK_FRAMES: usize = 2048;
 /// Record kind of a [`Sample`].
 pub const RECORD_SAMPLE: u32 = 1;
 /// Record kind of an [`ExecRecord`].
@@ -37,8 +42,13 @@ pub const PY_NO_THREAD: u32 = 2;
 pub const PY_READ_FAILED: u32 = 3;
 /// Mask of the status value in [`SampleHeader::py_status`].
 pub const PY_STATUS_MASK: u32 = 0xff;
-/// Flag in [`SampleHeader::py_status`]: the Python stack was cut.
+/// Flag in [`SampleHeader::py_status`]: the walk stopped before the outermost frame.
 pub const PY_TRUNCATED: u32 = 0x100;
+/// Flag in [`SampleHeader::py_status`]: frames were left out after the first
+/// `MAX_PY_FRAMES - PY_OUTER_FRAMES`; how many in the bits from [`PY_SKIPPED_SHIFT`].
+pub const PY_SKIPPED: u32 = 0x200;
+/// Shift of the count of frames left out in [`SampleHeader::py_status`] (at most 0xffff).
+pub const PY_SKIPPED_SHIFT: u32 = 16;
 /// [`PyFrame::flags`]: the outermost frame of one call of the interpreter loop.
 pub const PY_FRAME_ENTRY: u32 = 1;
 
@@ -784,9 +794,17 @@ impl<'a> Sample<'a> {
         self.header.py_status & PY_STATUS_MASK
     }
 
-    /// Whether the Python stack was cut (too deep, a cycle, or a failed read).
+    /// Whether the Python walk stopped before the outermost frame (too deep, a cycle, or a
+    /// failed read).
     pub fn python_truncated(&self) -> bool {
         self.header.py_status & PY_TRUNCATED != 0
+    }
+
+    /// The Python frames left out between the first `MAX_PY_FRAMES - PY_OUTER_FRAMES` and the
+    /// outermost ones (at most 0xffff), when the stack was deeper than a sample holds.
+    pub fn python_skipped(&self) -> Option<u32> {
+        let s = self.header.py_status;
+        (s & PY_SKIPPED != 0 && self.python.len() == MAX_PY_FRAMES).then_some(s >> PY_SKIPPED_SHIFT)
     }
 
     /// The span context of the thread, when one was read.

@@ -41,8 +41,14 @@ typedef uint64_t __u64;
 /* Flag: the copy stopped at an unreadable page before stack_copy_bytes (the stack's top). */
 #define SPANPROF_USTACK_COPY_SHORT 0x100
 
-/* Python frames one sample can carry; a deeper stack is flagged SPANPROF_PY_TRUNCATED. */
+/*
+ * Python frames one sample can carry. A deeper stack keeps its innermost frames and its
+ * SPANPROF_PY_OUTER_FRAMES outermost ones, flagged SPANPROF_PY_SKIPPED; the walk follows at most
+ * SPANPROF_PY_WALK_FRAMES frames (a deeper one is flagged SPANPROF_PY_TRUNCATED).
+ */
 #define SPANPROF_MAX_PY_FRAMES 512
+#define SPANPROF_PY_OUTER_FRAMES 32
+#define SPANPROF_PY_WALK_FRAMES 2048
 
 /* Record kinds, first field of every ring buffer record. */
 #define SPANPROF_RECORD_SAMPLE 1
@@ -112,7 +118,13 @@ struct spanprof_target {
 #define SPANPROF_PY_NO_THREAD 2	      /* no PyThreadState of this thread (C thread, no interpreter) */
 #define SPANPROF_PY_READ_FAILED 3     /* a read of interpreter memory faulted */
 #define SPANPROF_PY_STATUS_MASK 0xff
-#define SPANPROF_PY_TRUNCATED 0x100   /* more frames than SPANPROF_MAX_PY_FRAMES, or a loop */
+#define SPANPROF_PY_TRUNCATED 0x100   /* the walk stopped before the outermost frame */
+/*
+ * Frames were left out between py[SPANPROF_MAX_PY_FRAMES - SPANPROF_PY_OUTER_FRAMES - 1] and
+ * the next (py_len is SPANPROF_MAX_PY_FRAMES); how many in the top 16 bits (at most 0xffff).
+ */
+#define SPANPROF_PY_SKIPPED 0x200
+#define SPANPROF_PY_SKIPPED_SHIFT 16
 
 /* spanprof_py_frame.flags */
 /*

@@ -9,7 +9,9 @@
  * thread list. The frames are a bpf_loop of at most PY_FRAME_LOOPS steps, each at most three
  * reads (the frame with the bytes below it in its page, the code object, before 3.12 its name),
  * usually fewer: frames next to each other come from one read, and a code object that repeats
- * is not read again. Failed reads end the walk and are counted (SPANPROF_ERR_PY_READ).
+ * is not read again. Failed reads end the walk and are counted (SPANPROF_ERR_PY_READ). A stack
+ * deeper than a sample holds is walked on to its outermost frame (up to SPANPROF_PY_WALK_FRAMES),
+ * its outermost frames kept in a ring (py_close_ring), the middle left out and counted.
  *
  * Included by the units whose programs send samples (send_sample.h); the bpf_loop callbacks
  * are static, one copy per unit.
@@ -28,7 +30,17 @@
 /* Tag bits of a _PyStackRef (3.14+ f_executable); objects are 8-byte aligned in every version. */
 #define PY_STACKREF_TAG_MASK 7ULL
 /* Steps of the frame walk: every frame, plus one C-stack shim per interpreter call at most. */
-#define PY_FRAME_LOOPS (2 * SPANPROF_MAX_PY_FRAMES + 1)
+#define PY_FRAME_LOOPS (2 * SPANPROF_PY_WALK_FRAMES + 1)
+/*
+ * Frames kept in walk order, innermost first; the frames after them go round a ring of the last
+ * SPANPROF_PY_OUTER_FRAMES slots, so a stack deeper than a sample holds keeps its outermost
+ * frames too (the entry point, the first callers).
+ */
+#define PY_INNER_FRAMES (SPANPROF_MAX_PY_FRAMES - SPANPROF_PY_OUTER_FRAMES)
+_Static_assert((SPANPROF_PY_OUTER_FRAMES & (SPANPROF_PY_OUTER_FRAMES - 1)) == 0,
+	       "the ring's size is a power of two");
+_Static_assert(SPANPROF_PY_OUTER_FRAMES * SPANPROF_PY_FRAME_SIZE <= SPANPROF_PY_WINDOW,
+	       "the ring is put in order through the window");
 /* Thread states visited to find the sampled thread's. */
 #define PY_THREAD_LOOPS 1024
 
@@ -61,6 +73,14 @@ static long py_thread_step(__u64 i, void *ctx)
 	}
 	w->frame = v;
 	return 0;
+}
+
+/* The slot of the n-th frame walked (0 innermost). */
+static __always_inline __u32 py_slot(__u32 n)
+{
+	if (n < PY_INNER_FRAMES)
+		return n;
+	return PY_INNER_FRAMES + ((n - PY_INNER_FRAMES) & (SPANPROF_PY_OUTER_FRAMES - 1));
 }
 
 /* One step of the frame walk: records w->frame (unless it is a shim) and moves to its caller. */
@@ -110,17 +130,13 @@ static long py_frame_step(__u64 i, void *ctx)
 	    load_u8(w->win, rel + w->cfg.frame_entry, SPANPROF_PY_WINDOW) >= PY_OWNED_BY_SHIM) {
 		/* The frame recorded last was the first one this interpreter call ran. */
 		if (w->n > 0) {
-			off = w->py_base + (w->n - 1) * SPANPROF_PY_FRAME_SIZE;
+			off = w->py_base + py_slot(w->n - 1) * SPANPROF_PY_FRAME_SIZE;
 			if (off > sizeof(w->s.stack) + sizeof(w->s.py) - SPANPROF_PY_FRAME_SIZE)
 				return 1;
 			f = (struct spanprof_py_frame *)((__u8 *)w->s.stack + off);
 			f->flags |= SPANPROF_PY_FRAME_ENTRY;
 		}
 		goto next;
-	}
-	if (w->n >= SPANPROF_MAX_PY_FRAMES) {
-		w->s.py_status |= SPANPROF_PY_TRUNCATED;
-		return 1;
 	}
 	code = load_u64(w->win, rel + w->cfg.frame_code, SPANPROF_PY_WINDOW) &
 	       ~PY_STACKREF_TAG_MASK;
@@ -186,7 +202,7 @@ static long py_frame_step(__u64 i, void *ctx)
 		w->last_check = SPANPROF_PY_CHECK(name, filename, first, table, version);
 	}
 
-	off = w->py_base + w->n * SPANPROF_PY_FRAME_SIZE;
+	off = w->py_base + py_slot(w->n) * SPANPROF_PY_FRAME_SIZE;
 	if (off > sizeof(w->s.stack) + sizeof(w->s.py) - SPANPROF_PY_FRAME_SIZE)
 		return 1;
 	f = (struct spanprof_py_frame *)((__u8 *)w->s.stack + off);
@@ -272,6 +288,37 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 	return fresh.tstate;
 }
 
+/*
+ * After a walk of more frames than a sample holds: puts the ring of outermost frames in walk
+ * order (through the window, free once the walk is over) and says how many frames were left out.
+ */
+static __always_inline void py_close_ring(struct scratch *w)
+{
+	__u32 head = (w->n - PY_INNER_FRAMES) & (SPANPROF_PY_OUTER_FRAMES - 1);
+	__u32 base = w->py_base + PY_INNER_FRAMES * SPANPROF_PY_FRAME_SIZE;
+	__u32 skipped = w->n - SPANPROF_MAX_PY_FRAMES;
+	__u32 j, from, off;
+
+	w->n = SPANPROF_MAX_PY_FRAMES;
+	if (skipped > 0xffff)
+		skipped = 0xffff;
+	w->s.py_status |= SPANPROF_PY_SKIPPED | (skipped << SPANPROF_PY_SKIPPED_SHIFT);
+	if (head == 0)
+		return;
+	if (base > sizeof(w->s.stack) + sizeof(w->s.py) -
+			   SPANPROF_PY_OUTER_FRAMES * SPANPROF_PY_FRAME_SIZE)
+		return;
+	__builtin_memcpy(w->win, (__u8 *)w->s.stack + base,
+			 SPANPROF_PY_OUTER_FRAMES * SPANPROF_PY_FRAME_SIZE);
+	for (j = 0; j < SPANPROF_PY_OUTER_FRAMES; j++) {
+		from = ((head + j) & (SPANPROF_PY_OUTER_FRAMES - 1)) * SPANPROF_PY_FRAME_SIZE;
+		off = base + j * SPANPROF_PY_FRAME_SIZE;
+		if (off > sizeof(w->s.stack) + sizeof(w->s.py) - SPANPROF_PY_FRAME_SIZE)
+			return;
+		__builtin_memcpy((__u8 *)w->s.stack + off, w->win + from, SPANPROF_PY_FRAME_SIZE);
+	}
+}
+
 /* Appends the Python frames of the sampled thread after the `native` native frames. */
 static __always_inline void py_walk(struct scratch *w, const struct spanprof_py_proc *cfg,
 				    __u32 tgid, __u32 tid, __u64 native)
@@ -307,6 +354,8 @@ static __always_inline void py_walk(struct scratch *w, const struct spanprof_py_
 	/* Steps ran out with frames left: a cycle, or shims beyond the bound. */
 	if (w->frame && !(w->s.py_status & SPANPROF_PY_TRUNCATED))
 		w->s.py_status |= SPANPROF_PY_TRUNCATED;
+	if (w->n > SPANPROF_MAX_PY_FRAMES)
+		py_close_ring(w);
 	w->s.py_len = w->n;
 	if ((w->s.py_status & SPANPROF_PY_STATUS_MASK) == SPANPROF_PY_READ_FAILED)
 		count_error(SPANPROF_ERR_PY_READ);

@@ -1,6 +1,6 @@
 # Deep Python stacks: the main thread alternates, every ~20 ms, between
 #   drive -> down_whole x 300 -> leaf_whole   (300 recursive frames)
-#   drive -> down_deep x 600 -> leaf_deep     (600: deeper than a 512-frame walker)
+#   drive -> down_deep x 900 -> leaf_deep     (900: deeper than the 512 frames a sample holds)
 # with the leaf functions spinning in pure Python.
 #
 # Usage: python3 py_deep.py SECONDS
@@ -11,7 +11,7 @@ import sys
 import time
 
 WHOLE = 300
-DEEP = 600
+DEEP = 900
 
 
 def leaf_whole(end):

@@ -161,6 +161,52 @@ fn trusted_native_stacks_put_each_run_at_its_interpreter_frame() {
 }
 
 #[test]
+fn runs_after_left_out_frames_go_with_the_outermost_interpreter_frames() {
+    let gap = u64::from(crate::python::TRUNCATED_FUNCTION);
+    // leaf, eval (run 0), cb0, eval (gap run, inner end), cb1, eval (left out), cb2,
+    // eval (gap run, outer end), cb3, eval (run 2), main.
+    let native = [
+        0x100, 0x5010, 0x200, 0x5020, 0x210, 0x5030, 0x220, 0x5040, 0x230, 0x5050, 0x300,
+    ];
+    let python = [1 | E, 2, gap, 3 | E, 4 | E];
+    assert_eq!(
+        merged(&native, &python, info(true, true)),
+        [
+            N(0x100),
+            P(1 | E),
+            N(0x200),
+            P(2),
+            P(gap),
+            P(3 | E),
+            N(0x230),
+            P(4 | E),
+            N(0x300)
+        ]
+    );
+    // As many interpreter frames as runs: the gap was inside one call, nothing native goes.
+    let native = [0x100, 0x5010, 0x200, 0x5020, 0x230, 0x5050, 0x300];
+    assert_eq!(
+        merged(&native, &python, info(true, true)),
+        [
+            N(0x100),
+            P(1 | E),
+            N(0x200),
+            P(2),
+            P(gap),
+            P(3 | E),
+            N(0x230),
+            P(4 | E),
+            N(0x300)
+        ]
+    );
+    // Fewer (a cut native stack): the runs left over follow, the marker among them.
+    assert_eq!(
+        merged(&native[..3], &python, info(true, true)),
+        [N(0x100), P(1 | E), C, P(2), P(gap), P(3 | E), C, P(4 | E)]
+    );
+}
+
+#[test]
 fn untrusted_native_stacks_keep_only_the_leaf_function() {
     let python = [1, 2 | E, 3 | E];
     // In a C function called by the loop: it stays, garbage beyond it goes.

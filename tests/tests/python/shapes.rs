@@ -7,19 +7,30 @@ use spanprof_tests::{
 
 use crate::common::{assert_no_problems, require_python_profiling, Interp};
 
-/// Checks the stacks whose innermost Python frame is `leaf`, reached through
-/// `depth` frames of `down`: each is whole (`<module> -> main -> drive ->
-/// down x depth -> leaf`) or has a `[truncated]` frame before (rootwards of)
-/// all its Python frames, which are then an unbroken run of `down` ending in
-/// `leaf`. Returns the (whole, truncated) sample counts.
+/// How the stacks whose innermost Python frame is `leaf`, reached through `depth` frames of
+/// `down`, came out, in samples.
+#[derive(Default, Debug)]
+struct Deep {
+    /// `<module> -> main -> drive -> down x depth -> leaf`.
+    whole: u64,
+    /// `<module> -> main -> drive -> down x a -> [truncated] -> down x b -> leaf`, with
+    /// a + b < depth and at least 480 frames after the marker (the walker keeps the innermost
+    /// 480 of a stack deeper than 512, and the outermost 32).
+    gap: u64,
+    /// `[truncated]` before (rootwards of) every Python frame, which are an unbroken run of
+    /// `down` ending in `leaf` (the walk stopped early, e.g. at a failed read).
+    root_cut: u64,
+}
+
+/// Sorts the stacks of `leaf` into [`Deep`]; any other shape is a problem.
 fn check_deep(
     stacks: &[FoldedStack],
     down: &str,
     leaf: &str,
     depth: usize,
     problems: &mut Vec<String>,
-) -> (u64, u64) {
-    let (mut whole, mut truncated) = (0, 0);
+) -> Deep {
+    let mut deep = Deep::default();
     let mut bad = 0;
     for stack in stacks {
         let py = stack.py_qualnames();
@@ -27,47 +38,62 @@ fn check_deep(
             continue;
         }
         let downs = py.iter().filter(|n| **n == down).count();
-        let is_whole = py.len() == depth + 4
-            && py[..3] == ["<module>", "main", "drive"]
-            && py[3..3 + depth].iter().all(|n| *n == down);
+        let roots = py.len() > 3 && py[..3] == ["<module>", "main", "drive"];
         let marker = stack.frames.iter().position(|f| f == "[truncated]");
         let first_py = stack.frames.iter().position(|f| is_py_frame(f));
-        let is_truncated = match (marker, first_py) {
-            (Some(m), Some(p)) => {
-                m < p && downs < depth && py[..py.len() - 1].iter().all(|n| *n == down)
+        // Python frames after (leafwards of) the marker.
+        let after = marker.map_or(0, |m| {
+            stack.frames[m..].iter().filter(|f| is_py_frame(f)).count()
+        });
+        let all_down = |names: &[&str]| names.iter().all(|n| *n == down);
+        let shape = match (marker, first_py) {
+            (None, _) if roots && downs == depth && py.len() == depth + 4 => Some(&mut deep.whole),
+            (Some(m), Some(p))
+                if m > p && roots && downs < depth && all_down(&py[3..py.len() - 1]) =>
+            {
+                if after < 480 {
+                    problems.push(format!(
+                        "a stack of {leaf} cut in its middle has {after} Python frames after the \
+                         marker, fewer than the 480 innermost the walker keeps"
+                    ));
+                }
+                Some(&mut deep.gap)
             }
-            _ => false,
+            (Some(m), Some(p)) if m < p && downs < depth && all_down(&py[..py.len() - 1]) => {
+                // The walker must not stop early: at least 256 Python frames.
+                if py.len() < 256 {
+                    problems.push(format!(
+                        "a stack of {leaf} cut at its root has only {} Python frames, fewer \
+                         than 256",
+                        py.len()
+                    ));
+                }
+                Some(&mut deep.root_cut)
+            }
+            _ => None,
         };
-        if is_whole {
-            whole += stack.count;
-        } else if is_truncated {
-            truncated += stack.count;
-            // The walker must not stop early: at least 256 Python frames.
-            if py.len() < 256 {
-                problems.push(format!(
-                    "a truncated stack of {leaf} has only {} Python frames, fewer than 256",
-                    py.len()
-                ));
-            }
-        } else {
-            bad += stack.count;
-            if bad <= 3 {
-                problems.push(format!(
-                    "a stack of {leaf} ({} Python frames, {downs} of {down}, expected {depth}) is \
-                     neither whole nor marked [truncated] before its Python frames: {}",
-                    py.len(),
-                    abbreviate(&stack.frames)
-                ));
+        match shape {
+            Some(count) => *count += stack.count,
+            None => {
+                bad += stack.count;
+                if bad <= 3 {
+                    problems.push(format!(
+                        "a stack of {leaf} ({} Python frames, {downs} of {down}, expected \
+                         {depth}) is neither whole nor cut where it should be: {}",
+                        py.len(),
+                        abbreviate(&stack.frames)
+                    ));
+                }
             }
         }
     }
-    if whole + truncated < 20 {
+    if deep.whole + deep.gap + deep.root_cut < 20 {
         problems.push(format!(
-            "{leaf}: only {} samples are whole or truncated ({bad} neither), expected at least 20",
-            whole + truncated
+            "{leaf}: only {} samples are whole or cut ({bad} neither), expected at least 20",
+            deep.whole + deep.gap + deep.root_cut
         ));
     }
-    (whole, truncated)
+    deep
 }
 
 /// A long stack with runs of the same frame collapsed (`f x300`).
@@ -86,9 +112,10 @@ fn abbreviate(frames: &[String]) -> String {
     out.join(";")
 }
 
-/// A 300-deep recursion is whole or marked `[truncated]`; a 600-deep one
-/// (deeper than the walker's 512-frame cap) is marked `[truncated]` at its
-/// root end and still has at least 256 Python frames.
+/// A 300-deep recursion is whole (or cut at its root by a failed read); a 900-deep one,
+/// deeper than the 512 frames a sample holds, keeps its root frames (`<module>`, `main`,
+/// `drive`) and its innermost ones with the `[truncated]` marker between, where the frames were
+/// left out.
 pub(super) fn deep_recursion_whole_or_truncated(interp: &Interp) {
     require_python_profiling();
     let _lock = profiling_lock();
@@ -100,14 +127,20 @@ pub(super) fn deep_recursion_whole_or_truncated(interp: &Interp) {
     out.assert_success();
     let stacks = read_folded(&folded);
     let mut problems = Vec::new();
-    let (whole_300, truncated_300) =
-        check_deep(&stacks, "down_whole", "leaf_whole", 300, &mut problems);
-    let (whole_600, truncated_600) =
-        check_deep(&stacks, "down_deep", "leaf_deep", 600, &mut problems);
-    if truncated_600 == 0 {
+    let d300 = check_deep(&stacks, "down_whole", "leaf_whole", 300, &mut problems);
+    let d900 = check_deep(&stacks, "down_deep", "leaf_deep", 900, &mut problems);
+    if d300.gap > 0 || d300.whole < 20 {
         problems.push(format!(
-            "no 600-deep stack is marked [truncated] ({whole_600} are whole), yet it is deeper \
-             than the walker's 512 frames"
+            "300 deep (under the 512 frames a sample holds): {} whole, {} with frames left out",
+            d300.whole, d300.gap
+        ));
+    }
+    let n900 = d900.whole + d900.gap + d900.root_cut;
+    if d900.whole > 0 || (d900.gap as f64) < 0.9 * n900 as f64 {
+        problems.push(format!(
+            "900 deep: {} of {n900} samples keep their root frames with the marker between, \
+             expected at least 90% ({} whole, {} cut at the root)",
+            d900.gap, d900.whole, d900.root_cut
         ));
     }
     let deep_stacks: Vec<FoldedStack> = stacks
@@ -120,9 +153,8 @@ pub(super) fn deep_recursion_whole_or_truncated(interp: &Interp) {
         .collect();
     assert!(
         problems.is_empty(),
-        "{}: 300 deep: {whole_300} whole, {truncated_300} truncated; 600 deep: {whole_600} \
-         whole, {truncated_600} truncated\n- {}\nstacks of the leaves (runs collapsed):\n{}\n\
-         heaviest stacks:\n{}\n{out}",
+        "{}: 300 deep: {d300:?}; 900 deep: {d900:?}\n- {}\nstacks of the leaves (runs \
+         collapsed):\n{}\nheaviest stacks:\n{}\n{out}",
         interp.label,
         problems.join("\n- "),
         folded_summary(&deep_stacks, 12),
