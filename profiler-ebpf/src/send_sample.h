@@ -16,6 +16,12 @@
 #include "python_walk.h"
 #include "span_read.h"
 
+/*
+ * Blocked time from which an off-CPU sample wakes user space at once (100 ms): at most ten
+ * wake-ups a second per blocked thread.
+ */
+#define OFFCPU_WAKE_NS 100000000ULL
+
 /* Pending uretprobes whose return addresses are put back in a stack copy, at most. */
 #define URETPROBE_FIXUPS 8
 
@@ -199,6 +205,14 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 			wake = BPF_RB_FORCE_WAKEUP;
 		}
 	}
+	/*
+	 * A long wait wakes user space too: its Python frames are named from the process's memory,
+	 * and the wait a process ends with (joining its threads, a last sleep) is often over only
+	 * milliseconds before the interpreter frees its code objects and exits. At most one wake-up
+	 * per OFFCPU_WAKE_NS of a thread's blocked time.
+	 */
+	if (s->event == SPANPROF_EVENT_OFFCPU && s->blocked_ns >= OFFCPU_WAKE_NS)
+		wake = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes)
 		wake = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_output(&samples, s, size, wake))

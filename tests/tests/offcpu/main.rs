@@ -28,6 +28,9 @@
 //!   same with 4000 sleeps of 500 µs, each shorter than the 2 ms period, so only about one in
 //!   3.5 is kept (weighing a period): the total is still within ±15% (5 standard deviations).
 //!
+//! - `last_wait_named_*` (pyenv 3.11, 3.13): a process whose main thread ends joining its
+//!   workers keeps the wait's Python names (`last_wait.rs`).
+//!
 //! Failure messages carry the per-thread, per-function, per-reason table (also printed by
 //! `--nocapture` runs, with the off-CPU time that went to other reasons and functions).
 //!
@@ -38,12 +41,14 @@ use spanprof_tests::{profile_pid, profiling_lock, py_workload_source, Background
 
 use common::{ms, require_offcpu_profiling, Interp, FREQUENCY, ROUNDS};
 use gil::gil_waits;
+use last_wait::last_wait_named;
 use native::native_sleeps;
 use profile::{check_reasons, offcpu_summary, Profile, Table};
 use py_workload::{cpu_and_offcpu, wall};
 
 mod common;
 mod gil;
+mod last_wait;
 mod native;
 mod profile;
 mod py_workload;
@@ -113,6 +118,16 @@ fn native_nanosleep_is_sleep() {
 #[test]
 fn native_short_sleeps_are_sampled_without_bias() {
     native_sleeps(4000, 500, 0.15);
+}
+
+#[test]
+fn last_wait_named_3_11() {
+    last_wait_named(&Interp::pyenv(11));
+}
+
+#[test]
+fn last_wait_named_3_13() {
+    last_wait_named(&Interp::pyenv(13));
 }
 
 #[test]
