@@ -230,15 +230,36 @@ pub fn frame_name(frame: &Frame) -> String {
     }
 }
 
+/// The name a frame is drawn with in a flame graph: its folded name ([`frame_name`]), except
+/// that a native or kernel frame without a function is its module's, `[unknown] (libz.so.1)`
+/// (`[unknown] (?)` outside any module): the addresses of a stripped library are one frame, not
+/// one per address. Folded stacks, pprof and OTLP keep the address.
+pub fn flame_name(frame: &Frame) -> String {
+    if frame.function.is_some() || frame.kind == FrameKind::Python {
+        return frame_name(frame);
+    }
+    let module = frame.module.as_deref().unwrap_or("?");
+    let module = module.rsplit('/').next().unwrap_or(module);
+    let name = match frame.kind {
+        FrameKind::Kernel => format!("[unknown] ({module})_[k]"),
+        _ => format!("[unknown] ({module})"),
+    };
+    match sanitize_name(&name) {
+        Cow::Borrowed(_) => name,
+        Cow::Owned(safe) => safe,
+    }
+}
+
 /// The name a function is known by in reports, diffs and budgets: its flame graph name
-/// ([`frame_name`]), without the line for a Python function (`handle (app.py)`).
+/// ([`flame_name`]: the unknown addresses of a module are one function), without the line for a
+/// Python function (`handle (app.py)`).
 pub fn function_name(frame: &Frame) -> String {
     if frame.kind == FrameKind::Python && frame.line.is_some() {
         let mut f = frame.clone();
         f.line = None;
         return frame_name(&f);
     }
-    frame_name(frame)
+    flame_name(frame)
 }
 
 /// The flame graph's subtitle, e.g. `30.0 s at 99 Hz, 2970 samples (12 lost)`, or with off-CPU

@@ -73,8 +73,9 @@ fn stripped_binary_frames_are_unknown_with_the_module_and_true_offsets() {
     let tmp = TempDir::new("stripped");
     let folded = tmp.join("out.folded");
     let pprof = tmp.join("out.pb.gz");
+    let svg = tmp.join("out.svg");
     let workload = Workload::start(MODULE, 10.0);
-    let out = profile_pid(workload.pid(), "2s", 499, &[&folded, &pprof], &[]);
+    let out = profile_pid(workload.pid(), "2s", 499, &[&folded, &pprof, &svg], &[]);
     drop(workload);
     out.assert_success();
     let stacks = read_folded(&folded);
@@ -172,5 +173,26 @@ fn stripped_binary_frames_are_unknown_with_the_module_and_true_offsets() {
         prof["totals"]["samples"].as_u64(),
         Some(total),
         "pprof vs folded total"
+    );
+
+    // The flamegraph draws the module's unknown addresses as one frame per place in the
+    // stacks (the folded output above had them apart, with their offsets).
+    let offsets: std::collections::BTreeSet<u64> = stacks
+        .iter()
+        .flat_map(|s| s.frames.iter().filter_map(|f| unknown_offset(f)))
+        .collect();
+    assert!(
+        offsets.len() >= 3,
+        "only {} distinct offsets",
+        offsets.len()
+    );
+    let svg = std::fs::read_to_string(&svg).expect("svg");
+    assert!(
+        !svg.contains(&format!("[unknown] ({MODULE}+0x")),
+        "the SVG draws an address of {MODULE}"
+    );
+    assert!(
+        svg.contains(&format!("<title>[unknown] ({MODULE}) (")),
+        "no [unknown] ({MODULE}) frame in the SVG"
     );
 }

@@ -178,6 +178,22 @@ fn folded_frame(name: &str) -> Frame {
             ..frame(FrameKind::Kernel, kernel)
         };
     }
+    // `[unknown] (module+0xOFFSET)`: an address without a function, as the writer names it.
+    if let Some((module, offset)) = name
+        .strip_prefix("[unknown] (")
+        .and_then(|n| n.strip_suffix(')'))
+        .and_then(|n| n.rsplit_once("+0x"))
+    {
+        if let Ok(address) = u64::from_str_radix(offset, 16) {
+            return Frame {
+                function: None,
+                module: (module != "?").then(|| module.to_string()),
+                address,
+                unknown_reason: Some("no function name in the folded file".to_string()),
+                ..frame(FrameKind::Native, name)
+            };
+        }
+    }
     // `qualname (file.py:LINE)` or `qualname (file.py)`.
     if let Some((qualname, rest)) = name.strip_suffix(')').and_then(|n| n.rsplit_once(" (")) {
         let (file, line) = match rest.rsplit_once(':') {
@@ -202,6 +218,27 @@ fn folded_frame(name: &str) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unknown_frames_read_back_as_addresses_of_their_module() {
+        let text = b"main;[unknown] (libz.so.1+0x4a26) 1\nmain;[unknown] (libz.so.1+0x4b00) 2\n";
+        let profile = read_folded(text).unwrap();
+        let unknown: Vec<&Frame> = profile
+            .frames
+            .iter()
+            .filter(|f| f.function.is_none())
+            .collect();
+        assert_eq!(unknown.len(), 2);
+        assert_eq!(unknown[0].module.as_deref(), Some("libz.so.1"));
+        assert_eq!(unknown[0].address, 0x4a26);
+        // Written back as read; counted as one function of the module.
+        assert_eq!(frame_name(unknown[1]), "[unknown] (libz.so.1+0x4b00)");
+        let names: Vec<String> = unknown
+            .iter()
+            .map(|f| crate::wording::function_name(f))
+            .collect();
+        assert_eq!(names, ["[unknown] (libz.so.1)", "[unknown] (libz.so.1)"]);
+    }
     use crate::format::fixture;
     use crate::profile::{FrameKind, Sample};
     use crate::wording::sanitize_name;

@@ -77,12 +77,13 @@ fn empty_svg(profile: &Profile) -> String {
     )
 }
 
-/// Renders the profile as an SVG flame graph.
+/// Renders the profile as an SVG flame graph, frames named by
+/// [`flame_name`](crate::wording::flame_name) (a stripped module's addresses are one frame).
 ///
 /// A profile with no samples gives a small SVG that says so, with the same title and subtitle,
 /// rather than an error: an idle target is a result too.
 pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
-    let lines: Vec<String> = folded::collapse(profile)?
+    let lines: Vec<String> = folded::collapse_by(profile, crate::wording::flame_name)?
         .into_iter()
         .map(|(stack, count)| format!("{stack} {count}"))
         .collect();
@@ -183,15 +184,46 @@ mod tests {
         assert!(svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("spanprof: pid 100 (app)"));
         assert!(svg.contains("2.5 s at 100 Hz, 11 samples (4 lost)"));
-        for name in [
-            "main",
-            "compute",
-            "do_syscall_64",
-            "[unknown] (libfoo.so+0x1234)",
-        ] {
+        for name in ["main", "compute", "do_syscall_64", "[unknown] (libfoo.so)"] {
             assert!(svg.contains(name), "{name} missing");
         }
         assert!(svg.contains("<title>compute (10 samples, 90.91%)</title>"));
+    }
+
+    #[test]
+    fn unknown_addresses_of_one_module_are_one_frame() {
+        let mut profile = fixture::profile();
+        let i = profile
+            .frames
+            .iter()
+            .position(|f| f.function.is_none() && f.kind == crate::profile::FrameKind::Native)
+            .expect("the fixture has an unknown native frame");
+        // Another address of the same module, in a stack of its own.
+        let mut other = profile.frames[i].clone();
+        other.address += 0x40;
+        profile.frames.push(other);
+        let j = profile.frames.len() as u32 - 1;
+        let mut sample = profile
+            .samples
+            .iter()
+            .find(|s| s.frames.contains(&(i as u32)))
+            .unwrap()
+            .clone();
+        for f in &mut sample.frames {
+            if *f == i as u32 {
+                *f = j;
+            }
+        }
+        profile.samples.push(sample);
+        let svg = String::from_utf8(render(&profile).unwrap()).unwrap();
+        assert!(!svg.contains("+0x"), "an address is drawn");
+        let titles = svg.matches("<title>[unknown] (libfoo.so) (").count();
+        assert_eq!(titles, 1, "one frame for the module's addresses");
+        // The folded output keeps them apart.
+        let folded = folded::collapse(&profile).unwrap();
+        assert!(folded
+            .iter()
+            .any(|(s, _)| s.contains("[unknown] (libfoo.so+0x1274)")));
     }
 
     #[test]
@@ -210,9 +242,7 @@ mod tests {
         assert!(svg.contains("b.pb.gz against a.pb.gz"));
         // Base scaled to 20 samples: 1 -> 1.8, rounded to 2, so +8 of 20.
         assert!(
-            svg.contains(
-                "<title>[unknown] (libfoo.so+0x1234) (10 samples, 50.00%; +40.00%)</title>"
-            ),
+            svg.contains("<title>[unknown] (libfoo.so) (10 samples, 50.00%; +40.00%)</title>"),
             "{svg}"
         );
         assert_eq!(
