@@ -1,14 +1,74 @@
 //! The globs of budgets and filters, matched against whole function names or the name
 //! before its first ` (`.
 
-/// A glob: `*` matches any run of characters, `?` one character, anything else itself.
+/// One element of a glob.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pattern(Vec<char>);
+enum Token {
+    /// `*`: any run of characters.
+    Star,
+    /// `?`: any one character.
+    Any,
+    /// `[...]`: one character in (or, with `!` or `^` first, not in) the ranges.
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
+    /// Itself (`\` makes the next character itself: `\*`, `\[`).
+    Literal(char),
+}
+
+impl Token {
+    fn matches(&self, c: char) -> bool {
+        match self {
+            Token::Star => true,
+            Token::Any => true,
+            Token::Class { negated, ranges } => {
+                ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi) != *negated
+            }
+            Token::Literal(l) => *l == c,
+        }
+    }
+}
+
+/// A glob, as the shell's: `*` matches any run of characters, `?` one character, `[xyz]` one of
+/// those, `[a-z]` one in the range, `[!xy]` (or `[^xy]`) one not among them, `\` the next
+/// character itself; anything else itself. A `[` without its `]` is itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    text: String,
+    tokens: Vec<Token>,
+}
 
 impl Pattern {
     /// The glob `text`.
     pub fn new(text: &str) -> Pattern {
-        Pattern(text.chars().collect())
+        let chars: Vec<char> = text.chars().collect();
+        let mut tokens = Vec::new();
+        let mut i = 0;
+        while i < chars.len() {
+            let c = chars[i];
+            i += 1;
+            tokens.push(match c {
+                '*' => Token::Star,
+                '?' => Token::Any,
+                '\\' if i < chars.len() => {
+                    i += 1;
+                    Token::Literal(chars[i - 1])
+                }
+                '[' => match class(&chars[i..]) {
+                    Some((token, used)) => {
+                        i += used;
+                        token
+                    }
+                    None => Token::Literal('['),
+                },
+                c => Token::Literal(c),
+            });
+        }
+        Pattern {
+            text: text.to_string(),
+            tokens,
+        }
     }
 
     /// Whether the glob matches all of `name`, or all of the part before its first ` (`.
@@ -23,16 +83,16 @@ impl Pattern {
     /// `*` and how much it swallowed, so it takes at most `len(pattern) * len(text)` steps
     /// (no exponential backtracking).
     pub fn matches(&self, text: &str) -> bool {
-        let (p, t): (&[char], Vec<char>) = (&self.0, text.chars().collect());
+        let (p, t): (&[Token], Vec<char>) = (&self.tokens, text.chars().collect());
         let (mut pi, mut ti) = (0, 0);
         let mut star: Option<(usize, usize)> = None;
         while ti < t.len() {
             match p.get(pi) {
-                Some('*') => {
+                Some(Token::Star) => {
                     star = Some((pi, ti));
                     pi += 1;
                 }
-                Some(&c) if c == '?' || c == t[ti] => {
+                Some(token) if token.matches(t[ti]) => {
                     pi += 1;
                     ti += 1;
                 }
@@ -46,12 +106,38 @@ impl Pattern {
                 },
             }
         }
-        p[pi..].iter().all(|&c| c == '*')
+        p[pi..].iter().all(|t| *t == Token::Star)
+    }
+}
+
+/// The class after a `[`: its token and the characters it took, `]` included; `None` when no
+/// `]` closes it. A `]` right after `[` (or `[!`) is a member, as in the shell.
+fn class(chars: &[char]) -> Option<(Token, usize)> {
+    let mut i = 0;
+    let negated = matches!(chars.first(), Some('!' | '^'));
+    if negated {
+        i += 1;
+    }
+    let mut ranges = Vec::new();
+    let start = i;
+    loop {
+        let c = *chars.get(i)?;
+        if c == ']' && i > start {
+            return Some((Token::Class { negated, ranges }, i + 1));
+        }
+        i += 1;
+        match (chars.get(i), chars.get(i + 1)) {
+            (Some('-'), Some(&hi)) if hi != ']' => {
+                ranges.push((c, hi));
+                i += 2;
+            }
+            _ => ranges.push((c, c)),
+        }
     }
 }
 
 impl std::fmt::Display for Pattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.iter().collect::<String>())
+        f.write_str(&self.text)
     }
 }

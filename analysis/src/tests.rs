@@ -33,6 +33,26 @@ fn globs() {
 }
 
 #[test]
+fn glob_classes_ranges_negation_and_escapes() {
+    let xy = Pattern::new("job_[xy]");
+    assert!(xy.matches("job_x") && xy.matches("job_y"));
+    assert!(!xy.matches("job_z") && !xy.matches("job_") && !xy.matches("job_xy"));
+    let digits = Pattern::new("GET /v[0-9]/*");
+    assert!(digits.matches("GET /v2/servers") && !digits.matches("GET /vx/servers"));
+    for negated in ["job_[!xy]", "job_[^xy]"] {
+        let p = Pattern::new(negated);
+        assert!(p.matches("job_z") && !p.matches("job_x"), "{negated}");
+    }
+    // `]` first is a member; `-` last is itself.
+    assert!(Pattern::new("[]a]").matches("]") && Pattern::new("[a-]").matches("-"));
+    // Escapes and an unclosed `[` are themselves.
+    assert!(Pattern::new("a\\*b").matches("a*b") && !Pattern::new("a\\*b").matches("axb"));
+    assert!(Pattern::new("job_[x").matches("job_[x"));
+    assert_eq!(Pattern::new("job_[xy]*").to_string(), "job_[xy]*");
+    assert!(Pattern::new("*_[xy]").matches("a_b_x") && !Pattern::new("*_[xy]").matches("a_x_b"));
+}
+
+#[test]
 fn budgets_parse_and_measure() {
     assert!(Budget::parse("compute", ShareKind::Total).is_err());
     assert!(Budget::parse("=5%", ShareKind::Total).is_err());

@@ -235,7 +235,7 @@ pub(crate) struct FilterArgs {
     #[arg(long, value_name = "UUID")]
     pub(crate) osprofiler_id: Option<String>,
     /// Keep samples in spans (OpenTelemetry) or trace points (OSProfiler) of this name, a glob
-    /// (`GET /servers*`); repeat for several.
+    /// (`GET /servers*`, `job_[xy]`: `*`, `?`, `[...]`, `[!...]`); repeat for several.
     #[arg(long = "span", value_name = "NAME")]
     pub(crate) span: Vec<String>,
 }
@@ -356,7 +356,8 @@ pub(crate) struct DiffArgs {
 #[command(after_help = "Examples:\n  \
                   spanprof check run.pb.gz --max 'json_*=20%' --max-self 'memcpy*=5%'\n  \
                   spanprof check run.pb.gz --span-max 'GET /servers*=30ms'\n\n\
-                  Patterns are globs (* and ?) matched against whole function names, or the \
+                  Patterns are globs (*, ?, [abc], [a-z], [!abc], \\ before a character to \
+                  match it as is) matched against whole function names, or the \
                   name before its ` (` (a Python function: `handle` matches `handle (app.py)`). \
                   Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
                   errors.")]
