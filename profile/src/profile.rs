@@ -580,6 +580,9 @@ impl Profile {
 pub enum GroupBy {
     /// One root per span context ([`SpanContext::group_name`]), `[no span]` for the others.
     Span,
+    /// One root per span name ([`SpanContext::name_group`]): every span of one name (an
+    /// endpoint) under one root.
+    SpanName,
     /// One root per thread name, `[thread NAME]` (the `threading.Thread` name of a Python
     /// thread, else the OS name): threads of one name share a root.
     Thread,
@@ -587,9 +590,9 @@ pub enum GroupBy {
 
 impl GroupBy {
     /// Every grouping, in the order help texts list them.
-    pub const ALL: [GroupBy; 2] = [GroupBy::Span, GroupBy::Thread];
+    pub const ALL: [GroupBy; 3] = [GroupBy::Span, GroupBy::SpanName, GroupBy::Thread];
 
-    /// Parses a `--group-by` value: `span` or `thread` (ASCII case ignored).
+    /// Parses a `--group-by` value: `span`, `span-name` or `thread` (ASCII case ignored).
     pub fn from_name(name: &str) -> Option<GroupBy> {
         GroupBy::ALL
             .into_iter()
@@ -600,6 +603,7 @@ impl GroupBy {
     pub fn name(self) -> &'static str {
         match self {
             GroupBy::Span => "span",
+            GroupBy::SpanName => "span-name",
             GroupBy::Thread => "thread",
         }
     }
@@ -612,7 +616,9 @@ impl SpanContext {
     /// The name of the synthetic root frame that `--group-by span` puts samples of this context
     /// under: `[span SPAN_ID trace TRACE_ID]` for OpenTelemetry, `[osprofiler TRACE_POINT base
     /// BASE_ID]` for OSProfiler alone, `[span … trace … osprofiler TRACE_POINT]` for both, and
-    /// [`NO_SPAN_FRAME`] for an empty context.
+    /// [`NO_SPAN_FRAME`] for an empty context; with the span's name when it was read (the
+    /// OpenTelemetry span's, else the trace point's) after the kind, the ids in parentheses:
+    /// `[span GET /servers (00f067aa0ba902b7 trace 4bf9…)]`.
     pub fn group_name(&self) -> String {
         let mut parts = Vec::new();
         if let Some(s) = &self.span_id {
@@ -635,7 +641,38 @@ impl SpanContext {
         if parts.is_empty() {
             return NO_SPAN_FRAME.to_string();
         }
-        format!("[{}]", parts.join(" "))
+        let ids = parts.join(" ");
+        match self.name() {
+            // `span NAME (ID trace ID)`: the kind, then the name, then the ids without the kind.
+            Some(name) => {
+                let (kind, rest) = ids.split_once(' ').unwrap_or((&ids, ""));
+                format!("[{kind} {} ({rest})]", name.as_str())
+            }
+            None => format!("[{ids}]"),
+        }
+    }
+
+    /// The name of the root frame that `--group-by span-name` puts samples of this context
+    /// under: `[span NAME]` (OpenTelemetry, or both), `[osprofiler NAME]` (OSProfiler alone),
+    /// `[span (no name)]` for a span whose name was not read (a published thread context has
+    /// none), [`NO_SPAN_FRAME`] for an empty context.
+    pub fn name_group(&self) -> String {
+        let kind = if self.span_id.is_some() || self.trace_id.is_some() {
+            "span"
+        } else if self.osprofiler.is_some() {
+            "osprofiler"
+        } else {
+            return NO_SPAN_FRAME.to_string();
+        };
+        match self.name() {
+            Some(name) => format!("[{kind} {}]", name.as_str()),
+            None => format!("[{kind} (no name)]"),
+        }
+    }
+
+    /// The span's name: the OpenTelemetry span's, else the OSProfiler trace point's.
+    fn name(&self) -> Option<SpanName> {
+        self.span_name.or(self.osprofiler_name)
     }
 }
 
@@ -677,7 +714,7 @@ impl Profile {
         let mut roots: std::collections::HashMap<Option<u32>, u32> = Default::default();
         for i in 0..out.samples.len() {
             let key = match group {
-                GroupBy::Span => out.samples[i].span,
+                GroupBy::Span | GroupBy::SpanName => out.samples[i].span,
                 GroupBy::Thread => Some(out.samples[i].thread),
             };
             let root = match roots.get(&key) {
@@ -687,6 +724,9 @@ impl Profile {
                         GroupBy::Span => self
                             .span_of(&out.samples[i])
                             .map_or_else(|| NO_SPAN_FRAME.to_string(), SpanContext::group_name),
+                        GroupBy::SpanName => self
+                            .span_of(&out.samples[i])
+                            .map_or_else(|| NO_SPAN_FRAME.to_string(), SpanContext::name_group),
                         GroupBy::Thread => format!(
                             "[thread {}]",
                             self.threads
@@ -850,14 +890,37 @@ mod tests {
         assert_eq!(
             names,
             [
-                "[span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736]",
-                "[osprofiler 22222222-2222-2222-2222-222222222222 base \
-                 11111111-1111-1111-1111-111111111111]",
-                "[span 00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
-                 33333333-3333-3333-3333-333333333333]",
+                "[span GET /servers/{server_id} (00f067aa0ba902b7 trace \
+                 4bf92f3577b34da6a3ce929d0e0e4736)]",
+                "[osprofiler wsgi (22222222-2222-2222-2222-222222222222 base \
+                 11111111-1111-1111-1111-111111111111)]",
+                "[span db.SELECT instances.uuid FROM instances WHERE instances.host = ? \
+                 (00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
+                 33333333-3333-3333-3333-333333333333)]",
             ]
         );
         assert_eq!(SpanContext::default().group_name(), NO_SPAN_FRAME);
+        // A span whose name was not read: its ids alone.
+        let unnamed = SpanContext {
+            span_name: None,
+            ..p.spans[0]
+        };
+        assert_eq!(
+            unnamed.group_name(),
+            "[span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736]"
+        );
+        assert_eq!(unnamed.name_group(), "[span (no name)]");
+        let names: Vec<String> = p.spans.iter().map(SpanContext::name_group).collect();
+        assert_eq!(
+            names,
+            [
+                "[span GET /servers/{server_id}]",
+                "[osprofiler wsgi]",
+                "[span db.SELECT instances.uuid FROM instances WHERE instances.host = ?]",
+            ]
+        );
+        assert_eq!(SpanContext::default().name_group(), NO_SPAN_FRAME);
+        assert_eq!(GroupBy::from_name("span-name"), Some(GroupBy::SpanName));
         assert_eq!(GroupBy::from_name("SPAN"), Some(GroupBy::Span));
         assert_eq!(GroupBy::from_name("trace"), None);
         assert_eq!(GroupBy::from_name("Thread"), Some(GroupBy::Thread));
@@ -870,11 +933,30 @@ mod tests {
         assert_eq!(
             folded,
             "[no span];main;[unknown] (libfoo.so+0x1234) 1\n\
-             [osprofiler 22222222-2222-2222-2222-222222222222 base \
-             11111111-1111-1111-1111-111111111111];main;compute 3\n\
-             [span 00f067aa0ba902b7 trace 4bf92f3577b34da6a3ce929d0e0e4736];main;compute 5\n\
-             [span 00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
-             33333333-3333-3333-3333-333333333333];main;compute;do_syscall_64_[k] 2\n"
+             [osprofiler wsgi (22222222-2222-2222-2222-222222222222 base \
+             11111111-1111-1111-1111-111111111111)];main;compute 3\n\
+             [span GET /servers/{server_id} (00f067aa0ba902b7 trace \
+             4bf92f3577b34da6a3ce929d0e0e4736)];main;compute 5\n\
+             [span db.SELECT instances.uuid FROM instances WHERE instances.host = ? \
+             (00f067aa0ba902b8 trace 4bf92f3577b34da6a3ce929d0e0e4736 osprofiler \
+             33333333-3333-3333-3333-333333333333)];main;compute;do_syscall_64_[k] 2\n"
+        );
+        // By name: two spans of one name share a root.
+        let mut named = fixture::with_spans();
+        named.spans[1] = SpanContext {
+            osprofiler: None,
+            osprofiler_name: None,
+            ..named.spans[0]
+        };
+        named.spans[1].span_id = Some([9; 8]);
+        let by_name = named.grouped(GroupBy::SpanName);
+        let folded = String::from_utf8(format::render(&by_name, Format::Folded).unwrap()).unwrap();
+        assert_eq!(
+            folded,
+            "[no span];main;[unknown] (libfoo.so+0x1234) 1\n\
+             [span GET /servers/{server_id}];main;compute 8\n\
+             [span db.SELECT instances.uuid FROM instances WHERE instances.host = ?];main;\
+             compute;do_syscall_64_[k] 2\n"
         );
         let root = &p.frames[p.samples[3].frames[0] as usize];
         assert_eq!(

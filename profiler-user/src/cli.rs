@@ -188,8 +188,10 @@ pub(crate) struct ProfileArgs {
     pub(crate) record: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) privacy: PrivacyArgs,
-    /// Put every sample under a root frame named after its span (`span`) or its thread
-    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
+    /// Put every sample under a root frame named after its span (`span`: one root per span,
+    /// `[span NAME (ID trace ID)]`), its span's name (`span-name`: one root per endpoint,
+    /// `[span NAME]`) or its thread (`thread`: `[thread NAME]`, the Python thread name where
+    /// there is one).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
     /// No progress bar or progress lines.
@@ -299,8 +301,10 @@ pub(crate) struct ReportArgs {
     pub(crate) profile: PathBuf,
     #[command(flatten)]
     pub(crate) filter: FilterArgs,
-    /// Put every sample under a root frame named after its span (`span`) or its thread
-    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
+    /// Put every sample under a root frame named after its span (`span`: one root per span,
+    /// `[span NAME (ID trace ID)]`), its span's name (`span-name`: one root per endpoint,
+    /// `[span NAME]`) or its thread (`thread`: `[thread NAME]`, the Python thread name where
+    /// there is one).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
     /// Output file; repeat for several formats. `.txt` and `.json` get the table of
@@ -400,8 +404,10 @@ pub(crate) struct ReplayArgs {
     /// Format of every output (svg, folded, pprof, speedscope, otlp), instead of the extension.
     #[arg(long, value_name = "FORMAT")]
     pub(crate) format: Option<String>,
-    /// Put every sample under a root frame named after its span (`span`) or its thread
-    /// (`thread`: `[thread NAME]`, the Python thread name where there is one).
+    /// Put every sample under a root frame named after its span (`span`: one root per span,
+    /// `[span NAME (ID trace ID)]`), its span's name (`span-name`: one root per endpoint,
+    /// `[span NAME]`) or its thread (`thread`: `[thread NAME]`, the Python thread name where
+    /// there is one).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
     #[command(flatten)]

@@ -375,12 +375,42 @@ fn report_one_span_of_a_real_profile() {
         };
         let name = f.split(' ').next().expect("a name");
         let t = &truth[name];
-        let root = format!(
-            "[span {} trace {}]",
-            t.labels["span_id"], t.labels["trace_id"]
-        );
+        let ids = format!("{} trace {}", t.labels["span_id"], t.labels["trace_id"]);
+        // Named after the span when its name was read.
+        let root = match t.labels.get("span.name") {
+            Some(span_name) => format!("[span {span_name} ({ids})]"),
+            None => format!("[span {ids}]"),
+        };
         assert_eq!(stack.frames[0], root, "root of a stack of {name}");
     }
+
+    // By span name: one root per name, holding what the span's own root held.
+    let by_span_name = tmp.join("by-span-name.folded");
+    run_spanprof([
+        "report",
+        pprof_arg,
+        "--group-by",
+        "span-name",
+        "-o",
+        by_span_name.to_str().unwrap(),
+    ])
+    .assert_success();
+    let mut named_roots = 0;
+    for stack in read_folded(&by_span_name) {
+        let Some(f) = stack.frames.iter().find(|f| f.starts_with("span_work_")) else {
+            continue;
+        };
+        let name = f.split(' ').next().expect("a name");
+        let root = match truth[name].labels.get("span.name") {
+            Some(span_name) => {
+                named_roots += 1;
+                format!("[span {span_name}]")
+            }
+            None => "[span (no name)]".to_string(),
+        };
+        assert_eq!(stack.frames[0], root, "span-name root of a stack of {name}");
+    }
+    assert!(named_roots > 0, "no stack under a named span root");
 
     // By name: names are unique per span in the workload, so `--span NAME` keeps the samples
     // labelled with that span's id.
