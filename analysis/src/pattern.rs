@@ -32,7 +32,9 @@ impl Token {
 
 /// A glob, as the shell's: `*` matches any run of characters, `?` one character, `[xyz]` one of
 /// those, `[a-z]` one in the range, `[!xy]` (or `[^xy]`) one not among them, `\` the next
-/// character itself; anything else itself. A `[` without its `]` is itself.
+/// character itself; anything else itself. A `[` without its `]` is itself, and a pattern
+/// equal to the whole text matches it whatever it holds (a frame name such as `[unknown]
+/// (libz.so.1)`, copied from a report).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pattern {
     text: String,
@@ -83,6 +85,11 @@ impl Pattern {
     /// `*` and how much it swallowed, so it takes at most `len(pattern) * len(text)` steps
     /// (no exponential backtracking).
     pub fn matches(&self, text: &str) -> bool {
+        // A name copied as it is matches itself, brackets and all (`[unknown] (libz.so.1)`,
+        // `[span GET /servers]`): those are not classes to whoever wrote them.
+        if self.text == text {
+            return true;
+        }
         let (p, t): (&[Token], Vec<char>) = (&self.tokens, text.chars().collect());
         let (mut pi, mut ti) = (0, 0);
         let mut star: Option<(usize, usize)> = None;

@@ -48,6 +48,11 @@ fn glob_classes_ranges_negation_and_escapes() {
     // Escapes and an unclosed `[` are themselves.
     assert!(Pattern::new("a\\*b").matches("a*b") && !Pattern::new("a\\*b").matches("axb"));
     assert!(Pattern::new("job_[x").matches("job_[x"));
+    // A bracketed name copied from a report matches itself; a glob around it needs `\[`.
+    let unknown = Pattern::new("[unknown] (libz.so.1)");
+    assert!(unknown.matches_function("[unknown] (libz.so.1)"));
+    assert!(!unknown.matches("u"));
+    assert!(Pattern::new("\\[unknown\\] (libz*").matches("[unknown] (libz.so.1)"));
     assert_eq!(Pattern::new("job_[xy]*").to_string(), "job_[xy]*");
     assert!(Pattern::new("*_[xy]").matches("a_b_x") && !Pattern::new("*_[xy]").matches("a_x_b"));
 }

@@ -221,7 +221,9 @@ pub fn assemble(
         let mut ustack = user_stacks[&pid][uid as usize];
         // A walk by frame pointers through code that keeps none goes on with whatever the
         // register held: from the first address in no mapping on, the frames are garbage.
-        let cut = !outside.is_empty() && {
+        // Only a walk the kernel did (`--unwind fp`): an unwinder that read the tables stops
+        // at what they say, and its status stays as it found it.
+        let cut = unwind == UnwindStatus::Unchecked && !outside.is_empty() && {
             match ustack.iter().position(|&a| outside.contains(&(pid, a))) {
                 Some(i) => {
                     ustack = &ustack[..i];

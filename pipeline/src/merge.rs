@@ -86,7 +86,16 @@ pub fn merge(native: &[u64], python: &[u64], info: Option<MergeInfo<'_>>, out: &
         // the outermost ones, and the native frames between the gap run's two ends (the
         // interpreter calls whose frames were left out) go too.
         let mut skip_to = None;
-        if let Some(at) = python.iter().position(|&t| is_gap(t)) {
+        // Only when the walk reached the root: after a walk cut short, the frames after the
+        // gap are from the middle of the stack, not its outermost.
+        let reached_root = !python
+            .last()
+            .is_some_and(|&t| t & TOKEN_ENTRY != 0 && split_token(t).0 == TRUNCATED_FUNCTION);
+        if let Some(at) = python
+            .iter()
+            .position(|&t| is_gap(t))
+            .filter(|_| reached_root)
+        {
             let g = python[..at]
                 .iter()
                 .filter(|&&t| t & TOKEN_ENTRY != 0)

@@ -685,7 +685,8 @@ impl Profile {
     /// A copy of the profile with every sample under a synthetic root frame chosen by `group`.
     ///
     /// The frames are placeholders like `[truncated]`: native, no module, address 0, so every
-    /// output shows them as plain names (`[span 00f067aa0ba902b7 trace 4bf9…]` in a flame graph).
+    /// output shows them as plain names (`[span GET /servers (00f067aa0ba902b7 trace 4bf9…)]` in a
+    /// flame graph).
     pub fn grouped(&self, group: GroupBy) -> Profile {
         let mut out = self.clone();
         let mut ids: std::collections::HashMap<Frame, u32> = out

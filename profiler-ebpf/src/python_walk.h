@@ -138,6 +138,10 @@ static long py_frame_step(__u64 i, void *ctx)
 		}
 		goto next;
 	}
+	if (w->n >= SPANPROF_PY_WALK_FRAMES) {
+		w->s.py_status |= SPANPROF_PY_TRUNCATED;
+		return 1;
+	}
 	code = load_u64(w->win, rel + w->cfg.frame_code, SPANPROF_PY_WINDOW) &
 	       ~PY_STACKREF_TAG_MASK;
 	if (code == 0)

@@ -361,7 +361,8 @@ pub(crate) struct DiffArgs {
                   spanprof check run.pb.gz --max 'json_*=20%' --max-self 'memcpy*=5%'\n  \
                   spanprof check run.pb.gz --span-max 'GET /servers*=30ms'\n\n\
                   Patterns are globs (*, ?, [abc], [a-z], [!abc], \\ before a character to \
-                  match it as is) matched against whole function names, or the \
+                  match it as is; a name given whole, such as `[unknown] (libz.so.1)`, matches \
+                  itself) matched against whole function names, or the \
                   name before its ` (` (a Python function: `handle` matches `handle (app.py)`). \
                   Exit status: 3 when a budget is exceeded; 2 for bad arguments; 1 for other \
                   errors.")]

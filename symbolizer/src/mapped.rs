@@ -112,11 +112,15 @@ pub fn anonymous_exec_ranges(text: &str) -> Vec<AnonymousRange> {
             let (start, end) = it.next()?.split_once('-')?;
             let perms = it.next()?.as_bytes();
             (perms.get(2) == Some(&b'x')).then_some(())?;
-            // Offset, device, inode, then the name of a special mapping (`[vdso]`).
-            let name = it
-                .nth(3)
-                .filter(|n| n.starts_with('['))
-                .unwrap_or(ANONYMOUS);
+            // Offset, device, inode, then the name of a special mapping (`[vdso]`,
+            // `[anon:my jit]`: spaces kept as one).
+            let name: Vec<&str> = it.skip(3).collect();
+            let name = name.join(" ");
+            let name = if name.starts_with('[') {
+                name.as_str()
+            } else {
+                ANONYMOUS
+            };
             Some(AnonymousRange {
                 start: u64::from_str_radix(start, 16).ok()?,
                 end: u64::from_str_radix(end, 16).ok()?,
@@ -286,6 +290,7 @@ mod tests {
 55d0c1000000-55d0c1021000 rw-p 00000000 00:00 0 [heap]
 7f0000000000-7f0000010000 rwxp 00000000 00:00 0 
 7fff00000000-7fff00002000 r-xp 00000000 00:00 0 [vdso]
+7fff00003000-7fff00004000 r-xp 00000000 00:00 0 [anon:my jit]
 7fff00004000-7fff00005000 r-xp 00000000 00:0f 99 /memfd:jit (deleted)
 garbage line
 ";
@@ -297,6 +302,7 @@ garbage line
             [
                 (0x7f00_0000_0000, 0x7f00_0001_0000, ANONYMOUS),
                 (0x7fff_0000_0000, 0x7fff_0000_2000, "[vdso]"),
+                (0x7fff_0000_3000, 0x7fff_0000_4000, "[anon:my jit]"),
             ]
         );
         // The file-backed executable mappings (a memfd's too) are modules, not among them.

@@ -199,6 +199,31 @@ fn runs_after_left_out_frames_go_with_the_outermost_interpreter_frames() {
             N(0x300)
         ]
     );
+    // A walk cut short after the gap: the frames after it are not the outermost, so they are
+    // not matched from the root; runs left over follow as for any stack.
+    let cut_short = [1 | E, 2, gap, 3 | E, gap | E];
+    let native = [
+        0x100, 0x5010, 0x200, 0x5020, 0x210, 0x5030, 0x220, 0x5040, 0x230, 0x5050, 0x300,
+    ];
+    assert_eq!(
+        merged(&native, &cut_short, info(true, true)),
+        [
+            N(0x100),
+            P(1 | E),
+            N(0x200),
+            P(2),
+            P(gap),
+            P(3 | E),
+            N(0x210),
+            P(gap | E),
+            N(0x220),
+            N(0x5040),
+            N(0x230),
+            N(0x5050),
+            N(0x300)
+        ]
+    );
+    let native = [0x100, 0x5010, 0x200, 0x5020, 0x230, 0x5050, 0x300];
     // Fewer (a cut native stack): the runs left over follow, the marker among them.
     assert_eq!(
         merged(&native[..3], &python, info(true, true)),

@@ -213,7 +213,7 @@ impl<R: BufRead> Reader<R> {
             Table::Python => {
                 let n = self
                     .dec
-                    .len(MAX_PY_FRAMES + 1, "Python frames in a stack")?;
+                    .len(MAX_PY_FRAMES + 2, "Python frames in a stack")?;
                 self.scratch.clear();
                 for _ in 0..n {
                     let func = self.dec.u32("a function")?;
