@@ -30,9 +30,9 @@ fn is_gap(token: u64) -> bool {
 /// native frames leafward of the outermost interpreter frame matched.
 ///
 /// A Python stack deeper than a sample holds has a `[truncated]` token where frames were left
-/// out; when the native stack has more interpreter frames than there are runs, the runs after
-/// it are matched with the outermost interpreter frames and the native frames of the calls
-/// left out are dropped with them.
+/// out; when the walk reached the outermost frame and the native stack has more interpreter
+/// frames than there are runs, the runs after it are matched with the outermost interpreter
+/// frames and the native frames of the calls left out are dropped with them.
 ///
 /// Without frame pointers, a frame-pointer walk of the native stack goes astray at the first
 /// interpreter frame, so only the interrupted instruction's own function is kept (when it is not

@@ -40,7 +40,8 @@ use symbolizer::python::offsets::{
 use symbolizer::python::walk::{TypeAddrs, STR_HASH};
 
 /// Times a process that is not (yet) Python is looked at after it appeared or exec'd: a
-/// process still in the dynamic loader has no libpython mapped yet.
+/// process still in the dynamic loader has no libpython mapped yet (a program linked with
+/// libpython gets [`DETECT_QUICK_TRIES`] looks on the clock first).
 const DETECT_TRIES: u32 = 10;
 /// The first look again comes this soon: the dynamic loader maps libpython within a few ms of
 /// the exec, and the program's first Python code runs soon after (`-- CMD` mode).
@@ -61,7 +62,9 @@ fn retry_delay(tries: u32) -> Duration {
 /// loader and start-up stretch, and a 16 ms gap then cost a `-- CMD` session 23 ms of Python
 /// frames (1.1% of a 2 s run).
 const DETECT_QUICK_MAX: Duration = Duration::from_millis(4);
-/// Looks at a program linked with libpython (4 ms apart: about 230 ms of start-up).
+/// Looks on the clock at a program linked with libpython (4 ms apart: about 230 ms of
+/// start-up); then [`DETECT_TRIES`] more as for any program, 25 ms apart and only after a
+/// sample (a loader stopped, traced or starved is not given up on while it does not run).
 const DETECT_QUICK_TRIES: u32 = 60;
 
 /// Token flag: the frame is the outermost of one call of the interpreter loop.
@@ -706,14 +709,15 @@ impl Python {
             },
             // Not mapped yet (dynamic loader, shell before exec): look again a few times.
             Err(DetectError::NotPython(_))
-                if tries + 1 < DETECT_TRIES || quick && tries + 1 < DETECT_QUICK_TRIES =>
+                if tries + 1 < DETECT_TRIES
+                    || quick && tries + 1 < DETECT_QUICK_TRIES + DETECT_TRIES =>
             {
                 // A program the loader is still starting, linked with libpython (pyenv's,
                 // uwsgi), is looked at again within ms whether it sends a sample or not: its
                 // first Python code is soon. Any other only after a sample, 25 ms apart (a
                 // shell before its exec, an embedding that loads libpython later).
                 let quick = quick || tries == 0 && needs_libpython(pid);
-                let delay = if quick {
+                let delay = if quick && tries + 1 < DETECT_QUICK_TRIES {
                     retry_delay(tries).min(DETECT_QUICK_MAX)
                 } else {
                     DETECT_RETRY

@@ -555,7 +555,7 @@ pub(crate) fn parse_group_by(name: Option<&str>) -> Result<Option<GroupBy>, Fail
     name.map(|name| {
         GroupBy::from_name(name).ok_or_else(|| {
             usage(format!(
-                "invalid --group-by '{name}': expected span or thread"
+                "invalid --group-by '{name}': expected span, span-name or thread"
             ))
         })
     })

@@ -273,7 +273,10 @@ fn profile_group_by_is_checked_before_profiling() {
     assert_error(
         &out,
         USAGE,
-        &["invalid --group-by 'trace'", "expected span or thread"],
+        &[
+            "invalid --group-by 'trace'",
+            "expected span, span-name or thread",
+        ],
     );
     assert!(tmp.entries().is_empty(), "files left: {:?}", tmp.entries());
 }
