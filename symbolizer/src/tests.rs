@@ -1,0 +1,213 @@
+use super::*;
+
+#[inline(never)]
+fn marker_function_for_symbolizer_test() -> u64 {
+    std::hint::black_box(42)
+}
+
+#[test]
+fn symbolizes_own_function_with_source_line() {
+    let addr = marker_function_for_symbolizer_test as *const () as u64;
+    let pid = std::process::id();
+    let mut s = Symbolizer::new();
+    let mut addrs = vec![addr, addr];
+    s.normalize(pid, &mut addrs);
+    assert_eq!(addrs.len(), 1, "deduplicated");
+    assert!(s.user.contains_key(&(pid, addr)));
+    let (user, kernel) = s.symbolize(&[(pid, addr)], &[]);
+    assert!(kernel.is_empty());
+    let sym = &user[0];
+    assert!(
+        sym.function
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("marker_function_for_symbolizer_test"),
+        "{sym:?}"
+    );
+    assert!(
+        sym.module
+            .as_deref()
+            .unwrap_or_default()
+            .contains("symbolizer"),
+        "{sym:?}"
+    );
+    assert!(
+        sym.file
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("src/tests.rs"),
+        "{sym:?}"
+    );
+    assert!(sym.line.is_some(), "{sym:?}");
+}
+
+#[test]
+fn gone_process_gives_unknown_with_reason() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    let mut s = Symbolizer::new();
+    s.normalize(pid, &mut vec![0x401000]);
+    let (user, _) = s.symbolize(&[(pid, 0x401000), (pid, 0x5000)], &[]);
+    assert_eq!(
+        user[0].unknown_reason.as_deref(),
+        Some("process exited before symbolization")
+    );
+    assert_eq!(user[1].unknown_reason.as_deref(), Some("not normalized"));
+    assert_eq!(s.stats().process_gone, 1);
+}
+
+/// A child's executable mapping of its program (`sleep`): (start, end, path).
+fn program_mapping(pid: u32) -> (u64, u64, String) {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let maps = mapped::read_maps(pid).unwrap();
+    let m = maps
+        .iter()
+        .find(|m| m.is_exec() && Path::new(m.file_path()) == exe)
+        .expect("the program is mapped executable");
+    (m.start, m.end, m.file_path().to_string())
+}
+
+#[test]
+fn an_exited_process_is_normalized_from_the_map_read_while_it_lived() {
+    let mut child = crate::test_child::sleeping();
+    let pid = child.id();
+    let (start, end, path) = program_mapping(pid);
+    let mut s = Symbolizer::new();
+    s.normalize(pid, &mut vec![start + 0x10]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // An address first seen after the exit, in the same module.
+    let late = end - 0x20;
+    s.normalize(pid, &mut vec![late]);
+    assert_eq!(s.stats().process_gone, 0);
+    assert_eq!(s.stats().normalized, 2);
+    let (user, _) = s.symbolize(&[(pid, start + 0x10), (pid, late)], &[]);
+    for sym in &user {
+        assert_eq!(sym.module.as_deref(), Some(path.as_str()), "{sym:?}");
+    }
+    assert_eq!(user[1].address - user[0].address, late - start - 0x10);
+    // Outside every module of the map kept: unknown, with the reason.
+    s.normalize(pid, &mut vec![0x10]);
+    assert_eq!(s.stats().process_gone, 1);
+    // Forgotten at the second call after its exit, with its module files.
+    assert_eq!(s.cache_stats().processes, 1);
+    s.forget_exited();
+    assert_eq!(
+        s.cache_stats().processes,
+        1,
+        "kept for samples on their way"
+    );
+    assert!(s.cache_stats().modules >= 1);
+    let slots = s.modules.len();
+    s.forget_exited();
+    let stats = s.cache_stats();
+    assert_eq!((stats.processes, stats.modules), (0, 0), "{stats:?}");
+    assert_eq!(stats.parsed_bytes, 0);
+    assert!(s.user.is_empty());
+    // Their slots are reused.
+    let own = marker_function_for_symbolizer_test as *const () as u64;
+    s.normalize(std::process::id(), &mut vec![own]);
+    assert_eq!(s.modules.len(), slots.max(s.cache_stats().modules));
+}
+
+#[test]
+fn an_exit_told_forgets_the_process_after_the_symbolization_that_holds_its_samples() {
+    let pid = std::process::id();
+    let addr = marker_function_for_symbolizer_test as *const () as u64;
+    let mut s = Symbolizer::new();
+    s.normalize(pid, &mut vec![addr]);
+    let modules = s.cache_stats().modules;
+    // Told of its exit while a window's samples are still to be symbolized: its map goes
+    // at once, its addresses stay for that window.
+    s.exited(pid);
+    assert!(s.procs[&pid].ranges.is_empty());
+    s.forget_exited();
+    assert!(
+        s.user.contains_key(&(pid, addr)),
+        "kept for the next symbolization"
+    );
+    assert_eq!(
+        s.cache_stats().modules,
+        1,
+        "only the module an address refers to"
+    );
+    assert!(modules >= 1);
+    let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+    assert!(user[0].function.is_some(), "{:?}", user[0]);
+    s.forget_exited();
+    let stats = s.cache_stats();
+    assert_eq!((stats.processes, stats.modules), (0, 0), "{stats:?}");
+    assert!(s.user.is_empty());
+}
+
+#[test]
+fn parsed_symbols_are_kept_within_the_bound() {
+    let addr = marker_function_for_symbolizer_test as *const () as u64;
+    let pid = std::process::id();
+    let mut s = Symbolizer::new();
+    // NB: a debug build of this test binary carries far more DWARF than the default bound.
+    s.set_cache_limit(4 << 30);
+    s.normalize(pid, &mut vec![addr]);
+    let named = |s: &mut Symbolizer| {
+        let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+        user[0]
+            .function
+            .as_deref()
+            .is_some_and(|f| f.ends_with("marker_function_for_symbolizer_test"))
+    };
+    assert!(named(&mut s));
+    let stats = s.cache_stats();
+    assert_eq!(stats.parsed_modules, 1, "{stats:?}");
+    assert!(stats.parsed_bytes > 16 << 10, "{stats:?}");
+    assert!(stats.parsed_bytes <= stats.limit);
+    // A bound below it drops it; symbolizing again parses it again, and drops it after.
+    s.set_cache_limit(1);
+    assert_eq!(s.cache_stats().parsed_modules, 0);
+    assert_eq!(s.cache_stats().parsed_bytes, 0);
+    assert!(named(&mut s));
+    assert_eq!(s.cache_stats().parsed_bytes, 0);
+    // A live process's modules stay open whatever the bound.
+    let open = s.cache_stats().modules;
+    assert!(open >= 1);
+    s.forget_exited();
+    s.forget_exited();
+    assert_eq!(s.cache_stats().modules, open);
+}
+
+#[test]
+fn unmapped_address_is_unknown_not_error() {
+    let pid = std::process::id();
+    let mut s = Symbolizer::new();
+    s.normalize(pid, &mut vec![0x10]);
+    let (user, _) = s.symbolize(&[(pid, 0x10)], &[]);
+    assert!(user[0].function.is_none());
+    assert_eq!(user[0].unknown_reason.as_deref(), Some(OUTSIDE_MAPPINGS));
+}
+
+#[test]
+fn an_address_in_anonymous_code_is_code_of_no_module() {
+    let pid = std::process::id();
+    // SAFETY: a fresh anonymous mapping, unmapped below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    let addr = page as u64 + 16;
+    let mut s = Symbolizer::new();
+    s.normalize(pid, &mut vec![addr]);
+    // SAFETY: mapped above, nothing refers to it.
+    unsafe { libc::munmap(page, 4096) };
+    let (user, _) = s.symbolize(&[(pid, addr)], &[]);
+    assert_eq!(user[0].unknown_reason.as_deref(), Some(ANONYMOUS_CODE));
+    // Shown as where it is, not as an address of no mapping.
+    assert_eq!(user[0].module.as_deref(), Some(mapped::ANONYMOUS));
+    assert_eq!(user[0].address, 16);
+}
