@@ -211,6 +211,11 @@ pub struct CacheStats {
     pub parsed_bytes: u64,
     /// The bound of `parsed_bytes`.
     pub limit: u64,
+    /// The most `parsed_bytes` held since the last [`Symbolizer::forget_exited`] (or the
+    /// start), measured after each module's symbols were looked up: what a symbolization held
+    /// at most, the symbols of processes that exited by its end included. Within `limit`, unless one module alone is
+    /// larger (it is kept while it is looked up).
+    pub parsed_peak: u64,
     /// Processes whose memory map is kept.
     pub processes: usize,
 }
@@ -258,6 +263,7 @@ pub struct Symbolizer {
     stats: Stats,
     cache_limit: u64,
     parsed_bytes: u64,
+    parsed_peak: u64,
     calls: u64,
     drains: u64,
 }
@@ -281,6 +287,7 @@ impl Symbolizer {
             stats: Stats::default(),
             cache_limit: DEFAULT_CACHE_LIMIT,
             parsed_bytes: 0,
+            parsed_peak: 0,
             calls: 0,
             drains: 1,
         }
@@ -300,6 +307,7 @@ impl Symbolizer {
             modules: open.clone().count(),
             parsed_modules: open.filter(|m| m.parsed.is_some()).count(),
             parsed_bytes: self.parsed_bytes,
+            parsed_peak: self.parsed_peak.max(self.parsed_bytes),
             limit: self.cache_limit,
             processes: self.procs.len(),
         }
@@ -361,6 +369,7 @@ impl Symbolizer {
                 self.free.push(id as u32);
             }
         }
+        self.parsed_peak = self.parsed_bytes;
     }
 
     /// Process `pid` exited and every address of it was normalized (its exit record came after
@@ -694,6 +703,7 @@ impl Symbolizer {
                 }
             }
             self.evict_parsed(Some(id));
+            self.parsed_peak = self.parsed_peak.max(self.parsed_bytes);
             if began.elapsed() >= budget {
                 return false;
             }

@@ -99,11 +99,16 @@ fn an_exited_process_is_normalized_from_the_map_read_while_it_lived() {
         "kept for samples on their way"
     );
     assert!(s.cache_stats().modules >= 1);
+    assert_eq!(s.cache_stats().parsed_peak, s.cache_stats().parsed_bytes);
     let slots = s.modules.len();
+    // What the symbolization held is still told once it was dropped, until the next call.
+    let held = s.cache_stats().parsed_bytes;
+    assert!(held > 0);
     s.forget_exited();
     let stats = s.cache_stats();
     assert_eq!((stats.processes, stats.modules), (0, 0), "{stats:?}");
     assert_eq!(stats.parsed_bytes, 0);
+    assert_eq!(stats.parsed_peak, 0, "measured again from the last call");
     assert!(s.user.is_empty());
     // Their slots are reused.
     let own = marker_function_for_symbolizer_test as *const () as u64;

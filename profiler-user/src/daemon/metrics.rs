@@ -18,6 +18,7 @@
 //! | `spanprof_resident_memory_bytes` | gauge | the daemon's resident memory |
 //! | `spanprof_last_export_timestamp_seconds` | gauge | Unix time of the last accepted export |
 //! | `spanprof_symbol_cache_bytes` | gauge | parsed module symbols kept between windows (estimated), at most `limits.symbol_cache_bytes` |
+//! | `spanprof_window_symbol_cache_peak_bytes` | gauge | in the last window: the most parsed module symbols held while its samples were symbolized (estimated; those of processes that exited are dropped at its end) |
 //! | `spanprof_symbol_cache_limit_bytes` | gauge | `limits.symbol_cache_bytes` |
 //! | `spanprof_modules` | gauge | module files open: mapped by a live process, or one whose samples are not symbolized yet |
 //! | `spanprof_unwind_tables_bytes` | gauge | unwind tables read from the module files that live processes map |
@@ -54,6 +55,7 @@ pub struct Metrics {
     pub last_export_unix: AtomicU64,
     pub symbol_cache_bytes: AtomicU64,
     pub symbol_cache_limit: AtomicU64,
+    pub window_symbol_cache_peak: AtomicU64,
     pub modules: AtomicU64,
     pub unwind_tables_bytes: AtomicU64,
     /// Milliseconds since `start` when the sampling loop last went round.
@@ -86,6 +88,7 @@ impl Default for Metrics {
             last_export_unix: AtomicU64::new(0),
             symbol_cache_bytes: AtomicU64::new(0),
             symbol_cache_limit: AtomicU64::new(0),
+            window_symbol_cache_peak: AtomicU64::new(0),
             modules: AtomicU64::new(0),
             unwind_tables_bytes: AtomicU64::new(0),
             last_tick_ms: AtomicU64::new(0),
@@ -160,7 +163,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let cpu = crate::session::process_cpu_time().as_secs_f64();
-        let rows: [(&str, &str, &str, String); 19] = [
+        let rows: [(&str, &str, &str, String); 20] = [
             (
                 "spanprof_samples_total",
                 "counter",
@@ -256,6 +259,12 @@ impl Metrics {
                 "gauge",
                 "Parsed module symbols kept between windows (estimated).",
                 get(&self.symbol_cache_bytes).to_string(),
+            ),
+            (
+                "spanprof_window_symbol_cache_peak_bytes",
+                "gauge",
+                "In the last window: the most parsed module symbols held while symbolizing.",
+                get(&self.window_symbol_cache_peak).to_string(),
             ),
             (
                 "spanprof_symbol_cache_limit_bytes",

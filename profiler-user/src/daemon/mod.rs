@@ -316,6 +316,11 @@ impl Done<'_> {
     /// kept only for its samples.
     fn window(&mut self, (id, pending, records): (u64, aggregate::PendingProfile, u64)) {
         let mut profile = pending.finish(&self.c.python);
+        // Before the modules of the processes gone are dropped: the most this window held.
+        self.metrics.window_symbol_cache_peak.store(
+            self.c.symbolizer.cache_stats().parsed_peak,
+            Ordering::Relaxed,
+        );
         self.c.symbolizer.forget_exited();
         release_freed_memory();
         self.metrics.set_caches(
