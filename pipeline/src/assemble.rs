@@ -160,11 +160,36 @@ pub fn assemble(
         .filter(|(_, s)| s.unknown_reason.as_deref() == Some(symbolizer::OUTSIDE_MAPPINGS))
         .map(|(&k, _)| k)
         .collect();
-    let user_frame: FxHashMap<(u32, u64), u32> = user_addrs
+    // The frames of each user address, root first: its function, then those inlined into it
+    // (`chains[start..end]`).
+    let mut chains: Vec<u32> = Vec::with_capacity(user_addrs.len());
+    let user_frame: FxHashMap<(u32, u64), (u32, u32)> = user_addrs
         .iter()
         .zip(user_symbols)
-        .map(|(&k, s)| (k, frames.intern(s, FrameKind::Native)))
+        .map(|(&k, mut s)| {
+            let inlined = std::mem::take(&mut s.inlined);
+            let (module, address) = (s.module.clone(), s.address);
+            let start = chains.len() as u32;
+            chains.push(frames.intern(s, FrameKind::Native));
+            for f in inlined {
+                chains.push(frames.insert(Frame {
+                    kind: FrameKind::Inlined,
+                    function: Some(f.function),
+                    module: module.clone(),
+                    address,
+                    file: f.file,
+                    // `--no-lines`: one frame per function, as for Python.
+                    line: f.line.filter(|_| opts.lines),
+                    unknown_reason: None,
+                }));
+            }
+            (k, (start, chains.len() as u32))
+        })
         .collect();
+    let chain = |key: (u32, u64)| {
+        let (start, end) = user_frame[&key];
+        &chains[start as usize..end as usize]
+    };
     let kernel_frame: FxHashMap<u64, u32> = kernel_addrs
         .iter()
         .zip(kernel_symbols)
@@ -251,7 +276,10 @@ pub fn assemble(
         }
         for piece in pieces.iter().rev() {
             let id = match *piece {
-                Piece::Native(a) if !opts.python_only => user_frame[&(pid, a)],
+                Piece::Native(a) if !opts.python_only => {
+                    stack.extend_from_slice(chain((pid, a)));
+                    continue;
+                }
                 Piece::NativeCode if !opts.python_only => frames.placeholder(NATIVE_CODE),
                 Piece::Native(_) | Piece::NativeCode => continue,
                 Piece::Unread(unread) => {
@@ -288,7 +316,7 @@ pub fn assemble(
             // classifier knows a stripped interpreter's GIL wait by its caller's module.
             let native: Vec<String> = ustack
                 .iter()
-                .map(|a| frames.frames[user_frame[&(pid, *a)] as usize].base_name())
+                .map(|a| frames.frames[chain((pid, *a))[0] as usize].base_name())
                 .collect();
             let native: Vec<&str> = native.iter().map(String::as_str).collect();
             classify(&block_facts(off), &kernel, &native)

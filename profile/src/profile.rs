@@ -17,7 +17,16 @@ pub enum FrameKind {
     Kernel,
     /// A Python frame: `function` is the qualified name, `file` and `line` where it runs.
     Python,
+    /// A native function the compiler inlined into its caller, from DWARF: it has no address
+    /// of its own, and shares its `module` and `address` with the native frame it was inlined
+    /// into, the nearest [`FrameKind::Native`] frame on the root side of the stack (pprof and
+    /// OTLP write them as one location of several lines). `file` and `line` are in it.
+    Inlined,
 }
+
+/// The mark of an inlined frame's name ([`FrameKind::Inlined`]): `name (file.c:LINE, inlined)`,
+/// `name (inlined)` without a line.
+pub const INLINED: &str = "inlined";
 
 /// One symbolized frame, shared by every stack that contains it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,11 +54,24 @@ impl Frame {
     /// Known functions show their demangled name; unknown ones `[unknown] (libfoo.so+0x1234)` with
     /// the module's base name and the normalized address. Kernel frames end in `_[k]`, the
     /// convention of perf and inferno. Python frames read `qualname (file.py:LINE)`, with the
-    /// file's base name, or `qualname (file.py)` without a line (`--no-lines`).
+    /// file's base name, or `qualname (file.py)` without a line (`--no-lines`). Inlined native
+    /// functions read `name (file.c:LINE, inlined)`, `name (inlined)` without a line.
     pub fn display_name(&self) -> String {
         match self.kind {
             FrameKind::Kernel => format!("{}_[k]", self.base_name()),
             FrameKind::Native => self.base_name(),
+            // `name (file.c:LINE, inlined)`: the line tells the call site apart, as
+            // there is no address to.
+            FrameKind::Inlined => {
+                let name = self.base_name();
+                match (self.file.as_deref(), self.line) {
+                    (Some(file), Some(line)) => {
+                        let file = file.rsplit('/').next().unwrap_or(file);
+                        format!("{name} ({file}:{line}, {INLINED})")
+                    }
+                    _ => format!("{name} ({INLINED})"),
+                }
+            }
             FrameKind::Python => {
                 let name = self.base_name();
                 let Some(file) = self.file.as_deref() else {
@@ -542,6 +564,29 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// A stack's frames (root first) cut into what pprof and OTLP write as one location each:
+    /// a frame alone, or a native frame with the functions inlined into it that follow it
+    /// ([`FrameKind::Inlined`]; one at the root, inlined into nothing known, is alone).
+    pub fn inline_groups<'a>(&'a self, frames: &'a [u32]) -> impl Iterator<Item = &'a [u32]> + 'a {
+        let inlined = |id: u32| {
+            self.frames
+                .get(id as usize)
+                .is_some_and(|f| f.kind == FrameKind::Inlined)
+        };
+        let mut rest = frames;
+        std::iter::from_fn(move || {
+            let (&first, tail) = rest.split_first()?;
+            let len = if inlined(first) {
+                1
+            } else {
+                1 + tail.iter().take_while(|&&id| inlined(id)).count()
+            };
+            let (group, next) = rest.split_at(len);
+            rest = next;
+            Some(group)
+        })
+    }
+
     /// Total number of on-CPU samples.
     pub fn total_samples(&self) -> u64 {
         // NB: counts read from a file are untrusted: saturating, never an overflow.

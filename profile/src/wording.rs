@@ -252,9 +252,9 @@ pub fn flame_name(frame: &Frame) -> String {
 
 /// The name a function is known by in reports, diffs and budgets: its flame graph name
 /// ([`flame_name`]: the unknown addresses of a module are one function), without the line for a
-/// Python function (`handle (app.py)`).
+/// Python function (`handle (app.py)`) or an inlined one (`inflate_fast (inlined)`).
 pub fn function_name(frame: &Frame) -> String {
-    if frame.kind == FrameKind::Python && frame.line.is_some() {
+    if matches!(frame.kind, FrameKind::Python | FrameKind::Inlined) && frame.line.is_some() {
         let mut f = frame.clone();
         f.line = None;
         return frame_name(&f);

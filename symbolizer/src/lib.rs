@@ -88,6 +88,20 @@ pub struct Symbol {
     pub line: Option<u32>,
     /// Why `function` is `None`.
     pub unknown_reason: Option<String>,
+    /// The functions inlined at the address, outermost first (`function` called the first,
+    /// which called the next, …, and the last holds the address); `file` and `line` are then
+    /// those of the call in `function`. Empty without DWARF.
+    pub inlined: Vec<Inlined>,
+}
+
+/// A function inlined into a [`Symbol`]'s, from DWARF.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Inlined {
+    pub function: String,
+    /// Source file and line in it: of the call of the next inlined function, or of the
+    /// address for the last.
+    pub file: Option<String>,
+    pub line: Option<u32>,
 }
 
 /// A module file of the profiled processes, opened while a process mapping it lived
@@ -825,6 +839,7 @@ fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {
         file: None,
         line: None,
         unknown_reason: Some(reason.to_string()),
+        inlined: Vec::new(),
     }
 }
 
@@ -836,6 +851,7 @@ fn plt_symbol(name: String, module: &Path, address: u64) -> Symbol {
         file: None,
         line: None,
         unknown_reason: None,
+        inlined: Vec::new(),
     }
 }
 
@@ -853,6 +869,18 @@ fn to_symbol(result: Symbolized<'_>, module: Option<&Path>, address: u64) -> Sym
                 file,
                 line,
                 unknown_reason: None,
+                inlined: sym
+                    .inlined
+                    .iter()
+                    .map(|f| Inlined {
+                        function: f.name.to_string(),
+                        file: f
+                            .code_info
+                            .as_ref()
+                            .map(|ci| ci.to_path().display().to_string()),
+                        line: f.code_info.as_ref().and_then(|ci| ci.line),
+                    })
+                    .collect(),
             }
         }
         Symbolized::Unknown(reason) => unknown(module, address, &reason.to_string()),

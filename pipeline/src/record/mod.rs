@@ -1,7 +1,7 @@
 //! Recordings of a session (`spanprof profile --record FILE`), which `spanprof replay` runs
 //! the count and assemble stages from, without root or BPF.
 //!
-//! # Format (version 1)
+//! # Format (version 2)
 //! A gzip stream of:
 //! - the header: [`MAGIC`], the format version (varint), the version of spanprof that wrote it
 //!   (a string), and the [`Options`] counting and assembly depend on (a flags byte: kernel,
@@ -11,8 +11,8 @@
 //!   [`TAG_DESCRIBE`] a process's name and resource as read for the count stage, [`TAG_LIVE`]
 //!   the allocations in use at the end (`heap`), [`TAG_ERRORS`] the kernel's error counters;
 //! - [`TAG_END`], then the facts of assembly: the symbols of the user addresses (in the order
-//!   of [`Counter::addresses`](super::count::Counter::addresses)) and of the kernel
-//!   addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
+//!   of [`Counter::addresses`](super::count::Counter::addresses); since version 2 each with
+//!   the functions inlined at it, their names, files and lines) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
 //!   run's metadata; then [`TAG_TRAILER`] and the end of the stream.
 //!
 //! Numbers are LEB128 varints (signed ones zigzag-encoded), strings have their length. A sample
@@ -39,8 +39,11 @@ use super::Options;
 
 /// The first bytes of a recording (uncompressed).
 pub const MAGIC: &[u8; 19] = b"spanprof recording\n";
-/// The version of the format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version of the format this build writes (and the newest it reads): 2 added the
+/// functions inlined at a user address to its symbol.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// Bytes of a recording, uncompressed, at most (written and read).
 pub const MAX_UNCOMPRESSED: u64 = 1 << 30;
 

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use profiler_common::{MAX_PY_FRAMES, MAX_STACK_DEPTH, SPAN_NAME_MAX, TASK_COMM_LEN};
 use rustc_hash::FxHashMap;
-use symbolizer::Symbol;
+use symbolizer::{Inlined, Symbol};
 
 use super::codec::{bad, Dec, Error, Result, StrList};
 use super::*;
@@ -28,6 +28,8 @@ const MAX_TABLE_WORDS: usize = 1 << 26;
 const MAX_SPANS: usize = 1 << 22;
 /// Items of a list of the facts (symbols, functions, live allocations), at most.
 const MAX_ITEMS: usize = 1 << 26;
+/// Functions inlined at one address, at most (deeper chains are refused as damage).
+const MAX_INLINED: usize = 256;
 /// Small lists (notes, labels, resource attributes, eval ranges, error counters), at most.
 const MAX_SMALL: usize = 4096;
 
@@ -76,6 +78,8 @@ pub struct Recorded {
 #[derive(Debug)]
 pub struct Reader<R> {
     dec: Dec<R>,
+    /// The format version of the recording ([`OLDEST_VERSION`] to [`FORMAT_VERSION`]).
+    version: u64,
     kernel: Vec<Box<[u64]>>,
     user: Vec<Box<[u64]>>,
     python: Vec<Box<[u64]>>,
@@ -113,11 +117,11 @@ impl<R: BufRead> Reader<R> {
         let version = dec.var()?;
         // NB: the magic, the version and spanprof's version are read alike in every version.
         let spanprof = dec.str()?;
-        if version != u64::from(FORMAT_VERSION) {
+        if !(u64::from(OLDEST_VERSION)..=u64::from(FORMAT_VERSION)).contains(&version) {
             return Err(Error(format!(
                 "a recording of format version {version} (written by spanprof {spanprof}); this \
-                 spanprof ({}) reads version {FORMAT_VERSION}: replay it with the spanprof \
-                 that recorded it",
+                 spanprof ({}) reads versions {OLDEST_VERSION} to {FORMAT_VERSION}: replay it \
+                 with the spanprof that recorded it",
                 env!("CARGO_PKG_VERSION")
             )));
         }
@@ -139,6 +143,7 @@ impl<R: BufRead> Reader<R> {
         let empty = || vec![Box::<[u64]>::from([])];
         let reader = Reader {
             dec,
+            version,
             kernel: empty(),
             user: empty(),
             python: empty(),
@@ -402,6 +407,7 @@ impl<R: BufRead> Reader<R> {
     /// any symbol is read).
     pub fn facts(mut self, addresses: (usize, usize)) -> Result<Recorded> {
         let mut strings = StrList::default();
+        let version = self.version;
         let mut symbols = |dec: &mut Dec<R>, what: &str, expected: usize| -> Result<Vec<Symbol>> {
             let n = dec.len(MAX_ITEMS, "symbols")?;
             if n != expected {
@@ -420,6 +426,27 @@ impl<R: BufRead> Reader<R> {
                     l => Some(u32::try_from(l - 1).map_err(|_| bad(format!("line {}", l - 1)))?),
                 };
                 let unknown_reason = strings.get(dec)?;
+                let mut inlined = Vec::new();
+                if version >= 2 {
+                    let n = dec.len(MAX_INLINED, "inlined functions")?;
+                    for _ in 0..n {
+                        let function = strings
+                            .get(dec)?
+                            .ok_or_else(|| bad("an inlined function without a name"))?;
+                        let file = strings.get(dec)?;
+                        let line = match dec.var()? {
+                            0 => None,
+                            l => Some(
+                                u32::try_from(l - 1).map_err(|_| bad(format!("line {}", l - 1)))?,
+                            ),
+                        };
+                        inlined.push(Inlined {
+                            function,
+                            file,
+                            line,
+                        });
+                    }
+                }
                 v.push(Symbol {
                     function,
                     module,
@@ -427,6 +454,7 @@ impl<R: BufRead> Reader<R> {
                     file,
                     line,
                     unknown_reason,
+                    inlined,
                 });
             }
             Ok(v)

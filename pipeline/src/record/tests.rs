@@ -51,6 +51,22 @@ fn symbol(function: Option<&str>, module: &str, address: u64) -> Symbol {
         file: function.map(|_| "/src/app.c".to_string()),
         line: function.map(|_| 42),
         unknown_reason: function.is_none().then(|| "no symbol".to_string()),
+        // Some addresses hold two inlined functions (format version 2).
+        inlined: match function {
+            Some(_) if address.is_multiple_of(2) => vec![
+                symbolizer::Inlined {
+                    function: "step".to_string(),
+                    file: Some("/src/step.h".to_string()),
+                    line: Some(7),
+                },
+                symbolizer::Inlined {
+                    function: "mix".to_string(),
+                    file: None,
+                    line: None,
+                },
+            ],
+            _ => Vec::new(),
+        },
     }
 }
 
@@ -238,6 +254,22 @@ fn a_replay_assembles_the_profile_the_session_did() {
     assert!(profile.samples.iter().any(|s| s.off_cpu.is_some()));
     assert_eq!(profile.spans.len(), 1);
     assert!(profile.threads.iter().any(|t| t.name == "MainThread"));
+    // The functions inlined at an address follow its function, outermost first.
+    let names: Vec<String> = profile
+        .samples
+        .iter()
+        .flat_map(|s| {
+            s.frames
+                .iter()
+                .map(|&f| profile.frames[f as usize].display_name())
+        })
+        .collect();
+    let at = names
+        .iter()
+        .position(|n| n == "step (step.h:7, inlined)")
+        .expect("an inlined frame");
+    assert_eq!(names[at - 1], "handle");
+    assert_eq!(names[at + 1], "mix (inlined)");
 }
 
 #[test]
@@ -305,7 +337,7 @@ fn other_files_and_versions_are_refused_with_what_was_expected() {
         err.0,
         format!(
             "a recording of format version 7 (written by spanprof 9.9.9); this spanprof ({}) \
-             reads version 1: replay it with the spanprof that recorded it",
+             reads versions 1 to 2: replay it with the spanprof that recorded it",
             env!("CARGO_PKG_VERSION")
         )
     );

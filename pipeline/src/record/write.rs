@@ -334,6 +334,13 @@ fn symbol(e: &mut Enc, strings: &mut StrTable, s: &Symbol) {
     strings.put(e, s.file.as_deref());
     e.var(s.line.map_or(0, |l| u64::from(l) + 1));
     strings.put(e, s.unknown_reason.as_deref());
+    // Since version 2.
+    e.var(s.inlined.len() as u64);
+    for f in &s.inlined {
+        strings.put(e, Some(&f.function));
+        strings.put(e, f.file.as_deref());
+        e.var(f.line.map_or(0, |l| u64::from(l) + 1));
+    }
 }
 
 fn python_facts(e: &mut Enc, strings: &mut StrTable, p: &PythonFacts<'_>) {

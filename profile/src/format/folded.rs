@@ -22,7 +22,9 @@ use symbolizer::unwind::UnwindStatus;
 
 use super::pprof::{KERNEL_MAPPING, PYTHON_MAPPING};
 use super::{validate, OutputError, ReadError};
-use crate::profile::{Frame, FrameKind, Memory, Meta, Profile, PythonStats, Sample, Thread};
+use crate::profile::{
+    Frame, FrameKind, Memory, Meta, Profile, PythonStats, Sample, Thread, INLINED,
+};
 use crate::wording::{frame_name, NO_STACK};
 
 /// Merges the profile's samples by stack.
@@ -191,6 +193,24 @@ fn folded_frame(name: &str) -> Frame {
                 address,
                 unknown_reason: Some("no function name in the folded file".to_string()),
                 ..frame(FrameKind::Native, name)
+            };
+        }
+    }
+    // `name (file.c:LINE, inlined)` or `name (inlined)`: a function inlined into its caller.
+    if let Some((function, rest)) = name.strip_suffix(')').and_then(|n| n.rsplit_once(" (")) {
+        let place = match rest.strip_suffix(INLINED) {
+            Some("") => Some((None, None)),
+            Some(place) => place.strip_suffix(", ").and_then(|p| {
+                let (file, line) = p.rsplit_once(':')?;
+                Some((Some(file.to_string()), Some(line.parse::<u32>().ok()?)))
+            }),
+            None => None,
+        };
+        if let (Some((file, line)), false) = (place, function.is_empty()) {
+            return Frame {
+                file,
+                line,
+                ..frame(FrameKind::Inlined, function)
             };
         }
     }

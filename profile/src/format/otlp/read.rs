@@ -69,7 +69,9 @@ impl<'a> Dict<'a> {
         Ok((self.string(kv.key_strindex)?, value))
     }
 
-    fn frame(&self, location: i32) -> Result<Frame, ReadError> {
+    /// The frames of a location, root first: the frame of its last line, then the functions
+    /// inlined into it ([`FrameKind::Inlined`]), from its last line but one to its first.
+    fn frames(&self, location: i32) -> Result<Vec<Frame>, ReadError> {
         let loc = usize::try_from(location)
             .ok()
             .and_then(|i| self.0.location_table.get(i))
@@ -94,34 +96,36 @@ impl<'a> Dict<'a> {
                 Some(self.string(mapping.filename_strindex)?.to_string())
             }
         };
-        // NB: spanprof writes one line per location; an inlined chain keeps its innermost.
-        let (function, file, line) = match loc.lines.first() {
-            None => (None, None, None),
-            Some(l) => {
-                let f = usize::try_from(l.function_index)
-                    .ok()
-                    .and_then(|i| self.0.function_table.get(i))
-                    .ok_or_else(|| {
-                        damaged(format!("function index {} out of range", l.function_index))
-                    })?;
-                let name = self.string(f.name_strindex)?;
-                let file = self.string(f.filename_strindex)?;
-                (
-                    (!name.is_empty()).then(|| name.to_string()),
-                    (!file.is_empty()).then(|| file.to_string()),
-                    u32::try_from(l.line).ok().filter(|&l| l > 0),
-                )
-            }
-        };
-        Ok(Frame {
+        let frame = |kind, function, file, line| Frame {
             kind,
             function,
-            module,
+            module: module.clone(),
             address: loc.address,
             file,
             line,
             unknown_reason: None,
-        })
+        };
+        if loc.lines.is_empty() {
+            return Ok(vec![frame(kind, None, None, None)]);
+        }
+        let mut out = Vec::with_capacity(loc.lines.len());
+        for (i, l) in loc.lines.iter().rev().enumerate() {
+            let f = usize::try_from(l.function_index)
+                .ok()
+                .and_then(|i| self.0.function_table.get(i))
+                .ok_or_else(|| {
+                    damaged(format!("function index {} out of range", l.function_index))
+                })?;
+            let name = self.string(f.name_strindex)?;
+            let file = self.string(f.filename_strindex)?;
+            out.push(frame(
+                if i == 0 { kind } else { FrameKind::Inlined },
+                (!name.is_empty()).then(|| name.to_string()),
+                (!file.is_empty()).then(|| file.to_string()),
+                u32::try_from(l.line).ok().filter(|&l| l > 0),
+            ));
+        }
+        Ok(out)
     }
 }
 
@@ -228,12 +232,13 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
                     let mut of_sample = Vec::with_capacity(stack.location_indices.len());
                     // The stack table is leaf first; a profile's frames are root first.
                     for &loc in stack.location_indices.iter().rev() {
-                        let frame = dict.frame(loc)?;
-                        let id = *frame_ids.entry(frame).or_insert_with_key(|f| {
-                            frames.push(f.clone());
-                            frames.len() as u32 - 1
-                        });
-                        of_sample.push(id);
+                        for frame in dict.frames(loc)? {
+                            let id = *frame_ids.entry(frame).or_insert_with_key(|f| {
+                                frames.push(f.clone());
+                                frames.len() as u32 - 1
+                            });
+                            of_sample.push(id);
+                        }
                     }
                     let weight: u64 = if s.values.is_empty() {
                         s.timestamps_unix_nano.len() as u64

@@ -47,7 +47,7 @@ use opentelemetry_proto::tonic::profiles::v1development::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use prost::Message;
 
-use crate::profile::{labels, scale_allocation, Frame, FrameKind, Profile, Sample, Timed};
+use crate::profile::{labels, scale_allocation, FrameKind, Profile, Sample, Timed};
 use crate::resource::{resource_attributes, ProcessInfo, Value};
 
 /// The instrumentation scope of every profile.
@@ -147,7 +147,8 @@ struct Dict {
     strings: Table<String, String>,
     mappings: Table<String, Mapping>,
     functions: Table<(i32, i32), Function>,
-    locations: Table<u32, Location>,
+    /// By the first and the last frame of a group ([`Profile::inline_groups`]).
+    locations: Table<(u32, u32), Location>,
     attributes: Table<(i32, AttrKey), KeyValueAndUnit>,
     links: Table<([u8; 16], [u8; 8]), Link>,
     stacks: Table<Vec<i32>, Stack>,
@@ -193,15 +194,20 @@ impl Dict {
             })
     }
 
-    /// The location of frame `id` of the profile.
-    fn location(&mut self, id: u32, frame: &Frame) -> i32 {
-        if let Some(&loc) = self.locations.ids.get(&id) {
+    /// The location of `group` of the profile's frames ([`Profile::inline_groups`]): a frame, or a
+    /// native frame with the functions inlined into it, one line each, the innermost first.
+    fn location(&mut self, profile: &Profile, group: &[u32]) -> i32 {
+        let (Some(&first), Some(&last)) = (group.first(), group.last()) else {
+            return 0;
+        };
+        if let Some(&loc) = self.locations.ids.get(&(first, last)) {
             return loc;
         }
+        let frame = &profile.frames[first as usize];
         // Kernel frames share one mapping whatever their module says, as in pprof.
         let module = match frame.kind {
             FrameKind::Kernel => Some(crate::format::pprof::KERNEL_MAPPING),
-            FrameKind::Native => frame.module.as_deref(),
+            FrameKind::Native | FrameKind::Inlined => frame.module.as_deref(),
             FrameKind::Python => None,
         };
         let mapping_index = match module {
@@ -214,16 +220,28 @@ impl Dict {
             }
             _ => 0,
         };
-        let name = self.string(&frame.base_name());
-        let file = self.string(frame.file.as_deref().unwrap_or(""));
-        let function_index = self.functions.intern((name, file), |_| Function {
-            name_strindex: name,
-            system_name_strindex: name,
-            filename_strindex: file,
-            start_line: 0,
-        });
+        let lines = group
+            .iter()
+            .rev()
+            .map(|&id| {
+                let frame = &profile.frames[id as usize];
+                let name = self.string(&frame.base_name());
+                let file = self.string(frame.file.as_deref().unwrap_or(""));
+                let function_index = self.functions.intern((name, file), |_| Function {
+                    name_strindex: name,
+                    system_name_strindex: name,
+                    filename_strindex: file,
+                    start_line: 0,
+                });
+                Line {
+                    function_index,
+                    line: frame.line.map_or(0, i64::from),
+                    column: 0,
+                }
+            })
+            .collect();
         let frame_type = match frame.kind {
-            FrameKind::Native => "native",
+            FrameKind::Native | FrameKind::Inlined => "native",
             FrameKind::Kernel => "kernel",
             FrameKind::Python => "cpython",
         };
@@ -233,14 +251,10 @@ impl Dict {
         } else {
             frame.address
         };
-        self.locations.intern(id, |_| Location {
+        self.locations.intern((first, last), |_| Location {
             mapping_index,
             address,
-            lines: vec![Line {
-                function_index,
-                line: frame.line.map_or(0, i64::from),
-                column: 0,
-            }],
+            lines,
             attribute_indices: vec![attr],
         })
     }
@@ -395,12 +409,11 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
                     first = first.min(a);
                     last = last.max(b);
                 }
-                let stack: Vec<i32> = s
-                    .frames
-                    .iter()
-                    .rev()
-                    .map(|&id| dict.location(id, &profile.frames[id as usize]))
+                let mut stack: Vec<i32> = profile
+                    .inline_groups(&s.frames)
+                    .map(|group| dict.location(profile, group))
                     .collect();
+                stack.reverse();
                 let stack_index = dict.stacks.intern(stack.clone(), |_| Stack {
                     location_indices: stack,
                 });

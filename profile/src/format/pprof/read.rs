@@ -238,15 +238,13 @@ impl Reader<'_> {
         let mut span_ids: HashMap<SpanContext, u32> = HashMap::new();
         let mut samples = Vec::with_capacity(p.sample.len());
         for (i, s) in p.sample.iter().enumerate() {
-            let mut frames_of = s
-                .location_id
-                .iter()
-                .map(|id| {
-                    frame_of_location.get(id).copied().ok_or_else(|| {
-                        damaged(format!("sample {i} refers to missing location {id}"))
-                    })
-                })
-                .collect::<Result<Vec<u32>, _>>()?;
+            let mut frames_of = Vec::with_capacity(s.location_id.len());
+            for id in &s.location_id {
+                let of = frame_of_location.get(id).ok_or_else(|| {
+                    damaged(format!("sample {i} refers to missing location {id}"))
+                })?;
+                frames_of.extend_from_slice(of);
+            }
             // pprof stacks are leaf first, ours root first.
             frames_of.reverse();
             let SampleLabels {
@@ -395,8 +393,11 @@ impl Reader<'_> {
         })
     }
 
-    /// One frame per location, and the frame index of each location id.
-    fn frames(&self) -> Result<(Vec<Frame>, HashMap<u64, u32>), ReadError> {
+    /// The frames, and those of each location id, leaf first: one per line (several when
+    /// functions were inlined: the last line is the frame they were inlined into, the others
+    /// [`FrameKind::Inlined`]).
+    #[allow(clippy::type_complexity)]
+    fn frames(&self) -> Result<(Vec<Frame>, HashMap<u64, Vec<u32>>), ReadError> {
         let p = self.p;
         let mappings: HashMap<u64, &str> = p
             .mapping
@@ -412,19 +413,9 @@ impl Reader<'_> {
         let mut ids: HashMap<Frame, u32> = HashMap::new();
         let mut of_location = HashMap::with_capacity(p.location.len());
         for loc in &p.location {
-            let [line] = loc.line.as_slice() else {
-                return Err(damaged(format!(
-                    "location {} has {} lines, not one",
-                    loc.id,
-                    loc.line.len()
-                )));
-            };
-            let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
-                damaged(format!(
-                    "location {} refers to missing function {}",
-                    loc.id, line.function_id
-                ))
-            })?;
+            if loc.line.is_empty() {
+                return Err(damaged(format!("location {} has no line", loc.id)));
+            }
             let mapping = match loc.mapping_id {
                 0 => None,
                 id => Some(*mappings.get(&id).ok_or_else(|| {
@@ -439,27 +430,38 @@ impl Reader<'_> {
                 Some(PYTHON_MAPPING) => (FrameKind::Python, None),
                 module => (FrameKind::Native, module),
             };
-            let mut frame = Frame {
-                kind,
-                function: None,
-                module: module.map(str::to_string),
-                address: loc.address,
-                file: (!file.is_empty()).then(|| file.to_string()),
-                line: u32::try_from(line.line).ok().filter(|&l| l != 0),
-                unknown_reason: None,
-            };
-            // The writer names unknown frames `[unknown] (module+0x…)`: the same frame without a
-            // function gives that name back.
-            if kind == FrameKind::Python || frame.base_name() != name {
-                frame.function = Some(name.to_string());
-            } else {
-                frame.unknown_reason = Some("no function name in the pprof file".to_string());
+            let mut of_this = Vec::with_capacity(loc.line.len());
+            for (i, line) in loc.line.iter().enumerate() {
+                let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
+                    damaged(format!(
+                        "location {} refers to missing function {}",
+                        loc.id, line.function_id
+                    ))
+                })?;
+                let inlined = i + 1 < loc.line.len();
+                let mut frame = Frame {
+                    kind: if inlined { FrameKind::Inlined } else { kind },
+                    function: None,
+                    module: module.map(str::to_string),
+                    address: loc.address,
+                    file: (!file.is_empty()).then(|| file.to_string()),
+                    line: u32::try_from(line.line).ok().filter(|&l| l != 0),
+                    unknown_reason: None,
+                };
+                // The writer names unknown frames `[unknown] (module+0x…)`: the same frame
+                // without a function gives that name back.
+                if kind == FrameKind::Python || inlined || frame.base_name() != name {
+                    frame.function = Some(name.to_string());
+                } else {
+                    frame.unknown_reason = Some("no function name in the pprof file".to_string());
+                }
+                let index = *ids.entry(frame).or_insert_with_key(|f| {
+                    frames.push(f.clone());
+                    frames.len() as u32 - 1
+                });
+                of_this.push(index);
             }
-            let index = *ids.entry(frame).or_insert_with_key(|f| {
-                frames.push(f.clone());
-                frames.len() as u32 - 1
-            });
-            of_location.insert(loc.id, index);
+            of_location.insert(loc.id, of_this);
         }
         Ok((frames, of_location))
     }

@@ -383,6 +383,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     }
 
     let mut location_of_frame: Vec<Option<u64>> = vec![None; profile.frames.len()];
+    let mut location_of_group: HashMap<(u32, u32), u64> = HashMap::new();
     let mut samples = Vec::with_capacity(profile.samples.len());
     for sample in &profile.samples {
         let value = shape.values(profile, sample);
@@ -393,15 +394,22 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
             continue;
         }
         let thread = &profile.threads[sample.thread as usize];
-        let location_id = sample
-            .frames
-            .iter()
-            .rev()
-            .map(|&frame| {
-                let slot = &mut location_of_frame[frame as usize];
-                *slot.get_or_insert_with(|| b.location(&profile.frames[frame as usize]))
-            })
-            .collect();
+        let mut location_id = Vec::with_capacity(sample.frames.len());
+        for group in profile.inline_groups(&sample.frames) {
+            let frame = |id: &u32| &profile.frames[*id as usize];
+            let id = match group {
+                &[one] => *location_of_frame[one as usize]
+                    .get_or_insert_with(|| b.location(&[frame(&one)])),
+                // Keyed by the frame inlined into and the innermost (a folded file's have
+                // no address that would tell two call sites apart).
+                [first, .., last] => *location_of_group
+                    .entry((*first, *last))
+                    .or_insert_with(|| b.location(&group.iter().map(frame).collect::<Vec<_>>())),
+                [] => continue,
+            };
+            location_id.push(id);
+        }
+        location_id.reverse();
         let mut label = vec![
             Label {
                 key: thread_id,
@@ -526,9 +534,37 @@ struct Builder {
 }
 
 impl Builder {
-    /// Adds a location for `frame` and returns its id.
-    fn location(&mut self, frame: &Frame) -> u64 {
-        let mapping_id = self.mapping(frame);
+    /// Adds a location for `group` and returns its id: a frame, or a native frame and the
+    /// functions inlined into it ([`FrameKind::Inlined`], outermost first), as one location
+    /// of several lines, the innermost first and the frame they were inlined into last.
+    fn location(&mut self, group: &[&Frame]) -> u64 {
+        let holder = group[0];
+        let mapping_id = self.mapping(holder);
+        if group.len() > 1 && mapping_id != 0 {
+            // NB: ids are indexes + 1.
+            self.mappings[mapping_id as usize - 1].has_inline_frames = true;
+        }
+        let line = group
+            .iter()
+            .rev()
+            .map(|frame| Line {
+                function_id: self.function(frame),
+                line: frame.line.map_or(0, i64::from),
+            })
+            .collect();
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id,
+            address: holder.address,
+            line,
+            is_folded: false,
+        });
+        id
+    }
+
+    /// The id of `frame`'s function (its name and file).
+    fn function(&mut self, frame: &Frame) -> u64 {
         let name = match &frame.function {
             Some(function) => self.strings.intern(function),
             None => self.strings.intern(&frame.base_name()),
@@ -549,18 +585,7 @@ impl Builder {
                 start_line: 0,
             });
         }
-        let id = self.locations.len() as u64 + 1;
-        self.locations.push(Location {
-            id,
-            mapping_id,
-            address: frame.address,
-            line: vec![Line {
-                function_id,
-                line: frame.line.map_or(0, i64::from),
-            }],
-            is_folded: false,
-        });
-        id
+        function_id
     }
 
     /// The id of the mapping `frame` belongs to, 0 when it has no module.
@@ -568,8 +593,8 @@ impl Builder {
         let module = match (frame.kind, &frame.module) {
             (FrameKind::Kernel, _) => KERNEL_MAPPING,
             (FrameKind::Python, _) => PYTHON_MAPPING,
-            (FrameKind::Native, Some(module)) => module.as_str(),
-            (FrameKind::Native, None) => return 0,
+            (FrameKind::Native | FrameKind::Inlined, Some(module)) => module.as_str(),
+            (FrameKind::Native | FrameKind::Inlined, None) => return 0,
         };
         let filename = self.strings.intern(module);
         let index = *self.mapping_index.entry(filename).or_insert_with(|| {
