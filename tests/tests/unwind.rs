@@ -19,11 +19,11 @@
 use std::path::{Path, PathBuf};
 
 use spanprof_tests::{
-    args, assert_cpu_split_truth, cext_dir, folded_count, folded_summary, folded_total,
-    native_stacks_line, parse_py_frame, profile_pid, profiling_lock, pyenv_python, read_folded,
-    read_unwind_stats, require_profiling, run_with_timeout, spanprof_command, start_py_workload,
-    system_python, workload_path, FoldedStack, ProcessUnwindStats, RunOutput, TempDir, UnwindStats,
-    Workload, RUN_TIMEOUT, SYSTEM_PYTHON_3_11,
+    args, assert_cpu_split_truth, cext_dir, decode_pprof, folded_count, folded_summary,
+    folded_total, native_stacks_line, parse_py_frame, profile_pid, profiling_lock, pyenv_python,
+    read_folded, read_unwind_stats, require_profiling, run_with_timeout, spanprof_command,
+    start_py_workload, system_python, workload_path, FoldedStack, ProcessUnwindStats, RunOutput,
+    TempDir, UnwindStats, Workload, RUN_TIMEOUT, SYSTEM_PYTHON_3_11,
 };
 
 /// The outputs of one session: folded stacks, the `--stats` JSON, and the run itself.
@@ -497,6 +497,159 @@ fn python_calling_a_c_extension() {
         process.complete,
         process.samples
     );
+}
+
+/// The lines of `spanprof_cext.c` that hold `text`.
+fn cext_lines(text: &str) -> Vec<u32> {
+    let path = spanprof_tests::workspace_root().join("tests/workloads/spanprof_cext.c");
+    let source = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<u32> = (1..)
+        .zip(source.lines())
+        .filter(|(_, l)| l.contains(text))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(!lines.is_empty(), "no {text} in {}", path.display());
+    lines
+}
+
+/// `py_cext.py ... mix`: `spanprof_cext.mix -> mix_outer`, into which the compiler inlined
+/// `mix_rounds`, into which it inlined `mix_step` (`always_inline`, built `-O2 -g`). The
+/// functions and their source lines are the truth of the workload's own source:
+/// - folded stacks: at least 90% of the samples in `mix_outer` end `mix_outer;mix_rounds
+///   (spanprof_cext.c:N, inlined)`, N a line of `mix_rounds`, or that and `mix_step
+///   (spanprof_cext.c:M, inlined)`, N then the line where `mix_rounds` calls `mix_step` and M a
+///   line of `mix_step`; at least 30% reach `mix_step` (measured 65%);
+/// - pprof, read by the independent decoder: those are one location whose lines, innermost
+///   first, are `mix_step`, `mix_rounds` and `mix_outer` at the line where it calls
+///   `mix_rounds`, its mapping saying it has inline frames;
+/// - the flame graph names them so.
+#[test]
+fn inlined_c_functions_and_their_lines() {
+    require_profiling();
+    let python = system_python(SYSTEM_PYTHON_3_11, "python3.11-dev");
+    let cext: PathBuf = cext_dir();
+    let cext_arg = cext.to_str().expect("workload paths are UTF-8");
+    let _lock = profiling_lock();
+    let workload = start_py_workload(&python, "py_cext.py", &["4.5", cext_arg, "mix"]);
+    let tmp = TempDir::new("inlined");
+    let (folded, pprof, svg) = (
+        tmp.join("out.folded"),
+        tmp.join("out.pb.gz"),
+        tmp.join("out.svg"),
+    );
+    let out = profile_pid(workload.pid(), "3s", 499, &[&folded, &pprof, &svg], &[]);
+    workload.finish(RUN_TIMEOUT).assert_success();
+    out.assert_success();
+    let stacks = read_folded(&folded);
+    let context = folded_summary(&stacks, 12);
+
+    let step_lines = cext_lines("/* MIX-STEP */");
+    let [calls_step] = cext_lines("INLINED-CALL mix_step")[..] else {
+        panic!("one call of mix_step")
+    };
+    let [calls_rounds] = cext_lines("INLINED-CALL mix_rounds")[..] else {
+        panic!("one call of mix_rounds")
+    };
+    // mix_rounds: from its definition to mix_outer's.
+    let [rounds_start] = cext_lines("static inline uint64_t mix_rounds(")[..] else {
+        panic!("one mix_rounds")
+    };
+    let [outer_start] = cext_lines("static uint64_t mix_outer(")[..] else {
+        panic!("one mix_outer")
+    };
+    let rounds_lines = rounds_start..outer_start;
+    let inlined = |frame: &str, name: &str| -> Option<u32> {
+        let rest = frame
+            .strip_prefix(name)?
+            .strip_prefix(" (spanprof_cext.c:")?;
+        rest.strip_suffix(", inlined)")?.parse().ok()
+    };
+    let (mut in_outer, mut right, mut in_step) = (0, 0, 0);
+    for s in &stacks {
+        let user = s.user_frames();
+        let Some(at) = user.iter().position(|f| f == "mix_outer") else {
+            continue;
+        };
+        in_outer += s.count;
+        match &user[at + 1..] {
+            [rounds]
+                if inlined(rounds, "mix_rounds").is_some_and(|n| rounds_lines.contains(&n)) =>
+            {
+                right += s.count
+            }
+            [rounds, step]
+                if inlined(rounds, "mix_rounds") == Some(calls_step)
+                    && inlined(step, "mix_step").is_some_and(|m| step_lines.contains(&m)) =>
+            {
+                right += s.count;
+                in_step += s.count;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        in_outer >= 500,
+        "only {in_outer} samples in mix_outer\n{context}"
+    );
+    assert!(
+        right as f64 >= 0.9 * in_outer as f64,
+        "{right} of {in_outer} samples in mix_outer end in mix_rounds (lines {rounds_lines:?}) \
+         or mix_rounds (line {calls_step});mix_step (lines {step_lines:?})\n{context}"
+    );
+    assert!(
+        in_step as f64 >= 0.3 * in_outer as f64,
+        "only {in_step} of {in_outer} in mix_step\n{context}"
+    );
+
+    let decoded = decode_pprof(&pprof);
+    let mut located = 0;
+    for sample in decoded["samples"].as_array().unwrap() {
+        let stack = sample["stack"].as_array().unwrap();
+        if stack.first().and_then(|f| f["function"].as_str()) != Some("mix_step") {
+            continue;
+        }
+        let lines: Vec<(&str, u64, u64)> = stack[..3]
+            .iter()
+            .map(|f| {
+                (
+                    f["function"].as_str().unwrap_or("?"),
+                    f["line"].as_u64().unwrap_or(0),
+                    f["location_id"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let location = lines[0].2;
+        assert!(step_lines.contains(&(lines[0].1 as u32)), "{lines:?}");
+        assert_eq!(
+            lines[1..],
+            [
+                ("mix_rounds", u64::from(calls_step), location),
+                ("mix_outer", u64::from(calls_rounds), location)
+            ],
+            "one location, innermost line first"
+        );
+        located += 1;
+    }
+    assert!(located > 0, "no pprof sample ends in mix_step");
+    let mapping = decoded["mappings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| {
+            m["filename"]
+                .as_str()
+                .is_some_and(|f| f.contains("spanprof_cext"))
+        })
+        .expect("the extension's mapping");
+    assert_eq!(mapping["has_inline_frames"], true, "{mapping}");
+
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    for name in [
+        format!("mix_rounds (spanprof_cext.c:{calls_step}, inlined)"),
+        "mix_outer".to_string(),
+    ] {
+        assert!(svg.contains(&name), "the flame graph has no {name}");
+    }
 }
 
 // ---------------------------------------------------------------------------

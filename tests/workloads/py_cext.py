@@ -8,8 +8,10 @@
 # built by `cargo xtask workloads` into target/workloads/cext for Debian's
 # /usr/bin/python3.11), each call of crunch taking well under a millisecond.
 #
-# Usage: python3.11 py_cext.py SECONDS CEXT_DIR   (CEXT_DIR: the directory of
-# the built spanprof_cext module)
+# With FUNCTION `mix`, crunch is mix (its work through two inlined C functions).
+#
+# Usage: python3.11 py_cext.py SECONDS CEXT_DIR [FUNCTION]   (CEXT_DIR: the
+# directory of the built spanprof_cext module)
 #
 # Prints `ready PID` on stderr when it starts.
 import os
@@ -20,7 +22,7 @@ ROUNDS = 500
 
 
 def middle():
-    return spanprof_cext.crunch(ROUNDS)
+    return work(ROUNDS)
 
 
 def outer():
@@ -36,11 +38,13 @@ def run(seconds):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: py_cext.py SECONDS CEXT_DIR")
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: py_cext.py SECONDS CEXT_DIR [crunch|mix]")
     seconds = float(sys.argv[1])
     sys.path.insert(0, sys.argv[2])
     import spanprof_cext
+
+    work = getattr(spanprof_cext, sys.argv[3] if len(sys.argv) == 4 else "crunch")
 
     print("ready", os.getpid(), file=sys.stderr, flush=True)
     run(seconds)

@@ -327,12 +327,16 @@ fn build_python_extension(src: &Path, out: &Path) -> Result<()> {
         .arg(&module)
         .arg(src.join("spanprof_cext.c"))
         .run()?;
-    check_no_frame_pointer(&module, &["crunch", "crunch_outer", "crunch_inner"])?;
+    check_no_frame_pointer(
+        &module,
+        &["crunch", "crunch_outer", "crunch_inner", "mix_outer"],
+    )?;
     Cmd::new(python)
         .args([
             "-c",
             "import sys; sys.path.insert(0, sys.argv[1]); import spanprof_cext; \
-             assert isinstance(spanprof_cext.crunch(1), int)",
+             assert isinstance(spanprof_cext.crunch(1), int); \
+             assert isinstance(spanprof_cext.mix(1), int)",
         ])
         .arg(&dir)
         .env("PYTHONNOUSERSITE", "1")
