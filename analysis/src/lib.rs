@@ -13,7 +13,8 @@
 //!
 //! A function is named as in flame graphs ([`crate::wording::frame_name`]), except that
 //! a Python function is one function whatever its line: `handle (app.py)`, not
-//! `handle (app.py:12)` ([`function_name`](crate::wording::function_name)).
+//! `handle (app.py:12)`, and an inlined one `read_buf (inlined)`
+//! ([`function_name`](crate::wording::function_name)).
 //!
 //! # Noise
 //!

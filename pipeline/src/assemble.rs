@@ -174,7 +174,7 @@ pub fn assemble(
             for f in inlined {
                 chains.push(frames.insert(Frame {
                     kind: FrameKind::Inlined,
-                    function: Some(f.function),
+                    function: f.function,
                     module: module.clone(),
                     address,
                     file: f.file,

@@ -57,7 +57,8 @@ pub fn monotonic_ns() -> u64 {
 pub struct Options {
     /// Keep kernel frames (`--no-kernel` clears it).
     pub kernel: bool,
-    /// Keep Python line numbers (`--no-lines` clears it: one frame per function).
+    /// Keep the line numbers of Python and inlined native frames (`--no-lines` clears it: one
+    /// frame per function).
     pub lines: bool,
     /// Keep only Python frames (`--python-only`).
     pub python_only: bool,

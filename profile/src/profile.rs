@@ -42,7 +42,8 @@ pub struct Frame {
     pub address: u64,
     /// Source file of the function, when debug information has it.
     pub file: Option<String>,
-    /// Source line of the address, when debug information has it.
+    /// Source line of the address, when debug information has it (of a native frame with
+    /// functions inlined into it: the line of the call of the first).
     pub line: Option<u32>,
     /// Why the frame has no function name (e.g. "no symbol", "process exited"), when it has none.
     pub unknown_reason: Option<String>,
@@ -566,20 +567,19 @@ pub struct Profile {
 impl Profile {
     /// A stack's frames (root first) cut into what pprof and OTLP write as one location each:
     /// a frame alone, or a native frame with the functions inlined into it that follow it
-    /// ([`FrameKind::Inlined`]; one at the root, inlined into nothing known, is alone).
+    /// ([`FrameKind::Inlined`]; one after no native frame, as a file may have it, is alone).
     pub fn inline_groups<'a>(&'a self, frames: &'a [u32]) -> impl Iterator<Item = &'a [u32]> + 'a {
-        let inlined = |id: u32| {
-            self.frames
-                .get(id as usize)
-                .is_some_and(|f| f.kind == FrameKind::Inlined)
-        };
+        let kind = |id: u32| self.frames.get(id as usize).map(|f| f.kind);
         let mut rest = frames;
         std::iter::from_fn(move || {
             let (&first, tail) = rest.split_first()?;
-            let len = if inlined(first) {
-                1
+            let len = if kind(first) == Some(FrameKind::Native) {
+                1 + tail
+                    .iter()
+                    .take_while(|&&id| kind(id) == Some(FrameKind::Inlined))
+                    .count()
             } else {
-                1 + tail.iter().take_while(|&&id| inlined(id)).count()
+                1
             };
             let (group, next) = rest.split_at(len);
             rest = next;

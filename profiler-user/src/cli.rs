@@ -155,7 +155,7 @@ pub(crate) struct ProfileArgs {
     /// Drop kernel frames.
     #[arg(long)]
     pub(crate) no_kernel: bool,
-    /// One frame per Python function instead of one per line: `f (app.py)`.
+    /// One frame per Python (or inlined native) function instead of one per line: `f (app.py)`.
     #[arg(long)]
     pub(crate) no_lines: bool,
     /// Keep only Python frames (native and kernel frames are dropped).

@@ -94,10 +94,15 @@ pub struct Symbol {
     pub inlined: Vec<Inlined>,
 }
 
+/// Functions inlined at one address kept at most, the outermost (deeper chains are
+/// pathological: the innermost are dropped).
+pub const MAX_INLINED: usize = 32;
+
 /// A function inlined into a [`Symbol`]'s, from DWARF.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Inlined {
-    pub function: String,
+    /// `None` when DWARF names it not.
+    pub function: Option<String>,
     /// Source file and line in it: of the call of the next inlined function, or of the
     /// address for the last.
     pub file: Option<String>,
@@ -872,8 +877,10 @@ fn to_symbol(result: Symbolized<'_>, module: Option<&Path>, address: u64) -> Sym
                 inlined: sym
                     .inlined
                     .iter()
+                    .take(MAX_INLINED)
                     .map(|f| Inlined {
-                        function: f.name.to_string(),
+                        // NB: blazesym names an inlined function without a DWARF name "".
+                        function: (!f.name.is_empty()).then(|| f.name.to_string()),
                         file: f
                             .code_info
                             .as_ref()

@@ -169,7 +169,10 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
     let mut native = 0u64;
     for s in &stacks {
         for f in &s.frames {
-            if is_kernel_frame(f) || is_py_frame(f) || f.starts_with('[') {
+            // An inlined function (`name (file.c:LINE, inlined)`) is DWARF's, in no symbol
+            // table; the function it was inlined into, the frame before it, is checked.
+            if is_kernel_frame(f) || is_py_frame(f) || f.starts_with('[') || f.ends_with("inlined)")
+            {
                 continue;
             }
             native += s.count;
@@ -211,7 +214,16 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
         }
         let (mut checked, mut wrong) = (0u64, std::collections::BTreeMap::<String, u64>::new());
         for sample in decode_pprof(&pprof)["samples"].as_array().expect("samples") {
-            for frame in sample["stack"].as_array().expect("stack") {
+            let stack = sample["stack"].as_array().expect("stack");
+            for (i, frame) in stack.iter().enumerate() {
+                // Of a location's lines (leaf first) only the last is the function at its
+                // address: the others were inlined into it.
+                if stack
+                    .get(i + 1)
+                    .is_some_and(|next| next["location_id"] == frame["location_id"])
+                {
+                    continue;
+                }
                 let (Some(module), Some(name), Some(offset)) = (
                     frame["mapping"].as_str(),
                     frame["function"].as_str(),

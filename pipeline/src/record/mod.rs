@@ -12,7 +12,8 @@
 //!   the allocations in use at the end (`heap`), [`TAG_ERRORS`] the kernel's error counters;
 //! - [`TAG_END`], then the facts of assembly: the symbols of the user addresses (in the order
 //!   of [`Counter::addresses`](super::count::Counter::addresses); since version 2 each with
-//!   the functions inlined at it, their names, files and lines) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
+//!   the functions inlined at it, their names, files and lines: a count, 0 for a kernel
+//!   address) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
 //!   run's metadata; then [`TAG_TRAILER`] and the end of the stream.
 //!
 //! Numbers are LEB128 varints (signed ones zigzag-encoded), strings have their length. A sample

@@ -28,8 +28,9 @@ const MAX_TABLE_WORDS: usize = 1 << 26;
 const MAX_SPANS: usize = 1 << 22;
 /// Items of a list of the facts (symbols, functions, live allocations), at most.
 const MAX_ITEMS: usize = 1 << 26;
-/// Functions inlined at one address, at most (deeper chains are refused as damage).
-const MAX_INLINED: usize = 256;
+/// Functions inlined at the addresses of a recording, at most (each becomes a frame of every
+/// stack through its address: a bound on what a hostile file makes assembly build).
+const MAX_INLINED_TOTAL: usize = 1 << 18;
 /// Small lists (notes, labels, resource attributes, eval ranges, error counters), at most.
 const MAX_SMALL: usize = 4096;
 
@@ -408,6 +409,7 @@ impl<R: BufRead> Reader<R> {
     pub fn facts(mut self, addresses: (usize, usize)) -> Result<Recorded> {
         let mut strings = StrList::default();
         let version = self.version;
+        let mut inlined_total = 0usize;
         let mut symbols = |dec: &mut Dec<R>, what: &str, expected: usize| -> Result<Vec<Symbol>> {
             let n = dec.len(MAX_ITEMS, "symbols")?;
             if n != expected {
@@ -428,11 +430,15 @@ impl<R: BufRead> Reader<R> {
                 let unknown_reason = strings.get(dec)?;
                 let mut inlined = Vec::new();
                 if version >= 2 {
-                    let n = dec.len(MAX_INLINED, "inlined functions")?;
+                    let n = dec.len(symbolizer::MAX_INLINED, "inlined functions")?;
+                    inlined_total += n;
+                    if inlined_total > MAX_INLINED_TOTAL {
+                        return Err(bad(format!(
+                            "more than {MAX_INLINED_TOTAL} inlined functions"
+                        )));
+                    }
                     for _ in 0..n {
-                        let function = strings
-                            .get(dec)?
-                            .ok_or_else(|| bad("an inlined function without a name"))?;
+                        let function = strings.get(dec)?;
                         let file = strings.get(dec)?;
                         let line = match dec.var()? {
                             0 => None,

@@ -55,12 +55,12 @@ fn symbol(function: Option<&str>, module: &str, address: u64) -> Symbol {
         inlined: match function {
             Some(_) if address.is_multiple_of(2) => vec![
                 symbolizer::Inlined {
-                    function: "step".to_string(),
+                    function: Some("step".to_string()),
                     file: Some("/src/step.h".to_string()),
                     line: Some(7),
                 },
                 symbolizer::Inlined {
-                    function: "mix".to_string(),
+                    function: Some("mix".to_string()),
                     file: None,
                     line: None,
                 },

@@ -335,9 +335,10 @@ fn symbol(e: &mut Enc, strings: &mut StrTable, s: &Symbol) {
     e.var(s.line.map_or(0, |l| u64::from(l) + 1));
     strings.put(e, s.unknown_reason.as_deref());
     // Since version 2.
-    e.var(s.inlined.len() as u64);
-    for f in &s.inlined {
-        strings.put(e, Some(&f.function));
+    let inlined = &s.inlined[..s.inlined.len().min(symbolizer::MAX_INLINED)];
+    e.var(inlined.len() as u64);
+    for f in inlined {
+        strings.put(e, f.function.as_deref());
         strings.put(e, f.file.as_deref());
         e.var(f.line.map_or(0, |l| u64::from(l) + 1));
     }

@@ -85,7 +85,8 @@ const MAX_FOLDED_LINES: usize = 1 << 22;
 /// Reads folded stacks (`root;…;leaf COUNT` per line, as spanprof, inferno, py-spy and
 /// `stackcollapse-perf.pl` write them) into an on-CPU [`Profile`] of one unnamed thread, each
 /// line's count its samples. Frame names are parsed as spanprof writes them: `name_[k]` is a
-/// kernel frame, `qualname (file.py:LINE)` a Python one, anything else native. The file says
+/// kernel frame, `qualname (file.py:LINE)` a Python one, `name (file.c:LINE, inlined)` or `name
+/// (inlined)` a function inlined into the native frame before it, anything else native. The file says
 /// nothing of the sampling rate: the profile's frequency is 0 (shares compare, times do not).
 pub fn read_folded(bytes: &[u8]) -> Result<Profile, ReadError> {
     let bad = |msg: String| ReadError::Folded(msg);

@@ -930,4 +930,35 @@ mod inlined_tests {
             assert!(inlined.iter().all(|f| f.line.is_some()), "{format:?}");
         }
     }
+
+    #[test]
+    fn chains_that_share_their_ends_stay_apart_and_inlined_frames_need_a_native_one() {
+        // Read from folded stacks, frames have no address: two chains of one function that
+        // start and end alike are still two locations.
+        let text =
+            "main;deflate;fill_window (deflate.c:50, inlined);read_buf (deflate.c:20, inlined) 3\n\
+                    main;deflate;read_buf (deflate.c:20, inlined) 2\n\
+                    main;run (app.py:3);read_buf (deflate.c:20, inlined) 1\n";
+        let profile = folded::read_folded(text.as_bytes()).unwrap();
+        for format in [Format::Pprof, Format::Otlp] {
+            let bytes = render(&profile, format).unwrap();
+            let back = match format {
+                Format::Pprof => pprof::read_pprof(&bytes).unwrap(),
+                _ => otlp::read::read_otlp(&bytes).unwrap(),
+            };
+            let mut lines: Vec<String> = folded(&back).lines().map(str::to_string).collect();
+            lines.sort();
+            // An inlined frame after a Python one is a location of its own (read back as
+            // native: nothing it was inlined into is known).
+            assert_eq!(
+                lines,
+                [
+                    "main;deflate;fill_window (deflate.c:50, inlined);read_buf (deflate.c:20, inlined) 3",
+                    "main;deflate;read_buf (deflate.c:20, inlined) 2",
+                    "main;run (app.py:3);read_buf 1",
+                ],
+                "{format:?}"
+            );
+        }
+    }
 }

@@ -114,8 +114,8 @@ pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
 /// to `new`'s total (each stack's weight rounded), so the colors show shares that changed, not
 /// a longer run; tooltips give the change in points of the total, e.g. `render_output (1,234
 /// samples, 40.00%; +15.00%)`. Frames are functions as `spanprof diff` names them
-/// ([`crate::wording::function_name`]: a Python function without its line, so an edit that
-/// moves lines changes nothing). Functions only in `base` have no width in `new` and are not
+/// ([`crate::wording::function_name`]: a Python or inlined function without its line, so an
+/// edit that moves lines changes nothing). Functions only in `base` have no width in `new` and are not
 /// drawn (the text diff of `spanprof diff` lists them).
 ///
 /// The profiles must be in the same unit; `base_name` and `new_name` are named in the

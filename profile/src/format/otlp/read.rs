@@ -23,6 +23,7 @@ use opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary;
 use prost::Message;
 use symbolizer::unwind::UnwindStatus;
 
+use crate::format::pprof::read::MAX_LINES;
 use crate::format::ReadError;
 use crate::profile::parse_uuid;
 use crate::profile::OffCpuReason;
@@ -108,6 +109,12 @@ impl<'a> Dict<'a> {
         if loc.lines.is_empty() {
             return Ok(vec![frame(kind, None, None, None)]);
         }
+        if loc.lines.len() > MAX_LINES {
+            return Err(damaged(format!(
+                "location {location} has {} lines, more than {MAX_LINES}",
+                loc.lines.len()
+            )));
+        }
         let mut out = Vec::with_capacity(loc.lines.len());
         for (i, l) in loc.lines.iter().rev().enumerate() {
             let f = usize::try_from(l.function_index)
@@ -118,8 +125,13 @@ impl<'a> Dict<'a> {
                 })?;
             let name = self.string(f.name_strindex)?;
             let file = self.string(f.filename_strindex)?;
+            // A native function's lines but the last are the functions inlined into it.
             out.push(frame(
-                if i == 0 { kind } else { FrameKind::Inlined },
+                if i == 0 || kind != FrameKind::Native {
+                    kind
+                } else {
+                    FrameKind::Inlined
+                },
                 (!name.is_empty()).then(|| name.to_string()),
                 (!file.is_empty()).then(|| file.to_string()),
                 u32::try_from(l.line).ok().filter(|&l| l > 0),
@@ -153,6 +165,8 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
     let dict = Dict(request.dictionary.as_ref().unwrap_or(&empty));
     let mut frames: Vec<Frame> = Vec::new();
     let mut frame_ids: HashMap<Frame, u32> = HashMap::new();
+    // Each location's frames, made once.
+    let mut frames_of_location: HashMap<i32, Vec<u32>> = HashMap::new();
     let mut threads: Vec<Thread> = Vec::new();
     let mut thread_ids: HashMap<Thread, u32> = HashMap::new();
     let mut spans: Vec<SpanContext> = Vec::new();
@@ -232,13 +246,19 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
                     let mut of_sample = Vec::with_capacity(stack.location_indices.len());
                     // The stack table is leaf first; a profile's frames are root first.
                     for &loc in stack.location_indices.iter().rev() {
+                        if let Some(ids) = frames_of_location.get(&loc) {
+                            of_sample.extend_from_slice(ids);
+                            continue;
+                        }
+                        let mut ids = Vec::new();
                         for frame in dict.frames(loc)? {
-                            let id = *frame_ids.entry(frame).or_insert_with_key(|f| {
+                            ids.push(*frame_ids.entry(frame).or_insert_with_key(|f| {
                                 frames.push(f.clone());
                                 frames.len() as u32 - 1
-                            });
-                            of_sample.push(id);
+                            }));
                         }
+                        of_sample.extend_from_slice(&ids);
+                        frames_of_location.insert(loc, ids);
                     }
                     let weight: u64 = if s.values.is_empty() {
                         s.timestamps_unix_nano.len() as u64

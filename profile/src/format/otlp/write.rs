@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! - **One dictionary per request**, shared by every resource and profile: mappings (one per
-//!   module file), locations (one per distinct frame), functions, links, strings, attributes and
+//!   module file), locations (one per distinct frame, or
+//!   native frame with the functions inlined into it), functions, links, strings, attributes and
 //!   stacks. Every table starts with its zero entry (an empty message, `""` for strings), so
 //!   index 0 means "unset" everywhere.
 //! - **One `ResourceProfiles` per process**, its resource built by
@@ -33,7 +34,8 @@
 //!   format cannot tell apart (same stack, attributes and link) are merged.
 //! - **Locations** have the attribute `profile.frame.type` (`native`, `kernel` or `cpython`),
 //!   their module's mapping (kernel frames all in `[kernel.kallsyms]`, Python frames in none),
-//!   the address normalized to it (file offset; 0 for Python frames), and one line.
+//!   the address normalized to it (file offset; 0 for Python frames), and one line (a line
+//!   per inlined function before the native frame's own, innermost first, as pprof).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -147,8 +149,8 @@ struct Dict {
     strings: Table<String, String>,
     mappings: Table<String, Mapping>,
     functions: Table<(i32, i32), Function>,
-    /// By the first and the last frame of a group ([`Profile::inline_groups`]).
-    locations: Table<(u32, u32), Location>,
+    /// By the frames of a group ([`Profile::inline_groups`]).
+    locations: Table<Box<[u32]>, Location>,
     attributes: Table<(i32, AttrKey), KeyValueAndUnit>,
     links: Table<([u8; 16], [u8; 8]), Link>,
     stacks: Table<Vec<i32>, Stack>,
@@ -197,10 +199,10 @@ impl Dict {
     /// The location of `group` of the profile's frames ([`Profile::inline_groups`]): a frame, or a
     /// native frame with the functions inlined into it, one line each, the innermost first.
     fn location(&mut self, profile: &Profile, group: &[u32]) -> i32 {
-        let (Some(&first), Some(&last)) = (group.first(), group.last()) else {
+        let Some(&first) = group.first() else {
             return 0;
         };
-        if let Some(&loc) = self.locations.ids.get(&(first, last)) {
+        if let Some(&loc) = self.locations.ids.get(group) {
             return loc;
         }
         let frame = &profile.frames[first as usize];
@@ -251,7 +253,7 @@ impl Dict {
         } else {
             frame.address
         };
-        self.locations.intern((first, last), |_| Location {
+        self.locations.intern(group.into(), |_| Location {
             mapping_index,
             address,
             lines,
@@ -409,11 +411,13 @@ pub fn request(profile: &Profile) -> ExportProfilesServiceRequest {
                     first = first.min(a);
                     last = last.max(b);
                 }
-                let mut stack: Vec<i32> = profile
-                    .inline_groups(&s.frames)
+                // Leaf first (and the locations numbered so, as they always were).
+                let groups: Vec<&[u32]> = profile.inline_groups(&s.frames).collect();
+                let stack: Vec<i32> = groups
+                    .iter()
+                    .rev()
                     .map(|group| dict.location(profile, group))
                     .collect();
-                stack.reverse();
                 let stack_index = dict.stacks.intern(stack.clone(), |_| Stack {
                     location_indices: stack,
                 });

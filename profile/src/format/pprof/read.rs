@@ -13,7 +13,8 @@
 //!   mapping tells the kind (`[kernel.kallsyms]`: kernel, `[python]`: Python, another file: a
 //!   native frame of that module, none: a native placeholder such as `[truncated]`). A function
 //!   named `[unknown] (libfoo.so+0x1234)` that matches its mapping and address is an unknown
-//!   frame again (no function name), so it reads the same everywhere;
+//!   frame again (no function name), so it reads the same everywhere; a native location's
+//!   lines but the last are functions inlined into it, frames of their own;
 //! - threads from the `thread.id`, `thread.name` and `process.id` labels, processes from the
 //!   `process: PID (name)` comments (from the threads for files without them), span contexts from
 //!   the span labels ([`crate::profile::labels`]);
@@ -77,6 +78,9 @@ use crate::profile::{
 
 /// Largest uncompressed profile read.
 const MAX_PROFILE: u64 = 1 << 30;
+
+/// Lines of one location at most: inlined functions nest far less deep.
+pub const MAX_LINES: usize = 64;
 
 /// Reads a pprof profile that spanprof wrote, gzipped or not, back into a [`Profile`].
 pub fn read_pprof(bytes: &[u8]) -> Result<Profile, ReadError> {
@@ -413,8 +417,12 @@ impl Reader<'_> {
         let mut ids: HashMap<Frame, u32> = HashMap::new();
         let mut of_location = HashMap::with_capacity(p.location.len());
         for loc in &p.location {
-            if loc.line.is_empty() {
-                return Err(damaged(format!("location {} has no line", loc.id)));
+            if loc.line.is_empty() || loc.line.len() > MAX_LINES {
+                return Err(damaged(format!(
+                    "location {} has {} lines (1 to {MAX_LINES})",
+                    loc.id,
+                    loc.line.len()
+                )));
             }
             let mapping = match loc.mapping_id {
                 0 => None,
@@ -438,7 +446,9 @@ impl Reader<'_> {
                         loc.id, line.function_id
                     ))
                 })?;
-                let inlined = i + 1 < loc.line.len();
+                // A native function's lines but the last are the functions inlined into it
+                // (another tool's kernel or Python location of several lines keeps its kind).
+                let inlined = i + 1 < loc.line.len() && kind == FrameKind::Native;
                 let mut frame = Frame {
                     kind: if inlined { FrameKind::Inlined } else { kind },
                     function: None,

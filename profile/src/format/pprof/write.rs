@@ -62,7 +62,9 @@
 //!   Location addresses are module-relative (file offsets; absolute for the kernel; 0 for Python
 //!   and placeholders), so a mapping spans `[0, highest address + 1)`.
 //! - One location per distinct frame, with the frame's address and one line
-//!   `{function_id, line}` (line 0 when unknown).
+//!   `{function_id, line}` (line 0 when unknown); a native frame followed by the functions
+//!   inlined into it ([`FrameKind::Inlined`]) is one location of a line each, the innermost
+//!   first and its own last, and its mapping has `has_inline_frames`.
 //! - One function per distinct (name, source file). Kernel functions keep their plain name (no
 //!   `_[k]`; the mapping says they are kernel code). Unknown frames get a function named after
 //!   [`Frame::base_name`], e.g. `[unknown] (libfoo.so+0x1234)`, so they still show up.
@@ -383,7 +385,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     }
 
     let mut location_of_frame: Vec<Option<u64>> = vec![None; profile.frames.len()];
-    let mut location_of_group: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut location_of_group: HashMap<Box<[u32]>, u64> = HashMap::new();
     let mut samples = Vec::with_capacity(profile.samples.len());
     for sample in &profile.samples {
         let value = shape.values(profile, sample);
@@ -394,22 +396,27 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
             continue;
         }
         let thread = &profile.threads[sample.thread as usize];
-        let mut location_id = Vec::with_capacity(sample.frames.len());
-        for group in profile.inline_groups(&sample.frames) {
+        // Leaf first, as pprof wants them (and as locations were always numbered).
+        let groups: Vec<&[u32]> = profile.inline_groups(&sample.frames).collect();
+        let mut location_id = Vec::with_capacity(groups.len());
+        for &group in groups.iter().rev() {
             let frame = |id: &u32| &profile.frames[*id as usize];
             let id = match group {
                 &[one] => *location_of_frame[one as usize]
                     .get_or_insert_with(|| b.location(&[frame(&one)])),
-                // Keyed by the frame inlined into and the innermost (a folded file's have
-                // no address that would tell two call sites apart).
-                [first, .., last] => *location_of_group
-                    .entry((*first, *last))
-                    .or_insert_with(|| b.location(&group.iter().map(frame).collect::<Vec<_>>())),
-                [] => continue,
+                // Keyed by the whole group: a folded file's frames have no address that
+                // would tell two call sites apart.
+                _ => match location_of_group.get(group) {
+                    Some(&id) => id,
+                    None => {
+                        let id = b.location(&group.iter().map(frame).collect::<Vec<_>>());
+                        location_of_group.insert(group.into(), id);
+                        id
+                    }
+                },
             };
             location_id.push(id);
         }
-        location_id.reverse();
         let mut label = vec![
             Label {
                 key: thread_id,
