@@ -139,9 +139,16 @@ impl Filter {
                 .iter()
                 .flatten()
                 .any(|n| self.span_names.iter().any(|p| p.matches(n.as_str())));
+        // The ids a tracing backend shows: with no OpenTelemetry ids, those OSProfiler's OTLP
+        // driver exports the point under (SpanContext::trace_link).
+        let derived = osp
+            .filter(|_| span.trace_id.is_none() && span.span_id.is_none())
+            .and_then(|o| o.otel_ids());
+        let trace_id = span.trace_id.or(derived.map(|d| d.0));
+        let span_id = span.span_id.or(derived.map(|d| d.1));
         named
-            && self.trace_id.is_none_or(|t| span.trace_id == Some(t))
-            && self.span_id.is_none_or(|s| span.span_id == Some(s))
+            && self.trace_id.is_none_or(|t| trace_id == Some(t))
+            && self.span_id.is_none_or(|s| span_id == Some(s))
             && self
                 .base_id
                 .is_none_or(|b| osp.is_some_and(|o| o.base_id == b))

@@ -281,6 +281,35 @@ pub struct OsProfilerIds {
     pub parent_id: Option<[u8; 16]>,
 }
 
+impl OsProfilerIds {
+    /// The OpenTelemetry ids OSProfiler's OTLP driver (`osprofiler.drivers.otlp`) exports the
+    /// current trace point under: the base id's 128 bits as the trace id, the low 64 bits of
+    /// the point's id as the span id (`_utils.uuid_to_int128`, `_utils.shorten_id`), both
+    /// big-endian as OpenTelemetry writes ids, so the UUIDs' own bytes. Before the request's
+    /// first point the current id is the parent the request came with (a point of the caller,
+    /// exported by it), or with none the base id itself, which is no span: then None.
+    pub fn otel_ids(&self) -> Option<([u8; 16], [u8; 8])> {
+        if self.trace_id == self.base_id {
+            return None;
+        }
+        let mut span_id = [0; 8];
+        span_id.copy_from_slice(&self.trace_id[8..]);
+        Some((self.base_id, span_id))
+    }
+}
+
+/// The OpenTelemetry span a sample is linked to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceLink {
+    /// The trace, 16 bytes.
+    pub trace_id: [u8; 16],
+    /// The span, 8 bytes.
+    pub span_id: [u8; 8],
+    /// The ids are not an OpenTelemetry span's that was read but those OSProfiler's OTLP driver
+    /// gives the OSProfiler point the sample ran in ([`OsProfilerIds::otel_ids`]).
+    pub from_osprofiler: bool,
+}
+
 /// Lower-case hex of bytes, as trace and span ids are written.
 pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -320,6 +349,11 @@ pub mod labels {
     pub const SPAN_NAME: &str = "span.name";
     /// OSProfiler current trace point name (at most [`super::SPAN_NAME_MAX`] bytes).
     pub const OSP_NAME: &str = "osprofiler.name";
+    /// `osprofiler` when [`TRACE_ID`] and [`SPAN_ID`] were not read from an OpenTelemetry
+    /// span but derived from the OSProfiler point (see [`super::TraceLink`]).
+    pub const IDS_FROM: &str = "span.ids_from";
+    /// The value of [`IDS_FROM`].
+    pub const IDS_FROM_OSPROFILER: &str = "osprofiler";
 }
 
 impl SpanContext {
@@ -332,7 +366,29 @@ impl SpanContext {
             && self.osprofiler_name.is_none()
     }
 
-    /// The (key, value) string labels of this context, in a fixed order (see [`labels`]).
+    /// The OpenTelemetry span to link the sample to: the one read, or with none read, the
+    /// span OSProfiler's OTLP driver exports for the current OSProfiler point (OpenStack
+    /// services export their trace points that way), so a tracing backend finds the profile
+    /// of a request traced by either. None without both ids, or with an all-zero one.
+    pub fn trace_link(&self) -> Option<TraceLink> {
+        let (trace_id, span_id, from_osprofiler) = match (self.trace_id, self.span_id) {
+            (Some(t), Some(s)) => (t, s, false),
+            (None, None) => {
+                let (t, s) = self.osprofiler?.otel_ids()?;
+                (t, s, true)
+            }
+            _ => return None,
+        };
+        (trace_id != [0; 16] && span_id != [0; 8]).then_some(TraceLink {
+            trace_id,
+            span_id,
+            from_osprofiler,
+        })
+    }
+
+    /// The (key, value) string labels of this context, in a fixed order (see [`labels`]): the
+    /// OpenTelemetry ids, derived from OSProfiler's when none were read (then with
+    /// [`labels::IDS_FROM`]), the span name, the OSProfiler ids and point name.
     pub fn labels(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Some(t) = &self.trace_id {
@@ -340,6 +396,11 @@ impl SpanContext {
         }
         if let Some(s) = &self.span_id {
             out.push((labels::SPAN_ID, hex(s)));
+        }
+        if let Some(link) = self.trace_link().filter(|l| l.from_osprofiler) {
+            out.push((labels::TRACE_ID, hex(&link.trace_id)));
+            out.push((labels::SPAN_ID, hex(&link.span_id)));
+            out.push((labels::IDS_FROM, labels::IDS_FROM_OSPROFILER.to_string()));
         }
         if let Some(n) = &self.span_name {
             out.push((labels::SPAN_NAME, n.as_str().to_string()));

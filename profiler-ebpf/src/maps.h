@@ -178,6 +178,13 @@ struct scratch {
 	 * span (0: not read from the interpreter), OSProfiler's _Profiler.
 	 */
 	__u64 name_obj[2];
+	/*
+	 * The length of OSProfiler's id stack (_trace_stack) osp_trace read: the name of the current
+	 * point is taken only when the name deque is two shorter (base id and parent id first), so
+	 * a sample inside start() or stop(), which update the two one after the other, gets no name
+	 * rather than the name of another point.
+	 */
+	__u64 osp_depth;
 	struct lookup q;
 	__u8 buf[SPAN_BUF];
 	__u8 tblock[TYPE_BLOCK];

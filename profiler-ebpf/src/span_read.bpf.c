@@ -806,6 +806,7 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 	righti = d[4];
 	if (n == 0)
 		return 0;
+	w->osp_depth = n;
 	if (n > 2 * DEQUE_BLOCKLEN || lefti >= DEQUE_BLOCKLEN || righti >= DEQUE_BLOCKLEN ||
 	    !left || !right)
 		return SPAN_FAULT;
@@ -896,6 +897,13 @@ __attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
 	if (bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
 		return SPAN_FAULT;
 	if (d[0] == 0) /* no trace point started since init() */
+		return 0;
+	/*
+	 * start() appends the name, then the id; stop() pops the name, then the id: between the
+	 * two the last name is not the current point's. The id stack holds the base and parent
+	 * ids below the points (osprofiler/profiler.py, _Profiler.__init__).
+	 */
+	if (d[0] + 2 != w->osp_depth)
 		return 0;
 	if (!d[2] || d[4] >= DEQUE_BLOCKLEN ||
 	    read_ptr(&str, d[2] + DEQUE_BLOCK_DATA + d[4] * 8))

@@ -42,6 +42,7 @@ static __always_inline __u32 read_span(struct scratch *w, __u32 tgid)
 	__builtin_memset(&w->span, 0, sizeof(w->span));
 	w->name_obj[0] = 0;
 	w->name_obj[1] = 0;
+	w->osp_depth = 0;
 	w->attrs_obj = 0;
 	/*
 	 * What the process publishes itself is the cheapest to read, and read first. Names only of

@@ -224,10 +224,12 @@ pub(crate) struct FilterArgs {
     /// Keep samples of this thread (its name or id); repeat for several.
     #[arg(long, value_name = "NAME|TID")]
     pub(crate) thread: Vec<String>,
-    /// Keep samples of this OpenTelemetry trace (32 hex digits).
+    /// Keep samples of this OpenTelemetry trace (32 hex digits); also matches OSProfiler
+    /// points by the trace id their OTLP driver exports (the base id's digits).
     #[arg(long, value_name = "HEX")]
     pub(crate) trace_id: Option<String>,
-    /// Keep samples of this OpenTelemetry span (16 hex digits).
+    /// Keep samples of this OpenTelemetry span (16 hex digits; of an OSProfiler point, the
+    /// last 16 digits of its id).
     #[arg(long, value_name = "HEX")]
     pub(crate) span_id: Option<String>,
     /// Keep samples of this OSProfiler trace (its base id, a UUID).

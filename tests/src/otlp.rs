@@ -510,6 +510,25 @@ impl HttpSink {
             .unwrap_or_else(|e| panic!("bad JSON in {}: {e}\n{text}", path.display()))
     }
 
+    /// The spans exported to the sink's `/v1/traces` (a tracer's OTLP/HTTP span exporter), as
+    /// the sink decoded them with PyPI `opentelemetry-proto`: objects with `trace_id` (32 hex),
+    /// `span_id` (16 hex), `parent_span_id` and `name`, in the order they came.
+    #[track_caller]
+    pub fn exported_spans(&self) -> Vec<Value> {
+        let path = self.dir.path().join("spans.jsonl");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => panic!("cannot read {}: {e}", path.display()),
+        };
+        text.lines()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("bad span line {line:?} from the sink: {e}"))
+            })
+            .collect()
+    }
+
     /// [`decode_file`] of every saved request, in order.
     #[track_caller]
     pub fn decode_all(&self) -> Vec<Value> {

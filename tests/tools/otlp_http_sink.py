@@ -12,7 +12,14 @@ text body). Each accepted request is saved in DIR as
 
 (written under temporary names and renamed, the headers first, so a reader
 that sees NNNN.bin sees whole files), and answered with 200 and a serialized
-`ExportProfilesServiceResponse`. Other paths are 404.
+`ExportProfilesServiceResponse`.
+
+`POST /v1/traces` (what tracers' OTLP/HTTP span exporters send) is accepted
+too, protobuf only: each request must parse as an `ExportTraceServiceRequest`
+(else 400), and its spans are appended to DIR/spans.jsonl, one JSON object a
+line: {"trace_id": "32 hex", "span_id": "16 hex", "parent_span_id": "16 hex"
+or "", "name": "..."}; the answer is an `ExportTraceServiceResponse`. The mode
+file does not apply to it. Other paths are 404.
 
 The file DIR/mode, read at every request, makes the endpoint misbehave:
 
@@ -51,6 +58,7 @@ except ImportError as e:  # pragma: no cover - reported to the Rust helper
     sys.exit(3)
 
 PATH = "/v1development/profiles"
+TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
 VERBOSE = bool(os.environ.get("OTLP_SINK_VERBOSE"))
 
@@ -94,6 +102,11 @@ class Store:
             )
             self._write(f"{stem}.bin", body)
             return stem
+
+    def append_spans(self, lines):
+        with self.lock:
+            with open(os.path.join(self.dir, "spans.jsonl"), "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
 
     def count_rejected(self):
         with self.lock:
@@ -161,6 +174,9 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_body()
         if body is None:
             return
+        if path == TRACES_PATH:
+            self.traces(body)
+            return
         if path != PATH:
             self.reply(404, f"no such path {path}; POST to {PATH}\n".encode())
             return
@@ -198,6 +214,42 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "reject":
             response.partial_success.rejected_profiles = rejected
             response.partial_success.error_message = "test rejection"
+        self.reply(200, response.SerializeToString(), PROTOBUF)
+
+    def traces(self, body):
+        """An OTLP/HTTP span export: its spans into spans.jsonl."""
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        media_type = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if media_type != PROTOBUF:
+            self.reply(415, f"Content-Type must be {PROTOBUF}, not {media_type!r}\n".encode())
+            return
+        if self.headers.get("Content-Encoding", "").strip().lower() == "gzip":
+            try:
+                body = gzip.decompress(body)
+            except (EOFError, OSError) as e:
+                self.reply(400, f"bad gzip body: {e}\n".encode())
+                return
+        try:
+            request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+        except Exception as e:  # google.protobuf.message.DecodeError and friends
+            self.reply(400, f"body is not an ExportTraceServiceRequest: {e}\n".encode())
+            return
+        lines = [
+            json.dumps(
+                {
+                    "trace_id": span.trace_id.hex(),
+                    "span_id": span.span_id.hex(),
+                    "parent_span_id": span.parent_span_id.hex(),
+                    "name": span.name,
+                }
+            )
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for span in scope.spans
+        ]
+        self.server.store.append_spans(lines)
+        response = trace_service_pb2.ExportTraceServiceResponse()
         self.reply(200, response.SerializeToString(), PROTOBUF)
 
     def not_posted(self):

@@ -17,6 +17,11 @@
 #                  level, then profiler.clean() and work outside any request;
 #   otel_late      starts without OpenTelemetry imported and runs outside_work
 #                  until GO_FILE exists, then imports it and runs otel_threads.
+#   osprofiler_otlp
+#                  osprofiler with OSProfiler's own OTLP driver as its notifier,
+#                  exporting every trace point as an OpenTelemetry span to the
+#                  OTLP/HTTP endpoint ENDPOINT (`http://HOST:PORT`, given in the
+#                  place of GO_FILE); the spans are flushed before the end.
 #   published_otel_threads, published_osprofiler
 #                  the same with spanprof's opt-in publisher installed first
 #                  (`spanprof_context.install()`, python/spanprof-context): the
@@ -296,7 +301,7 @@ def osprofiler_thread(truth, end, started, counts, index):
         profiler.init(HMAC_KEY, base_id=base_id, parent_id=parent_id)
         for level in range(LEVELS):
             point = span_name("wsgi-%d" % level, index, n)
-            profiler.start(point, info={"request": n})
+            profiler.start(point, info={"number": n})
             p = profiler.get()
             work, name = truth.new_function()
             truth.write(
@@ -344,7 +349,25 @@ def mode_osprofiler(truth, seconds):
     ready()
     for t in threads:
         t.join()
+    if len(counts) != len(threads):
+        sys.exit("an OSProfiler thread failed (its traceback is above)")
     truth.finish({"mode": "osprofiler", "requests": sum(counts.values())})
+
+
+def mode_osprofiler_otlp(truth, seconds, endpoint):
+    from oslo_config import cfg
+    from osprofiler import notifier, opts  # noqa: F401  (opts registers the driver's options)
+    from opentelemetry import trace
+
+    address = endpoint.split("://", 1)[-1]
+    notifier.set(
+        notifier.create(
+            "otlp://" + address, project="spanprof", service="workload", conf=cfg.CONF
+        )
+    )
+    mode_osprofiler(truth, seconds)
+    if not trace.get_tracer_provider().force_flush(10000):
+        sys.exit("the OTLP driver's spans were not exported within 10 s")
 
 
 def main():
@@ -365,6 +388,10 @@ def main():
         mode_otel_asyncio(truth, seconds)
     elif mode == "osprofiler":
         mode_osprofiler(truth, seconds)
+    elif mode == "osprofiler_otlp":
+        if len(sys.argv) < 5:
+            sys.exit("osprofiler_otlp needs an ENDPOINT")
+        mode_osprofiler_otlp(truth, seconds, sys.argv[4])
     elif mode == "otel_late":
         if len(sys.argv) < 5:
             sys.exit("otel_late needs a GO_FILE")

@@ -375,7 +375,8 @@ fn python_venv(root: &Path) -> Result<(PathBuf, PathBuf)> {
 /// minor version: the newest releases that install on it (the SDK brings
 /// `opentelemetry-api`; OSProfiler brings oslo.* and the rest of its requirements), and
 /// `opentelemetry-proto` of the same release as the SDK (with protobuf), which the unit tests of
-/// `python/spanprof-context` check the process context's encoding against. Pinned so that the
+/// `python/spanprof-context` check the process context's encoding against, and its OTLP/HTTP
+/// span exporter, which OSProfiler's OTLP driver exports with (`osprofiler_otlp_links`). Pinned so that the
 /// in-memory layouts spanprof reads do not change under the tests; their own dependencies are
 /// left to pip. All of them install on every version 3.8–3.13, from wheels (no compiler
 /// needed).
@@ -385,6 +386,7 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
         &[
             "opentelemetry-sdk==1.33.1",
             "opentelemetry-proto==1.33.1",
+            "opentelemetry-exporter-otlp-proto-http==1.33.1",
             "osprofiler==4.2.0",
         ],
     ),
@@ -393,6 +395,7 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
         &[
             "opentelemetry-sdk==1.41.1",
             "opentelemetry-proto==1.41.1",
+            "opentelemetry-exporter-otlp-proto-http==1.41.1",
             "osprofiler==4.3.0",
         ],
     ),
@@ -401,6 +404,7 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
         &[
             "opentelemetry-sdk==1.45.2",
             "opentelemetry-proto==1.45.2",
+            "opentelemetry-exporter-otlp-proto-http==1.45.2",
             "osprofiler==4.4.0",
         ],
     ),
@@ -409,6 +413,7 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
         &[
             "opentelemetry-sdk==1.45.2",
             "opentelemetry-proto==1.45.2",
+            "opentelemetry-exporter-otlp-proto-http==1.45.2",
             "osprofiler==4.4.0",
         ],
     ),
@@ -417,6 +422,7 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
         &[
             "opentelemetry-sdk==1.45.2",
             "opentelemetry-proto==1.45.2",
+            "opentelemetry-exporter-otlp-proto-http==1.45.2",
             "osprofiler==4.4.0",
         ],
     ),
@@ -425,13 +431,15 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
         &[
             "opentelemetry-sdk==1.45.2",
             "opentelemetry-proto==1.45.2",
+            "opentelemetry-exporter-otlp-proto-http==1.45.2",
             "osprofiler==4.4.0",
         ],
     ),
 ];
 /// What proves a `target/span-libs/3.X` directory usable by its interpreter.
 const SPAN_LIBS_PROBE: &str = "import opentelemetry.sdk.trace, opentelemetry.trace, \
-     osprofiler.profiler, opentelemetry.proto.resource.v1.resource_pb2";
+     osprofiler.profiler, opentelemetry.proto.resource.v1.resource_pb2, \
+     opentelemetry.exporter.otlp.proto.http.trace_exporter";
 
 /// The pyenv build of CPython 3.`minor`, the highest patch release, found as the tests find it
 /// (`PYENV_ROOT`, else `/root/.pyenv`).

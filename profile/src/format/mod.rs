@@ -711,6 +711,46 @@ mod tests {
     }
 
     #[test]
+    fn osprofiler_links_are_derived_again_not_read_as_opentelemetry_ids() {
+        let profile = fixture::with_spans();
+        let link = profile.spans[1]
+            .trace_link()
+            .expect("an OSProfiler point links");
+        assert_eq!(
+            (link.trace_id, link.span_id, link.from_osprofiler),
+            (fixture::BASE, [0x22; 8], true)
+        );
+        let own = profile.spans[2]
+            .trace_link()
+            .expect("an OpenTelemetry span links");
+        assert!(!own.from_osprofiler && own.trace_id == fixture::TRACE);
+        // Before a request's first point: in the parent it came with, or with none in no span.
+        let mut before = profile.spans[1];
+        before.osprofiler = Some(crate::profile::OsProfilerIds {
+            base_id: fixture::BASE,
+            trace_id: fixture::BASE,
+            parent_id: Some(fixture::BASE),
+        });
+        assert_eq!(before.trace_link(), None);
+        assert!(!before
+            .labels()
+            .iter()
+            .any(|(k, _)| k.starts_with("trace_id")));
+        for format in [Format::Pprof, Format::Otlp] {
+            let bytes = render(&profile, format).unwrap();
+            let back = match format {
+                Format::Pprof => pprof::read_pprof(&bytes).unwrap(),
+                _ => otlp::read::read_otlp(&bytes).unwrap(),
+            };
+            let mut spans = back.spans.clone();
+            spans.sort();
+            let mut expected = profile.spans.clone();
+            expected.sort();
+            assert_eq!(spans, expected, "{format:?}");
+        }
+    }
+
+    #[test]
     fn sizes_counts_and_rates() {
         let cases = [
             (0, "0 B"),

@@ -21,6 +21,11 @@
 //! - `osprofiler_*`: two threads running OSProfiler requests of three nested trace points:
 //!   `osprofiler.base_id`, `osprofiler.trace_id` (the innermost trace point's id) and
 //!   `osprofiler.parent_id` are the request's and trace point's; after `profiler.clean()`, none;
+//!   no sample anywhere carries the name of another point than its `osprofiler.trace_id`'s
+//!   (also inside `profiler.start`/`stop`, which update the names and ids one after the other);
+//! - `osprofiler_otlp_links_3_11`: `osprofiler` with OSProfiler's own OTLP driver exporting the
+//!   points to a local OTLP/HTTP receiver: every sample with OSProfiler ids links (pprof
+//!   `trace_id`/`span_id` with `span.ids_from=osprofiler`, OTLP link) to an exported span;
 //! - `otel_late_*`: spanprof attaches while the process has not imported OpenTelemetry; the
 //!   process then imports it and runs spans as in `otel_threads`: their samples carry their ids
 //!   (spans entered within 200 ms of the import are not checked: spanprof looks for newly
@@ -48,7 +53,7 @@ use spanprof_tests::{
 };
 
 use common::{require_span_profiling, Interp, FREQUENCY, WORKLOAD};
-use libraries::{osprofiler, otel_asyncio, otel_late, otel_threads};
+use libraries::{osprofiler, osprofiler_otlp, otel_asyncio, otel_late, otel_threads};
 use published::{published_osprofiler, published_otel_asyncio, published_otel_threads};
 use truth::read_truth;
 
@@ -133,6 +138,12 @@ fn osprofiler_sid_3_14_in_a_container() {
 #[test]
 fn osprofiler_sid_3_15_in_a_container() {
     osprofiler(&Interp::sid_container(15));
+}
+
+/// OSProfiler's own OTLP driver exporting the points to a local receiver: samples link to them.
+#[test]
+fn osprofiler_otlp_links_3_11() {
+    osprofiler_otlp(&Interp::pyenv(11));
 }
 
 // ---------------------------------------------------------------------------

@@ -126,6 +126,11 @@ struct Tally {
     wrong_examples: Vec<(String, i64)>,
     /// A few kinds of samples outside any span with ids, and their weights.
     outside_examples: Vec<(String, i64)>,
+    /// Samples anywhere (also inside OSProfiler's own start/stop) whose `osprofiler.name` is
+    /// not the name of the point their `osprofiler.trace_id` identifies.
+    name_of_another_point: i64,
+    /// A few of them, and their weights.
+    name_examples: Vec<(String, i64)>,
 }
 
 /// Adds `value` to the example `what`, or records it when there are fewer than 6.
@@ -157,11 +162,36 @@ impl Tally {
         for key in keys {
             tally.right_per_key.insert(key, 0);
         }
+        // Every OSProfiler point's id → its name, as spanprof keeps it.
+        let point_names: BTreeMap<&str, &str> = truth
+            .values()
+            .filter_map(|s| {
+                let id = s.labels.get("osprofiler.trace_id")?;
+                Some((id.as_str(), s.labels.get(OSP_NAME)?.as_str()))
+            })
+            .collect();
         for sample in profile["samples"].as_array().expect("samples") {
             let value = sample["values"][0].as_i64().unwrap_or(0);
             tally.total += value;
             let functions = sample_functions(sample);
             let labels = sample_str_labels(sample);
+            if let (Some(id), Some(name)) =
+                (labels.get("osprofiler.trace_id"), labels.get(OSP_NAME))
+            {
+                if let Some(expected) = point_names.get(id.as_str()) {
+                    if expected != name {
+                        tally.name_of_another_point += value;
+                        let leaf = functions.first().map_or("", String::as_str);
+                        add_example(
+                            &mut tally.name_examples,
+                            format!(
+                                "    {OSP_NAME}={name} with the id of {expected} (leaf {leaf})"
+                            ),
+                            value,
+                        );
+                    }
+                }
+            }
             let has = |key: &str| labels.contains_key(key);
             let shown = || {
                 let ours: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -295,6 +325,13 @@ impl Tally {
                 100.0 * MAX_OUTSIDE_LABELLED
             ));
         }
+        if self.name_of_another_point > 0 {
+            problems.push(format!(
+                "{} samples carry the name of another OSProfiler point than their \
+                 osprofiler.trace_id's",
+                self.name_of_another_point
+            ));
+        }
         problems
     }
 
@@ -341,6 +378,12 @@ impl Tally {
             table.push_str(&format!(
                 "samples outside any span with ids:\n{}\n",
                 show_examples(&self.outside_examples)
+            ));
+        }
+        if !self.name_examples.is_empty() {
+            table.push_str(&format!(
+                "samples named after another point than their id's:\n{}\n",
+                show_examples(&self.name_examples)
             ));
         }
         table

@@ -275,6 +275,7 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
                     let (mut tid, mut tname, mut reason) = (0u32, String::new(), None);
                     let mut span = SpanContext::default();
                     let mut osp: [Option<[u8; 16]>; 3] = [None; 3];
+                    let mut ids_from_osprofiler = false;
                     for &a in &s.attribute_indices {
                         match dict.attribute(a)? {
                             ("thread.id", Attr::Int(t)) => tid = u32::try_from(t).unwrap_or(0),
@@ -290,6 +291,9 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
                             (labels::OSP_BASE_ID, Attr::Str(v)) => osp[0] = parse_uuid(v),
                             (labels::OSP_TRACE_ID, Attr::Str(v)) => osp[1] = parse_uuid(v),
                             (labels::OSP_PARENT_ID, Attr::Str(v)) => osp[2] = parse_uuid(v),
+                            (labels::IDS_FROM, Attr::Str(v)) => {
+                                ids_from_osprofiler = v == labels::IDS_FROM_OSPROFILER
+                            }
                             _ => {}
                         }
                     }
@@ -300,7 +304,9 @@ pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
                             parent_id,
                         });
                     }
-                    if s.link_index != 0 {
+                    // A link derived from the OSProfiler ids is derived again when written.
+                    let derived = ids_from_osprofiler && span.osprofiler.is_some();
+                    if s.link_index != 0 && !derived {
                         let link = usize::try_from(s.link_index)
                             .ok()
                             .and_then(|i| dict.0.link_table.get(i))

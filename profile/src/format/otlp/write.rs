@@ -572,20 +572,20 @@ fn sample_attributes(profile: &Profile, s: &Sample, dict: &mut Dict) -> Vec<i32>
     attrs
 }
 
-/// The link to the OpenTelemetry span a sample ran in, 0 for none.
+/// The link to the OpenTelemetry span a sample ran in ([`crate::profile::SpanContext::trace_link`]:
+/// also the span OSProfiler's OTLP driver exports for its point), 0 for none.
 fn link(profile: &Profile, s: &Sample, dict: &mut Dict) -> i32 {
-    let Some(span) = s.span.and_then(|i| profile.spans.get(i as usize)) else {
+    let Some(l) = s
+        .span
+        .and_then(|i| profile.spans.get(i as usize))
+        .and_then(|span| span.trace_link())
+    else {
         return 0;
     };
-    match (span.trace_id, span.span_id) {
-        (Some(t), Some(sp)) if t != [0; 16] && sp != [0; 8] => {
-            dict.links.intern((t, sp), |_| Link {
-                trace_id: t.to_vec(),
-                span_id: sp.to_vec(),
-            })
-        }
-        _ => 0,
-    }
+    dict.links.intern((l.trace_id, l.span_id), |_| Link {
+        trace_id: l.trace_id.to_vec(),
+        span_id: l.span_id.to_vec(),
+    })
 }
 
 #[cfg(test)]
@@ -697,6 +697,12 @@ mod tests {
             v
         };
         assert_eq!(str_values("span.name"), [fixture::SPAN_NAME]);
+        // The OSProfiler point with no OpenTelemetry span links to the span OSProfiler's OTLP
+        // driver exports for it: trace id the base id, span id the point id's low 64 bits.
+        assert!(linked
+            .iter()
+            .any(|l| l.trace_id == fixture::BASE && l.span_id == [0x22; 8]));
+        assert_eq!(str_values("span.ids_from"), ["osprofiler"]);
         assert_eq!(
             str_values("osprofiler.name"),
             [fixture::LONG_NAME, fixture::OSP_NAME]

@@ -488,6 +488,7 @@ impl Reader<'_> {
         let mut off_cpu = None;
         let mut span = SpanContext::default();
         let mut osp: [Option<[u8; 16]>; 3] = [None; 3];
+        let mut ids_from_osprofiler = false;
         for l in &s.label {
             let key = self.string(l.key)?;
             let value = || self.string(l.str);
@@ -514,6 +515,7 @@ impl Reader<'_> {
                 // the way spanprof would have written it.
                 labels::SPAN_NAME => span.span_name = SpanName::new(value()?),
                 labels::OSP_NAME => span.osprofiler_name = SpanName::new(value()?),
+                labels::IDS_FROM => ids_from_osprofiler = value()? == labels::IDS_FROM_OSPROFILER,
                 labels::OSP_BASE_ID | labels::OSP_TRACE_ID | labels::OSP_PARENT_ID => {
                     let slot = match key {
                         labels::OSP_BASE_ID => 0,
@@ -571,6 +573,11 @@ impl Reader<'_> {
                 )))
             }
         };
+        // Ids derived from the OSProfiler ones are derived again when written.
+        if ids_from_osprofiler && span.osprofiler.is_some() {
+            span.trace_id = None;
+            span.span_id = None;
+        }
         // Files written before the label, by other writers, or with a reason this version does
         // not know: not checked by this version.
         let unwind = unwind

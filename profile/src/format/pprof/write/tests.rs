@@ -203,6 +203,11 @@ fn span_labels_follow_thread_labels() {
         with(
             thread("101", "worker"),
             &[
+                // No OpenTelemetry span: the ids OSProfiler's OTLP driver exports the point
+                // under (the base id; the point id's low 64 bits), marked as derived.
+                ("trace_id", "11111111111111111111111111111111"),
+                ("span_id", "2222222222222222"),
+                ("span.ids_from", "osprofiler"),
                 ("osprofiler.base_id", base),
                 ("osprofiler.trace_id", point),
                 ("osprofiler.name", fixture::OSP_NAME)
