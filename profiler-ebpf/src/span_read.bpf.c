@@ -133,6 +133,17 @@ static long dict_probe_step(__u64 n, void *ctx)
 }
 
 /*
+ * CPython's shared keys of every empty dict (Py_EMPTY_KEYS: dk_size 1 before 3.11, dk_log2_size 0
+ * since, no entries): a dict made and not yet filled, such as a thread's threading.local dict
+ * while the first value to store in it is being built. Nothing is in it: not a fault.
+ */
+static __always_inline __u64 empty_keys(struct lookup *q)
+{
+	q->status = 0;
+	return 0;
+}
+
+/*
  * The value under `key` (compared by identity; `hash` its hash) in the keys object already read
  * into w->kblock (at w->kbase), with split `values` (0 for a combined table). 0 when absent;
  * SPAN_FAULT in w->q.status on garbage.
@@ -149,6 +160,9 @@ static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 ke
 	if (w->scfg.dict_kind == SPANPROF_DICT_SIZE) {
 		/* dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices */
 		size = span_u64(w, 8);
+		q->nentries = (__u32)span_u64(w, 32);
+		if (size == 1 && q->nentries == 0)
+			return empty_keys(q);
 		if (size < 8 || size > (1ULL << 30) || (size & (size - 1)))
 			return 0;
 		q->width = size <= 0xff ? 1 : size <= 0xffff ? 2 : 4;
@@ -162,6 +176,9 @@ static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 ke
 		log2 = w->buf[8];
 		log2_index = w->buf[9];
 		kind = w->buf[10];
+		q->nentries = (__u32)span_u64(w, 24);
+		if (log2 == 0 && log2_index == 0 && q->nentries == 0)
+			return empty_keys(q);
 		if (log2 < 3 || log2 > 30 || log2_index < log2 || log2_index > log2 + 3)
 			return 0;
 		size = 1ULL << log2;

@@ -17,6 +17,10 @@
 #                  level, then profiler.clean() and work outside any request;
 #   otel_late      starts without OpenTelemetry imported and runs outside_work
 #                  until GO_FILE exists, then imports it and runs otel_threads.
+#   osprofiler_fresh_threads
+#                  osprofiler's requests in pairs of new threads started together,
+#                  one request each: OSProfiler's threading.local is made anew in
+#                  every thread;
 #   osprofiler_otlp
 #                  osprofiler with OSProfiler's own OTLP driver as its notifier,
 #                  exporting every trace point as an OpenTelemetry span to the
@@ -290,48 +294,87 @@ HMAC_KEY = "spanprof-secret"
 LEVELS = 3
 
 
-def osprofiler_thread(truth, end, started, counts, index):
+def osprofiler_request(truth, index, n):
+    """One request: init, three nested trace points with work in each, clean."""
     from osprofiler import profiler
 
-    first = True
+    base_id = str(uuid.uuid4())
+    parent_id = str(uuid.uuid4()) if n % 2 else None
+    profiler.init(HMAC_KEY, base_id=base_id, parent_id=parent_id)
+    for level in range(LEVELS):
+        point = span_name("wsgi-%d" % level, index, n)
+        profiler.start(point, info={"number": n})
+        p = profiler.get()
+        work, name = truth.new_function()
+        truth.write(
+            {
+                "function": name,
+                "kind": "osprofiler",
+                "base_id": p.get_base_id(),
+                "trace_id": p.get_id(),
+                "parent_id": p.get_parent_id(),
+                "name": point,
+                "level": level,
+                "tid": threading.get_native_id(),
+            }
+        )
+        work(SPAN_CPU / 2)
+    for _ in range(LEVELS):
+        profiler.stop()
+    profiler.clean()
+
+
+def osprofiler_thread(truth, end, started, counts, index):
     n = 0
     while time.monotonic() < end:
-        base_id = str(uuid.uuid4())
-        parent_id = str(uuid.uuid4()) if n % 2 else None
-        profiler.init(HMAC_KEY, base_id=base_id, parent_id=parent_id)
-        for level in range(LEVELS):
-            point = span_name("wsgi-%d" % level, index, n)
-            profiler.start(point, info={"number": n})
-            p = profiler.get()
-            work, name = truth.new_function()
-            truth.write(
-                {
-                    "function": name,
-                    "kind": "osprofiler",
-                    "base_id": p.get_base_id(),
-                    "trace_id": p.get_id(),
-                    "parent_id": p.get_parent_id(),
-                    "name": point,
-                    "level": level,
-                    "tid": threading.get_native_id(),
-                }
-            )
-            if first:
-                started.release()
-                first = False
-            work(SPAN_CPU / 2)
-        for _ in range(LEVELS):
-            profiler.stop()
-        profiler.clean()
+        osprofiler_request(truth, index, n)
+        if n == 0:
+            started.release()
         n += 1
         outside_work(OUTSIDE_CPU)
     counts[index] = n
 
 
-def mode_osprofiler(truth, seconds):
+def osprofiler_fresh_threads(truth, end):
+    """Requests in pairs of new threads started together, one request each (each thread's
+    OSProfiler local made anew), work outside any request between the pairs; the number of
+    pairs."""
+    n = 0
+    while time.monotonic() < end:
+        failed = []
+
+        def one(index, n=n):
+            try:
+                osprofiler_request(truth, index, n)
+            except BaseException as e:
+                failed.append(e)
+                raise
+
+        threads = [
+            threading.Thread(name="osp-%d-%d" % (i, n), target=one, args=(i,))
+            for i in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            sys.exit("an OSProfiler request failed (its traceback is above)")
+        if n == 0:
+            ready()
+        n += 1
+        outside_work(OUTSIDE_CPU)
+    return n
+
+
+def mode_osprofiler(truth, seconds, fresh=False):
     from osprofiler import profiler  # noqa: F401  (imported before the threads start)
 
     end = time.monotonic() + seconds
+    if fresh:
+        pairs = osprofiler_fresh_threads(truth, end)
+        truth.finish({"mode": "osprofiler_fresh_threads", "requests": 2 * pairs})
+        return
     started = threading.Semaphore(0)
     counts = {}
     threads = [
@@ -388,6 +431,8 @@ def main():
         mode_otel_asyncio(truth, seconds)
     elif mode == "osprofiler":
         mode_osprofiler(truth, seconds)
+    elif mode == "osprofiler_fresh_threads":
+        mode_osprofiler(truth, seconds, fresh=True)
     elif mode == "osprofiler_otlp":
         if len(sys.argv) < 5:
             sys.exit("osprofiler_otlp needs an ENDPOINT")

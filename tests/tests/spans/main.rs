@@ -23,6 +23,8 @@
 //!   `osprofiler.parent_id` are the request's and trace point's; after `profiler.clean()`, none;
 //!   no sample anywhere carries the name of another point than its `osprofiler.trace_id`'s
 //!   (also inside `profiler.start`/`stop`, which update the names and ids one after the other);
+//! - `osprofiler_fresh_threads_*`: `osprofiler` with every request in a new thread: the same
+//!   thresholds, and (as in `osprofiler_*`) no warning of span contexts not read;
 //! - `osprofiler_otlp_links_3_11`: `osprofiler` with OSProfiler's own OTLP driver exporting the
 //!   points to a local OTLP/HTTP receiver: every sample with OSProfiler ids links (pprof
 //!   `trace_id`/`span_id` with `span.ids_from=osprofiler`, OTLP link) to an exported span;
@@ -53,7 +55,9 @@ use spanprof_tests::{
 };
 
 use common::{require_span_profiling, Interp, FREQUENCY, WORKLOAD};
-use libraries::{osprofiler, osprofiler_otlp, otel_asyncio, otel_late, otel_threads};
+use libraries::{
+    osprofiler, osprofiler_fresh_threads, osprofiler_otlp, otel_asyncio, otel_late, otel_threads,
+};
 use published::{published_osprofiler, published_otel_asyncio, published_otel_threads};
 use truth::read_truth;
 
@@ -139,6 +143,14 @@ fn osprofiler_sid_3_14_in_a_container() {
 fn osprofiler_sid_3_15_in_a_container() {
     osprofiler(&Interp::sid_container(15));
 }
+
+// A thread per request (OSProfiler's local made anew in each), on the dict layouts before and
+// since 3.11 and 3.13's per-local dicts.
+per_version!(osprofiler_fresh_threads:
+    osprofiler_fresh_threads_3_8 => 8,
+    osprofiler_fresh_threads_3_11 => 11,
+    osprofiler_fresh_threads_3_13 => 13,
+);
 
 /// OSProfiler's own OTLP driver exporting the points to a local receiver: samples link to them.
 #[test]
