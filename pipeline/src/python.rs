@@ -314,15 +314,106 @@ const OSP_ATTRIBUTES: [&str; 4] = [
 /// exporting `otel_thread_ctx_v1`, loaded since) and for updates of its process context.
 const CTX_LOOK_EVERY: Duration = Duration::from_secs(1);
 
-/// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
+/// How often, at most, a process that is not read as Python is looked at again for a thread
+/// context it publishes: the looks start [`CTX_LOOK_EVERY`] apart and double up to this (a
+/// tracer's library is mostly loaded at start; each look reads `/proc/PID/maps`).
+const NATIVE_CTX_LOOK_MAX: Duration = Duration::from_secs(64);
+
+/// The OTEP 4947 thread context (and OTEP 4719 process context) a process publishes itself,
+/// whatever its language: a module exporting `otel_thread_ctx_v1`.
 #[derive(Debug)]
-struct Spans {
-    finder: SpanFinder,
+struct Published {
     /// The thread context the process publishes, once found.
     thread_ctx: Option<ThreadCtxVar>,
     /// Its process context (the attribute key map of the thread context records).
     process_ctx: Option<ProcessCtx>,
-    next_ctx: Instant,
+    next: Instant,
+    /// Between two looks while none is found.
+    every: Duration,
+    /// Whether the wait doubles after each look that finds none (processes not read as
+    /// Python: looking at every one host-wide each second would cost the daemon).
+    backoff: bool,
+}
+
+impl Published {
+    fn new(backoff: bool) -> Self {
+        Published {
+            thread_ctx: None,
+            process_ctx: None,
+            next: Instant::now(),
+            every: CTX_LOOK_EVERY,
+            backoff,
+        }
+    }
+
+    /// Looks again if it is time; true when something new was found.
+    fn look(&mut self, now: Instant, mem: &LiveMemory, modules: &mut ModuleCache) -> bool {
+        if now < self.next {
+            return false;
+        }
+        let mut changed = false;
+        let pid = mem.pid();
+        if self.thread_ctx.is_none() {
+            if let Ok(Some(var)) = modules.find_thread_ctx(pid, mem) {
+                self.thread_ctx = Some(var);
+                self.every = CTX_LOOK_EVERY;
+                changed = true;
+            } else if self.backoff {
+                self.every = (self.every * 2).min(NATIVE_CTX_LOOK_MAX);
+            }
+        }
+        if self.thread_ctx.is_some() {
+            let ctx = read_process_ctx(pid, mem);
+            // Unreadable (mid-update) keeps what was read before.
+            if ctx.is_some() && ctx != self.process_ctx {
+                self.process_ctx = ctx;
+                changed = true;
+            }
+        }
+        self.next = now + self.every;
+        changed
+    }
+
+    /// Puts where the thread context is, and the keys of its attributes, into `v`.
+    fn fill(&self, v: &mut SpanProc) {
+        let Some(var) = &self.thread_ctx else {
+            return;
+        };
+        match var.access {
+            TlsAccess::Static { tp_offset } => {
+                v.tls_kind = TLS_STATIC;
+                v.tls_offset = tp_offset;
+            }
+            TlsAccess::Dynamic { module, offset } => {
+                v.tls_kind = TLS_DTV;
+                v.tls_module = module;
+                v.tls_offset = offset as i64;
+            }
+        }
+        let keys = self.process_ctx.as_ref().map(|c| c.key_map.as_slice());
+        for (slot, name) in v.osp_keys.iter_mut().zip(OSP_ATTRIBUTES) {
+            *slot = keys
+                .and_then(|k| k.iter().position(|n| n == name))
+                .and_then(|i| u8::try_from(i).ok())
+                .filter(|&i| i != NO_KEY)
+                .unwrap_or(NO_KEY);
+        }
+    }
+}
+
+/// A process not read as Python (native code, or a CPython spanprof cannot walk) watched for a
+/// thread context it publishes.
+#[derive(Debug)]
+struct NativeCtx {
+    mem: LiveMemory,
+    published: Published,
+}
+
+/// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
+#[derive(Debug)]
+struct Spans {
+    finder: SpanFinder,
+    published: Published,
     /// The `span_procs` value without the objects: the version's offsets.
     base: SpanProc,
     mem: LiveMemory,
@@ -346,49 +437,12 @@ impl Spans {
             obj: self.objects,
         };
         let mut changed = self.finder.look(&objects, self.runtime_addr);
-        if now >= self.next_ctx {
-            self.next_ctx = now + CTX_LOOK_EVERY;
-            let pid = self.mem.pid();
-            if self.thread_ctx.is_none() {
-                if let Ok(Some(var)) = modules.find_thread_ctx(pid, &self.mem) {
-                    self.thread_ctx = Some(var);
-                    changed = true;
-                }
-            }
-            if self.thread_ctx.is_some() {
-                let ctx = read_process_ctx(pid, &self.mem);
-                // Unreadable (mid-update) keeps what was read before.
-                if ctx.is_some() && ctx != self.process_ctx {
-                    self.process_ctx = ctx;
-                    changed = true;
-                }
-            }
-        }
+        changed |= self.published.look(now, &self.mem, modules);
         if !changed {
             return None;
         }
         let mut v = self.base;
-        if let Some(var) = &self.thread_ctx {
-            match var.access {
-                TlsAccess::Static { tp_offset } => {
-                    v.tls_kind = TLS_STATIC;
-                    v.tls_offset = tp_offset;
-                }
-                TlsAccess::Dynamic { module, offset } => {
-                    v.tls_kind = TLS_DTV;
-                    v.tls_module = module;
-                    v.tls_offset = offset as i64;
-                }
-            }
-            let keys = self.process_ctx.as_ref().map(|c| c.key_map.as_slice());
-            for (slot, name) in v.osp_keys.iter_mut().zip(OSP_ATTRIBUTES) {
-                *slot = keys
-                    .and_then(|k| k.iter().position(|n| n == name))
-                    .and_then(|i| u8::try_from(i).ok())
-                    .filter(|&i| i != NO_KEY)
-                    .unwrap_or(NO_KEY);
-            }
-        }
+        self.published.fill(&mut v);
         if let Some(o) = self.finder.otel {
             v.otel_var = o.var;
             v.otel_var_hash = o.var_hash;
@@ -451,8 +505,10 @@ pub struct Python {
     writes: Vec<(u32, PyProc)>,
     /// `span_procs` entries to write at the next [`Python::flush`].
     span_writes: Vec<(u32, SpanProc)>,
-    /// Processes whose span contexts the kernel reads (OpenTelemetry, OSProfiler found).
+    /// Python processes whose span contexts the kernel reads (OpenTelemetry, OSProfiler found).
     with_spans: FxHashSet<u32>,
+    /// Processes not read as Python, watched for a thread context they publish.
+    native: FxHashMap<u32, NativeCtx>,
     /// Module files parsed for a published thread context, shared by every process.
     modules: ModuleCache,
     /// Python processes found since the last [`Python::take_new_processes`].
@@ -479,6 +535,7 @@ impl Python {
             writes: Vec::new(),
             span_writes: Vec::new(),
             with_spans: FxHashSet::default(),
+            native: FxHashMap::default(),
             modules: ModuleCache::default(),
             new_processes: Vec::new(),
             versions: FxHashMap::default(),
@@ -563,6 +620,7 @@ impl Python {
     pub fn exec(&mut self, pid: u32) {
         // The new program is another runtime, or none, until it is found again.
         self.versions.remove(&pid);
+        self.native.remove(&pid);
         if self.enabled {
             self.set_proc(pid, Proc::pending());
         }
@@ -601,6 +659,16 @@ impl Python {
                 }
             }
         }
+        for (&pid, n) in &mut self.native {
+            if n.published.look(now, &n.mem, &mut self.modules) {
+                let mut value = SpanProc {
+                    osp_keys: [NO_KEY; 4],
+                    ..SpanProc::default()
+                };
+                n.published.fill(&mut value);
+                self.span_writes.push((pid, value));
+            }
+        }
         self.flush(programs);
         if self.last_sweep.elapsed() >= SWEEP_EVERY {
             self.last_sweep = Instant::now();
@@ -623,6 +691,8 @@ impl Python {
     /// Frees what processes that exited held: name caches (only the merge facts of Python
     /// processes are kept), and the entries of the others, so a reused pid starts afresh.
     fn sweep(&mut self) {
+        self.native
+            .retain(|&pid, _| std::path::Path::new(&format!("/proc/{pid}")).exists());
         self.procs.retain(|&pid, p| {
             if std::path::Path::new(&format!("/proc/{pid}")).exists() {
                 return true;
@@ -649,7 +719,7 @@ impl Python {
                         pid,
                         format!("cannot hand python offsets to the kernel: {e}"),
                     );
-                    self.procs.insert(pid, Proc::Skipped);
+                    self.set_proc(pid, Proc::Skipped);
                     self.found.remove(&pid);
                 }
             }
@@ -657,7 +727,9 @@ impl Python {
         for (pid, value) in std::mem::take(&mut self.span_writes) {
             match programs.set_spans(pid, &value) {
                 Ok(()) => {
-                    self.with_spans.insert(pid);
+                    if matches!(self.procs.get(&pid), Some(Proc::Ready(_))) {
+                        self.with_spans.insert(pid);
+                    }
                 }
                 Err(e) => self.note(pid, format!("cannot hand span objects to the kernel: {e}")),
             }
@@ -738,8 +810,21 @@ impl Python {
         self.set_proc(pid, next);
     }
 
-    /// Sets where `pid` stands, keeping [`Python::next_due`] up to date.
+    /// Sets where `pid` stands, keeping [`Python::next_due`] up to date. A process not read as
+    /// Python (or not yet) is watched for a thread context it publishes itself (when spans are
+    /// read); one found to be Python is watched by its [`Spans`] instead.
     fn set_proc(&mut self, pid: u32, p: Proc) {
+        match p {
+            Proc::Pending { .. } | Proc::Skipped if self.spans => {
+                self.native.entry(pid).or_insert_with(|| NativeCtx {
+                    mem: LiveMemory::new(pid),
+                    published: Published::new(true),
+                });
+            }
+            _ => {
+                self.native.remove(&pid);
+            }
+        }
         if let Proc::Pending {
             next, seen: true, ..
         } = p
@@ -800,9 +885,7 @@ impl Python {
                     py: offsets,
                     objects,
                     next: Instant::now(),
-                    thread_ctx: None,
-                    process_ctx: None,
-                    next_ctx: Instant::now(),
+                    published: Published::new(false),
                 });
                 // At once, so a `--pid` target's spans are read from the first sample on.
                 if let Some(value) = spans.look(Instant::now(), &mut self.modules) {

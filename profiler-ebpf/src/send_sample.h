@@ -167,7 +167,11 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 	p = s->py_len;
 	if (p > SPANPROF_MAX_PY_FRAMES)
 		p = SPANPROF_MAX_PY_FRAMES;
-	if (py && read_span(w, tgid)) {
+	/*
+	 * Any process with a `span_procs` entry: a Python process's objects, or the thread context
+	 * a process of any language publishes (w->tstate is 0 outside Python: only that is read).
+	 */
+	if (user && read_span(w, tgid)) {
 		/* Right after the frames (the `span` member only reserves the room). */
 		off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE;
 		if (off <= sizeof(s->stack) + sizeof(s->py)) {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The span context of a sampled Python thread: what the sampling units call (read_span) and
+ * The span context of a sampled thread (Python, or any process publishing an OTEP 4947 thread
+ * context): what the sampling units call (read_span) and
  * the four readers it calls, global BPF functions defined in span_read.bpf.c (linked into the
  * object by libbpf's static linker) and verified by the kernel once each, on their own.
  *

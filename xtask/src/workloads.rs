@@ -116,6 +116,14 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     build_without_frame_pointers(&src, &out)?;
     build_python_extension(&src, &out)?;
     build_offcpu(root, &out)?;
+    // A native program publishing OTEP 4947 thread contexts: its TLS symbol exported
+    // (-rdynamic puts it in .dynsym, where readers look for it).
+    Cmd::new("gcc")
+        .args(CFLAGS)
+        .args(["-pthread", "-rdynamic", "-o"])
+        .arg(out.join("native_thread_ctx"))
+        .arg(src.join("native_thread_ctx.c"))
+        .run()?;
     Ok(out)
 }
 

@@ -34,6 +34,8 @@
 //!   imported libraries every 50 ms);
 //! - `published_otel_asyncio_*`: `otel_asyncio` with the publisher: its per-thread record is
 //!   taken only while the Python context it was published in runs, so the thresholds hold;
+//! - `native_thread_context`: a C program (no Python) publishing OTEP 4947 thread contexts
+//!   from two threads: the samples of each span carry its ids;
 //! - `published_otel_threads_*`, `published_osprofiler_*`: `otel_threads` and `osprofiler` with
 //!   the opt-in publisher `spanprof_context.install()` (`python/spanprof-context`) run first: the
 //!   same thresholds, and at least 98% of the samples with span labels were read from the OTEP
@@ -58,7 +60,9 @@ use common::{require_span_profiling, Interp, FREQUENCY, WORKLOAD};
 use libraries::{
     osprofiler, osprofiler_fresh_threads, osprofiler_otlp, otel_asyncio, otel_late, otel_threads,
 };
-use published::{published_osprofiler, published_otel_asyncio, published_otel_threads};
+use published::{
+    native_thread_context, published_osprofiler, published_otel_asyncio, published_otel_threads,
+};
 use truth::read_truth;
 
 mod common;
@@ -192,6 +196,12 @@ per_version!(published_osprofiler:
     published_osprofiler_3_12 => 12,
     published_osprofiler_3_13 => 13,
 );
+
+/// A native program publishing OTEP 4947 thread contexts itself (issue 21 item 6).
+#[test]
+fn native_thread_context_from_two_threads() {
+    native_thread_context();
+}
 
 per_version!(published_otel_asyncio:
     published_otel_asyncio_3_8 => 8,
