@@ -582,7 +582,8 @@ impl Programs {
             .map_err(aya_err("add a process to the python map"))
     }
 
-    /// Tells the BPF program where a CPython process keeps its threads' span contexts.
+    /// Tells the BPF program where a process keeps its threads' span contexts (a CPython's
+    /// objects, or a thread context the process publishes).
     pub fn set_spans(&mut self, pid: u32, value: &SpanProc) -> Result<(), LoadError> {
         self.span_procs
             .insert(pid, *value, 0)

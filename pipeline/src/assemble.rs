@@ -17,9 +17,10 @@ use symbolizer::Symbol;
 
 use crate::count::{block_facts, Counter};
 use crate::merge::{merge, Piece};
-use crate::offcpu::classify;
+use crate::offcpu::{classify, is_asyncio_idle};
 use crate::profile::{
-    Frame, FrameKind, Memory, Meta, Process, Profile, PythonStats, Sample, Thread, Timed,
+    Frame, FrameKind, Memory, Meta, OffCpuReason, Process, Profile, PythonStats, Sample, Thread,
+    Timed,
 };
 use crate::python::{
     split_token, MergeInfo, PyFunction, Python, Unread, TOKEN_ENTRY, TRUNCATED_FUNCTION,
@@ -319,7 +320,27 @@ pub fn assemble(
                 .map(|a| frames.frames[chain((pid, *a))[0] as usize].base_name())
                 .collect();
             let native: Vec<&str> = native.iter().map(String::as_str).collect();
-            classify(&block_facts(off), &kernel, &native)
+            let reason = classify(&block_facts(off), &kernel, &native);
+            // The innermost two Python frames (the stack is root first): an event loop idle in
+            // its selector is told apart from the I/O waits of the code it runs.
+            let python: Vec<(&str, &str)> = stack
+                .iter()
+                .rev()
+                .map(|&id| &frames.frames[id as usize])
+                .filter(|f| f.kind == FrameKind::Python)
+                .take(2)
+                .map(|f| {
+                    (
+                        f.function.as_deref().unwrap_or(""),
+                        f.file.as_deref().unwrap_or(""),
+                    )
+                })
+                .collect();
+            if is_asyncio_idle(reason, &python) {
+                OffCpuReason::AsyncioIdle
+            } else {
+                reason
+            }
         });
         if let Some(reason) = reason {
             stack.insert(0, frames.placeholder(&reason.frame_name()));

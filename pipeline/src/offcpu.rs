@@ -93,6 +93,20 @@ pub fn classify(facts: &BlockFacts, kernel: &[&str], native: &[&str]) -> OffCpuR
     OffCpuReason::Other
 }
 
+/// Whether a wait classified `reason` is an asyncio event loop's idle wait: its innermost
+/// Python frames (`python`: `(function, file)`, innermost first) are a selector's `select`
+/// (`selectors.py`) called by asyncio's `BaseEventLoop._run_once` (`asyncio/base_events.py`),
+/// and it waited for I/O or slept (a GIL or lock wait there is the loop's, not idleness).
+pub fn is_asyncio_idle(reason: OffCpuReason, python: &[(&str, &str)]) -> bool {
+    let method = |f: &str, name: &str| f == name || f.ends_with(&format!(".{name}"));
+    matches!(reason, OffCpuReason::Io | OffCpuReason::Sleep)
+        && matches!(python, [(select, sel_file), (run_once, loop_file), ..]
+            if method(select, "select")
+                && sel_file.ends_with("selectors.py")
+                && method(run_once, "_run_once")
+                && loop_file.ends_with("base_events.py"))
+}
+
 fn is_sleep_syscall(nr: u32, arg0_zero: bool) -> bool {
     // nanosleep (35); clock_nanosleep (230): Python 3.11+'s time.sleep.
     nr == 35 || nr == 230 || (arg0_zero && SLEEP_IF_ARG0_ZERO.contains(&nr))

@@ -353,6 +353,7 @@ impl Published {
         }
         let mut changed = false;
         let pid = mem.pid();
+        self.next = now + self.every;
         if self.thread_ctx.is_none() {
             if let Ok(Some(var)) = modules.find_thread_ctx(pid, mem) {
                 self.thread_ctx = Some(var);
@@ -370,7 +371,6 @@ impl Published {
                 changed = true;
             }
         }
-        self.next = now + self.every;
         changed
     }
 
@@ -407,6 +407,9 @@ impl Published {
 struct NativeCtx {
     mem: LiveMemory,
     published: Published,
+    /// A sample arrived since the last look: a process that sends none is not looked at (its
+    /// samples would carry nothing anyway), so idle processes cost a host-wide daemon nothing.
+    seen: bool,
 }
 
 /// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
@@ -481,7 +484,8 @@ pub trait KernelMaps {
     type Error: std::fmt::Display;
     /// Tells the BPF program where a CPython process keeps its interpreter and threads.
     fn set_python(&mut self, pid: u32, value: &PyProc) -> Result<(), Self::Error>;
-    /// Tells the BPF program where a CPython process keeps its threads' span contexts.
+    /// Tells the BPF program where a process keeps its threads' span contexts (a CPython's
+    /// objects, or a thread context the process publishes).
     fn set_spans(&mut self, pid: u32, value: &SpanProc) -> Result<(), Self::Error>;
 }
 
@@ -592,6 +596,9 @@ impl Python {
         if !self.enabled {
             return;
         }
+        if let Some(n) = self.native.get_mut(&pid) {
+            n.seen = true;
+        }
         let redo = match self.procs.get_mut(&pid) {
             None => true,
             // A late sample of a process that exited keeps its merge facts; a live pid is a
@@ -660,6 +667,10 @@ impl Python {
             }
         }
         for (&pid, n) in &mut self.native {
+            if !n.seen || now < n.published.next {
+                continue;
+            }
+            n.seen = false;
             if n.published.look(now, &n.mem, &mut self.modules) {
                 let mut value = SpanProc {
                     osp_keys: [NO_KEY; 4],
@@ -814,16 +825,20 @@ impl Python {
     /// Python (or not yet) is watched for a thread context it publishes itself (when spans are
     /// read); one found to be Python is watched by its [`Spans`] instead.
     fn set_proc(&mut self, pid: u32, p: Proc) {
-        match p {
-            Proc::Pending { .. } | Proc::Skipped if self.spans => {
-                self.native.entry(pid).or_insert_with(|| NativeCtx {
-                    mem: LiveMemory::new(pid),
-                    published: Published::new(true),
-                });
-            }
-            _ => {
-                self.native.remove(&pid);
-            }
+        let watched = match &p {
+            Proc::Pending { .. } | Proc::Skipped => true,
+            // A CPython whose objects spanprof cannot read still has its published context read.
+            Proc::Ready(r) => r.spans.is_none(),
+            Proc::Exited(_) => false,
+        };
+        if watched && self.spans {
+            self.native.entry(pid).or_insert_with(|| NativeCtx {
+                mem: LiveMemory::new(pid),
+                published: Published::new(true),
+                seen: true,
+            });
+        } else {
+            self.native.remove(&pid);
         }
         if let Proc::Pending {
             next, seen: true, ..

@@ -46,7 +46,7 @@ impl PathMode {
 }
 
 /// Sample labels (pprof) and sample attributes (OTLP) `--drop-label` takes.
-pub const SAMPLE_LABELS: [&str; 13] = [
+pub const SAMPLE_LABELS: [&str; 14] = [
     "thread.id",
     "thread.name",
     "process.id",
@@ -60,6 +60,7 @@ pub const SAMPLE_LABELS: [&str; 13] = [
     labels::OSP_TRACE_ID,
     labels::OSP_PARENT_ID,
     labels::OSP_NAME,
+    labels::IDS_FROM,
 ];
 
 /// Resource attributes (OTLP) and run facts (pprof comments) `--drop-label` takes.
@@ -74,8 +75,8 @@ pub const RESOURCE_LABELS: [&str; 7] = [
 ];
 
 /// Every key `--drop-label` takes.
-pub const DROPPABLE: [&str; 20] = {
-    let mut all = [""; 20];
+pub const DROPPABLE: [&str; 21] = {
+    let mut all = [""; 21];
     let mut i = 0;
     while i < SAMPLE_LABELS.len() {
         all[i] = SAMPLE_LABELS[i];

@@ -370,10 +370,11 @@ impl SpanContext {
     /// span OSProfiler's OTLP driver exports for the current OSProfiler point (OpenStack
     /// services export their trace points that way), so a tracing backend finds the profile
     /// of a request traced by either. None without both ids, or with an all-zero one.
-    pub fn trace_link(&self) -> Option<TraceLink> {
+    /// `derive = false` (`--drop-label` took an id or `span.ids_from`) gives none of the latter.
+    pub fn trace_link(&self, derive: bool) -> Option<TraceLink> {
         let (trace_id, span_id, from_osprofiler) = match (self.trace_id, self.span_id) {
             (Some(t), Some(s)) => (t, s, false),
-            (None, None) => {
+            (None, None) if derive => {
                 let (t, s) = self.osprofiler?.otel_ids()?;
                 (t, s, true)
             }
@@ -388,8 +389,9 @@ impl SpanContext {
 
     /// The (key, value) string labels of this context, in a fixed order (see [`labels`]): the
     /// OpenTelemetry ids, derived from OSProfiler's when none were read (then with
-    /// [`labels::IDS_FROM`]), the span name, the OSProfiler ids and point name.
-    pub fn labels(&self) -> Vec<(&'static str, String)> {
+    /// [`labels::IDS_FROM`]; not with `derive = false`), the span name, the OSProfiler ids and
+    /// point name.
+    pub fn labels(&self, derive: bool) -> Vec<(&'static str, String)> {
         let mut out = Vec::new();
         if let Some(t) = &self.trace_id {
             out.push((labels::TRACE_ID, hex(t)));
@@ -397,7 +399,7 @@ impl SpanContext {
         if let Some(s) = &self.span_id {
             out.push((labels::SPAN_ID, hex(s)));
         }
-        if let Some(link) = self.trace_link().filter(|l| l.from_osprofiler) {
+        if let Some(link) = self.trace_link(derive).filter(|l| l.from_osprofiler) {
             out.push((labels::TRACE_ID, hex(&link.trace_id)));
             out.push((labels::SPAN_ID, hex(&link.span_id)));
             out.push((labels::IDS_FROM, labels::IDS_FROM_OSPROFILER.to_string()));
@@ -605,6 +607,16 @@ impl Meta {
     /// Nanoseconds of CPU time one sample stands for.
     pub fn period_ns(&self) -> u64 {
         1_000_000_000 / self.frequency.max(1)
+    }
+
+    /// Whether OSProfiler points get the OpenTelemetry ids their OTLP driver exports them
+    /// under ([`SpanContext::trace_link`]): not when `--drop-label` took `trace_id`, `span_id`
+    /// or `span.ids_from`.
+    pub fn derives_links(&self) -> bool {
+        !self
+            .dropped_labels
+            .iter()
+            .any(|d| d == labels::TRACE_ID || d == labels::SPAN_ID || d == labels::IDS_FROM)
     }
 }
 
@@ -917,27 +929,32 @@ pub enum OffCpuReason {
     Io,
     /// Waiting for CPython's global interpreter lock.
     Gil,
+    /// An asyncio event loop waiting in its selector for something to do (`_run_once` →
+    /// `select`): no task's code runs then, and the wait is not the awaiting tasks' own.
+    AsyncioIdle,
     /// Anything else (page faults, signals, ptrace stops, unknown system calls).
     Other,
 }
 
 impl OffCpuReason {
     /// Every reason, in the order summaries list them.
-    pub const ALL: [OffCpuReason; 5] = [
+    pub const ALL: [OffCpuReason; 6] = [
         OffCpuReason::Sleep,
         OffCpuReason::Lock,
         OffCpuReason::Io,
         OffCpuReason::Gil,
+        OffCpuReason::AsyncioIdle,
         OffCpuReason::Other,
     ];
 
-    /// The label value: `sleep`, `lock`, `io`, `gil` or `other`.
+    /// The label value: `sleep`, `lock`, `io`, `gil`, `asyncio_idle` or `other`.
     pub fn name(self) -> &'static str {
         match self {
             OffCpuReason::Sleep => "sleep",
             OffCpuReason::Lock => "lock",
             OffCpuReason::Io => "io",
             OffCpuReason::Gil => "gil",
+            OffCpuReason::AsyncioIdle => "asyncio_idle",
             OffCpuReason::Other => "other",
         }
     }

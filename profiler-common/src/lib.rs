@@ -450,7 +450,8 @@ pub const LOCAL_TSTATE_DICT: u32 = 1;
 pub const LOCAL_LOCALDICTS: u32 = 2;
 
 /// Value of the `span_procs` map (`struct spanprof_span_proc`): where a CPython process keeps
-/// its threads' span contexts. Object addresses are 0 until the library is imported.
+/// its threads' span contexts. Object addresses are 0 until the library is imported; a process
+/// not read as Python has only its published thread context (`tls_*`, `osp_keys`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(C)]
 pub struct SpanProc {

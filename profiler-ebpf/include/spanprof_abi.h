@@ -423,7 +423,8 @@ struct spanprof_py_proc {
 
 /*
  * Value of `span_procs` (key: tgid): where a CPython process keeps the span context of its
- * threads, found by user space in the process's memory. The objects are those of the tracing
+ * threads, found by user space in the process's memory (of a process not read as Python, only
+ * the published thread context: the tls_* fields and osp_keys). The objects are those of the tracing
  * libraries (0 until the process imports them: user space looks again later); the offsets are
  * the version's. Hashes are of the keys as the dicts store them (a str's cached hash).
  */

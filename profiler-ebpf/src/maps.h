@@ -78,7 +78,10 @@ SPANPROF_MAP struct {
 	__type(value, struct spanprof_py_proc);
 } py_procs SEC(".maps");
 
-/* Where CPython processes keep span contexts: written by user space once it found them. */
+/*
+ * Where processes keep span contexts (a CPython's objects, a published thread context of any
+ * process): written by user space once it found them.
+ */
 SPANPROF_MAP struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);

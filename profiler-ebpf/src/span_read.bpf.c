@@ -166,7 +166,6 @@ static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 ke
 		if (size < 8 || size > (1ULL << 30) || (size & (size - 1)))
 			return 0;
 		q->width = size <= 0xff ? 1 : size <= 0xffff ? 2 : 4;
-		q->nentries = (__u32)span_u64(w, 32);
 		q->index = keys + 40;
 		q->entries = q->index + size * q->width;
 		q->esize = 24;
@@ -184,7 +183,6 @@ static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 ke
 		size = 1ULL << log2;
 		index_bytes = 1ULL << log2_index;
 		q->width = (__u32)(index_bytes >> log2);
-		q->nentries = (__u32)span_u64(w, 24);
 		q->index = keys + 32;
 		q->entries = q->index + index_bytes;
 		/* DICT_KEYS_GENERAL (0) entries carry the hash; unicode ones do not. */

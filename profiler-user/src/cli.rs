@@ -123,7 +123,7 @@ pub(crate) struct ProfileArgs {
     #[arg(short, long, value_name = "DURATION")]
     pub(crate) duration: Option<String>,
     /// What to sample, comma-separated or repeated: `cpu` (on-CPU stacks), `offcpu` (time
-    /// blocked, with its reason: sleep, lock, io, gil, other), `wall` (both, as wall-clock time);
+    /// blocked, with its reason: sleep, lock, io, gil, asyncio_idle, other), `wall` (both, as wall-clock time);
     /// or memory: `alloc` (sampled allocations), `heap` (those not freed at the end).
     #[arg(short, long, value_name = "EVENT[,EVENT…]", default_value = "cpu")]
     pub(crate) event: Vec<String>,

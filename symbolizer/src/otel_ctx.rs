@@ -274,12 +274,22 @@ pub fn tls_access<M: ProcessMemory>(
             ))
         }
     };
-    if let TlsAccess::Dynamic { module, offset } = access {
-        if module == 0 || module > 1 << 16 || offset > 1 << 20 {
+    match access {
+        TlsAccess::Dynamic { module, offset }
+            if module == 0 || module > 1 << 16 || offset > 1 << 20 =>
+        {
             return Err(AccessError::Unsupported(
                 "implausible TLS module id or offset",
-            ));
+            ))
         }
+        // x86_64 static TLS lies below the thread pointer: 0 is a slot the dynamic loader has
+        // not relocated yet (the process is still starting; looked at again later).
+        TlsAccess::Static { tp_offset } if tp_offset >= 0 || tp_offset < -(1 << 30) => {
+            return Err(AccessError::Unsupported(
+                "implausible static TLS offset (not relocated yet?)",
+            ))
+        }
+        _ => {}
     }
     Ok(access)
 }

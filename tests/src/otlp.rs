@@ -703,7 +703,11 @@ mod tests {
         let protobuf = "application/x-protobuf";
         assert_eq!(post(&sink, PROFILES_PATH, protobuf, b""), (200, Vec::new()));
         assert_eq!(post(&sink, PROFILES_PATH, "application/json", b"").0, 415);
-        assert_eq!(post(&sink, "/v1/traces", protobuf, b"").0, 404);
+        assert_eq!(post(&sink, "/v1/logs", protobuf, b"").0, 404);
+        // Spans (a tracer's exporter): an empty export is no span; garbage is refused.
+        assert_eq!(post(&sink, "/v1/traces", protobuf, b"").0, 200);
+        assert_eq!(post(&sink, "/v1/traces", protobuf, b"\xff\xff").0, 400);
+        assert!(sink.exported_spans().is_empty());
         assert_eq!(post(&sink, PROFILES_PATH, protobuf, b"\xff\xff").0, 400);
         let saved = sink.wait_for_requests(1, Duration::from_secs(5));
         assert_eq!(saved.len(), 1);

@@ -160,7 +160,7 @@ fn otlp_file_of_a_traced_workload() {
     for s in &off {
         let reason = s["attributes"]["off_cpu.reason"].as_str().unwrap_or("");
         assert!(
-            ["sleep", "lock", "io", "gil", "other"].contains(&reason),
+            ["sleep", "lock", "io", "gil", "asyncio_idle", "other"].contains(&reason),
             "off_cpu.reason {reason:?}"
         );
     }

@@ -709,3 +709,50 @@ fn names_round_trip() {
     assert_eq!(OffCpuReason::from_name("Lock"), None);
     assert_eq!(OffCpuReason::Gil.frame_name(), "[off-cpu: gil]");
 }
+
+#[test]
+fn an_event_loop_waiting_in_its_selector_is_asyncio_idle() {
+    let selector = (
+        "_PollLikeSelector.select",
+        "/usr/lib/python3.11/selectors.py",
+    );
+    let run_once = (
+        "BaseEventLoop._run_once",
+        "/usr/lib/python3.11/asyncio/base_events.py",
+    );
+    // 3.8-3.10 name code objects without their class.
+    let old = [
+        ("select", "/opt/py/lib/python3.8/selectors.py"),
+        ("_run_once", "/opt/py/lib/python3.8/asyncio/base_events.py"),
+    ];
+    for reason in [OffCpuReason::Io, OffCpuReason::Sleep] {
+        assert!(is_asyncio_idle(reason, &[selector, run_once]));
+        assert!(is_asyncio_idle(reason, &old));
+    }
+    // The loop waiting for the GIL or a lock is not idle.
+    assert!(!is_asyncio_idle(OffCpuReason::Gil, &[selector, run_once]));
+    assert!(!is_asyncio_idle(OffCpuReason::Lock, &[selector, run_once]));
+    // A selector used outside asyncio, a task's own wait, a select of another module.
+    assert!(!is_asyncio_idle(
+        OffCpuReason::Io,
+        &[selector, ("serve_forever", "/srv/socketserver.py")]
+    ));
+    assert!(!is_asyncio_idle(
+        OffCpuReason::Io,
+        &[("Handler.read", "/srv/app.py"), run_once]
+    ));
+    assert!(!is_asyncio_idle(
+        OffCpuReason::Io,
+        &[("select", "/srv/mine.py"), run_once]
+    ));
+    assert!(!is_asyncio_idle(OffCpuReason::Io, &[selector]));
+    assert!(!is_asyncio_idle(OffCpuReason::Io, &[]));
+    assert_eq!(
+        OffCpuReason::AsyncioIdle.frame_name(),
+        "[off-cpu: asyncio_idle]"
+    );
+    assert_eq!(
+        OffCpuReason::from_name("asyncio_idle"),
+        Some(OffCpuReason::AsyncioIdle)
+    );
+}

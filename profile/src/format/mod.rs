@@ -41,7 +41,7 @@
 //! Off-CPU samples start with a root pseudo-frame naming why the thread was blocked
 //! (`[off-cpu: lock]`, [`OffCpuReason::frame_name`](crate::profile::OffCpuReason::frame_name)),
 //! so every format separates the reasons; pprof also gives them the string label
-//! [`pprof::OFF_CPU_REASON_LABEL`] (`off_cpu.reason` = `sleep`, `lock`, `io`, `gil` or `other`).
+//! [`pprof::OFF_CPU_REASON_LABEL`] (`off_cpu.reason` = `sleep`, `lock`, `io`, `gil`, `asyncio_idle` or `other`).
 //!
 //! # Formats
 //!
@@ -714,14 +714,14 @@ mod tests {
     fn osprofiler_links_are_derived_again_not_read_as_opentelemetry_ids() {
         let profile = fixture::with_spans();
         let link = profile.spans[1]
-            .trace_link()
+            .trace_link(true)
             .expect("an OSProfiler point links");
         assert_eq!(
             (link.trace_id, link.span_id, link.from_osprofiler),
             (fixture::BASE, [0x22; 8], true)
         );
         let own = profile.spans[2]
-            .trace_link()
+            .trace_link(true)
             .expect("an OpenTelemetry span links");
         assert!(!own.from_osprofiler && own.trace_id == fixture::TRACE);
         // Before a request's first point: in the parent it came with, or with none in no span.
@@ -731,9 +731,29 @@ mod tests {
             trace_id: fixture::BASE,
             parent_id: Some(fixture::BASE),
         });
-        assert_eq!(before.trace_link(), None);
+        assert_eq!(before.trace_link(true), None);
+        // `--drop-label trace_id`, `span_id` or `span.ids_from`: nothing derived.
+        let mut dropped = fixture::with_spans();
+        for label in ["trace_id", "span_id", "span.ids_from"] {
+            dropped.meta.dropped_labels = vec![label.to_string()];
+            assert!(!dropped.meta.derives_links());
+            assert_eq!(dropped.spans[1].trace_link(false), None);
+            assert!(dropped.spans[1]
+                .labels(false)
+                .iter()
+                .all(|(k, _)| { !matches!(*k, "trace_id" | "span_id" | "span.ids_from") }));
+        }
+        dropped.meta.dropped_labels = vec!["span.ids_from".to_string()];
+        let bytes = render(&dropped, Format::Otlp).unwrap();
+        let back = otlp::read::read_otlp(&bytes).unwrap();
+        let point = back
+            .spans
+            .iter()
+            .find(|s| s.osprofiler.is_some_and(|o| o.trace_id == [0x22; 16]))
+            .expect("the OSProfiler point read back");
+        assert_eq!((point.trace_id, point.span_id), (None, None));
         assert!(!before
-            .labels()
+            .labels(true)
             .iter()
             .any(|(k, _)| k.starts_with("trace_id")));
         for format in [Format::Pprof, Format::Otlp] {

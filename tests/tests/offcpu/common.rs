@@ -12,7 +12,7 @@ pub(super) const FREQUENCY: u32 = 499;
 pub(super) const ROUNDS: u32 = 5;
 
 /// The reasons spanprof names.
-pub(super) const REASONS: [&str; 5] = ["sleep", "lock", "io", "gil", "other"];
+pub(super) const REASONS: [&str; 6] = ["sleep", "lock", "io", "gil", "asyncio_idle", "other"];
 
 /// The label of an off-CPU sample's reason.
 pub(super) const REASON_LABEL: &str = "off_cpu.reason";

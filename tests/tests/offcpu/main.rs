@@ -30,6 +30,8 @@
 //!
 //! - `last_wait_named_*` (pyenv 3.11, 3.13): a process whose main thread ends joining its
 //!   workers keeps the wait's Python names (`last_wait.rs`).
+//! - `asyncio_idle_*` (pyenv 3.8, 3.11, 3.13): an asyncio loop's waits in its selector are
+//!   `[off-cpu: asyncio_idle]`, not `io` (`asyncio_idle.rs`).
 //!
 //! Failure messages carry the per-thread, per-function, per-reason table (also printed by
 //! `--nocapture` runs, with the off-CPU time that went to other reasons and functions).
@@ -39,6 +41,7 @@
 
 use spanprof_tests::{profile_pid, profiling_lock, py_workload_source, Background, TempDir};
 
+use asyncio_idle::asyncio_idle;
 use common::{ms, require_offcpu_profiling, Interp, FREQUENCY, ROUNDS};
 use gil::gil_waits;
 use last_wait::last_wait_named;
@@ -46,6 +49,7 @@ use native::native_sleeps;
 use profile::{check_reasons, offcpu_summary, Profile, Table};
 use py_workload::{cpu_and_offcpu, wall};
 
+mod asyncio_idle;
 mod common;
 mod gil;
 mod last_wait;
@@ -128,6 +132,21 @@ fn last_wait_named_3_11() {
 #[test]
 fn last_wait_named_3_13() {
     last_wait_named(&Interp::pyenv(13));
+}
+
+#[test]
+fn asyncio_idle_3_8() {
+    asyncio_idle(&Interp::pyenv(8));
+}
+
+#[test]
+fn asyncio_idle_3_11() {
+    asyncio_idle(&Interp::pyenv(11));
+}
+
+#[test]
+fn asyncio_idle_3_13() {
+    asyncio_idle(&Interp::pyenv(13));
 }
 
 #[test]

@@ -34,7 +34,7 @@
 //!   imported libraries every 50 ms);
 //! - `published_otel_asyncio_*`: `otel_asyncio` with the publisher: its per-thread record is
 //!   taken only while the Python context it was published in runs, so the thresholds hold;
-//! - `native_thread_context`: a C program (no Python) publishing OTEP 4947 thread contexts
+//! - `native_thread_context_from_two_threads`: a C program (no Python) publishing OTEP 4947 thread contexts
 //!   from two threads: the samples of each span carry its ids;
 //! - `published_otel_threads_*`, `published_osprofiler_*`: `otel_threads` and `osprofiler` with
 //!   the opt-in publisher `spanprof_context.install()` (`python/spanprof-context`) run first: the

@@ -27,7 +27,8 @@
 //!   `off_cpu.reason` (off-CPU samples), the OpenTelemetry span's name (`span.name`), the
 //!   OSProfiler ids (`osprofiler.base_id`, `osprofiler.trace_id`, `osprofiler.parent_id`) and
 //!   trace point name (`osprofiler.name`), and link to the OpenTelemetry trace and span they ran
-//!   in (`link_index`). When the session kept event times
+//!   in (`link_index`; in an OSProfiler point with no OpenTelemetry span, the one OSProfiler's
+//!   OTLP driver exports for it, with the attribute `span.ids_from`). When the session kept event times
 //!   ([`Sample::times`](crate::profile::Sample::times)), each sample lists `timestamps_unix_nano`
 //!   with one value per timestamp (count profiles leave values out: each timestamp counts 1);
 //!   otherwise (a profile read back from a file) it has one aggregated value. Samples that the
@@ -563,7 +564,7 @@ fn sample_attributes(profile: &Profile, s: &Sample, dict: &mut Dict) -> Vec<i32>
         );
     }
     if let Some(span) = s.span.and_then(|i| profile.spans.get(i as usize)) {
-        for (key, value) in span.labels() {
+        for (key, value) in span.labels(profile.meta.derives_links()) {
             if key != labels::TRACE_ID && key != labels::SPAN_ID {
                 push(dict, key, AttrKey::Str(value));
             }
@@ -578,7 +579,7 @@ fn link(profile: &Profile, s: &Sample, dict: &mut Dict) -> i32 {
     let Some(l) = s
         .span
         .and_then(|i| profile.spans.get(i as usize))
-        .and_then(|span| span.trace_link())
+        .and_then(|span| span.trace_link(profile.meta.derives_links()))
     else {
         return 0;
     };

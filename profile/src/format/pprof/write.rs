@@ -37,7 +37,7 @@
 //!   whose sampled allocations were all freed).
 //! - An off-CPU sample's stack starts (at its root) with the pseudo-frame of its reason,
 //!   `[off-cpu: lock]`, and it carries the string label [`OFF_CPU_REASON_LABEL`]
-//!   (`off_cpu.reason`): `sleep`, `lock`, `io`, `gil` or `other`
+//!   (`off_cpu.reason`): `sleep`, `lock`, `io`, `gil`, `asyncio_idle` or `other`
 //!   ([`OffCpuReason::name`](crate::profile::OffCpuReason::name)); `go tool pprof -tagfocus
 //!   off_cpu.reason=lock` keeps the lock waits.
 //! - One pprof sample per [`Sample`](crate::profile::Sample) (a distinct stack on a thread; but
@@ -48,7 +48,10 @@
 //!   `off_cpu.reason` for an off-CPU sample.
 //! - A sample taken inside a tracing span also carries the span's string labels, after those,
 //!   in this order and only those known: `trace_id` and `span_id` (OpenTelemetry, lower-case
-//!   hex, 32 and 16 digits), `span.name` (the OpenTelemetry span's name), `osprofiler.base_id`,
+//!   hex, 32 and 16 digits; in an OSProfiler point with no OpenTelemetry span, those OSProfiler's
+//!   OTLP driver exports it under, followed by `span.ids_from=osprofiler`: see
+//!   [`SpanContext::trace_link`](crate::profile::SpanContext::trace_link)), `span.name` (the
+//!   OpenTelemetry span's name), `osprofiler.base_id`,
 //!   `osprofiler.trace_id` and `osprofiler.parent_id` (OSProfiler, UUIDs `8-4-4-4-12`),
 //!   `osprofiler.name` (the trace point's name); see [`crate::profile::labels`]. Names are at
 //!   most [`SPAN_NAME_MAX`](crate::profile::SPAN_NAME_MAX) bytes (longer ones keep their
@@ -456,7 +459,7 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
             });
         }
         if let Some(span) = profile.span_of(sample) {
-            for (key, value) in span.labels() {
+            for (key, value) in span.labels(meta.derives_links()) {
                 label.push(Label {
                     key: b.strings.intern(key),
                     str: b.strings.intern(&value),
