@@ -20,10 +20,11 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use object::elf::{R_X86_64_DTPMOD64, R_X86_64_TLSDESC, R_X86_64_TPOFF64};
-use object::read::elf::{ElfFile64, ProgramHeader};
+use object::elf::{
+    FileHeader64, R_X86_64_DTPMOD64, R_X86_64_TLSDESC, R_X86_64_TPOFF64, SHT_DYNSYM, STT_TLS,
+};
+use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::read::{ReadCache, ReadRef};
-use object::{Object, ObjectSymbol, RelocationFlags, RelocationTarget, SymbolKind};
 
 use crate::mapped::{open_mapped, read_maps};
 use crate::python::detect::load_bias;
@@ -116,27 +117,36 @@ pub fn parse_module_bytes(bytes: &[u8]) -> Option<TlsSymbol> {
 }
 
 fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Option<TlsSymbol> {
-    let file = ElfFile64::<object::Endianness, R>::parse(data).ok()?;
-    let sym = file.dynamic_symbols().find(|s| {
-        s.name() == Ok(THREAD_CTX_SYMBOL) && s.kind() == SymbolKind::Tls && s.size() == 8
+    // NB: the section-level API, not `ElfFile::parse`, which reads `.symtab` whole (73 ms for
+    // spanprof's own binary with its debug symbols, a drain stalled that long): only `.dynsym`,
+    // its strings and the RELA sections are read.
+    let header = FileHeader64::<object::Endianness>::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let sections = header.sections(endian, data).ok()?;
+    let dynsym = sections.symbols(endian, data, SHT_DYNSYM).ok()?;
+    let (index, sym) = dynsym.iter().enumerate().find(|(_, s)| {
+        s.st_type() == STT_TLS
+            && s.st_size(endian) == 8
+            && dynsym.symbol_name(endian, s) == Ok(THREAD_CTX_SYMBOL.as_bytes())
     })?;
-    let index = sym.index();
-    let reloc = file.dynamic_relocations().and_then(|mut relocs| {
-        relocs.find_map(|(offset, r)| match (r.flags(), r.target()) {
-            (RelocationFlags::Elf { r_type }, RelocationTarget::Symbol(i))
-                if i == index
-                    && matches!(
-                        r_type,
-                        R_X86_64_TLSDESC | R_X86_64_DTPMOD64 | R_X86_64_TPOFF64
-                    ) =>
-            {
-                Some((r_type, offset))
-            }
+    let is_mips64el = header.is_mips64el(endian);
+    let reloc = sections
+        .iter()
+        .filter_map(|section| match section.rela(endian, data) {
+            Ok(Some((relas, link))) if link == dynsym.section() => Some(relas),
             _ => None,
         })
-    });
-    let endian = file.endian();
-    let headers = file.elf_program_headers();
+        .flatten()
+        .find_map(|r| {
+            let r_type = r.r_type(endian, is_mips64el);
+            (r.r_sym(endian, is_mips64el) as usize == index
+                && matches!(
+                    r_type,
+                    R_X86_64_TLSDESC | R_X86_64_DTPMOD64 | R_X86_64_TPOFF64
+                ))
+            .then(|| (r_type, r.r_offset(endian)))
+        });
+    let headers = header.program_headers(endian, data).ok()?;
     let tls_size = headers
         .iter()
         .find(|p| p.p_type(endian) == object::elf::PT_TLS)
@@ -144,7 +154,7 @@ fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Option<TlsSymbol> {
             let align = p.p_align(endian).max(1);
             p.p_memsz(endian).div_ceil(align).saturating_mul(align)
         });
-    let executable = file.elf_header().e_type.get(endian) == object::elf::ET_EXEC
+    let executable = header.e_type(endian) == object::elf::ET_EXEC
         || headers
             .iter()
             .any(|p| p.p_type(endian) == object::elf::PT_INTERP);
@@ -154,7 +164,7 @@ fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Option<TlsSymbol> {
         .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
         .collect();
     Some(TlsSymbol {
-        value: sym.address(),
+        value: sym.st_value(endian),
         reloc,
         tls_size,
         executable,
@@ -284,7 +294,7 @@ pub fn tls_access<M: ProcessMemory>(
         }
         // x86_64 static TLS lies below the thread pointer: 0 is a slot the dynamic loader has
         // not relocated yet (the process is still starting; looked at again later).
-        TlsAccess::Static { tp_offset } if tp_offset >= 0 || tp_offset < -(1 << 30) => {
+        TlsAccess::Static { tp_offset } if !(-(1 << 30)..0).contains(&tp_offset) => {
             return Err(AccessError::Unsupported(
                 "implausible static TLS offset (not relocated yet?)",
             ))
