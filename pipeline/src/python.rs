@@ -21,23 +21,25 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use profiler_common::{
-    PyFrame, PyProc, SpanProc, ATTR_DICTOFFSET, ATTR_INLINE, ATTR_MANAGED, ATTR_TAGGED, DICT_LOG2,
-    DICT_SIZE, LOCAL_LOCALDICTS, LOCAL_TSTATE_DICT, LONG_SIZE, LONG_TAG, NO_KEY, PY_CODE_BLOCK,
-    PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM, PY_FRAME_BLOCK, PY_FRAME_ENTRY,
-    PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER, PY_MATCH_NATIVE_TID,
-    PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW, TLS_DTV, TLS_STATIC,
+    PyFrame, PyProc, SpanProc, NO_KEY, PY_CODE_BLOCK, PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM,
+    PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER,
+    PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use symbolizer::otel_ctx::{read_process_ctx, ModuleCache, ProcessCtx, ThreadCtxVar, TlsAccess};
+use symbolizer::otel_ctx::ModuleCache;
 use symbolizer::python::detect::{detect, needs_libpython, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
-use symbolizer::python::objects::{AttrLayout, DictLayout, ObjectOffsets, Objects, SpanFinder};
+use symbolizer::python::objects::ObjectOffsets;
 use symbolizer::python::offsets::{
     DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN, NEWEST_MINOR,
 };
 use symbolizer::python::walk::{TypeAddrs, STR_HASH};
+
+use spans::{span_proc, NativeCtx, Published, Spans};
+
+mod spans;
 
 /// Times a process that is not (yet) Python is looked at after it appeared or exec'd: a
 /// process still in the dynamic loader has no libpython mapped yet (a program linked with
@@ -295,183 +297,6 @@ impl ThreadNames {
     }
 }
 
-/// How often a Python process is looked at for tracing libraries it imported since (at most one
-/// look per drain, every 50 ms): the spans of a library imported mid-session are read from
-/// about this long after the import. A look that finds no new module costs four small reads.
-const SPAN_LOOK_EVERY: Duration = Duration::from_millis(50);
-
-/// The thread context record attributes spanprof reads, in `SpanProc::osp_keys` order:
-/// OSProfiler's ids, and the Python context the OpenTelemetry ids were published in (written
-/// by python/spanprof-context).
-const OSP_ATTRIBUTES: [&str; 4] = [
-    "osprofiler.base_id",
-    "osprofiler.trace_id",
-    "osprofiler.parent_id",
-    "spanprof.python_context",
-];
-
-/// How often a process is looked at for a thread context it publishes (OTEP 4947: a module
-/// exporting `otel_thread_ctx_v1`, loaded since) and for updates of its process context.
-const CTX_LOOK_EVERY: Duration = Duration::from_secs(1);
-
-/// How often, at most, a process that is not read as Python is looked at again for a thread
-/// context it publishes: the looks start [`CTX_LOOK_EVERY`] apart and double up to this (a
-/// tracer's library is mostly loaded at start; each look reads `/proc/PID/maps`).
-const NATIVE_CTX_LOOK_MAX: Duration = Duration::from_secs(64);
-
-/// The OTEP 4947 thread context (and OTEP 4719 process context) a process publishes itself,
-/// whatever its language: a module exporting `otel_thread_ctx_v1`.
-#[derive(Debug)]
-struct Published {
-    /// The thread context the process publishes, once found.
-    thread_ctx: Option<ThreadCtxVar>,
-    /// Its process context (the attribute key map of the thread context records).
-    process_ctx: Option<ProcessCtx>,
-    next: Instant,
-    /// Between two looks while none is found.
-    every: Duration,
-    /// Whether the wait doubles after each look that finds none (processes not read as
-    /// Python: looking at every one host-wide each second would cost the daemon).
-    backoff: bool,
-}
-
-impl Published {
-    fn new(backoff: bool) -> Self {
-        Published {
-            thread_ctx: None,
-            process_ctx: None,
-            next: Instant::now(),
-            every: CTX_LOOK_EVERY,
-            backoff,
-        }
-    }
-
-    /// Looks again if it is time; true when something new was found.
-    fn look(&mut self, now: Instant, mem: &LiveMemory, modules: &mut ModuleCache) -> bool {
-        if now < self.next {
-            return false;
-        }
-        let mut changed = false;
-        let pid = mem.pid();
-        self.next = now + self.every;
-        if self.thread_ctx.is_none() {
-            if let Ok(Some(var)) = modules.find_thread_ctx(pid, mem) {
-                self.thread_ctx = Some(var);
-                self.every = CTX_LOOK_EVERY;
-                changed = true;
-            } else if self.backoff {
-                self.every = (self.every * 2).min(NATIVE_CTX_LOOK_MAX);
-            }
-        }
-        if self.thread_ctx.is_some() {
-            let ctx = read_process_ctx(pid, mem);
-            // Unreadable (mid-update) keeps what was read before.
-            if ctx.is_some() && ctx != self.process_ctx {
-                self.process_ctx = ctx;
-                changed = true;
-            }
-        }
-        changed
-    }
-
-    /// Puts where the thread context is, and the keys of its attributes, into `v`.
-    fn fill(&self, v: &mut SpanProc) {
-        let Some(var) = &self.thread_ctx else {
-            return;
-        };
-        match var.access {
-            TlsAccess::Static { tp_offset } => {
-                v.tls_kind = TLS_STATIC;
-                v.tls_offset = tp_offset;
-            }
-            TlsAccess::Dynamic { module, offset } => {
-                v.tls_kind = TLS_DTV;
-                v.tls_module = module;
-                v.tls_offset = offset as i64;
-            }
-        }
-        let keys = self.process_ctx.as_ref().map(|c| c.key_map.as_slice());
-        for (slot, name) in v.osp_keys.iter_mut().zip(OSP_ATTRIBUTES) {
-            *slot = keys
-                .and_then(|k| k.iter().position(|n| n == name))
-                .and_then(|i| u8::try_from(i).ok())
-                .filter(|&i| i != NO_KEY)
-                .unwrap_or(NO_KEY);
-        }
-    }
-}
-
-/// A process not read as Python (native code, or a CPython spanprof cannot walk) watched for a
-/// thread context it publishes.
-#[derive(Debug)]
-struct NativeCtx {
-    mem: LiveMemory,
-    published: Published,
-    /// A sample arrived since the last look: a process that sends none is not looked at (its
-    /// samples would carry nothing anyway), so idle processes cost a host-wide daemon nothing.
-    seen: bool,
-}
-
-/// Finding a process's OpenTelemetry and OSProfiler objects for the BPF program.
-#[derive(Debug)]
-struct Spans {
-    finder: SpanFinder,
-    published: Published,
-    /// The `span_procs` value without the objects: the version's offsets.
-    base: SpanProc,
-    mem: LiveMemory,
-    runtime_addr: u64,
-    py: &'static PyOffsets,
-    objects: &'static ObjectOffsets,
-    next: Instant,
-}
-
-impl Spans {
-    /// Looks for the libraries again if it is time; the `span_procs` value when something new
-    /// was found. `modules` caches what module files say of `otel_thread_ctx_v1`.
-    fn look(&mut self, now: Instant, modules: &mut ModuleCache) -> Option<SpanProc> {
-        if now < self.next {
-            return None;
-        }
-        self.next = now + SPAN_LOOK_EVERY;
-        let objects = Objects {
-            mem: &self.mem,
-            py: self.py,
-            obj: self.objects,
-        };
-        let mut changed = self.finder.look(&objects, self.runtime_addr);
-        changed |= self.published.look(now, &self.mem, modules);
-        if !changed {
-            return None;
-        }
-        let mut v = self.base;
-        self.published.fill(&mut v);
-        if let Some(o) = self.finder.otel {
-            v.otel_var = o.var;
-            v.otel_var_hash = o.var_hash;
-            v.otel_key = o.span_key.addr;
-            v.otel_key_hash = o.span_key.hash;
-            v.context_name = o.context_name.addr;
-            v.context_name_hash = o.context_name.hash;
-        }
-        if let Some(o) = self.finder.osp {
-            v.osp_local = o.local.addr;
-            v.osp_local_hash = o.local.hash;
-            v.osp_profiler_name = o.profiler_name.addr;
-            v.osp_profiler_name_hash = o.profiler_name.hash;
-            v.osp_profiler_type = o.profiler_type;
-            v.osp_stack_name = o.stack_name.addr;
-            v.osp_stack_name_hash = o.stack_name.hash;
-        }
-        if let Some(n) = self.finder.names {
-            v.name_attr = n.attr.addr;
-            v.name_attr_hash = n.attr.hash;
-            v.str_type = n.str_type;
-        }
-        Some(v)
-    }
-}
-
 /// How often processes are checked for exit, to free their caches.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Function id of [`unknown`], interned first.
@@ -568,7 +393,8 @@ impl Python {
             .collect()
     }
 
-    /// Notes why a process is not profiled as Python; the first 5 pids per reason are kept,
+    /// Notes why a process is not profiled as Python (or why its spans are not read); the
+    /// first 5 pids per reason are kept,
     /// the others counted.
     fn note(&mut self, pid: u32, reason: String) {
         let (pids, count) = self.notes.entry(reason).or_default();
@@ -655,16 +481,21 @@ impl Python {
                 _ => None,
             })
             .min();
+        let mut notes = Vec::new();
         for (&pid, p) in &mut self.procs {
             if let Proc::Ready(r) = p {
-                if let Some(value) = r
-                    .spans
-                    .as_mut()
-                    .and_then(|s| s.look(now, &mut self.modules))
-                {
-                    self.span_writes.push((pid, value));
+                if let Some(spans) = r.spans.as_mut() {
+                    if let Some(value) = spans.look(now, &mut self.modules) {
+                        self.span_writes.push((pid, value));
+                    }
+                    if let Some(note) = spans.take_note() {
+                        notes.push((pid, note));
+                    }
                 }
             }
+        }
+        for (pid, note) in notes {
+            self.note(pid, note);
         }
         for (&pid, n) in &mut self.native {
             if !n.seen || now < n.published.next {
@@ -892,19 +723,19 @@ impl Python {
         let base = objects.and_then(|o| span_proc(&process, offsets, o).ok());
         let spans = match (self.spans, objects, base) {
             (true, Some(objects), Some(base)) => {
-                let mut spans = Box::new(Spans {
-                    finder: SpanFinder::default(),
+                let mut spans = Box::new(Spans::new(
                     base,
                     mem,
-                    runtime_addr: process.runtime_addr,
-                    py: offsets,
+                    process.runtime_addr,
+                    offsets,
                     objects,
-                    next: Instant::now(),
-                    published: Published::new(false),
-                });
+                ));
                 // At once, so a `--pid` target's spans are read from the first sample on.
                 if let Some(value) = spans.look(Instant::now(), &mut self.modules) {
                     self.span_writes.push((pid, value));
+                }
+                if let Some(note) = spans.take_note() {
+                    self.note(pid, note);
                 }
                 Some(spans)
             }
@@ -1022,54 +853,6 @@ pub fn split_token(token: u64) -> (u32, u32, bool) {
         ((token >> 32) & 0x7fff_ffff) as u32,
         token & TOKEN_ENTRY != 0,
     )
-}
-
-/// The `span_procs` value of a process before its tracing libraries are found: the offsets of
-/// its version and the HAMT node types (0 when the symbol table does not have them: the BPF
-/// program then tells nodes apart by their type's name).
-pub fn span_proc(
-    process: &PythonProcess,
-    py: &PyOffsets,
-    o: &ObjectOffsets,
-) -> Result<SpanProc, String> {
-    let u = |v: u64, what: &str| -> Result<u32, String> {
-        u32::try_from(v).map_err(|_| format!("offset of {what} out of range"))
-    };
-    let [bitmap, array, collision] = process.hamt_types.map(|t| t.unwrap_or(0));
-    let (tstate_local, local_kind) = match o.tstate_local_key {
-        Some(at) => (at, LOCAL_LOCALDICTS),
-        None => (o.tstate_dict, LOCAL_TSTATE_DICT),
-    };
-    Ok(SpanProc {
-        hamt_bitmap_type: bitmap,
-        hamt_array_type: array,
-        hamt_collision_type: collision,
-        tstate_context: u(o.tstate_context, "PyThreadState.context")?,
-        context_vars: u(o.context_vars, "PyContext.ctx_vars")?,
-        hamt_root: u(o.hamt_root, "PyHamtObject.h_root")?,
-        tstate_local: u(tstate_local, "PyThreadState.dict")?,
-        local_kind,
-        dict_kind: match o.dict_layout {
-            DictLayout::Size => DICT_SIZE,
-            DictLayout::Log2 => DICT_LOG2,
-        },
-        dict_values: u(o.dict_values, "PyDictValues.values")?,
-        attr_kind: match o.attr_layout {
-            AttrLayout::DictOffset => ATTR_DICTOFFSET,
-            AttrLayout::Managed => ATTR_MANAGED,
-            AttrLayout::Tagged => ATTR_TAGGED,
-            AttrLayout::Inline => ATTR_INLINE,
-        },
-        type_flags: u(o.type_flags, "tp_flags")?,
-        type_dictoffset: u(o.type_dictoffset, "tp_dictoffset")?,
-        type_basicsize: u(o.type_basicsize, "tp_basicsize")?,
-        type_cached_keys: u(o.type_cached_keys, "ht_cached_keys")?,
-        long_kind: if o.long_tag { LONG_TAG } else { LONG_SIZE },
-        str_data: u(py.unicode_ascii_size, "PyASCIIObject data")?,
-        tuple_items: u(o.tuple_items, "PyTupleObject.ob_item")?,
-        osp_keys: [NO_KEY; 4],
-        ..SpanProc::default()
-    })
 }
 
 /// The `py_procs` value of a process: its runtime address and its version's offsets.

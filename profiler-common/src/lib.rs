@@ -448,6 +448,12 @@ pub const LONG_TAG: u32 = 2;
 pub const LOCAL_TSTATE_DICT: u32 = 1;
 /// [`SpanProc::local_kind`]: `local.localdicts[tstate->threading_local_key]` (3.13).
 pub const LOCAL_LOCALDICTS: u32 = 2;
+/// [`SpanProc::green_kind`]: OSProfiler's local is a thread's.
+pub const GREEN_NONE: u32 = 0;
+/// [`SpanProc::green_kind`]: eventlet's `corolocal.local`, `osp_local` its greens' `data`.
+pub const GREEN_EVENTLET: u32 = 1;
+/// [`SpanProc::green_kind`]: gevent's `local`, `osp_local` its `_localimpl`'s `dicts`.
+pub const GREEN_GEVENT: u32 = 2;
 
 /// Value of the `span_procs` map (`struct spanprof_span_proc`): where a CPython process keeps
 /// its threads' span contexts. Object addresses are 0 until the library is imported; a process
@@ -533,6 +539,19 @@ pub struct SpanProc {
     pub osp_keys: [u8; 4],
     /// `offsetof(PyTupleObject, ob_item)`: 24, 32 from 3.14 (`ob_hash` before the items).
     pub tuple_items: u32,
+    /// `GREEN_*`: OSProfiler's local is green-thread local (eventlet, gevent); `osp_local` is
+    /// then the dict of every greenlet's attributes.
+    pub green_kind: u32,
+    /// `TLS_*`: how a thread's greenlet state (`g_thread_state_global`) is found.
+    pub green_tls_kind: u32,
+    /// Offset from the FS base (static) or in greenlet's TLS block (DTV).
+    pub green_tls_offset: i64,
+    /// greenlet's DTV index (DTV).
+    pub green_tls_module: u64,
+    /// `&PyGreenlet_Type`: the type of a thread's main greenlet.
+    pub green_type: u64,
+    /// `&PyDict_Type`.
+    pub dict_type: u64,
 }
 
 /// One Python frame of a sample (`struct spanprof_py_frame`).

@@ -154,7 +154,13 @@ fn c_asserts() -> String {
             tls_offset,
             tls_module,
             osp_keys,
-            tuple_items
+            tuple_items,
+            green_kind,
+            green_tls_kind,
+            green_tls_offset,
+            green_tls_module,
+            green_type,
+            dict_type
         ),
     ));
     structs.push((
@@ -362,6 +368,9 @@ fn c_asserts() -> String {
         ("SPANPROF_LONG_TAG", LONG_TAG as u64),
         ("SPANPROF_LOCAL_TSTATE_DICT", LOCAL_TSTATE_DICT as u64),
         ("SPANPROF_LOCAL_LOCALDICTS", LOCAL_LOCALDICTS as u64),
+        ("SPANPROF_GREEN_NONE", GREEN_NONE as u64),
+        ("SPANPROF_GREEN_EVENTLET", GREEN_EVENTLET as u64),
+        ("SPANPROF_GREEN_GEVENT", GREEN_GEVENT as u64),
     ];
     for (name, value) in consts {
         c += &format!("_Static_assert({name} == {value}, \"value of {name}\");\n");

@@ -422,6 +422,14 @@ struct spanprof_py_proc {
 #define SPANPROF_LOCAL_LOCALDICTS 2  /* 3.13: local.localdicts[tstate->threading_local_key] */
 
 /*
+ * Whose green-thread local OSProfiler's `__local_ctx` is (spanprof_span_proc.green_kind), when
+ * eventlet or gevent monkey-patched threading.local before OSProfiler was imported.
+ */
+#define SPANPROF_GREEN_NONE 0
+#define SPANPROF_GREEN_EVENTLET 1 /* corolocal.local: greens.data[weakref(greenlet)] is the dict */
+#define SPANPROF_GREEN_GEVENT 2	  /* gevent.local: dicts[id(greenlet)] is (weakref, dict) */
+
+/*
  * Value of `span_procs` (key: tgid): where a CPython process keeps the span context of its
  * threads, found by user space in the process's memory (of a process not read as Python, only
  * the published thread context: the tls_* fields and osp_keys). The objects are those of the tracing
@@ -483,6 +491,19 @@ struct spanprof_span_proc {
 	 */
 	__u8 osp_keys[4];
 	__u32 tuple_items; /* offsetof(PyTupleObject, ob_item): 24, 32 from 3.14 (ob_hash) */
+	/*
+	 * OSProfiler under eventlet or gevent (green_kind not SPANPROF_GREEN_NONE): osp_local is
+	 * the dict of every greenlet's attributes, keyed by the current greenlet, which greenlet's
+	 * thread-local `g_thread_state_global` gives (green_tls_*, found as tls_* are: a
+	 * ThreadState pointer, 1 before the thread's first use; the ThreadState begins with the
+	 * main greenlet, whose type must be green_type, then the current greenlet).
+	 */
+	__u32 green_kind;     /* SPANPROF_GREEN_* */
+	__u32 green_tls_kind; /* SPANPROF_TLS_* */
+	__s64 green_tls_offset;
+	__u64 green_tls_module;
+	__u64 green_type; /* &PyGreenlet_Type */
+	__u64 dict_type;  /* &PyDict_Type: which field of a gevent entry is the dict */
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */

@@ -138,6 +138,8 @@ struct lookup {
 	__u64 i;
 	__u64 perturb;
 	__u64 result;	/* the value found, or 0 */
+	__u64 rkey;	/* dict, by_hash: the key of the entry found */
+	__u32 by_hash;	/* dict: match the entry's stored hash, not the key (general tables) */
 	__u32 width;	/* dict: bytes per index */
 	__u32 esize;	/* dict: bytes per entry */
 	__u32 koff;	/* dict: offset of the key in an entry */

@@ -14,23 +14,22 @@
  * up to four reads). Reads are bpf_probe_read_user of fixed maximum sizes into the scratch.
  */
 #include "span_read.h"
+#include "py_objects.h"
 
-/* Probes of one dict lookup, levels of one HAMT lookup: both far beyond what real tables need. */
-#define DICT_PROBES 32
+/* Levels of one HAMT lookup: far beyond what real tables need. */
 #define HAMT_LEVELS 8
 #define COLLISION_PAIRS 16
 
 /*
  * Span context. Everything below reads objects of the target's tracing libraries, found by user
  * space (span_procs), while the thread is stopped: OpenTelemetry's current span through the
- * thread's contextvars Context, OSProfiler's trace stack through its threading.local. Lookups
- * follow CPython's own algorithms (dict probing, HAMT levels), bounded, comparing keys by
- * identity (the interned names and the key objects user space found).
+ * thread's contextvars Context, OSProfiler's trace stack through its threading.local (or the
+ * running greenlet's, under eventlet or gevent). Lookups follow CPython's own algorithms (dict
+ * probing in py_objects.h, HAMT levels), bounded, comparing keys by identity (the interned names
+ * and the key objects user space found), or by their stored hash where the hash names the key
+ * (a greenlet's weakref or id), the key then checked.
  */
 
-/* Py_TPFLAGS_* (Include/object.h). */
-#define PY_TPFLAGS_INLINE_VALUES (1ULL << 2)
-#define PY_TPFLAGS_MANAGED_DICT (1ULL << 4)
 /* Python/hamt.c: node layouts (the same in 3.8–3.13). */
 #define HAMT_NODE_SIZE 16	/* ob_size (bitmap, collision nodes) */
 #define HAMT_BITMAP 24		/* b_bitmap (u32) */
@@ -49,8 +48,7 @@
 #define DEQUE_BLOCK_DATA 8 /* after leftlink */
 /* Items of a trace stack read at once (a power of two). */
 #define DEQUE_ITEMS 8
-/* Objects: ob_type; a tuple's items; a PyLong's size or tag, then its 30-bit digits. */
-#define PY_OB_TYPE 8
+/* A PyLong's size or tag, then its 30-bit digits. */
 #define PY_LONG_SIZE 16
 #define PY_LONG_DIGITS 24
 #define PY_LONG_SHIFT 30
@@ -58,256 +56,6 @@
 #define CONTEXTVAR_CACHED 32
 /* A threading.local's dummy (<=3.12): its dict after PyObject_HEAD (Modules/_threadmodule.c). */
 #define PY_LOCALDUMMY_DICT 16
-
-static __always_inline __u64 span_u64(struct scratch *w, __u32 off)
-{
-	return load_u64(w->buf, off, SPAN_BUF);
-}
-
-/*
- * Reads 8 or 16 bytes of a keys object: from the block read with its header when they are in
- * it, else from the target.
- */
-static __always_inline int keys_read(struct scratch *w, __u64 addr, __u64 *out, __u32 len)
-{
-	__u64 off = addr - w->kbase;
-
-	if (addr >= w->kbase && off <= KEYS_BLOCK - 16 && off + len <= w->klen) {
-		out[0] = load_u64(w->kblock, (__u32)off, KEYS_BLOCK);
-		if (len > 8)
-			out[1] = load_u64(w->kblock, (__u32)off + 8, KEYS_BLOCK);
-		return 0;
-	}
-	return bpf_probe_read_user(out, len > 8 ? 16 : 8, (const void *)addr);
-}
-
-/* One probe of a dict lookup (CPython's open addressing: i = i*5 + perturb + 1). */
-static long dict_probe_step(__u64 n, void *ctx)
-{
-	struct scratch *w = loop_scratch(ctx);
-	struct lookup *q;
-	__u64 v = 0, kv[2] = {};
-	__s64 ix;
-
-	if (!w)
-		return 1;
-	q = &w->q;
-	if (keys_read(w, q->index + q->i * q->width, &v, 8)) {
-		q->status = SPAN_FAULT;
-		return 1;
-	}
-	switch (q->width) {
-	case 1:
-		ix = (__s8)v;
-		break;
-	case 2:
-		ix = (__s16)v;
-		break;
-	case 4:
-		ix = (__s32)v;
-		break;
-	default:
-		ix = (__s64)v;
-		break;
-	}
-	if (ix == -1) /* DKIX_EMPTY: the key is not in the table */
-		return 1;
-	if (ix >= 0 && ix < q->nentries) {
-		if (keys_read(w, q->entries + (__u64)ix * q->esize + q->koff, kv, 16)) {
-			q->status = SPAN_FAULT;
-			return 1;
-		}
-		if (kv[0] == q->key) {
-			if (q->values && read_ptr(&kv[1], q->values + (__u64)ix * 8)) {
-				q->status = SPAN_FAULT;
-				return 1;
-			}
-			q->result = kv[1];
-			q->status = 1;
-			return 1;
-		}
-	}
-	q->perturb >>= 5;
-	q->i = (q->i * 5 + q->perturb + 1) & q->mask;
-	return 0;
-}
-
-/*
- * CPython's shared keys of every empty dict (Py_EMPTY_KEYS: dk_size 1 before 3.11, dk_log2_size 0
- * since, no entries): a dict made and not yet filled, such as a thread's threading.local dict
- * while the first value to store in it is being built. Nothing is in it: not a fault.
- */
-static __always_inline __u64 empty_keys(struct lookup *q)
-{
-	q->status = 0;
-	return 0;
-}
-
-/*
- * The value under `key` (compared by identity; `hash` its hash) in the keys object already read
- * into w->kblock (at w->kbase), with split `values` (0 for a combined table). 0 when absent;
- * SPAN_FAULT in w->q.status on garbage.
- */
-static __always_inline __u64 keys_find(struct scratch *w, __u64 values, __u64 key, __u64 hash)
-{
-	struct lookup *q = &w->q;
-	__u64 size, index_bytes, keys = w->kbase;
-	__u32 log2, log2_index, kind;
-
-	q->status = SPAN_FAULT;
-	q->result = 0;
-	__builtin_memcpy(w->buf, w->kblock, 40);
-	if (w->scfg.dict_kind == SPANPROF_DICT_SIZE) {
-		/* dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices */
-		size = span_u64(w, 8);
-		q->nentries = (__u32)span_u64(w, 32);
-		if (size == 1 && q->nentries == 0)
-			return empty_keys(q);
-		if (size < 8 || size > (1ULL << 30) || (size & (size - 1)))
-			return 0;
-		q->width = size <= 0xff ? 1 : size <= 0xffff ? 2 : 4;
-		q->index = keys + 40;
-		q->entries = q->index + size * q->width;
-		q->esize = 24;
-		q->koff = 8;
-	} else {
-		/* dk_refcnt, dk_log2_size, dk_log2_index_bytes, dk_kind, .., dk_nentries@24 */
-		log2 = w->buf[8];
-		log2_index = w->buf[9];
-		kind = w->buf[10];
-		q->nentries = (__u32)span_u64(w, 24);
-		if (log2 == 0 && log2_index == 0 && q->nentries == 0)
-			return empty_keys(q);
-		if (log2 < 3 || log2 > 30 || log2_index < log2 || log2_index > log2 + 3)
-			return 0;
-		size = 1ULL << log2;
-		index_bytes = 1ULL << log2_index;
-		q->width = (__u32)(index_bytes >> log2);
-		q->index = keys + 32;
-		q->entries = q->index + index_bytes;
-		/* DICT_KEYS_GENERAL (0) entries carry the hash; unicode ones do not. */
-		q->esize = kind == 0 ? 24 : 16;
-		q->koff = kind == 0 ? 8 : 0;
-	}
-	if (q->nentries > size)
-		return 0;
-	q->values = values ? values + w->scfg.dict_values : 0;
-	q->key = key;
-	q->hash = hash;
-	q->mask = size - 1;
-	q->i = hash & q->mask;
-	q->perturb = hash;
-	q->status = 0;
-	{
-		__u32 slot = w->slot;
-
-		bpf_loop(DICT_PROBES, dict_probe_step, &slot, 0);
-	}
-	return q->status == 1 ? q->result : 0;
-}
-
-/* keys_find in the keys object `keys`, read first. */
-static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
-				      __u64 hash)
-{
-	w->q.status = SPAN_FAULT;
-	w->q.result = 0;
-	w->attrs_obj = 0;
-	if (!keys)
-		return 0;
-	/*
-	 * The header with what follows it: a small table's indices and entries come in the same
-	 * read. A keys object that ends near the end of a mapping takes the header alone.
-	 */
-	w->kbase = keys;
-	w->kvalues = values;
-	w->klen = KEYS_BLOCK;
-	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
-		w->klen = 40;
-		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
-			return 0;
-	}
-	return keys_find(w, values, key, hash);
-}
-
-/* dict[key] for a dict object (a subclass too: the dict part comes first). */
-static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, __u64 hash)
-{
-	__u64 kv[2] = {}; /* ma_keys, ma_values */
-
-	if (!dict || bpf_probe_read_user(kv, sizeof(kv), (const void *)(dict + 32))) {
-		w->q.status = SPAN_FAULT;
-		return 0;
-	}
-	return keys_get(w, kv[0], kv[1], key, hash);
-}
-
-/* obj.name for an instance attribute (from the instance's dict or values), or 0. */
-static __always_inline __u64 attr_lookup(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
-{
-	__u64 type = 0, flags, v = 0, keys = 0, pre[2] = {}, tlen;
-	__u32 first = w->scfg.type_basicsize, last = w->scfg.type_dictoffset;
-	__s64 off = 0;
-	__u8 valid = 0;
-
-	w->q.status = SPAN_FAULT;
-	/* tp_basicsize, tp_flags and tp_dictoffset in one read of the type object. */
-	if (last < first || w->scfg.type_flags < first || w->scfg.type_flags > last)
-		return 0;
-	tlen = (__u64)last + 8 - first;
-	asm volatile("" : "+r"(tlen)); /* the bound is checked on the register used */
-	if (tlen > TYPE_BLOCK)
-		return 0;
-	if (!obj || read_ptr(&type, obj + PY_OB_TYPE) || !type ||
-	    bpf_probe_read_user(w->tblock, tlen, (const void *)(type + first)))
-		return 0;
-	flags = load_u64(w->tblock, w->scfg.type_flags - first, TYPE_BLOCK);
-	if (w->scfg.attr_kind == SPANPROF_ATTR_DICTOFFSET || !(flags & PY_TPFLAGS_MANAGED_DICT)) {
-		off = (__s64)load_u64(w->tblock, last - first, TYPE_BLOCK);
-		if (off <= 0 || off > 4096 || read_ptr(&v, obj + off))
-			return 0;
-		return dict_get(w, v, name, hash);
-	}
-	/* A managed dict: the pre-header before the object holds the dict or the values. */
-	if (bpf_probe_read_user(pre, sizeof(pre), (const void *)(obj - 32)))
-		return 0;
-	switch (w->scfg.attr_kind) {
-	case SPANPROF_ATTR_MANAGED: /* 3.11: values at -32, dict at -24 */
-		if (pre[1])
-			return dict_get(w, pre[1], name, hash);
-		v = pre[0];
-		break;
-	case SPANPROF_ATTR_TAGGED: /* 3.12: -24 holds the dict, or the values' address - 1 */
-		if (!(pre[1] & 1))
-			return pre[1] ? dict_get(w, pre[1], name, hash) : 0;
-		v = pre[1] + 1;
-		break;
-	default: /* 3.13: dict at -24, else values inline after the object */
-		if (pre[1])
-			return dict_get(w, pre[1], name, hash);
-		off = (__s64)load_u64(w->tblock, 0, TYPE_BLOCK);
-		if (!(flags & PY_TPFLAGS_INLINE_VALUES) || off <= 0 || off > 4096)
-			return 0;
-		v = obj + off;
-		/* PyDictValues.valid: 0 once the values moved to a dict. */
-		if (bpf_probe_read_user(&valid, 1, (const void *)(v + 3)) || !valid)
-			return 0;
-		break;
-	}
-	if (!v || read_ptr(&keys, type + w->scfg.type_cached_keys))
-		return 0;
-	return keys_get(w, keys, v, name, hash);
-}
-
-/* attr_lookup, noting whose attributes' keys are left in w->kblock when it found the name. */
-static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
-{
-	__u64 v = attr_lookup(w, obj, name, hash);
-
-	if (v)
-		w->attrs_obj = obj;
-	return v;
-}
 
 #define HAMT_BITMAP_NODE 1
 #define HAMT_ARRAY_NODE 2
@@ -565,6 +313,38 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 #define DTV_ENTRY 16
 #define DTV_UNALLOCATED ((__u64)-1)
 
+/*
+ * Where this thread's copy of a TLS variable is (`kind` SPANPROF_TLS_*): into *addr, 0; 1 when
+ * the thread has none (its DTV has no block for the module yet: it never touched the module's
+ * TLS); SPAN_FAULT on garbage.
+ */
+static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u64 *addr)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u64 fs = BPF_CORE_READ(task, thread.fsbase), dtv = 0, block = 0, len = 0;
+
+	if (kind == SPANPROF_TLS_STATIC) {
+		*addr = fs + offset;
+		return 0;
+	}
+	if (kind != SPANPROF_TLS_DTV)
+		return 1;
+	if (read_ptr(&dtv, fs + TCB_DTV) || !dtv || read_ptr(&len, dtv - DTV_ENTRY))
+		return SPAN_FAULT;
+	/*
+	 * dtv[-1] counts the slots: a thread whose DTV predates the module's dlopen has no slot for
+	 * it yet (its first access of the module's TLS makes one).
+	 */
+	if (module > len)
+		return 1;
+	if (read_ptr(&block, dtv + module * DTV_ENTRY))
+		return SPAN_FAULT;
+	if (block < 4096 || block == DTV_UNALLOCATED)
+		return 1;
+	*addr = block + offset;
+	return 0;
+}
+
 /* spanprof.python_context: the address of the thread's PyContext, 16 hex digits. */
 #define CTX_PY_CONTEXT_LEN 16
 
@@ -643,29 +423,14 @@ static long ctx_attr_step(__u64 n, void *ctx)
 static __always_inline int published_ctx(struct scratch *w)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u64 fs = BPF_CORE_READ(task, thread.fsbase), addr, rec = 0, dtv = 0, block = 0, len = 0;
+	__u64 addr = 0, rec = 0, ctx = 0;
 	__u32 size, found, otel;
-	__u64 ctx = 0;
+	int err;
 
-	if (c->tls_kind == SPANPROF_TLS_STATIC) {
-		addr = fs + c->tls_offset;
-	} else {
-		if (read_ptr(&dtv, fs + TCB_DTV) || !dtv || read_ptr(&len, dtv - DTV_ENTRY))
-			return SPAN_FAULT;
-		/*
-		 * dtv[-1] counts the slots: a thread whose DTV predates the module's dlopen has no
-		 * slot for it yet (its first access of the module's TLS makes one).
-		 */
-		if (c->tls_module > len)
-			return 0;
-		if (read_ptr(&block, dtv + c->tls_module * DTV_ENTRY))
-			return SPAN_FAULT;
-		/* The thread never touched the module's TLS: nothing published. */
-		if (block < 4096 || block == DTV_UNALLOCATED)
-			return 0;
-		addr = block + c->tls_offset;
-	}
+	/* No block: the thread never touched the module's TLS, nothing published. */
+	err = tls_addr(c->tls_kind, c->tls_offset, c->tls_module, &addr);
+	if (err)
+		return err == SPAN_FAULT ? SPAN_FAULT : 0;
 	if (read_ptr(&rec, addr))
 		return SPAN_FAULT;
 	if (!rec)
@@ -780,17 +545,101 @@ static __always_inline __u64 deque_item(__u64 block, __u64 first, __u64 i)
 	return v;
 }
 
+#define PY_WEAKREF_OBJECT 16 /* offsetof(PyWeakReference, wr_object) */
+
+/*
+ * The greenlet running on this thread: greenlet's thread-local ThreadState pointer (1 until
+ * the thread first uses greenlets, 0 once its state is gone) points to the main greenlet (of
+ * type green_type: else this is not greenlet's state) and then the current one. 0 when there
+ * is none; SPAN_FAULT in w->q.status on garbage.
+ */
+static __always_inline __u64 current_greenlet(struct scratch *w)
+{
+	const struct spanprof_span_proc *c = &w->scfg;
+	__u64 addr = 0, state = 0, g[2] = {}, type = 0;
+	int err;
+
+	w->q.status = 0;
+	err = tls_addr(c->green_tls_kind, c->green_tls_offset, c->green_tls_module, &addr);
+	if (err) {
+		w->q.status = err == SPAN_FAULT ? SPAN_FAULT : 0;
+		return 0;
+	}
+	if (read_ptr(&state, addr)) {
+		w->q.status = SPAN_FAULT;
+		return 0;
+	}
+	if (state <= 1)
+		return 0;
+	if (bpf_probe_read_user(g, sizeof(g), (const void *)state) || !g[0] || !g[1] ||
+	    read_ptr(&type, g[0] + PY_OB_TYPE) || type != c->green_type) {
+		w->q.status = SPAN_FAULT;
+		return 0;
+	}
+	return g[1];
+}
+
+/*
+ * The attributes dict of OSProfiler's green-thread local for the running greenlet, 0 when it
+ * has none (SPAN_FAULT in w->q.status on garbage). eventlet's corolocal keeps them in a
+ * WeakKeyDictionary's `data` (osp_local): weakref(greenlet) -> dict, the weakref hashed as
+ * the greenlet, by address. gevent's local in its `dicts` (osp_local): id(greenlet) -> an
+ * entry of two fields, a weakref to the greenlet and the dict (in either order: Cython's
+ * declaration order, or pure Python's sorted slots). The weakref must still name this
+ * greenlet: an entry of a dead greenlet whose address was reused is not its.
+ */
+static __always_inline __u64 green_local(struct scratch *w)
+{
+	const struct spanprof_span_proc *c = &w->scfg;
+	__u64 g, v, f[2] = {}, t = 0, d, wr, ref = 0;
+
+	g = current_greenlet(w);
+	if (!g)
+		return 0;
+	/* One lookup: a weakref hashes as its referent, by address; an int below 2^61 - 1 as itself. */
+	v = dict_get_by_hash(w, c->osp_local,
+			     c->green_kind == SPANPROF_GREEN_EVENTLET ? g >> 4 | g << 60 : g);
+	if (!v)
+		return 0;
+	if (c->green_kind == SPANPROF_GREEN_EVENTLET) {
+		wr = w->q.rkey;
+		d = v;
+	} else {
+		if (bpf_probe_read_user(f, sizeof(f), (const void *)(v + 16)) ||
+		    read_ptr(&t, f[0] + PY_OB_TYPE))
+			goto fault;
+		if (t == c->dict_type) {
+			d = f[0];
+			wr = f[1];
+		} else {
+			d = f[1];
+			wr = f[0];
+		}
+	}
+	if (read_ptr(&t, d + PY_OB_TYPE) || t != c->dict_type || read_ptr(&ref, wr + PY_WEAKREF_OBJECT))
+		goto fault;
+	w->q.status = 0;
+	return ref == g ? d : 0;
+fault:
+	w->q.status = SPAN_FAULT;
+	return 0;
+}
+
 /* OSProfiler's trace stack of the thread: base id first, the current trace point last. */
 static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	__u64 v = 0, d[5] = {}, n, left, right, lefti, righti, str, len, items[DEQUE_ITEMS] = {};
 
-	if (read_ptr(&v, tstate + c->tstate_local))
+	if (c->green_kind != SPANPROF_GREEN_NONE) {
+		v = green_local(w);
+		if (!v)
+			return w->q.status;
+	} else if (read_ptr(&v, tstate + c->tstate_local)) {
 		return SPAN_FAULT;
-	if (!v) /* no thread dict, or no local key: the thread never used a threading.local */
+	} else if (!v) { /* no thread dict, or no local key: the thread never used a threading.local */
 		return 0;
-	if (c->local_kind == SPANPROF_LOCAL_TSTATE_DICT) {
+	} else if (c->local_kind == SPANPROF_LOCAL_TSTATE_DICT) {
 		v = dict_get(w, v, c->osp_local, c->osp_local_hash);
 		if (!v)
 			return w->q.status; /* this thread never used OSProfiler's local */

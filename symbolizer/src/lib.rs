@@ -23,6 +23,7 @@
 //! the next one.
 
 pub mod debug_file;
+pub mod greenlet;
 pub mod mapped;
 pub mod otel_ctx;
 pub mod plt;

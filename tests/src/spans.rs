@@ -53,6 +53,30 @@ pub fn require_span_libs(python: &Path, libs: &Path) {
     }
 }
 
+/// Fails unless `python` imports eventlet, gevent and greenlet from `libs` (`cargo xtask deps`
+/// installs them for CPython 3.11 and 3.13).
+#[track_caller]
+pub fn require_green_libs(python: &Path, libs: &Path) {
+    let mut cmd = Command::new(python);
+    cmd.args([
+        "-c",
+        "import eventlet.corolocal, gevent.local, greenlet._greenlet",
+    ])
+    .env("PYTHONPATH", libs)
+    .env("PYTHONNOUSERSITE", "1");
+    let out = run_with_timeout(cmd, Duration::from_secs(60));
+    if !out.status.success() {
+        missing_prerequisite(
+            &format!(
+                "{} cannot import eventlet, gevent and greenlet from {}:\n{out}",
+                python.display(),
+                libs.display()
+            ),
+            "`cargo xtask deps` (installs them into target/span-libs/3.11 and 3.13)",
+        );
+    }
+}
+
 /// Like [`start_py_workload`], with `PYTHONPATH=libs` (and no user site-packages): a span
 /// workload that imports the tracing libraries.
 #[track_caller]

@@ -26,6 +26,15 @@
 #                  exporting every trace point as an OpenTelemetry span to the
 #                  OTLP/HTTP endpoint ENDPOINT (`http://HOST:PORT`, given in the
 #                  place of GO_FILE); the spans are flushed before the end.
+#   osprofiler_eventlet, osprofiler_gevent
+#                  osprofiler's requests in three green threads of one OS thread
+#                  (eventlet or gevent, monkey-patched before anything else is
+#                  imported, so OSProfiler's threading.local is the green-thread
+#                  local), each its own request, switching (sleep(0)) after every
+#                  chunk of work;
+#   otel_eventlet, otel_gevent
+#                  the same with OpenTelemetry spans (each greenlet has its own
+#                  contextvars context);
 #   published_otel_threads, published_osprofiler
 #                  the same with spanprof's opt-in publisher installed first
 #                  (`spanprof_context.install()`, python/spanprof-context): the
@@ -54,10 +63,29 @@
 #
 # Runs for SECONDS (otel_late: SECONDS after GO_FILE appeared; it gives up
 # with status 1 when GO_FILE does not appear within 120 s).
-import json
-import os
 import sys
-import threading
+
+# Green modes: monkey-patch before anything else is imported (OSProfiler's
+# threading.local() must be the green one). The native thread id is taken first:
+# the truth's "tid" is the OS thread's.
+import _thread
+
+native_id = _thread.get_native_id
+GREEN = sys.argv[1].rsplit("_", 1)[-1] if len(sys.argv) > 1 else ""
+if GREEN == "eventlet":
+    import eventlet
+
+    eventlet.monkey_patch()
+elif GREEN == "gevent":
+    from gevent import monkey
+
+    monkey.patch_all()
+else:
+    GREEN = ""
+
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
 import time
 import types
 import uuid
@@ -176,7 +204,7 @@ def otel_record(truth, name, span):
         "trace_id": format(ctx.trace_id, "032x"),
         "span_id": format(ctx.span_id, "016x"),
         "name": span.name,
-        "tid": threading.get_native_id(),
+        "tid": native_id(),
     }
     if IMPORTED_AT is not None:
         record["since_import"] = round(time.monotonic() - IMPORTED_AT, 4)
@@ -315,7 +343,7 @@ def osprofiler_request(truth, index, n):
                 "parent_id": p.get_parent_id(),
                 "name": point,
                 "level": level,
-                "tid": threading.get_native_id(),
+                "tid": native_id(),
             }
         )
         work(SPAN_CPU / 2)
@@ -413,6 +441,119 @@ def mode_osprofiler_otlp(truth, seconds, endpoint):
         sys.exit("the OTLP driver's spans were not exported within 10 s")
 
 
+# ---------------------------------------------------------------------------
+# Green threads (eventlet, gevent)
+# ---------------------------------------------------------------------------
+
+GREENLETS = 3
+
+
+def green_switch():
+    """Lets the other green threads run (eventlet.sleep(0) or gevent.sleep(0))."""
+    if GREEN == "eventlet":
+        eventlet.sleep(0)
+    else:
+        import gevent
+
+        gevent.sleep(0)
+
+
+def green_run(body):
+    """Runs body(index, started) in GREENLETS green threads; `ready` once each started."""
+    started = []
+    if GREEN == "eventlet":
+        threads = [eventlet.spawn(body, i, started) for i in range(GREENLETS)]
+    else:
+        import gevent
+
+        threads = [gevent.spawn(body, i, started) for i in range(GREENLETS)]
+    while len(started) < GREENLETS:
+        green_switch()
+    ready()
+    for t in threads:
+        if GREEN == "eventlet":
+            t.wait()
+        else:
+            t.get()
+
+
+def green_chunks(work, budget):
+    """`work` for `budget` CPU seconds, in chunks with a switch after each."""
+    left = budget
+    while left > 0:
+        work(min(CHUNK_CPU, left))
+        left -= CHUNK_CPU
+        green_switch()
+
+
+def mode_osprofiler_green(truth, seconds):
+    from osprofiler import profiler
+
+    local = type(profiler.__dict__["__local_ctx"])
+    if local.__module__.split(".")[0] != GREEN:
+        sys.exit("OSProfiler's local is %s.%s, not %s's" % (local.__module__, local.__name__, GREEN))
+    end = time.monotonic() + seconds
+    counts = {}
+
+    def body(index, started):
+        n = 0
+        while time.monotonic() < end:
+            base_id = str(uuid.uuid4())
+            parent_id = str(uuid.uuid4()) if n % 2 else None
+            profiler.init(HMAC_KEY, base_id=base_id, parent_id=parent_id)
+            for level in range(LEVELS):
+                point = span_name("green-%d" % level, index, n)
+                profiler.start(point, info={"number": n})
+                p = profiler.get()
+                work, name = truth.new_function()
+                truth.write(
+                    {
+                        "function": name,
+                        "kind": "osprofiler",
+                        "base_id": p.get_base_id(),
+                        "trace_id": p.get_id(),
+                        "parent_id": p.get_parent_id(),
+                        "name": point,
+                        "level": level,
+                        "tid": native_id(),
+                    }
+                )
+                if n == 0 and level == 0:
+                    started.append(index)
+                green_chunks(work, SPAN_CPU / 2)
+            for _ in range(LEVELS):
+                profiler.stop()
+            profiler.clean()
+            n += 1
+            green_chunks(outside_work, OUTSIDE_CPU)
+        counts[index] = n
+
+    green_run(body)
+    truth.finish({"mode": "osprofiler_" + GREEN, "requests": sum(counts.values())})
+
+
+def mode_otel_green(truth, seconds):
+    tracer = otel_tracer()
+    end = time.monotonic() + seconds
+    counts = {}
+
+    def body(index, started):
+        n = 0
+        while time.monotonic() < end:
+            with tracer.start_as_current_span(span_name("GREEN", index, n)) as span:
+                work, name = truth.new_function()
+                otel_record(truth, name, span)
+                if n == 0:
+                    started.append(index)
+                green_chunks(work, SPAN_CPU)
+            n += 1
+            green_chunks(outside_work, OUTSIDE_CPU)
+        counts[index] = n
+
+    green_run(body)
+    truth.finish({"mode": "otel_" + GREEN, "requests": sum(counts.values())})
+
+
 def main():
     if len(sys.argv) < 4:
         sys.exit("usage: py_span_workload.py MODE SECONDS TRUTH_FILE [GO_FILE]")
@@ -437,6 +578,10 @@ def main():
         if len(sys.argv) < 5:
             sys.exit("osprofiler_otlp needs an ENDPOINT")
         mode_osprofiler_otlp(truth, seconds, sys.argv[4])
+    elif mode in ("osprofiler_eventlet", "osprofiler_gevent"):
+        mode_osprofiler_green(truth, seconds)
+    elif mode in ("otel_eventlet", "otel_gevent"):
+        mode_otel_green(truth, seconds)
     elif mode == "otel_late":
         if len(sys.argv) < 5:
             sys.exit("otel_late needs a GO_FILE")

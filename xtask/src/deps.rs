@@ -379,7 +379,8 @@ fn python_venv(root: &Path) -> Result<(PathBuf, PathBuf)> {
 /// span exporter, which OSProfiler's OTLP driver exports with (`osprofiler_otlp_links`). Pinned so that the
 /// in-memory layouts spanprof reads do not change under the tests; their own dependencies are
 /// left to pip. All of them install on every version 3.8–3.13, from wheels (no compiler
-/// needed).
+/// needed). 3.11 and 3.13 also get eventlet and gevent (with greenlet), for the green-thread
+/// tests.
 const SPAN_LIBS: &[(u8, &[&str])] = &[
     (
         8,
@@ -415,6 +416,9 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
             "opentelemetry-proto==1.45.2",
             "opentelemetry-exporter-otlp-proto-http==1.45.2",
             "osprofiler==4.4.0",
+            "eventlet==0.41.3",
+            "gevent==26.9.0",
+            "greenlet==3.5.6",
         ],
     ),
     (
@@ -433,6 +437,9 @@ const SPAN_LIBS: &[(u8, &[&str])] = &[
             "opentelemetry-proto==1.45.2",
             "opentelemetry-exporter-otlp-proto-http==1.45.2",
             "osprofiler==4.4.0",
+            "eventlet==0.41.3",
+            "gevent==26.9.0",
+            "greenlet==3.5.6",
         ],
     ),
 ];
@@ -466,10 +473,19 @@ fn pyenv_python(minor: u8) -> Option<PathBuf> {
     found.pop().map(|(_, bin)| bin)
 }
 
-/// True when `python` imports the tracing libraries from `dir`.
-fn span_libs_work(python: &Path, dir: &Path) -> bool {
+/// What proves the green-thread libraries usable, where they are installed.
+const GREEN_LIBS_PROBE: &str = "import eventlet.corolocal, gevent.local, greenlet._greenlet";
+
+/// True when `python` imports the tracing libraries from `dir` (and the green-thread ones, when
+/// `packages` has them).
+fn span_libs_work(python: &Path, dir: &Path, packages: &[&str]) -> bool {
+    let probe = if packages.iter().any(|p| p.starts_with("gevent==")) {
+        format!("{SPAN_LIBS_PROBE}; {GREEN_LIBS_PROBE}")
+    } else {
+        SPAN_LIBS_PROBE.to_owned()
+    };
     Cmd::new(python)
-        .args(["-c", SPAN_LIBS_PROBE])
+        .args(["-c", &probe])
         .env("PYTHONPATH", dir)
         .env("PYTHONNOUSERSITE", "1")
         .succeeds()
@@ -529,7 +545,7 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
         let stamp = dir.join("spanprof-stamp");
         let want_stamp = format!("{}\n{}\n", python.display(), packages.join(" "));
         if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want_stamp)
-            && span_libs_work(&python, &dir)
+            && span_libs_work(&python, &dir, packages)
         {
             spanprof_context_lib(root, &python, &dir)?;
             ready.push(format!("3.{minor}"));
@@ -564,9 +580,10 @@ fn span_libs(root: &Path) -> Result<PathBuf> {
             .env("PYTHONNOUSERSITE", "1")
             .run()
             .with_context(|| format!("installing the tracing libraries for CPython 3.{minor}"))?;
-        if !span_libs_work(&python, &partial) {
+        if !span_libs_work(&python, &partial, packages) {
             bail!(
-                "after pip install, {} cannot `{SPAN_LIBS_PROBE}` with PYTHONPATH={}",
+                "after pip install, {} cannot `{SPAN_LIBS_PROBE}` (and, with eventlet and \
+                 gevent, `{GREEN_LIBS_PROBE}`) with PYTHONPATH={}",
                 python.display(),
                 partial.display()
             );

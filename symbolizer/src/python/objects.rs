@@ -536,11 +536,30 @@ pub struct OtelObjects {
     pub context_name: Key,
 }
 
+/// Whose local OSProfiler's `__local_ctx` is: a thread's (`threading.local`), or a green
+/// thread's when eventlet or gevent monkey-patched `threading.local` before OSProfiler's import.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalKind {
+    /// CPython's `_thread._local`.
+    Thread,
+    /// eventlet's `corolocal.local`: `local` is its `_local__greens` WeakKeyDictionary's `data`
+    /// (weakref(greenlet) → the greenlet's attributes).
+    Eventlet,
+    /// gevent's `local`: `local` is its `_localimpl`'s `dicts` (id(greenlet) → an entry of a
+    /// weakref to the greenlet and its attributes).
+    Gevent,
+}
+
 /// What OSProfiler's trace stack is reached through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OspObjects {
-    /// ≤3.12: the local's key str; 3.13: its `localdicts` dict (hash unused).
+    /// Thread: ≤3.12 the local's key str, 3.13 its `localdicts` dict (hash unused); green: the
+    /// dict of every greenlet's attributes (hash unused).
     pub local: Key,
+    /// Whose local it is.
+    pub kind: LocalKind,
+    /// `&PyDict_Type` (the type of the module's globals).
+    pub dict_type: u64,
     /// The interned `profiler`.
     pub profiler_name: Key,
     /// `osprofiler.profiler._Profiler`.
@@ -773,8 +792,14 @@ impl SpanFinder {
         ) else {
             return Ok(None);
         };
+        let dict_type = o.ptr(globals.wrapping_add(OB_TYPE))?;
         if o.type_name(local)? != "_thread._local" {
-            return Err(ObjectError::Invalid("__local_ctx is not a threading.local"));
+            let Some((local, kind)) = green_local(o, local)? else {
+                return Err(ObjectError::Invalid(
+                    "__local_ctx is not a threading.local, nor eventlet's or gevent's local",
+                ));
+            };
+            return self.osp_objects(o, local, kind, dict_type, profiler_type, init);
         }
         let local = match (o.obj.local_key, o.obj.local_dicts) {
             (Some(off), _) => {
@@ -796,6 +821,19 @@ impl SpanFinder {
             }
             (None, None) => return Err(ObjectError::Invalid("threading.local layout")),
         };
+        self.osp_objects(o, local, LocalKind::Thread, dict_type, profiler_type, init)
+    }
+
+    /// The rest of [`OspObjects`]: the interned names `init` and `_Profiler.__init__` use.
+    fn osp_objects<M: ProcessMemory>(
+        &self,
+        o: &Objects<'_, M>,
+        local: Key,
+        kind: LocalKind,
+        dict_type: u64,
+        profiler_type: u64,
+        init: u64,
+    ) -> Result<Option<OspObjects>> {
         // `init`, or the function a wrapper of it (functools.wraps) says it wraps.
         let profiler_name = match o.code_name(init, "profiler")? {
             Some(name) => name,
@@ -816,6 +854,8 @@ impl SpanFinder {
         };
         Ok(Some(OspObjects {
             local,
+            kind,
+            dict_type,
             profiler_name: Key {
                 addr: profiler_name,
                 hash: o.str_hash(profiler_name)?,
@@ -827,6 +867,55 @@ impl SpanFinder {
             },
         }))
     }
+}
+
+/// Fields of an object read when looking for what a green-thread local holds.
+const MAX_FIELDS: u64 = 16;
+
+/// The pointers in the fields of `obj` after its header (up to its type's `tp_basicsize`, at
+/// most [`MAX_FIELDS`]): the slots of a Python class, the fields of a Cython one.
+fn fields<M: ProcessMemory>(o: &Objects<'_, M>, obj: u64) -> Result<Vec<u64>> {
+    let ty = o.ptr(obj.wrapping_add(OB_TYPE))?;
+    let size = o.mem.read_u64(ty.wrapping_add(o.obj.type_basicsize))?;
+    if !(16..=4096).contains(&size) {
+        return Err(ObjectError::Invalid("tp_basicsize"));
+    }
+    let n = ((size - 16) / 8).min(MAX_FIELDS);
+    (0..n)
+        .map(|i| o.ptr(obj.wrapping_add(16 + 8 * i)))
+        .filter(|p| !matches!(p, Ok(0)))
+        .collect()
+}
+
+/// OSProfiler's local when it is eventlet's or gevent's (both replace `threading.local` when
+/// they monkey-patch): the dict of every greenlet's attributes, told by the types of what the
+/// local's fields hold (by name: the layouts differ between gevent's compiled and pure-Python
+/// builds, and the slots of a Python class are in sorted order). `None`: neither.
+fn green_local<M: ProcessMemory>(o: &Objects<'_, M>, local: u64) -> Result<Option<(Key, LocalKind)>> {
+    let key = |addr| Key { addr, hash: 0 };
+    for field in fields(o, local)? {
+        let Ok(name) = o.type_name(field) else { continue };
+        if name == "WeakKeyDictionary" {
+            // eventlet.corolocal: `_local__greens`, whose `data` maps weakref(greenlet) → dict.
+            let Some((_, data)) = o.getattr(field, "data")? else {
+                return Err(ObjectError::Invalid("WeakKeyDictionary without data"));
+            };
+            if o.type_name(data)? != "dict" {
+                return Err(ObjectError::Invalid("WeakKeyDictionary.data is not a dict"));
+            }
+            return Ok(Some((key(data), LocalKind::Eventlet)));
+        }
+        if name.ends_with("_localimpl") {
+            // gevent: `_local__impl`, whose `dicts` (a `_wrefdict`) maps id(greenlet) → entry.
+            for inner in fields(o, field)? {
+                if o.type_name(inner).is_ok_and(|n| n.ends_with("_wrefdict")) {
+                    return Ok(Some((key(inner), LocalKind::Gevent)));
+                }
+            }
+            return Err(ObjectError::Invalid("gevent's _localimpl without its dicts"));
+        }
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use spanprof_tests::otlp::{self, HttpSink};
 use spanprof_tests::{
-    profile_pid, profiling_lock, sample_str_labels, spanprof_command, start_py_workload_with_libs,
+    profile_pid, profiling_lock, require_green_libs, sample_str_labels, spanprof_command, start_py_workload_with_libs,
     Background, RunOutput, TempDir, RUN_TIMEOUT,
 };
 
@@ -38,6 +38,28 @@ pub(super) fn osprofiler(interp: &Interp) {
 pub(super) fn osprofiler_fresh_threads(interp: &Interp) {
     let (out, _) = check_mode(interp, "osprofiler_fresh_threads", &OSPROFILER_NAMED_KEYS);
     assert_no_span_read_warning(interp, &out);
+}
+
+/// OSProfiler under eventlet or gevent (`lib`), monkey-patched before OSProfiler's import:
+/// three green threads of one OS thread, each its own request, switching after every chunk of
+/// work. OSProfiler's local is then the green thread's, read through the greenlet running when
+/// the sample is taken; the labels must follow it as they follow threads.
+pub(super) fn osprofiler_green(interp: &Interp, lib: &str) {
+    require_green_libs(&interp.path, &interp.libs);
+    let (out, _) = check_mode(interp, &format!("osprofiler_{lib}"), &OSPROFILER_NAMED_KEYS);
+    assert_no_span_read_warning(interp, &out);
+    assert!(
+        !out.stderr.contains("trace points are not read"),
+        "{}: spanprof could not read OSProfiler's {lib} local\n{out}",
+        interp.label
+    );
+}
+
+/// OpenTelemetry under eventlet or gevent: the same three green threads with spans (greenlet
+/// gives each greenlet its own contextvars context, which the kernel reads as any).
+pub(super) fn otel_green(interp: &Interp, lib: &str) {
+    require_green_libs(&interp.path, &interp.libs);
+    check_mode(interp, &format!("otel_{lib}"), &OTEL_NAMED_KEYS);
 }
 
 #[track_caller]

@@ -23,6 +23,10 @@
 //!   `osprofiler.parent_id` are the request's and trace point's; after `profiler.clean()`, none;
 //!   no sample anywhere carries the name of another point than its `osprofiler.trace_id`'s
 //!   (also inside `profiler.start`/`stop`, which update the names and ids one after the other);
+//! - `osprofiler_eventlet_*`, `osprofiler_gevent_*` (3.11, 3.13): OSProfiler's requests in
+//!   three green threads of one OS thread (monkey-patched before OSProfiler's import, so its
+//!   local is the green thread's), switching after every chunk of work: the labels follow the
+//!   running greenlet; `otel_eventlet_*`, `otel_gevent_*`: the same with OpenTelemetry spans;
 //! - `osprofiler_fresh_threads_*`: `osprofiler` with every request in a new thread: the same
 //!   thresholds, and (as in `osprofiler_*`) no warning of span contexts not read;
 //! - `osprofiler_otlp_links_3_11`: `osprofiler` with OSProfiler's own OTLP driver exporting the
@@ -58,7 +62,8 @@ use spanprof_tests::{
 
 use common::{require_span_profiling, Interp, FREQUENCY, WORKLOAD};
 use libraries::{
-    osprofiler, osprofiler_fresh_threads, osprofiler_otlp, otel_asyncio, otel_late, otel_threads,
+    osprofiler, osprofiler_fresh_threads, osprofiler_green, osprofiler_otlp, otel_asyncio,
+    otel_green, otel_late, otel_threads,
 };
 use published::{
     native_thread_context, published_osprofiler, published_otel_asyncio, published_otel_threads,
@@ -136,6 +141,36 @@ per_version!(osprofiler:
     osprofiler_3_11 => 11,
     osprofiler_3_12 => 12,
     osprofiler_3_13 => 13,
+);
+
+// ---------------------------------------------------------------------------
+// 3b. Green threads: OSProfiler and OpenTelemetry under eventlet and gevent
+// ---------------------------------------------------------------------------
+
+/// One test per library and version (3.11 and 3.13: the versions with the libraries).
+macro_rules! green {
+    ($check:ident: $($name:ident => $lib:literal, $minor:literal),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $check(&Interp::pyenv($minor), $lib);
+            }
+        )+
+    };
+}
+
+green!(osprofiler_green:
+    osprofiler_eventlet_3_11 => "eventlet", 11,
+    osprofiler_eventlet_3_13 => "eventlet", 13,
+    osprofiler_gevent_3_11 => "gevent", 11,
+    osprofiler_gevent_3_13 => "gevent", 13,
+);
+
+green!(otel_green:
+    otel_eventlet_3_11 => "eventlet", 11,
+    otel_eventlet_3_13 => "eventlet", 13,
+    otel_gevent_3_11 => "gevent", 11,
+    otel_gevent_3_13 => "gevent", 13,
 );
 
 #[test]

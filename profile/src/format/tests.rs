@@ -1,0 +1,260 @@
+//! Unit tests of the formats: what the writers write and the readers read back.
+
+use std::path::Path;
+
+use super::*;
+use crate::profile::Memory;
+use crate::wording::*;
+
+#[test]
+fn format_from_path() {
+    let cases = [
+        ("out.svg", Some(Format::Svg)),
+        ("/tmp/OUT.SVG", Some(Format::Svg)),
+        ("a.folded", Some(Format::Folded)),
+        ("profile.pb.gz", Some(Format::Pprof)),
+        ("profile.pprof", Some(Format::Pprof)),
+        ("x.speedscope.json", Some(Format::Speedscope)),
+        ("x.json", None),
+        ("x.gz", None),
+        ("svg", None),
+        ("", None),
+    ];
+    for (path, want) in cases {
+        assert_eq!(Format::from_path(Path::new(path)), want, "{path}");
+    }
+}
+
+#[test]
+fn format_names_round_trip() {
+    for format in Format::ALL {
+        assert_eq!(Format::from_name(format.name()), Some(format));
+        assert_eq!(format.to_string(), format.name());
+        let file = format!("out.{}", format.extension());
+        assert_eq!(Format::from_path(Path::new(&file)), Some(format));
+    }
+    assert_eq!(Format::from_name("PPROF"), Some(Format::Pprof));
+    assert_eq!(Format::from_name("json"), None);
+}
+
+#[test]
+fn render_rejects_bad_indexes() {
+    let mut profile = fixture::profile();
+    profile.samples[1].frames.push(99);
+    for format in Format::ALL {
+        let err = render(&profile, format).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OutputError::FrameOutOfRange {
+                    sample: 1,
+                    frame: 99,
+                    frames: 5
+                }
+            ),
+            "{format}: {err}"
+        );
+    }
+    let mut profile = fixture::profile();
+    profile.samples[0].thread = 7;
+    assert!(matches!(
+        render(&profile, Format::Folded),
+        Err(OutputError::ThreadOutOfRange { thread: 7, .. })
+    ));
+    let mut profile = fixture::with_spans();
+    profile.samples[2].span = Some(3);
+    for format in Format::ALL {
+        let err = render(&profile, format).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                OutputError::SpanOutOfRange {
+                    sample: 2,
+                    span: 3,
+                    spans: 3
+                }
+            ),
+            "{format}: {err}"
+        );
+    }
+}
+
+#[test]
+fn osprofiler_links_are_derived_again_not_read_as_opentelemetry_ids() {
+    let profile = fixture::with_spans();
+    let link = profile.spans[1]
+        .trace_link(true)
+        .expect("an OSProfiler point links");
+    assert_eq!(
+        (link.trace_id, link.span_id, link.from_osprofiler),
+        (fixture::BASE, [0x22; 8], true)
+    );
+    let own = profile.spans[2]
+        .trace_link(true)
+        .expect("an OpenTelemetry span links");
+    assert!(!own.from_osprofiler && own.trace_id == fixture::TRACE);
+    // Before a request's first point: in the parent it came with, or with none in no span.
+    let mut before = profile.spans[1];
+    before.osprofiler = Some(crate::profile::OsProfilerIds {
+        base_id: fixture::BASE,
+        trace_id: fixture::BASE,
+        parent_id: Some(fixture::BASE),
+    });
+    assert_eq!(before.trace_link(true), None);
+    // `--drop-label trace_id`, `span_id` or `span.ids_from`: nothing derived.
+    let mut dropped = fixture::with_spans();
+    for label in ["trace_id", "span_id", "span.ids_from"] {
+        dropped.meta.dropped_labels = vec![label.to_string()];
+        assert!(!dropped.meta.derives_links());
+        assert_eq!(dropped.spans[1].trace_link(false), None);
+        assert!(dropped.spans[1]
+            .labels(false)
+            .iter()
+            .all(|(k, _)| { !matches!(*k, "trace_id" | "span_id" | "span.ids_from") }));
+    }
+    dropped.meta.dropped_labels = vec!["span.ids_from".to_string()];
+    let bytes = render(&dropped, Format::Otlp).unwrap();
+    let back = otlp::read::read_otlp(&bytes).unwrap();
+    let point = back
+        .spans
+        .iter()
+        .find(|s| s.osprofiler.is_some_and(|o| o.trace_id == [0x22; 16]))
+        .expect("the OSProfiler point read back");
+    assert_eq!((point.trace_id, point.span_id), (None, None));
+    assert!(!before
+        .labels(true)
+        .iter()
+        .any(|(k, _)| k.starts_with("trace_id")));
+    for format in [Format::Pprof, Format::Otlp] {
+        let bytes = render(&profile, format).unwrap();
+        let back = match format {
+            Format::Pprof => pprof::read_pprof(&bytes).unwrap(),
+            _ => otlp::read::read_otlp(&bytes).unwrap(),
+        };
+        let mut spans = back.spans.clone();
+        spans.sort();
+        let mut expected = profile.spans.clone();
+        expected.sort();
+        assert_eq!(spans, expected, "{format:?}");
+    }
+}
+
+#[test]
+fn sizes_counts_and_rates() {
+    let cases = [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.0 KiB"),
+        (1536, "1.5 KiB"),
+        (823_500_000, "785.4 MiB"),
+        (1_283_500_000, "1.2 GiB"),
+        (3 << 40, "3.0 TiB"),
+        (u64::MAX, "16384.0 PiB"),
+    ];
+    for (bytes, text) in cases {
+        assert_eq!(size(bytes), text, "{bytes}");
+    }
+    for (n, text) in [(0, "0"), (999, "999"), (1000, "1,000"), (34_567, "34,567")] {
+        assert_eq!(thousands(n), text);
+    }
+    assert_eq!(thousands(u64::MAX), "18,446,744,073,709,551,615");
+    let mut meta = fixture::memory().meta;
+    assert_eq!(sampling(&meta), "at 1 sample per 512 KiB");
+    for (rate, text) in [
+        (1, "recording every allocation"),
+        (0, "recording every allocation"),
+        (100, "at 1 sample per 100 B"),
+        (3 << 20, "at 1 sample per 3 MiB"),
+        (1_000_000, "at 1 sample per 976.6 KiB"),
+    ] {
+        meta.events.alloc_rate = rate;
+        assert_eq!(sampling(&meta), text, "{rate}");
+        assert_eq!(estimated(meta.events), rate > 1);
+    }
+    assert_eq!(sampling(&fixture::profile().meta), "at 100 Hz");
+}
+
+#[test]
+fn memory_words() {
+    let both = fixture::memory();
+    assert_eq!(
+        memory_text(&both),
+        "1.2 GiB allocated in 34,567 allocations, 785.4 MiB in use at the end in 1,037"
+    );
+    assert_eq!(
+        memory_text(&fixture::alloc_only()),
+        "1.2 GiB allocated in 34,567 allocations"
+    );
+    let mut heap = fixture::heap_only();
+    assert_eq!(
+        memory_text(&heap),
+        "785.4 MiB in use at the end in 1,037 allocations"
+    );
+    heap.retain_samples(|_, s| s.thread == 1);
+    heap.samples.pop();
+    heap.samples[0].inuse = Memory {
+        objects: 1,
+        bytes: 100,
+    };
+    assert_eq!(
+        memory_text(&heap),
+        "100 B in use at the end in 1 allocation"
+    );
+    assert_eq!(
+        shown(&both.meta),
+        "memory in use at the end in pid 100 (app)"
+    );
+    assert_eq!(
+        shown(&fixture::alloc_only().meta),
+        "memory allocated by pid 100 (app)"
+    );
+    assert_eq!(shown(&fixture::profile().meta), "pid 100 (app)");
+    assert_eq!(
+        shown(&fixture::off_cpu().meta),
+        "CPU + off-CPU time of pid 100 (app)"
+    );
+    assert_eq!(
+        memory_totals(&both),
+        (
+            Memory {
+                objects: 34_567,
+                bytes: 1_283_500_000
+            },
+            Memory {
+                objects: 1_037,
+                bytes: 823_500_000
+            }
+        )
+    );
+}
+
+#[test]
+fn empty_profile() {
+    let mut profile = fixture::profile();
+    profile.samples.clear();
+    assert!(render(&profile, Format::Folded).unwrap().is_empty());
+    let svg = String::from_utf8(render(&profile, Format::Svg).unwrap()).unwrap();
+    assert!(
+        svg.contains("no samples") && svg.contains("</svg>"),
+        "{svg}"
+    );
+    assert!(!render(&profile, Format::Pprof).unwrap().is_empty());
+    assert!(!render(&profile, Format::Speedscope).unwrap().is_empty());
+
+    for (mut profile, text) in [
+        (
+            fixture::alloc_only(),
+            "no samples: no allocation of the target was sampled while profiled",
+        ),
+        (
+            fixture::heap_only(),
+            "no samples: no sampled allocation of the target was still in use at the end",
+        ),
+    ] {
+        profile.samples.clear();
+        assert_eq!(no_samples_text(profile.meta.events), text);
+        let svg = String::from_utf8(render(&profile, Format::Svg).unwrap()).unwrap();
+        assert!(svg.contains(text), "{svg}");
+        assert!(render(&profile, Format::Folded).unwrap().is_empty());
+    }
+}
