@@ -21,9 +21,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use profiler_common::{
-    PyFrame, PyProc, SpanProc, NO_KEY, PY_CODE_BLOCK, PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD, PY_ENTRY_SHIM,
-    PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS, PY_INSTR_POINTER,
-    PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
+    PyFrame, PyProc, SpanProc, NO_KEY, PY_CODE_BLOCK, PY_ENTRY_EVERY_FRAME, PY_ENTRY_FIELD,
+    PY_ENTRY_SHIM, PY_FRAME_BLOCK, PY_FRAME_ENTRY, PY_INSTR_LASTI_BYTES, PY_INSTR_LASTI_UNITS,
+    PY_INSTR_POINTER, PY_MATCH_NATIVE_TID, PY_MATCH_PTHREAD, PY_NO_OFFSET, PY_WINDOW,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -31,7 +31,7 @@ use symbolizer::otel_ctx::ModuleCache;
 use symbolizer::python::detect::{detect, needs_libpython, DetectError, PythonProcess};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
-use symbolizer::python::objects::ObjectOffsets;
+use symbolizer::python::objects::{ObjectOffsets, Objects};
 use symbolizer::python::offsets::{
     DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN, NEWEST_MINOR,
 };

@@ -24,7 +24,9 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use object::elf::{FileHeader64, PT_LOAD, PT_TLS, R_X86_64_DTPMOD64, SHT_DYNSYM, SHT_SYMTAB, STT_TLS};
+use object::elf::{
+    FileHeader64, PT_LOAD, PT_TLS, R_X86_64_DTPMOD64, SHT_DYNSYM, SHT_SYMTAB, STT_TLS,
+};
 use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::read::{ReadCache, ReadRef};
 
@@ -103,31 +105,43 @@ pub fn parse_greenlet_bytes(bytes: &[u8]) -> Result<GreenletModule, &'static str
 }
 
 fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Result<GreenletModule, &'static str> {
-    let header = FileHeader64::<object::Endianness>::parse(data).map_err(|_| "not a 64-bit ELF file")?;
+    let header =
+        FileHeader64::<object::Endianness>::parse(data).map_err(|_| "not a 64-bit ELF file")?;
     let endian = header.endian().map_err(|_| "not a 64-bit ELF file")?;
-    let sections = header.sections(endian, data).map_err(|_| "bad section headers")?;
-    let headers = header.program_headers(endian, data).map_err(|_| "bad program headers")?;
+    let sections = header
+        .sections(endian, data)
+        .map_err(|_| "bad section headers")?;
+    let headers = header
+        .program_headers(endian, data)
+        .map_err(|_| "bad program headers")?;
     let tls = headers
         .iter()
         .find(|p| p.p_type(endian) == PT_TLS)
         .ok_or("no TLS segment")?;
     let tls_size = tls.p_memsz(endian);
-    let symtab = sections.symbols(endian, data, SHT_SYMTAB).map_err(|_| "bad .symtab")?;
+    let symtab = sections
+        .symbols(endian, data, SHT_SYMTAB)
+        .map_err(|_| "bad .symtab")?;
     let state = symtab.iter().find(|s| {
         s.st_type() == STT_TLS
             && s.st_size(endian) == 8
             && symtab.symbol_name(endian, s) == Ok(STATE_SYMBOL)
     });
-    let (state_offset, from_symtab) = match state {
-        Some(s) => (s.st_value(endian), true),
-        None if symtab.is_empty() && tls_size == 16 => (STRIPPED_OFFSET, false),
-        None if symtab.is_empty() => return Err("stripped, and its TLS segment is not the 16 bytes of the builds spanprof knows"),
-        None => return Err("no g_thread_state_global in .symtab (greenlet older than 2.0?)"),
-    };
+    let (state_offset, from_symtab) =
+        match state {
+            Some(s) => (s.st_value(endian), true),
+            None if symtab.is_empty() && tls_size == 16 => (STRIPPED_OFFSET, false),
+            None if symtab.is_empty() => return Err(
+                "stripped, and its TLS segment is not the 16 bytes of the builds spanprof knows",
+            ),
+            None => return Err("no g_thread_state_global in .symtab (greenlet older than 2.0?)"),
+        };
     if state_offset.checked_add(8).is_none_or(|end| end > tls_size) {
         return Err("g_thread_state_global outside the TLS segment");
     }
-    let dynsym = sections.symbols(endian, data, SHT_DYNSYM).map_err(|_| "bad .dynsym")?;
+    let dynsym = sections
+        .symbols(endian, data, SHT_DYNSYM)
+        .map_err(|_| "bad .dynsym")?;
     let type_value = dynsym
         .iter()
         .find(|s| s.st_value(endian) != 0 && dynsym.symbol_name(endian, s) == Ok(TYPE_SYMBOL))
@@ -165,7 +179,8 @@ impl GreenletCache {
         pid: u32,
         mem: &M,
     ) -> Result<Option<GreenletState>, GreenletError> {
-        let maps = read_maps(pid).map_err(|e| GreenletError::Mem(format!("/proc/{pid}/maps: {e}")))?;
+        let maps =
+            read_maps(pid).map_err(|e| GreenletError::Mem(format!("/proc/{pid}/maps: {e}")))?;
         let Some(m) = maps.iter().find(|m| is_greenlet_module(&m.path)) else {
             return Ok(None);
         };

@@ -73,8 +73,12 @@ import _thread
 native_id = _thread.get_native_id
 GREEN = sys.argv[1].rsplit("_", 1)[-1] if len(sys.argv) > 1 else ""
 if GREEN == "eventlet":
-    import eventlet
+    import warnings
 
+    # Its deprecation notice goes to stderr, where "already using" reads as "ready".
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import eventlet
     eventlet.monkey_patch()
 elif GREEN == "gevent":
     from gevent import monkey

@@ -73,7 +73,12 @@ impl Published {
     }
 
     /// Looks again if it is time; true when something new was found.
-    pub(super) fn look(&mut self, now: Instant, mem: &LiveMemory, modules: &mut ModuleCache) -> bool {
+    pub(super) fn look(
+        &mut self,
+        now: Instant,
+        mem: &LiveMemory,
+        modules: &mut ModuleCache,
+    ) -> bool {
         if now < self.next {
             return false;
         }

@@ -50,8 +50,7 @@ fn inlined_functions_are_lines_of_one_location_and_frames_of_their_own() {
     // pprof, decoded by the pprof crate's own types: one location, innermost line first.
     let bytes = render(&profile, Format::Pprof).unwrap();
     let mut raw = Vec::new();
-    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut raw)
-        .unwrap();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut raw).unwrap();
     let p = <::pprof::protos::Profile as ::pprof::protos::Message>::decode(&raw[..]).unwrap();
     let name = |id: u64| {
         let f = p.function.iter().find(|f| f.id == id).unwrap();

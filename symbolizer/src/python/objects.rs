@@ -891,10 +891,15 @@ fn fields<M: ProcessMemory>(o: &Objects<'_, M>, obj: u64) -> Result<Vec<u64>> {
 /// they monkey-patch): the dict of every greenlet's attributes, told by the types of what the
 /// local's fields hold (by name: the layouts differ between gevent's compiled and pure-Python
 /// builds, and the slots of a Python class are in sorted order). `None`: neither.
-fn green_local<M: ProcessMemory>(o: &Objects<'_, M>, local: u64) -> Result<Option<(Key, LocalKind)>> {
+fn green_local<M: ProcessMemory>(
+    o: &Objects<'_, M>,
+    local: u64,
+) -> Result<Option<(Key, LocalKind)>> {
     let key = |addr| Key { addr, hash: 0 };
     for field in fields(o, local)? {
-        let Ok(name) = o.type_name(field) else { continue };
+        let Ok(name) = o.type_name(field) else {
+            continue;
+        };
         if name == "WeakKeyDictionary" {
             // eventlet.corolocal: `_local__greens`, whose `data` maps weakref(greenlet) → dict.
             let Some((_, data)) = o.getattr(field, "data")? else {
@@ -912,7 +917,9 @@ fn green_local<M: ProcessMemory>(o: &Objects<'_, M>, local: u64) -> Result<Optio
                     return Ok(Some((key(inner), LocalKind::Gevent)));
                 }
             }
-            return Err(ObjectError::Invalid("gevent's _localimpl without its dicts"));
+            return Err(ObjectError::Invalid(
+                "gevent's _localimpl without its dicts",
+            ));
         }
     }
     Ok(None)

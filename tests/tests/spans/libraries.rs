@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use spanprof_tests::otlp::{self, HttpSink};
 use spanprof_tests::{
-    profile_pid, profiling_lock, require_green_libs, sample_str_labels, spanprof_command, start_py_workload_with_libs,
-    Background, RunOutput, TempDir, RUN_TIMEOUT,
+    profile_pid, profiling_lock, require_green_libs, sample_str_labels, spanprof_command,
+    start_py_workload_with_libs, Background, RunOutput, TempDir, RUN_TIMEOUT,
 };
 
 use crate::common::{
