@@ -21,7 +21,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use object::read::elf::{ElfFile64, ProgramHeader};
+use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection};
 
 /// The largest debug file whose CRC is computed (a debug link candidate is read whole).
@@ -62,12 +62,7 @@ fn links(file: &File) -> Option<Links> {
     let cache = object::ReadCache::new(file);
     let elf = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let endian = elf.endian();
-    let loads = elf
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
-        .map(|ph| (ph.p_offset(endian), ph.p_vaddr(endian), ph.p_filesz(endian)))
-        .collect();
+    let loads = crate::python::detect::load_segments(elf.elf_program_headers(), endian);
     let build_id = elf
         .build_id()
         .ok()

@@ -24,15 +24,13 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use object::elf::{
-    FileHeader64, PT_LOAD, PT_TLS, R_X86_64_DTPMOD64, SHT_DYNSYM, SHT_SYMTAB, STT_TLS,
-};
+use object::elf::{FileHeader64, PT_TLS, R_X86_64_DTPMOD64, SHT_DYNSYM, SHT_SYMTAB, STT_TLS};
 use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::read::{ReadCache, ReadRef};
 
 use crate::mapped::{open_mapped, read_maps};
 use crate::otel_ctx::TlsAccess;
-use crate::python::detect::load_bias;
+use crate::python::detect::{load_bias, load_segments};
 use crate::python::memory::ProcessMemory;
 
 /// greenlet's thread-local (`static thread_local ThreadStateCreator g_thread_state_global`,
@@ -48,8 +46,6 @@ const STRIPPED_OFFSET: u64 = 8;
 pub struct GreenletModule {
     /// Offset of `g_thread_state_global` in the module's TLS block.
     state_offset: u64,
-    /// Read from `.symtab` (else guessed from a stripped module's TLS segment).
-    from_symtab: bool,
     /// `st_value` of `PyGreenlet_Type`.
     type_value: u64,
     /// `r_offset` of the module's own `R_X86_64_DTPMOD64` (symbol 0: local-dynamic access).
@@ -61,14 +57,10 @@ pub struct GreenletModule {
 /// greenlet's thread state in one process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GreenletState {
-    /// The module.
-    pub module: PathBuf,
     /// How a thread's `g_thread_state_global` is found.
     pub access: TlsAccess,
     /// `&PyGreenlet_Type` in the process.
     pub greenlet_type: u64,
-    /// The offset came from `.symtab` (else from a stripped module's TLS layout).
-    pub from_symtab: bool,
 }
 
 /// Why greenlet's state could not be found.
@@ -127,10 +119,10 @@ fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Result<GreenletModule, &'static str
             && s.st_size(endian) == 8
             && symtab.symbol_name(endian, s) == Ok(STATE_SYMBOL)
     });
-    let (state_offset, from_symtab) =
+    let state_offset =
         match state {
-            Some(s) => (s.st_value(endian), true),
-            None if symtab.is_empty() && tls_size == 16 => (STRIPPED_OFFSET, false),
+            Some(s) => s.st_value(endian),
+            None if symtab.is_empty() && tls_size == 16 => STRIPPED_OFFSET,
             None if symtab.is_empty() => return Err(
                 "stripped, and its TLS segment is not the 16 bytes of the builds spanprof knows",
             ),
@@ -157,14 +149,9 @@ fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Result<GreenletModule, &'static str
         })
         .map(|r| r.r_offset(endian))
         .ok_or("no local-dynamic TLS relocation (a TLS access spanprof does not read)")?;
-    let loads = headers
-        .iter()
-        .filter(|p| p.p_type(endian) == PT_LOAD)
-        .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
-        .collect();
+    let loads = load_segments(headers, endian);
     Ok(GreenletModule {
         state_offset,
-        from_symtab,
         type_value,
         modid_slot,
         loads,
@@ -206,13 +193,11 @@ impl GreenletCache {
             return Err(bad("implausible TLS module id (not relocated yet?)"));
         }
         Ok(Some(GreenletState {
-            module: m.file_path().into(),
             access: TlsAccess::Dynamic {
                 module: modid,
                 offset: module.state_offset,
             },
             greenlet_type: bias.wrapping_add(module.type_value),
-            from_symtab: module.from_symtab,
         }))
     }
 }

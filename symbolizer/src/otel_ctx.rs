@@ -27,7 +27,7 @@ use object::read::elf::{FileHeader, ProgramHeader, Rela, SectionHeader, Sym};
 use object::read::{ReadCache, ReadRef};
 
 use crate::mapped::{open_mapped, read_maps};
-use crate::python::detect::load_bias;
+use crate::python::detect::{load_bias, load_segments};
 use crate::python::memory::ProcessMemory;
 
 /// The thread-local symbol of OTEP 4947.
@@ -158,11 +158,7 @@ fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Option<TlsSymbol> {
         || headers
             .iter()
             .any(|p| p.p_type(endian) == object::elf::PT_INTERP);
-    let loads = headers
-        .iter()
-        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
-        .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
-        .collect();
+    let loads = load_segments(headers, endian);
     Some(TlsSymbol {
         value: sym.st_value(endian),
         reloc,

@@ -495,8 +495,20 @@ fn has_frame_pointer_prologue(code: &[u8]) -> bool {
     code.starts_with(&[0x55, 0x48, 0x89, 0xe5])
 }
 
-/// Run-time minus link-time address, from the module's lowest-offset mapping and the load
-/// segment that maps that file offset.
+/// The `(p_offset, p_vaddr, p_filesz)` of each PT_LOAD of a 64-bit ELF file's program headers,
+/// as [`load_bias`] takes them.
+pub(crate) fn load_segments(
+    headers: &[object::elf::ProgramHeader64<object::Endianness>],
+    endian: object::Endianness,
+) -> Vec<(u64, u64, u64)> {
+    use object::read::elf::ProgramHeader;
+    headers
+        .iter()
+        .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
+        .map(|p| (p.p_offset(endian), p.p_vaddr(endian), p.p_filesz(endian)))
+        .collect()
+}
+
 /// Run-time minus link-time addresses of `module`, from its lowest mapping and its PT_LOADs
 /// `(p_offset, p_vaddr, p_filesz)`.
 pub(crate) fn load_bias(maps: &[Mapping], module: &str, loads: &[(u64, u64, u64)]) -> Option<u64> {
