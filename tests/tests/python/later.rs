@@ -144,9 +144,13 @@ fn python_frames_said(stack: &FoldedStack) -> &'static str {
     } else if stack
         .frames
         .iter()
-        .any(|f| f.starts_with("_PyEval_EvalFrameDefault") || f.starts_with("_PyEval_Vector"))
+        .any(|f| f.starts_with("_PyEval_EvalFrameDefault"))
     {
-        // In the interpreter loop, with neither a frame nor a reason: the defect.
+        // In the interpreter loop, with neither a frame nor a reason: the defect. Not
+        // `_PyEval_Vector` alone: called from C (`wait_for_thread_shutdown` calling
+        // `threading._shutdown` at exit), it allocates and frees the new frame outside the
+        // loop (`_PyEvalFramePushAndInit`, `_PyEvalFrameClearAndPop`), when no Python frame
+        // exists to read.
         "silent"
     } else {
         // Start-up and shut-down in C, before and after any Python code.
