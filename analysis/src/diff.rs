@@ -41,6 +41,27 @@ impl Change {
     pub fn total_delta(&self) -> f64 {
         self.new_total - self.base_total
     }
+
+    /// The share that grew more, and by how much (self on a tie): what ranks the function
+    /// among those that grew, as a regression check fails on either share.
+    pub fn growth(&self) -> (Which, f64) {
+        let (s, t) = (self.self_delta(), self.total_delta());
+        if t > s {
+            (Which::Total, t)
+        } else {
+            (Which::Self_, s)
+        }
+    }
+
+    /// The share that shrank more, and by how much (negative; self on a tie).
+    pub fn shrinkage(&self) -> (Which, f64) {
+        let (s, t) = (self.self_delta(), self.total_delta());
+        if t < s {
+            (Which::Total, t)
+        } else {
+            (Which::Self_, s)
+        }
+    }
 }
 
 /// The change of every function between two runs.
@@ -50,8 +71,8 @@ pub struct Diff {
     pub base: Functions,
     /// The new run's functions.
     pub new: Functions,
-    /// Every function of either run, most grown self share first (then most grown total, then
-    /// by name).
+    /// Every function of either run, most grown first by [`Change::growth`] (then most grown
+    /// self share, then by name).
     pub changes: Vec<Change>,
 }
 
@@ -139,9 +160,10 @@ impl Diff {
             })
             .collect();
         changes.sort_by(|x, y| {
-            y.self_delta()
-                .total_cmp(&x.self_delta())
-                .then(y.total_delta().total_cmp(&x.total_delta()))
+            y.growth()
+                .1
+                .total_cmp(&x.growth().1)
+                .then(y.self_delta().total_cmp(&x.self_delta()))
                 .then_with(|| x.name.cmp(&y.name))
         });
         Ok(Diff {
@@ -151,22 +173,31 @@ impl Diff {
         })
     }
 
-    /// Up to `n` functions whose self share grew, most first.
+    /// Up to `n` functions whose self or total share grew, most first by [`Change::growth`].
     pub fn grew(&self, n: usize) -> impl Iterator<Item = &Change> {
-        self.changes.iter().filter(|c| c.self_delta() > 0.0).take(n)
+        self.changes.iter().filter(|c| c.growth().1 > 0.0).take(n)
     }
 
-    /// Up to `n` functions whose self share shrank, most first.
+    /// Up to `n` functions whose self or total share shrank, most first by
+    /// [`Change::shrinkage`] (then most shrunk self share, then by name).
     pub fn shrank(&self, n: usize) -> impl Iterator<Item = &Change> {
-        self.changes
+        let mut shrank: Vec<&Change> = self
+            .changes
             .iter()
-            .rev()
-            .filter(|c| c.self_delta() < 0.0)
-            .take(n)
+            .filter(|c| c.shrinkage().1 < 0.0)
+            .collect();
+        shrank.sort_by(|x, y| {
+            x.shrinkage()
+                .1
+                .total_cmp(&y.shrinkage().1)
+                .then(x.self_delta().total_cmp(&y.self_delta()))
+                .then_with(|| x.name.cmp(&y.name))
+        });
+        shrank.into_iter().take(n)
     }
 
     /// The functions whose self or total share grew by more than `threshold` (a fraction),
-    /// in [`Diff::changes`] order. A function whose two shares both grew is listed once: by a
+    /// most grown first by the share each is listed by. A function whose two shares both grew is listed once: by a
     /// share whose growth is significant if one is (self first), else by its self share if
     /// that grew over the threshold. [`Regression::significant`] says which fail a build.
     pub fn regressions(&self, threshold: f64) -> Vec<Regression<'_>> {
@@ -190,17 +221,24 @@ impl Diff {
                 });
             }
         }
+        // Stable: ties keep the order of `changes`.
+        out.sort_by(|x, y| y.delta_and_sigma().0.total_cmp(&x.delta_and_sigma().0));
         out
     }
 }
 
-/// One line of the diff's table: `  +15.0  render_output  25.0% -> 40.0% (total 25.0% -> 40.0%)`.
-pub fn change_line(c: &Change) -> String {
+/// One line of the diff's table, `(which, delta)` the figure it is ranked by:
+/// `  +15.0 self   render_output  25.0% -> 40.0% self, 25.0% -> 40.0% total`.
+pub fn change_line(c: &Change, (which, delta): (Which, f64)) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "  {:>6}  {}  {}% -> {}% self, {}% -> {}% total",
-        points_text(c.self_delta()),
+        "  {:>6} {:<5}  {}  {}% -> {}% self, {}% -> {}% total",
+        points_text(delta),
+        match which {
+            Which::Self_ => "self",
+            Which::Total => "total",
+        },
         c.name,
         percent_text(c.base_self),
         percent_text(c.new_self),
@@ -222,8 +260,8 @@ fn regression_json(r: &Regression<'_>) -> serde_json::Value {
     })
 }
 
-/// The diff as JSON: both runs' facts and the `top` functions (0: all) whose self share grew
-/// and shrank most, with the standard errors; with a threshold, the regressions over it
+/// The diff as JSON: both runs' facts and the `top` functions (0: all) whose self or total
+/// share grew and shrank most (ranked by the larger change of the two), with the standard errors; with a threshold, the regressions over it
 /// (`significant` ones fail a build) and the verdict `failed`.
 pub fn diff_json(
     base: &Profile,
@@ -267,8 +305,9 @@ fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
-/// The diff as text: both runs, then the `top` functions (0: all) whose self share grew most
-/// and those that shrank most.
+/// The diff as text: both runs, then the `top` functions (0: all) whose self or total share
+/// grew most and those that shrank most, each ranked by the larger change of its two shares,
+/// which a regression check fails on.
 pub fn diff_text(base: (&Profile, &str), new: (&Profile, &str), diff: &Diff, top: usize) -> String {
     let n = limit(top, diff.changes.len());
     let mut s = String::new();
@@ -286,18 +325,19 @@ pub fn diff_text(base: (&Profile, &str), new: (&Profile, &str), diff: &Diff, top
         );
     }
     let _ = writeln!(s, "Shares of each run's total, in points (new minus base):");
-    let lists: [(&str, Vec<&Change>); 2] = [
-        ("grew most", diff.grew(n).collect()),
-        ("shrank most", diff.shrank(n).collect()),
+    type Figure = fn(&Change) -> (Which, f64);
+    let lists: [(&str, Vec<&Change>, Figure); 2] = [
+        ("grew most", diff.grew(n).collect(), Change::growth),
+        ("shrank most", diff.shrank(n).collect(), Change::shrinkage),
     ];
-    for (title, changes) in lists {
+    for (title, changes, figure) in lists {
         let _ = writeln!(
             s,
             "{title}:{}",
             if changes.is_empty() { " none" } else { "" }
         );
         for c in changes {
-            let _ = writeln!(s, "{}", change_line(c));
+            let _ = writeln!(s, "{}", change_line(c, figure(c)));
         }
     }
     s

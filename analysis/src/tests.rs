@@ -158,6 +158,43 @@ fn a_significant_total_share_counts_when_the_self_share_is_noise() {
 }
 
 #[test]
+fn diff_ranks_by_the_share_that_grew_most() {
+    // `caller`'s self share barely moved, its total grew by 12 points: it fails a 5-point
+    // check on its total, so it comes first in the grown list and among the regressions.
+    let change = |name: &str, s: (f64, f64), t: (f64, f64)| Change {
+        name: name.into(),
+        base_self: s.0,
+        new_self: s.1,
+        base_total: t.0,
+        new_total: t.1,
+        sigma_self: 0.001,
+        sigma_total: 0.001,
+    };
+    let mut d = Diff::of(&fixture::profile(), &fixture::profile()).unwrap();
+    let mut changes = vec![
+        change("leaf", (0.10, 0.16), (0.10, 0.16)),
+        change("caller", (0.010, 0.015), (0.20, 0.32)),
+        change("gone", (0.30, 0.29), (0.50, 0.30)),
+        change("thinner", (0.20, 0.17), (0.20, 0.17)),
+    ];
+    changes.sort_by(|x, y| y.growth().1.total_cmp(&x.growth().1));
+    d.changes = changes;
+    let grew: Vec<&str> = d.grew(5).map(|c| c.name.as_str()).collect();
+    assert_eq!(grew, ["caller", "leaf"]);
+    assert_eq!(d.changes[0].growth().0, Which::Total);
+    let shrank: Vec<&str> = d.shrank(5).map(|c| c.name.as_str()).collect();
+    assert_eq!(shrank, ["gone", "thinner"], "by the share that shrank most");
+    let r = d.regressions(0.05);
+    let listed: Vec<(&str, Which)> = r
+        .iter()
+        .map(|r| (r.change.name.as_str(), r.which))
+        .collect();
+    assert_eq!(listed, [("caller", Which::Total), ("leaf", Which::Self_)]);
+    let line = change_line(&d.changes[0], d.changes[0].growth());
+    assert!(line.contains("+12.0 total  caller"), "{line}");
+}
+
+#[test]
 fn diffs_need_samples_and_the_same_measure() {
     let mut empty = fixture::profile();
     empty.samples.clear();

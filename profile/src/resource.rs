@@ -3,7 +3,8 @@
 //! A process is described once, when its first sample arrives, from `/proc/PID`: the executable
 //! (`exe`), the command line (`cmdline`), the service name from its own environment
 //! (`OTEL_SERVICE_NAME`, else `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, as the OpenTelemetry
-//! SDKs read them; else the executable's name, where an SDK would say `unknown_service`), the other `OTEL_RESOURCE_ATTRIBUTES`, and the container
+//! SDKs read them; else `unknown_service:` and the executable's name, as an SDK says it), the
+//! other `OTEL_RESOURCE_ATTRIBUTES`, and the container
 //! from its cgroup path. The host is described once per session. [`resource_attributes`] turns
 //! both into the attributes of an OTLP `Resource`, named as the semantic conventions name them.
 //!
@@ -241,10 +242,11 @@ pub fn resource_attributes(
         .as_deref()
         .map(|p| base(p.strip_suffix(" (deleted)").unwrap_or(p)).to_string())
         .unwrap_or_else(|| comm.to_string());
+    // Without one, OpenTelemetry's convention: `unknown_service:` and the executable's name.
     let service = info
         .service_name
         .clone()
-        .unwrap_or_else(|| exe_name.clone());
+        .unwrap_or_else(|| format!("unknown_service:{exe_name}"));
     let mut out = vec![("service.name".to_string(), Value::Str(service))];
     let detected = |k: &str| {
         k == "service.name"
@@ -396,7 +398,10 @@ mod tests {
                 "os.type"
             ]
         );
-        assert_eq!(attrs[0].1, Value::Str("python3.11".to_string()));
+        assert_eq!(
+            attrs[0].1,
+            Value::Str("unknown_service:python3.11".to_string())
+        );
         assert_eq!(attrs[2].1, Value::Int(42));
     }
 }

@@ -411,7 +411,10 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
             too_large()
         });
     }
-    let read = match Format::from_path(path) {
+    // A name that says nothing (py-spy's `--format raw` has no extension of its own): folded
+    // text if every line is `STACK COUNT`, else pprof.
+    let format = Format::from_path(path).or_else(|| looks_folded(&bytes).then_some(Format::Folded));
+    let read = match format {
         Some(Format::Folded) => spanprof_profile::format::folded::read_folded(&bytes),
         Some(Format::Otlp) => spanprof_profile::format::otlp::read_otlp(&bytes),
         _ => spanprof_profile::format::pprof::read_pprof(&bytes),
@@ -422,6 +425,24 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
             format!("{shown}: {:#}", anyhow::Error::from(e)),
         )
     })
+}
+
+/// Whether `bytes` read as folded stacks: UTF-8 text whose every non-blank line ends in a space
+/// and a count (py-spy's stackless ` 10` included), with at least one such line.
+fn looks_folded(bytes: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    let mut lines = text
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.trim().is_empty())
+        .peekable();
+    lines.peek().is_some()
+        && lines.all(|l| {
+            l.rsplit_once(' ')
+                .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
 }
 
 /// Reads `from` into `bytes` up to one byte past [`MAX_INPUT_BYTES`], growing the buffer at

@@ -355,7 +355,10 @@ print(json.dumps(pids), flush=True)
     )
     .unwrap();
     let mut cmd = Command::new(pyenv_python(12));
-    cmd.arg(&launcher).arg(&go);
+    cmd.arg(&launcher)
+        .arg(&go)
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_RESOURCE_ATTRIBUTES");
     let mut parent = Background::spawn(cmd);
     let line = parent.wait_for_stderr("ready ", Duration::from_secs(30));
     let ppid = ready_pid(&line);
@@ -388,11 +391,13 @@ print(json.dumps(pids), flush=True)
             missing.push(*pid);
             continue;
         };
-        // The command line and executable are read from /proc at the process's first drain:
-        // a child that exited before it (a stalled daemon) has its comm only.
+        // The command line, executable and environment are read from /proc at the process's
+        // first drain: a child that exited before it (a stalled daemon) has its comm only.
+        // Without OTEL_SERVICE_NAME, the service is OpenTelemetry's `unknown_service:EXE`.
         let cmdline = attrs["process.command_line"].as_str().unwrap_or("");
         if cmdline.ends_with(&format!("short-{i}"))
             && attrs["process.executable.name"] == "python3.12"
+            && attrs["service.name"] == "unknown_service:python3.12"
         {
             with_cmdline += 1;
         }
@@ -401,13 +406,14 @@ print(json.dumps(pids), flush=True)
         }
     }
     eprintln!(
-        "{} of 50 children with a resource, {with_cmdline} with their command line, \
+        "{} of 50 children with a resource, {with_cmdline} with their command line and \
+         service.name unknown_service:python3.12, \
          {with_runtime} recognized as CPython",
         50 - missing.len()
     );
     assert!(
         with_cmdline >= 45,
-        "{with_cmdline} of 50 with their command line"
+        "{with_cmdline} of 50 with their command line and service.name"
     );
     assert!(
         missing.is_empty(),

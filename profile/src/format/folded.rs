@@ -88,6 +88,7 @@ const MAX_FOLDED_LINES: usize = 1 << 22;
 /// kernel frame, `qualname (file.py:LINE)` a Python one, `name (file.c:LINE, inlined)` or `name
 /// (inlined)` a function inlined into the native frame before it, anything else native. The file says
 /// nothing of the sampling rate: the profile's frequency is 0 (shares compare, times do not).
+/// A line without frames (py-spy's ` 10`, spanprof's [`NO_STACK`]) is a sample without frames.
 pub fn read_folded(bytes: &[u8]) -> Result<Profile, ReadError> {
     let bad = |msg: String| ReadError::Folded(msg);
     let text = std::str::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8 text ({e})")))?;
@@ -110,14 +111,14 @@ pub fn read_folded(bytes: &[u8]) -> Result<Profile, ReadError> {
             .trim()
             .parse()
             .map_err(|_| bad(format!("line {}: {count:?} is not a count", n + 1)))?;
-        if stack.is_empty() {
-            return Err(bad(format!("line {}: an empty stack", n + 1)));
-        }
         total = total
             .checked_add(count)
             .ok_or_else(|| bad(format!("line {}: the counts add up past 2^64", n + 1)))?;
         let mut of_line = Vec::new();
-        for name in stack.split(';') {
+        // No stack: py-spy writes ` 10` for samples it found no frame for, spanprof
+        // `[no stack] 10`; either is a sample without frames, which is how it is written back.
+        let frameless = stack.trim().is_empty() || stack == NO_STACK;
+        for name in stack.split(';').filter(|_| !frameless) {
             let frame = folded_frame(name);
             let index = *ids.entry(frame).or_insert_with_key(|f| {
                 frames.push(f.clone());
@@ -328,6 +329,27 @@ mod tests {
         ];
         let out = String::from_utf8(render(&profile).unwrap()).unwrap();
         assert_eq!(out, "[no stack] 3\n");
+    }
+
+    #[test]
+    fn lines_without_frames_are_samples_without_frames() {
+        // py-spy's raw output has ` 10` for samples with no stack; spanprof's `[no stack] 3`
+        // reads back the same way, and both are written back as `[no stack]`.
+        let text = b"<module> (x.py:3);f (x.py:9) 5\n 10\n[no stack] 3\n";
+        let profile = read_folded(text).unwrap();
+        let counts: Vec<(usize, u64)> = profile
+            .samples
+            .iter()
+            .map(|s| (s.frames.len(), s.count))
+            .collect();
+        assert_eq!(counts, [(2, 5), (0, 10), (0, 3)]);
+        assert_eq!(profile.frames.len(), 2, "no frame named `[no stack]` or ``");
+        let out = String::from_utf8(render(&profile).unwrap()).unwrap();
+        assert_eq!(out, "<module> (x.py:3);f (x.py:9) 5\n[no stack] 13\n");
+        assert!(
+            read_folded(b"main 1\n 1x\n").is_err(),
+            "a bad count is still refused"
+        );
     }
 
     #[test]

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use spanprof_tests::{
-    folded_count, folded_total, last_json_line, profile_pid, profiling_lock, py_spy,
-    py_workload_source, read_folded, start_py_spy, start_py_workload, FoldedStack, TempDir,
-    RUN_TIMEOUT,
+    args, folded_count, folded_total, last_json_line, profile_pid, profiling_lock, py_spy,
+    py_workload_source, read_folded, run_spanprof, start_py_spy, start_py_workload, FoldedStack,
+    TempDir, RUN_TIMEOUT,
 };
 
 use crate::common::{require_python_profiling, top, Interp};
@@ -195,6 +195,19 @@ pub(super) fn split_matches_truth_and_py_spy(interp: &Interp) {
             "only {with_path} of spanprof's {total} samples ({} in the three functions) have the \
              Python path <module> -> main -> run_split -> function",
             ours.total()
+        ));
+    }
+    // `spanprof report` reads py-spy's raw output whole and counts what py-spy counted (its
+    // lines without a stack, ` 10`, are read as such: a unit test of the folded reader).
+    let report = run_spanprof(args!["report", &spy_raw, "--format", "json", "--top", "0"]);
+    report.assert_success();
+    let report: serde_json::Value = serde_json::from_str(&report.stdout)
+        .unwrap_or_else(|e| panic!("report JSON: {e}\n{report}"));
+    let spy_total = folded_total(&spy_stacks);
+    if report["profile"]["total"].as_u64() != Some(spy_total) {
+        problems.push(format!(
+            "spanprof report counts {} samples in py-spy's file, which holds {spy_total}",
+            report["profile"]["total"]
         ));
     }
     // The figures, for `--nocapture` runs that watch the margins.
