@@ -121,6 +121,15 @@ fn pprof_decodes_and_agrees_with_folded() {
     // The same samples as the folded output of the same session.
     let total = prof["totals"]["samples"].as_u64().expect("totals.samples");
     assert!(total > 0, "empty pprof:\n{}", s.stderr);
+    // Then their CPU time, as Go's CPU profiles give it: each count times the period.
+    let second_type = &prof["sample_types"][1];
+    assert_eq!(str_of(second_type, "type"), "cpu", "{second_type}");
+    assert_eq!(str_of(second_type, "unit"), "nanoseconds", "{second_type}");
+    assert_eq!(
+        prof["totals"]["cpu"].as_i64(),
+        Some(total as i64 * period),
+        "cpu/nanoseconds total is not samples × period"
+    );
     assert_eq!(
         total,
         folded_total(&folded),

@@ -318,7 +318,17 @@ impl Reader<'_> {
             let (count, off_cpu_ns) = match shape {
                 // Memory profiles count no time.
                 Shape::Alloc | Shape::Heap | Shape::AllocAndHeap => (0, 0),
-                Shape::Cpu => (value(SAMPLES_TYPE)?, 0),
+                Shape::Cpu => {
+                    let count = value(SAMPLES_TYPE)?;
+                    // NB: a file with `samples/count` alone has no time to check.
+                    if index(CPU_TYPE).is_some() && value(CPU_TYPE)? != count.saturating_mul(period)
+                    {
+                        return Err(damaged(format!(
+                            "sample {i}: its cpu/nanoseconds is not its count times the period"
+                        )));
+                    }
+                    (count, 0)
+                }
                 Shape::CpuAndOffCpu => {
                     let count = value(SAMPLES_TYPE)?;
                     if value(CPU_TYPE)? != count.saturating_mul(period) {

@@ -6,7 +6,7 @@
 //!
 //!   | `--event` | `sample_type` | on-CPU sample | off-CPU sample | default |
 //!   |-----------|---------------|---------------|----------------|---------|
-//!   | `cpu` (default) | `samples/count` | `[n]` | (none) | (unset: the only one) |
+//!   | `cpu` (default) | `samples/count`, `cpu/nanoseconds` | `[n, n * period]` | (none) | (unset: the last, `cpu`) |
 //!   | `offcpu` | `off_cpu/nanoseconds` | (none) | `[ns]` | (unset: the only one) |
 //!   | `cpu,offcpu` | `samples/count`, `cpu/nanoseconds`, `off_cpu/nanoseconds` | `[n, n * period, 0]` | `[0, 0, ns]` | `off_cpu` |
 //!   | `wall` | `wall/nanoseconds` | `[n * period]` | `[ns]` | (unset: the only one) |
@@ -14,9 +14,11 @@
 //!   `n` is the number of perf events that hit the stack, `ns` the nanoseconds the thread was
 //!   blocked in it ([`Sample::off_cpu_ns`](crate::profile::Sample::off_cpu_ns)). The period type
 //!   of these time shapes is `cpu/nanoseconds`, period `1e9 / frequency`, so a sample's CPU time
-//!   is `count * period`; a plain on-CPU profile stores no `cpu/nanoseconds` value, as it would
-//!   only repeat that. With `cpu,offcpu` it does, so that `cpu` and `off_cpu` compare in one
-//!   unit (`go tool pprof -sample_index=cpu`).
+//!   is `count * period`. An on-CPU profile stores that time as a second value, as Go's CPU
+//!   profiles do, so pprof shows times (`-sample_index=samples` gives the counts); with
+//!   `cpu,offcpu`, `cpu` and `off_cpu` compare in one unit (`go tool pprof -sample_index=cpu`).
+//!   A profile without a rate (read from folded stacks) has `samples/count` alone, and a file
+//!   with `samples/count` alone (spanprof before 2026-12, other tools) reads as `cpu`.
 //!
 //!   Memory profiles (which never mix with time events) take Go's heap profile types, in Go's
 //!   order, the period type `space/bytes` and the period [`Events::alloc_rate`] (the average
@@ -143,7 +145,7 @@ pub const SPACE_TYPE: (&str, &str) = ("space", "bytes");
 /// The sample types of a profile, chosen by its [`Events`] (see the module docs' table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {
-    /// `--event cpu`: `[samples/count]`.
+    /// `--event cpu`: `[samples/count, cpu/nanoseconds]`.
     Cpu,
     /// `--event offcpu`: `[off_cpu/nanoseconds]`, each value [`Profile::weight`].
     OffCpu,
@@ -241,7 +243,7 @@ impl Shape {
     /// The `(type, unit)` of each sample value, in order.
     pub fn sample_types(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Shape::Cpu => &[SAMPLES_TYPE],
+            Shape::Cpu => &[SAMPLES_TYPE, CPU_TYPE],
             Shape::OffCpu => &[OFF_CPU_TYPE],
             Shape::CpuAndOffCpu => &[SAMPLES_TYPE, CPU_TYPE, OFF_CPU_TYPE],
             Shape::Wall => &[WALL_TYPE],
@@ -256,8 +258,12 @@ impl Shape {
         }
     }
 
-    /// The shape with exactly these sample types, in any order.
+    /// The shape with exactly these sample types, in any order; `samples/count` alone is
+    /// [`Shape::Cpu`] (as spanprof wrote it before the `cpu/nanoseconds` value).
     pub fn from_sample_types(types: &[(&str, &str)]) -> Option<Shape> {
+        if types == [SAMPLES_TYPE] {
+            return Some(Shape::Cpu);
+        }
         let mut types = types.to_vec();
         types.sort_unstable();
         Shape::ALL.into_iter().find(|shape| {
@@ -288,7 +294,10 @@ impl Shape {
     /// The values of one sample, in [`Shape::sample_types`] order.
     fn values(self, profile: &Profile, sample: &crate::profile::Sample) -> Vec<i64> {
         match self {
-            Shape::Cpu => vec![saturating_i64(sample.count)],
+            Shape::Cpu => vec![
+                saturating_i64(sample.count),
+                saturating_i64(sample.count.saturating_mul(profile.meta.period_ns())),
+            ],
             Shape::CpuAndOffCpu => vec![
                 saturating_i64(sample.count),
                 saturating_i64(sample.count.saturating_mul(profile.meta.period_ns())),
@@ -333,8 +342,12 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     b.strings.intern("");
 
     let shape = Shape::of(meta.events);
-    let sample_type: Vec<ValueType> = shape
-        .sample_types()
+    // A profile without a rate (read from folded stacks) has counts but no times.
+    let types = match shape {
+        Shape::Cpu if meta.frequency == 0 => &[SAMPLES_TYPE][..],
+        _ => shape.sample_types(),
+    };
+    let sample_type: Vec<ValueType> = types
         .iter()
         .map(|&(ty, unit)| ValueType {
             ty: b.strings.intern(ty),
@@ -391,7 +404,8 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     let mut location_of_group: HashMap<Box<[u32]>, u64> = HashMap::new();
     let mut samples = Vec::with_capacity(profile.samples.len());
     for sample in &profile.samples {
-        let value = shape.values(profile, sample);
+        let mut value = shape.values(profile, sample);
+        value.truncate(types.len());
         // NB: a memory sample with nothing in this file's types (in a heap-only profile, a stack
         // whose sampled allocations were all freed) is left out; time samples are all written,
         // as they always were.

@@ -360,20 +360,43 @@ fn refuses_contradictory_values() {
         "damaged spanprof profile: sample 0 has 2 values for 3 sample types"
     );
     let err = read_edited(&fixture::off_cpu(), |p| {
-        p.sample_type.pop();
+        p.sample_type.remove(0);
         for s in &mut p.sample {
-            s.value.pop();
+            s.value.remove(0);
         }
     })
     .unwrap_err();
     assert!(
         err.starts_with(
-            "not a spanprof profile: its sample types are [(\"samples\", \"count\"), \
-             (\"cpu\", \"nanoseconds\")], not one of: samples/count; off_cpu/nanoseconds; \
-             samples/count, cpu/nanoseconds, off_cpu/nanoseconds; wall/nanoseconds"
+            "not a spanprof profile: its sample types are [(\"cpu\", \"nanoseconds\"), \
+             (\"off_cpu\", \"nanoseconds\")], not one of: samples/count, cpu/nanoseconds; \
+             off_cpu/nanoseconds; samples/count, cpu/nanoseconds, off_cpu/nanoseconds; \
+             wall/nanoseconds"
         ),
         "{err}"
     );
+    // An on-CPU profile's time is its count times the period.
+    let err = read_edited(&fixture::profile(), |p| p.sample[0].value[1] += 1).unwrap_err();
+    assert_eq!(
+        err,
+        "damaged spanprof profile: sample 0: its cpu/nanoseconds is not its count times the period"
+    );
+}
+
+#[test]
+fn counts_alone_read_as_an_on_cpu_profile() {
+    // As spanprof wrote on-CPU profiles before their cpu/nanoseconds value.
+    let full = read_edited(&fixture::profile(), |_| ()).unwrap();
+    let counts_only = read_edited(&fixture::profile(), |p| {
+        p.sample_type.pop();
+        for s in &mut p.sample {
+            s.value.pop();
+        }
+    })
+    .unwrap();
+    assert_eq!(counts_only.meta.events, full.meta.events);
+    let counts = |p: &Profile| p.samples.iter().map(|s| s.count).collect::<Vec<_>>();
+    assert_eq!(counts(&counts_only), counts(&full));
 }
 
 #[test]

@@ -37,9 +37,11 @@ fn decodes_with_totals_and_leaf_first_locations() {
     let p = decode(&render(&profile).unwrap());
 
     assert_eq!(p.string_table[0], "");
-    assert_eq!(p.sample_type.len(), 1);
+    assert_eq!(p.sample_type.len(), 2);
     assert_eq!(string(&p, p.sample_type[0].ty), "samples");
     assert_eq!(string(&p, p.sample_type[0].unit), "count");
+    assert_eq!(string(&p, p.sample_type[1].ty), "cpu");
+    assert_eq!(string(&p, p.sample_type[1].unit), "nanoseconds");
     let period_type = p.period_type.clone().unwrap();
     assert_eq!(string(&p, period_type.ty), "cpu");
     assert_eq!(string(&p, period_type.unit), "nanoseconds");
@@ -275,8 +277,28 @@ fn on_cpu_shape() {
     let p = decode(&render(&fixture::with_spans()).unwrap());
     assert_eq!(
         types(&p),
-        (vec![("samples", "count")], "", PERIOD, 10_000_000)
+        (
+            vec![("samples", "count"), ("cpu", "nanoseconds")],
+            "",
+            PERIOD,
+            10_000_000
+        )
     );
+    // Counts, and their CPU time at 100 Hz, as Go's CPU profiles give it.
+    assert_eq!(
+        values(&p),
+        [
+            [5, 50_000_000],
+            [3, 30_000_000],
+            [2, 20_000_000],
+            [1, 10_000_000]
+        ]
+    );
+    // Without a rate (folded stacks read back), only the counts.
+    let mut no_rate = fixture::with_spans();
+    no_rate.meta.frequency = 0;
+    let p = decode(&render(&no_rate).unwrap());
+    assert_eq!(types(&p).0, [("samples", "count")]);
     assert_eq!(values(&p), [[5], [3], [2], [1]]);
     assert_eq!(reasons(&p), [None, None, None, None]);
     // The strings of an on-CPU profile start as they always did.
@@ -460,7 +482,16 @@ fn shapes_by_events() {
         Shape::from_sample_types(&[ALLOC_SPACE_TYPE, INUSE_SPACE_TYPE]),
         None
     );
-    assert_eq!(Shape::from_sample_types(&[SAMPLES_TYPE, CPU_TYPE]), None);
+    assert_eq!(
+        Shape::from_sample_types(&[CPU_TYPE, SAMPLES_TYPE]),
+        Some(Shape::Cpu)
+    );
+    assert_eq!(
+        Shape::from_sample_types(&[SAMPLES_TYPE]),
+        Some(Shape::Cpu),
+        "as spanprof wrote it before"
+    );
+    assert_eq!(Shape::from_sample_types(&[CPU_TYPE]), None);
     assert_eq!(Shape::from_sample_types(&[("cpu", "count")]), None);
     assert_eq!(Shape::from_sample_types(&[]), None);
 }
