@@ -374,14 +374,24 @@ pub fn to_lookup_addrs(
 pub struct ProcessFacts {
     /// `/proc/PID/comm`, when it could be read.
     pub name: Option<String>,
-    /// What `/proc/PID` says ([`ProcessInfo::read`]), when asked for.
+    /// What `/proc/PID` says ([`ProcessInfo::read`]) when the resource was asked for, else its
+    /// executable's path alone (pprof's first mapping), when it could be read.
     pub info: Option<ProcessInfo>,
 }
 
 /// Reads a process's [`ProcessFacts`] while it (hopefully) still runs.
 pub fn describe_process(pid: u32, resource: bool) -> ProcessFacts {
     // The resource first, then the name: as the aggregate read them at an exec.
-    let info = resource.then(|| ProcessInfo::read(pid));
+    let info = if resource {
+        Some(ProcessInfo::read(pid))
+    } else {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| ProcessInfo {
+                exe_path: Some(p.to_string_lossy().into_owned()),
+                ..ProcessInfo::default()
+            })
+    };
     let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
         .map(|s| s.trim_end().to_string());

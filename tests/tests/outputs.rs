@@ -12,7 +12,7 @@ use serde_json::Value;
 use spanprof_tests::{
     args, assert_private_output, c_function_lines, chromium_command, decode_pprof, folded_count,
     folded_total, python, read_folded, require_profiling, run_spanprof, run_with_timeout,
-    svg_title_and_subtitle, workspace_root, FoldedStack, TempDir, Workload,
+    svg_title_and_subtitle, workload_path, workspace_root, FoldedStack, TempDir, Workload,
 };
 
 const FREQUENCY: u64 = 199;
@@ -121,6 +121,13 @@ fn pprof_decodes_and_agrees_with_folded() {
     // The same samples as the folded output of the same session.
     let total = prof["totals"]["samples"].as_u64().expect("totals.samples");
     assert!(total > 0, "empty pprof:\n{}", s.stderr);
+    // The first mapping, which pprof prints as `File:`, is the target's executable.
+    assert_eq!(
+        prof["mappings"][0]["filename"].as_str(),
+        workload_path("cpu_split").to_str(),
+        "{}",
+        prof["mappings"]
+    );
     // Then their CPU time, as Go's CPU profiles give it: each count times the period.
     let second_type = &prof["sample_types"][1];
     assert_eq!(str_of(second_type, "type"), "cpu", "{second_type}");

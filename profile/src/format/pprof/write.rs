@@ -59,7 +59,8 @@
 //!   most [`SPAN_NAME_MAX`](crate::profile::SPAN_NAME_MAX) bytes (longer ones keep their
 //!   first bytes; names that are not ASCII are not read).
 //!   `go tool pprof -tagfocus trace_id=…` or `spanprof report --trace-id …` select one trace.
-//! - One mapping per distinct module, ids from 1, `filename` the module path. Kernel frames all go
+//! - One mapping per distinct module, ids from 1, `filename` the module path, the first that of
+//!   the target's executable when it has frames (pprof prints it as `File:`). Kernel frames all go
 //!   in one `[kernel.kallsyms]` mapping (perf's name) whatever their module says, Python frames
 //!   in one [`PYTHON_MAPPING`] (`[python]`: pprof tools do not look for a file behind a name in
 //!   brackets), which is also how `spanprof report` tells them from native frames. Native frames
@@ -400,6 +401,18 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
         )));
     }
 
+    // The target's executable is the first mapping, which pprof prints as the profile's
+    // `File:`: that of the first process whose executable has a frame in the profile.
+    let exe_frame = profile.processes.iter().find_map(|process| {
+        let exe = process.info.exe_path.as_deref()?;
+        profile
+            .frames
+            .iter()
+            .find(|f| f.kind == FrameKind::Native && f.module.as_deref() == Some(exe))
+    });
+    if let Some(frame) = exe_frame {
+        b.mapping(frame);
+    }
     let mut location_of_frame: Vec<Option<u64>> = vec![None; profile.frames.len()];
     let mut location_of_group: HashMap<Box<[u32]>, u64> = HashMap::new();
     let mut samples = Vec::with_capacity(profile.samples.len());

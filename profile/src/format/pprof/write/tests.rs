@@ -635,3 +635,25 @@ fn python_frames_have_their_own_mapping() {
     assert_eq!(leaf.mapping_id, python.id);
     assert_eq!(leaf.line[0].line, 12);
 }
+
+#[test]
+fn the_executable_is_the_first_mapping() {
+    // The first sample's leaf is in libfoo.so, so its mapping would come first.
+    let mut profile = fixture::profile();
+    let libfoo = profile
+        .samples
+        .iter()
+        .position(|s| s.frames == [0, 2])
+        .unwrap();
+    profile.samples.swap(0, libfoo);
+    let first = |profile: &Profile| {
+        let p = build(profile).unwrap();
+        string(&p, p.mapping[0].filename).to_string()
+    };
+    assert_eq!(first(&profile), "/usr/lib/libfoo.so");
+    profile.processes[0].info.exe_path = Some("/usr/bin/app".to_string());
+    assert_eq!(first(&profile), "/usr/bin/app");
+    // An executable without frames in the profile is not made up.
+    profile.processes[0].info.exe_path = Some("/usr/bin/other".to_string());
+    assert_eq!(first(&profile), "/usr/lib/libfoo.so");
+}
