@@ -197,22 +197,39 @@ impl Diff {
     }
 
     /// The functions whose self or total share grew by more than `threshold` (a fraction),
-    /// most grown first by the share each is listed by. A function whose two shares both grew is listed once: by a
-    /// share whose growth is significant if one is (self first), else by its self share if
-    /// that grew over the threshold. [`Regression::significant`] says which fail a build.
+    /// most grown first by the share each is listed by. A function whose two shares both grew
+    /// is listed once: by the share whose growth is significant if one is, by the one that grew
+    /// more if both are (self on a tie), else by the one that grew more over the threshold.
+    /// [`Regression::significant`] says which fail a build.
     pub fn regressions(&self, threshold: f64) -> Vec<Regression<'_>> {
         let mut out = Vec::new();
         for c in &self.changes {
             let over = |d: f64, sigma: f64| (d > threshold).then_some(d > Z_LIMIT * sigma);
             let shares = [
-                (Which::Self_, over(c.self_delta(), c.sigma_self)),
-                (Which::Total, over(c.total_delta(), c.sigma_total)),
+                (
+                    Which::Self_,
+                    c.self_delta(),
+                    over(c.self_delta(), c.sigma_self),
+                ),
+                (
+                    Which::Total,
+                    c.total_delta(),
+                    over(c.total_delta(), c.sigma_total),
+                ),
             ];
-            let found = shares
-                .iter()
-                .find(|(_, o)| *o == Some(true))
-                .or_else(|| shares.iter().find(|(_, o)| o.is_some()))
-                .map(|&(which, o)| (which, o == Some(true)));
+            // The larger growth among those that are `wanted`; self on a tie.
+            let pick = |wanted: fn(Option<bool>) -> bool| {
+                shares.iter().filter(|&&(_, _, o)| wanted(o)).fold(
+                    None,
+                    |best: Option<&(Which, f64, Option<bool>)>, s| match best {
+                        Some(b) if b.1 >= s.1 => Some(b),
+                        _ => Some(s),
+                    },
+                )
+            };
+            let found = pick(|o| o == Some(true))
+                .or_else(|| pick(|o| o.is_some()))
+                .map(|&(which, _, o)| (which, o == Some(true)));
             if let Some((which, significant)) = found {
                 out.push(Regression {
                     change: c,

@@ -192,6 +192,11 @@ fn diff_ranks_by_the_share_that_grew_most() {
     assert_eq!(listed, [("caller", Which::Total), ("leaf", Which::Self_)]);
     let line = change_line(&d.changes[0], d.changes[0].growth());
     assert!(line.contains("+12.0 total  caller"), "{line}");
+    // Both shares significant: listed by the one that grew more, as the grown list ranks it.
+    d.changes = vec![change("both", (0.10, 0.16), (0.20, 0.32))];
+    let r = d.regressions(0.05);
+    assert_eq!((r[0].which, r[0].significant), (Which::Total, true));
+    assert_eq!(d.changes[0].growth().0, Which::Total);
 }
 
 #[test]

@@ -122,9 +122,12 @@ fn pprof_decodes_and_agrees_with_folded() {
     let total = prof["totals"]["samples"].as_u64().expect("totals.samples");
     assert!(total > 0, "empty pprof:\n{}", s.stderr);
     // The first mapping, which pprof prints as `File:`, is the target's executable.
+    let exe = workload_path("cpu_split")
+        .canonicalize()
+        .expect("the workload exists");
     assert_eq!(
         prof["mappings"][0]["filename"].as_str(),
-        workload_path("cpu_split").to_str(),
+        exe.to_str(),
         "{}",
         prof["mappings"]
     );

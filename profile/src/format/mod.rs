@@ -21,7 +21,7 @@
 //!
 //! | `--event` | pprof sample types | on-CPU sample | off-CPU sample |
 //! |-----------|--------------------|---------------|----------------|
-//! | `cpu` (default) | `samples/count` | `[n]` | (none) |
+//! | `cpu` (default) | `samples/count`, `cpu/nanoseconds` | `[n, n * period]` | (none) |
 //! | `offcpu` | `off_cpu/nanoseconds` | (none) | `[ns]` |
 //! | `cpu,offcpu` | `samples/count`, `cpu/nanoseconds`, `off_cpu/nanoseconds` | `[n, n * period, 0]` | `[0, 0, ns]` |
 //! | `wall` | `wall/nanoseconds` | `[n * period]` | `[ns]` |

@@ -293,6 +293,11 @@ fn daemon_memory_is_bounded_while_distinct_binaries_come_and_go() {
         "spanprof_modules never counted the children's binaries"
     );
     assert!(
+        peak_rss <= start + CACHE_LIMIT + SLACK,
+        "RssAnon {:.1} MiB at its peak, above the start + the cache bound + 80 MiB",
+        mib(peak_rss)
+    );
+    assert!(
         hwm <= file_at_start + CACHE_LIMIT + SLACK,
         "VmHWM {:.1} MiB above RssFile at start + the cache bound + 80 MiB",
         mib(hwm)

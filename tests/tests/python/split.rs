@@ -197,8 +197,9 @@ pub(super) fn split_matches_truth_and_py_spy(interp: &Interp) {
             ours.total()
         ));
     }
-    // `spanprof report` reads py-spy's raw output whole and counts what py-spy counted (its
-    // lines without a stack, ` 10`, are read as such: a unit test of the folded reader).
+    // `spanprof report` reads py-spy's raw output (a `.raw` file, told folded by its lines)
+    // whole and counts what py-spy counted. NB: this workload is always busy, so py-spy writes
+    // no line without a stack (` 10`) here; the folded reader's unit tests read those.
     let report = run_spanprof(args!["report", &spy_raw, "--format", "json", "--top", "0"]);
     report.assert_success();
     let report: serde_json::Value = serde_json::from_str(&report.stdout)

@@ -19,8 +19,9 @@
 //!   `process: PID (name)` comments (from the threads for files without them), span contexts from
 //!   the span labels ([`crate::profile::labels`]);
 //! - what was profiled ([`Meta::events`]) from the sample types, by name ([`Shape`], in any
-//!   order): `samples/count` alone is an on-CPU profile (every file written before off-CPU
-//!   profiling), `off_cpu/nanoseconds` alone `--event offcpu`, `samples/count`,
+//!   order): `samples/count` and `cpu/nanoseconds` is an on-CPU profile, as is `samples/count`
+//!   alone (every file written before December 2026, and one without a rate),
+//!   `off_cpu/nanoseconds` alone `--event offcpu`, `samples/count`,
 //!   `cpu/nanoseconds`, `off_cpu/nanoseconds` `--event cpu,offcpu`, `wall/nanoseconds` alone
 //!   `--event wall` (which implies both); `alloc_objects/count`, `alloc_space/bytes`
 //!   `--event alloc`, `inuse_objects/count`, `inuse_space/bytes` `--event heap`, all four

@@ -404,7 +404,9 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
     // The target's executable is the first mapping, which pprof prints as the profile's
     // `File:`: that of the first process whose executable has a frame in the profile.
     let exe_frame = profile.processes.iter().find_map(|process| {
+        // NB: /proc/PID/exe of a replaced binary ends in ` (deleted)`; module paths do not.
         let exe = process.info.exe_path.as_deref()?;
+        let exe = exe.strip_suffix(" (deleted)").unwrap_or(exe);
         profile
             .frames
             .iter()
