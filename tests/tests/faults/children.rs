@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use spanprof_tests::{
-    decode_pprof, profiling_lock, require_root, run_with_timeout, spanprof_bin, spanprof_command,
-    workload_path, TempDir,
+    decode_pprof, profiling_lock, require_root, run_with_timeout, sample_str_labels, spanprof_bin,
+    spanprof_command, workload_path, TempDir,
 };
 
 /// Children started, one after another.
@@ -87,6 +87,7 @@ fn children_are_named(mode: &str, dir: &TempDir, module: Option<&str>) {
         .unwrap_or_else(|| panic!("no pid line: {out}"));
     let json = decode_pprof(&out_path);
     let mut total = 0i64;
+    let mut exited = 0i64;
     let mut named = 0i64;
     let mut in_work = 0i64;
     let mut pids = std::collections::BTreeSet::new();
@@ -96,6 +97,17 @@ fn children_are_named(mode: &str, dir: &TempDir, module: Option<&str>) {
             panic!("a sample without process.id: {sample}");
         };
         if pid == parent {
+            continue;
+        }
+        // A child that exited before its samples were drained is not unwound, and its samples
+        // say so (`unwind.reason`): not a wrong name but the known limit, bounded below.
+        if sample_str_labels(sample)
+            .get("unwind.reason")
+            .map(String::as_str)
+            == Some("process exited before unwinding")
+        {
+            pids.insert(pid);
+            exited += sample["values"][0].as_i64().unwrap();
             continue;
         }
         pids.insert(pid);
@@ -137,8 +149,9 @@ fn children_are_named(mode: &str, dir: &TempDir, module: Option<&str>) {
     let mut lost: Vec<(i64, String)> = lost.into_iter().map(|(s, w)| (w, s)).collect();
     lost.sort_unstable_by(|a, b| b.cmp(a));
     eprintln!(
-        "children with samples: {} of {CHILDREN}; their samples: {total}, named {named} \
-         ({:.1}%), in main;…;short_child_work {in_work}; not named, most first: {:?}",
+        "children with samples: {} of {CHILDREN}; their samples: {total} unwound, named {named} \
+         ({:.1}%), in main;…;short_child_work {in_work}; {exited} not unwound (exited first); \
+         not named, most first: {:?}",
         pids.len(),
         100.0 * named as f64 / total.max(1) as f64,
         &lost[..lost.len().min(5)]
@@ -150,6 +163,11 @@ fn children_are_named(mode: &str, dir: &TempDir, module: Option<&str>) {
         pids.len()
     );
     assert!(total >= 1000, "only {total} samples of the children\n{out}");
+    assert!(
+        exited as f64 <= 0.1 * (total + exited) as f64,
+        "{exited} of {} samples of the children not unwound: their process exited first\n{out}",
+        total + exited
+    );
     assert!(
         named as f64 >= NAMED_SHARE * total as f64,
         "{named} of {total} samples of the children named from root to leaf; not named, most \
