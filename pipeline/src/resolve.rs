@@ -385,12 +385,10 @@ pub fn describe_process(pid: u32, resource: bool) -> ProcessFacts {
     let info = if resource {
         Some(ProcessInfo::read(pid))
     } else {
-        std::fs::read_link(format!("/proc/{pid}/exe"))
-            .ok()
-            .map(|p| ProcessInfo {
-                exe_path: Some(p.to_string_lossy().into_owned()),
-                ..ProcessInfo::default()
-            })
+        crate::resource::read_exe(pid).map(|exe| ProcessInfo {
+            exe_path: Some(exe),
+            ..ProcessInfo::default()
+        })
     };
     let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()

@@ -74,9 +74,7 @@ impl ProcessInfo {
     /// Reads what `/proc/PID` says; whatever cannot be read (the process exited, no
     /// permission) stays `None`.
     pub fn read(pid: u32) -> ProcessInfo {
-        let exe_path = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .ok()
-            .map(|p| p.to_string_lossy().into_owned());
+        let exe_path = read_exe(pid);
         let command_line = read_bounded(&format!("/proc/{pid}/cmdline"))
             .map(|raw| join_args(&raw))
             .filter(|s| !s.is_empty());
@@ -221,6 +219,13 @@ pub fn container_id(cgroup: &str) -> Option<String> {
         }
     }
     found
+}
+
+/// `/proc/PID/exe`, the executable's path, when it can be read.
+pub fn read_exe(pid: u32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
 }
 
 /// The basename of a path.
