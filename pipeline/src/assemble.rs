@@ -169,7 +169,7 @@ pub fn assemble(
         .zip(user_symbols)
         .map(|(&k, mut s)| {
             let inlined = std::mem::take(&mut s.inlined);
-            let (module, address) = (s.module.clone(), s.address);
+            let (module, address, ids) = (s.module.clone(), s.address, s.ids.clone());
             let start = chains.len() as u32;
             chains.push(frames.intern(s, FrameKind::Native));
             for f in inlined {
@@ -182,6 +182,7 @@ pub fn assemble(
                     // `--no-lines`: one frame per function, as for Python.
                     line: f.line.filter(|_| opts.lines),
                     unknown_reason: None,
+                    ids: ids.clone(),
                 }));
             }
             (k, (start, chains.len() as u32))
@@ -429,6 +430,7 @@ fn python_frame_of(functions: &[PyFunction], token: u64) -> Frame {
         file: f.file.clone(),
         line: (line != 0).then_some(line),
         unknown_reason: None,
+        ids: None,
     }
 }
 
@@ -452,6 +454,8 @@ impl FrameTable {
             file: sym.file,
             line: sym.line,
             unknown_reason: sym.unknown_reason,
+            // NB: kernel symbols have none.
+            ids: sym.ids,
         };
         self.insert(frame)
     }
@@ -475,6 +479,7 @@ impl FrameTable {
             file: None,
             line: None,
             unknown_reason: None,
+            ids: None,
         })
     }
 }

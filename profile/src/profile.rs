@@ -51,6 +51,9 @@ pub struct Frame {
     pub line: Option<u32>,
     /// Why the frame has no function name (e.g. "no symbol", "process exited"), when it has none.
     pub unknown_reason: Option<String>,
+    /// The ids of its module file (GNU build id, `htlhash`), when known: native frames (and
+    /// those inlined into them) only. pprof and OTLP write them on the frame's mapping.
+    pub ids: Option<std::sync::Arc<symbolizer::build_id::ModuleIds>>,
 }
 
 impl Frame {
@@ -578,6 +581,7 @@ impl Profile {
                 file: None,
                 line: None,
                 unknown_reason: None,
+                ids: None,
             };
             *ids.entry(frame).or_insert_with_key(|frame| {
                 frames.push(frame.clone());

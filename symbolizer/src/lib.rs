@@ -22,6 +22,7 @@
 //! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
 //! the next one.
 
+pub mod build_id;
 pub mod debug_file;
 pub mod greenlet;
 pub mod mapped;
@@ -89,6 +90,8 @@ pub struct Symbol {
     pub line: Option<u32>,
     /// Why `function` is `None`.
     pub unknown_reason: Option<String>,
+    /// The ids of the module file (GNU build id, `htlhash`), when it was read.
+    pub ids: Option<std::sync::Arc<build_id::ModuleIds>>,
     /// The functions inlined at the address, outermost first (`function` called the first,
     /// which called the next, …, and the last holds the address); `file` and `line` are then
     /// those of the call in `function`. Empty without DWARF.
@@ -121,6 +124,8 @@ struct Module {
     path: PathBuf,
     /// The open file; `None` when it could not be opened, with the reason.
     file: Result<std::fs::File, String>,
+    /// Its GNU build id and `htlhash`, read when it was opened.
+    ids: Option<std::sync::Arc<build_id::ModuleIds>>,
     /// Its separate debug file, found while the process lived ([`debug_file::find`]: the
     /// target's root first, only one of the same build).
     debug: Option<debug_file::DebugFile>,
@@ -529,6 +534,7 @@ impl Symbolizer {
                 .expect("an interned module is open");
             if module.file.is_err() {
                 if let Ok((file, _)) = mapped::open_mapped(pid, line) {
+                    module.ids = build_id::ModuleIds::read(&file).map(std::sync::Arc::new);
                     module.debug = debug_file::find(
                         &file,
                         line.file_path(),
@@ -545,10 +551,16 @@ impl Symbolizer {
         let debug = file.as_ref().ok().and_then(|f| {
             debug_file::find(f, line.file_path(), mapped::foreign_root(pid).as_deref())
         });
+        let ids = file
+            .as_ref()
+            .ok()
+            .and_then(build_id::ModuleIds::read)
+            .map(std::sync::Arc::new);
         let module = Module {
             key,
             path: PathBuf::from(line.file_path()),
             file,
+            ids,
             debug,
             parsed: None,
         };
@@ -610,8 +622,10 @@ impl Symbolizer {
             match self.user.get(&(pid, addr)) {
                 Some(Location::Elf { module, offset }) => {
                     per_module.entry(*module).or_default().push((i, *offset));
-                    let path = self.modules[*module as usize].as_ref().map(|m| &*m.path);
-                    user_out.push(unknown(path, *offset, "not symbolized"));
+                    let module = self.modules[*module as usize].as_ref();
+                    let mut symbol = unknown(module.map(|m| &*m.path), *offset, "not symbolized");
+                    symbol.ids = module.and_then(|m| m.ids.clone());
+                    user_out.push(symbol);
                 }
                 Some(Location::Anonymous { name, offset }) => {
                     user_out.push(unknown(Some(Path::new(&**name)), *offset, ANONYMOUS_CODE))
@@ -644,6 +658,7 @@ impl Symbolizer {
             let Module {
                 path,
                 file,
+                ids,
                 debug,
                 parsed,
                 ..
@@ -721,6 +736,9 @@ impl Symbolizer {
                         user_out[*i] = plt_symbol(name, path, *offset);
                     }
                 }
+            }
+            for (i, _) in &items {
+                user_out[*i].ids.clone_from(ids);
             }
             self.evict_parsed(Some(id));
             self.parsed_peak = self.parsed_peak.max(self.parsed_bytes);
@@ -845,6 +863,7 @@ fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {
         file: None,
         line: None,
         unknown_reason: Some(reason.to_string()),
+        ids: None,
         inlined: Vec::new(),
     }
 }
@@ -857,6 +876,7 @@ fn plt_symbol(name: String, module: &Path, address: u64) -> Symbol {
         file: None,
         line: None,
         unknown_reason: None,
+        ids: None,
         inlined: Vec::new(),
     }
 }
@@ -875,6 +895,7 @@ fn to_symbol(result: Symbolized<'_>, module: Option<&Path>, address: u64) -> Sym
                 file,
                 line,
                 unknown_reason: None,
+                ids: None,
                 inlined: sym
                     .inlined
                     .iter()

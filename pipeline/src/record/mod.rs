@@ -13,7 +13,8 @@
 //! - [`TAG_END`], then the facts of assembly: the symbols of the user addresses (in the order
 //!   of [`Counter::addresses`](super::count::Counter::addresses); since version 2 each with
 //!   the functions inlined at it, their names, files and lines: a count, 0 for a kernel
-//!   address) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
+//!   address; since version 3 then its module's GNU build id and `htlhash`, strings that may
+//!   be absent) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
 //!   run's metadata; then [`TAG_TRAILER`] and the end of the stream.
 //!
 //! Numbers are LEB128 varints (signed ones zigzag-encoded), strings have their length. A sample
@@ -41,8 +42,9 @@ use super::Options;
 /// The first bytes of a recording (uncompressed).
 pub const MAGIC: &[u8; 19] = b"spanprof recording\n";
 /// The version of the format this build writes (and the newest it reads): 2 added the
-/// functions inlined at a user address to its symbol.
-pub const FORMAT_VERSION: u32 = 2;
+/// functions inlined at a user address to its symbol, 3 its module file's ids (GNU build id,
+/// `htlhash`).
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Bytes of a recording, uncompressed, at most (written and read).

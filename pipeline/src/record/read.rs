@@ -6,12 +6,14 @@
 //! allocation.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use profiler_common::{MAX_PY_FRAMES, MAX_STACK_DEPTH, SPAN_NAME_MAX, TASK_COMM_LEN};
 use rustc_hash::FxHashMap;
+use symbolizer::build_id::ModuleIds;
 use symbolizer::{Inlined, Symbol};
 
 use super::codec::{bad, Dec, Error, Result, StrList};
@@ -410,6 +412,9 @@ impl<R: BufRead> Reader<R> {
         let mut strings = StrList::default();
         let version = self.version;
         let mut inlined_total = 0usize;
+        // One shared copy of each module's ids, as the symbolizer hands them out.
+        let mut ids_seen: HashMap<(Option<String>, Option<String>), Arc<ModuleIds>> =
+            HashMap::new();
         let mut symbols = |dec: &mut Dec<R>, what: &str, expected: usize| -> Result<Vec<Symbol>> {
             let n = dec.len(MAX_ITEMS, "symbols")?;
             if n != expected {
@@ -453,6 +458,21 @@ impl<R: BufRead> Reader<R> {
                         });
                     }
                 }
+                let mut ids = None;
+                if version >= 3 {
+                    let gnu = strings.get(dec)?;
+                    let htlhash = strings.get(dec)?;
+                    if gnu.is_some() || htlhash.is_some() {
+                        let key = (gnu, htlhash);
+                        let shared = ids_seen.entry(key).or_insert_with_key(|(gnu, htl)| {
+                            Arc::new(ModuleIds {
+                                gnu: gnu.as_deref().map(Into::into),
+                                htlhash: htl.as_deref().map(Into::into),
+                            })
+                        });
+                        ids = Some(shared.clone());
+                    }
+                }
                 v.push(Symbol {
                     function,
                     module,
@@ -460,6 +480,7 @@ impl<R: BufRead> Reader<R> {
                     file,
                     line,
                     unknown_reason,
+                    ids,
                     inlined,
                 });
             }

@@ -51,6 +51,18 @@ fn symbol(function: Option<&str>, module: &str, address: u64) -> Symbol {
         file: function.map(|_| "/src/app.c".to_string()),
         line: function.map(|_| 42),
         unknown_reason: function.is_none().then(|| "no symbol".to_string()),
+        // Some modules have ids (format version 3): both, or a hash alone.
+        ids: match address % 3 {
+            0 => None,
+            1 => Some(std::sync::Arc::new(symbolizer::build_id::ModuleIds {
+                gnu: Some(format!("{:040x}", module.len()).into()),
+                htlhash: Some("00112233445566778899aabbccddeeff".into()),
+            })),
+            _ => Some(std::sync::Arc::new(symbolizer::build_id::ModuleIds {
+                gnu: None,
+                htlhash: Some("ffeeddccbbaa99887766554433221100".into()),
+            })),
+        },
         // Some addresses hold two inlined functions (format version 2).
         inlined: match function {
             Some(_) if address.is_multiple_of(2) => vec![
@@ -337,7 +349,7 @@ fn other_files_and_versions_are_refused_with_what_was_expected() {
         err.0,
         format!(
             "a recording of format version 7 (written by spanprof 9.9.9); this spanprof ({}) \
-             reads versions 1 to 2: replay it with the spanprof that recorded it",
+             reads versions 1 to 3: replay it with the spanprof that recorded it",
             env!("CARGO_PKG_VERSION")
         )
     );

@@ -342,6 +342,10 @@ fn symbol(e: &mut Enc, strings: &mut StrTable, s: &Symbol) {
         strings.put(e, f.file.as_deref());
         e.var(f.line.map_or(0, |l| u64::from(l) + 1));
     }
+    // Since version 3: the module file's ids.
+    let ids = s.ids.as_deref();
+    strings.put(e, ids.and_then(|i| i.gnu.as_deref()));
+    strings.put(e, ids.and_then(|i| i.htlhash.as_deref()));
 }
 
 fn python_facts(e: &mut Enc, strings: &mut StrTable, p: &PythonFacts<'_>) {

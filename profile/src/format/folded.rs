@@ -175,6 +175,7 @@ fn folded_frame(name: &str) -> Frame {
         file: None,
         line: None,
         unknown_reason: None,
+        ids: None,
     };
     if let Some(kernel) = name.strip_suffix("_[k]") {
         return Frame {

@@ -15,6 +15,7 @@ fn with_inlined() -> Profile {
         file: Some("/src/zlib/deflate.c".to_string()),
         line: Some(line),
         unknown_reason: None,
+        ids: None,
     };
     let first = profile.frames.len() as u32;
     profile.frames.extend([

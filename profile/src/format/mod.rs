@@ -316,6 +316,7 @@ pub mod fixture {
             file: Some("src/app.c".to_string()),
             line: Some(line),
             unknown_reason: None,
+            ids: None,
         }
     }
 
@@ -349,6 +350,7 @@ pub mod fixture {
                     file: None,
                     line: None,
                     unknown_reason: Some("no symbol".to_string()),
+                    ids: None,
                 },
                 Frame {
                     kind: FrameKind::Kernel,
@@ -358,6 +360,7 @@ pub mod fixture {
                     file: None,
                     line: None,
                     unknown_reason: None,
+                    ids: None,
                 },
                 native("compute", 0x1210, 43),
             ],
@@ -522,6 +525,7 @@ pub mod fixture {
                 file: None,
                 line: None,
                 unknown_reason: None,
+                ids: None,
             });
         }
         let blocked = |frames: Vec<u32>, thread, ns, reason, span| Sample {

@@ -258,3 +258,110 @@ fn empty_profile() {
         assert!(render(&profile, Format::Folded).unwrap().is_empty());
     }
 }
+
+/// The fixture with module ids: libfoo.so has a GNU build id and a hash, the app a hash alone,
+/// and a second libfoo.so of the same path (another file: a container's) a sample of its own.
+fn with_module_ids() -> crate::profile::Profile {
+    use std::sync::Arc;
+    use symbolizer::build_id::ModuleIds;
+    let mut p = fixture::profile();
+    let ids = |gnu: Option<&str>, htl: &str| {
+        Some(Arc::new(ModuleIds {
+            gnu: gnu.map(Into::into),
+            htlhash: Some(htl.into()),
+        }))
+    };
+    for f in &mut p.frames {
+        match f.module.as_deref() {
+            Some("/usr/lib/libfoo.so") => {
+                f.ids = ids(Some("aabbccdd00112233"), "0123456789abcdef0123456789abcdef")
+            }
+            Some("/usr/bin/app") => f.ids = ids(None, "fedcba9876543210fedcba9876543210"),
+            _ => {}
+        }
+    }
+    let mut other = p.frames[2].clone();
+    other.ids = ids(Some("99887766"), "00000000000000000000000000000001");
+    p.frames.push(other);
+    let mut sample = p.samples[3].clone();
+    sample.frames = vec![0, p.frames.len() as u32 - 1];
+    p.samples.push(sample);
+    p
+}
+
+#[test]
+fn build_ids_go_on_native_mappings_and_come_back() {
+    let profile = with_module_ids();
+    let p = pprof::build(&profile).unwrap();
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let mappings: Vec<(&str, &str)> = p
+        .mapping
+        .iter()
+        .map(|m| (s(m.filename), s(m.build_id)))
+        .collect();
+    // The app has no GNU build id (pprof would refuse its own file under a hash); the two
+    // libfoo.so files are two mappings.
+    assert_eq!(
+        mappings,
+        [
+            ("/usr/bin/app", ""),
+            (pprof::KERNEL_MAPPING, ""),
+            ("/usr/lib/libfoo.so", "aabbccdd00112233"),
+            ("/usr/lib/libfoo.so", "99887766"),
+        ]
+    );
+    let back = pprof::read_pprof(&pprof::render(&profile).unwrap()).unwrap();
+    let gnu_of = |p: &crate::profile::Profile, id: &str| {
+        p.frames
+            .iter()
+            .filter(|f| f.ids.as_ref().and_then(|i| i.gnu.as_deref()) == Some(id))
+            .count()
+    };
+    assert_eq!(gnu_of(&back, "aabbccdd00112233"), 1);
+    assert_eq!(gnu_of(&back, "99887766"), 1);
+    // Unknown frames came back unknown, with their address.
+    let unknown: Vec<String> = back
+        .frames
+        .iter()
+        .filter(|f| f.function.is_none())
+        .map(|f| f.display_name())
+        .collect();
+    assert_eq!(unknown, ["[unknown] (libfoo.so+0x1234)"; 2]);
+
+    // OTLP: both ids, as mapping attributes, and back.
+    let back = otlp::read_otlp(&otlp::render(&profile)).unwrap();
+    let mut ids: Vec<(String, Option<String>, Option<String>)> = back
+        .frames
+        .iter()
+        .filter_map(|f| {
+            let i = f.ids.as_deref()?;
+            Some((
+                f.display_name(),
+                i.gnu.as_deref().map(str::to_string),
+                i.htlhash.as_deref().map(str::to_string),
+            ))
+        })
+        .collect();
+    ids.sort();
+    ids.dedup_by(|a, b| a.1 == b.1 && a.2 == b.2);
+    assert_eq!(
+        ids,
+        [
+            (
+                "[unknown] (libfoo.so+0x1234)".to_string(),
+                Some("99887766".to_string()),
+                Some("00000000000000000000000000000001".to_string())
+            ),
+            (
+                "[unknown] (libfoo.so+0x1234)".to_string(),
+                Some("aabbccdd00112233".to_string()),
+                Some("0123456789abcdef0123456789abcdef".to_string())
+            ),
+            (
+                "compute".to_string(),
+                None,
+                Some("fedcba9876543210fedcba9876543210".to_string())
+            ),
+        ]
+    );
+}

@@ -15,14 +15,17 @@
 
 use std::collections::HashMap;
 use std::io::Read;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary;
 use prost::Message;
+use symbolizer::build_id::ModuleIds;
 use symbolizer::unwind::UnwindStatus;
 
+use crate::format::otlp::write::{BUILD_ID_GNU, BUILD_ID_HTLHASH};
 use crate::format::pprof::read::MAX_LINES;
 use crate::format::ReadError;
 use crate::profile::parse_uuid;
@@ -87,14 +90,26 @@ impl<'a> Dict<'a> {
                 };
             }
         }
-        let module = match loc.mapping_index {
-            0 => None,
+        let (module, ids) = match loc.mapping_index {
+            0 => (None, None),
             m => {
                 let mapping = usize::try_from(m)
                     .ok()
                     .and_then(|i| self.0.mapping_table.get(i))
                     .ok_or_else(|| damaged(format!("mapping index {m} out of range")))?;
-                Some(self.string(mapping.filename_strindex)?.to_string())
+                let mut ids = ModuleIds::default();
+                for &a in &mapping.attribute_indices {
+                    match self.attribute(a)? {
+                        (BUILD_ID_GNU, Attr::Str(id)) => ids.gnu = Some(id.into()),
+                        (BUILD_ID_HTLHASH, Attr::Str(id)) => ids.htlhash = Some(id.into()),
+                        _ => {}
+                    }
+                }
+                let ids = (!ids.is_empty() && kind == FrameKind::Native).then(|| Arc::new(ids));
+                (
+                    Some(self.string(mapping.filename_strindex)?.to_string()),
+                    ids,
+                )
             }
         };
         let frame = |kind, function, file, line| Frame {
@@ -105,6 +120,7 @@ impl<'a> Dict<'a> {
             file,
             line,
             unknown_reason: None,
+            ids: ids.clone(),
         };
         if loc.lines.is_empty() {
             return Ok(vec![frame(kind, None, None, None)]);

@@ -33,13 +33,19 @@
 //!   with one value per timestamp (count profiles leave values out: each timestamp counts 1);
 //!   otherwise (a profile read back from a file) it has one aggregated value. Samples that the
 //!   format cannot tell apart (same stack, attributes and link) are merged.
+//! - **Mappings**, one per module file, have its path and, for native code, the attributes
+//!   `process.executable.build_id.gnu` (when the file has a GNU build id) and
+//!   `process.executable.build_id.htlhash` (every file read), as the profiles specification
+//!   asks, for back ends that symbolize by build id.
 //! - **Locations** have the attribute `profile.frame.type` (`native`, `kernel` or `cpython`),
 //!   their module's mapping (kernel frames all in `[kernel.kallsyms]`, Python frames in none),
 //!   the address normalized to it (file offset; 0 for Python frames), and one line (a line
-//!   per inlined function before the native frame's own, innermost first, as pprof).
+//!   per inlined function before the native frame's own, innermost first, as pprof). A frame
+//!   that could not be named has no line: its address and mapping say where it is.
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::Arc;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
@@ -52,9 +58,15 @@ use prost::Message;
 
 use crate::profile::{labels, scale_allocation, FrameKind, Profile, Sample, Timed};
 use crate::resource::{resource_attributes, ProcessInfo, Value};
+use symbolizer::build_id::ModuleIds;
 
 /// The instrumentation scope of every profile.
 pub const SCOPE_NAME: &str = "spanprof";
+/// A mapping's attribute: the GNU build id of its file, lower-case hex.
+pub const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
+/// A mapping's attribute: the `htlhash` of its file (see `symbolizer::build_id`).
+pub const BUILD_ID_HTLHASH: &str = "process.executable.build_id.htlhash";
+
 /// The semantic conventions the attribute names follow.
 pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.37.0";
 
@@ -148,7 +160,8 @@ impl<K: Eq + Hash, V: Default> Table<K, V> {
 #[derive(Debug)]
 struct Dict {
     strings: Table<String, String>,
-    mappings: Table<String, Mapping>,
+    /// By module path and file ids.
+    mappings: Table<(String, Option<Arc<ModuleIds>>), Mapping>,
     functions: Table<(i32, i32), Function>,
     /// By the frames of a group ([`Profile::inline_groups`]).
     locations: Table<Box<[u32]>, Location>,
@@ -216,15 +229,39 @@ impl Dict {
         let mapping_index = match module {
             Some(module) => {
                 let name = self.string(module);
-                self.mappings.intern(module.to_string(), |_| Mapping {
-                    filename_strindex: name,
-                    ..Mapping::default()
-                })
+                // The module file's ids (native frames only), as the profiles specification
+                // asks of every mapping; two files of one path are two mappings.
+                let ids = match frame.kind {
+                    FrameKind::Native | FrameKind::Inlined => frame.ids.clone(),
+                    _ => None,
+                };
+                let mut attribute_indices = Vec::new();
+                if let Some(ids) = &ids {
+                    if let Some(gnu) = &ids.gnu {
+                        attribute_indices
+                            .push(self.attribute(BUILD_ID_GNU, AttrKey::Str(gnu.to_string())));
+                    }
+                    if let Some(htl) = &ids.htlhash {
+                        attribute_indices
+                            .push(self.attribute(BUILD_ID_HTLHASH, AttrKey::Str(htl.to_string())));
+                    }
+                }
+                self.mappings
+                    .intern((module.to_string(), ids), |_| Mapping {
+                        filename_strindex: name,
+                        attribute_indices,
+                        ..Mapping::default()
+                    })
             }
             _ => 0,
         };
+        // An address that could not be named stays an address in its mapping, without a
+        // line, for a back end to symbolize (a made-up function would be taken as a name).
+        let unnamed =
+            group.len() == 1 && frame.function.is_none() && frame.kind != FrameKind::Python;
         let lines = group
             .iter()
+            .filter(|_| !unnamed)
             .rev()
             .map(|&id| {
                 let frame = &profile.frames[id as usize];

@@ -11,10 +11,12 @@
 //!
 //! - frames from locations: the function's name, file and line, the location's address; the
 //!   mapping tells the kind (`[kernel.kallsyms]`: kernel, `[python]`: Python, another file: a
-//!   native frame of that module, none: a native placeholder such as `[truncated]`). A function
-//!   named `[unknown] (libfoo.so+0x1234)` that matches its mapping and address is an unknown
-//!   frame again (no function name), so it reads the same everywhere; a native location's
-//!   lines but the last are functions inlined into it, frames of their own;
+//!   native frame of that module, none: a native placeholder such as `[truncated]`). A location
+//!   without lines (an address the writer could not name) is an unknown frame of its mapping,
+//!   as is one whose function is named `[unknown] (libfoo.so+0x1234)` after its mapping and
+//!   address (files written before December 2026); a native location's lines but the last are
+//!   functions inlined into it, frames of their own. A native mapping's `build_id` is its
+//!   frames' GNU build id;
 //! - threads from the `thread.id`, `thread.name` and `process.id` labels, processes from the
 //!   `process: PID (name)` comments (from the threads for files without them), span contexts from
 //!   the span labels ([`crate::profile::labels`]);
@@ -56,12 +58,14 @@
 use std::{
     collections::HashMap,
     io::Read,
+    sync::Arc,
     time::{Duration, UNIX_EPOCH},
 };
 
 use ::pprof::protos::{Message, Profile as PprofProfile};
 use flate2::read::GzDecoder;
 
+use symbolizer::build_id::ModuleIds;
 use symbolizer::unwind::UnwindStatus;
 
 use crate::format::pprof::{
@@ -79,6 +83,9 @@ use crate::profile::{
 
 /// Largest uncompressed profile read.
 const MAX_PROFILE: u64 = 1 << 30;
+
+/// Why a frame read back has no function: the file names none for its address.
+pub const NOT_NAMED_IN_FILE: &str = "no function name in the pprof file";
 
 /// Lines of one location at most: inlined functions nest far less deep.
 pub const MAX_LINES: usize = 64;
@@ -414,10 +421,22 @@ impl Reader<'_> {
     #[allow(clippy::type_complexity)]
     fn frames(&self) -> Result<(Vec<Frame>, HashMap<u64, Vec<u32>>), ReadError> {
         let p = self.p;
-        let mappings: HashMap<u64, &str> = p
+        // NB: a mapping's build id is kept for native frames: written back, it stays on
+        // their mapping.
+        type Ids = Option<Arc<ModuleIds>>;
+        let mappings: HashMap<u64, (&str, Ids)> = p
             .mapping
             .iter()
-            .map(|m| Ok((m.id, self.string(m.filename)?)))
+            .map(|m| {
+                let build_id = self.string(m.build_id)?;
+                let ids = (!build_id.is_empty()).then(|| {
+                    Arc::new(ModuleIds {
+                        gnu: Some(build_id.into()),
+                        htlhash: None,
+                    })
+                });
+                Ok((m.id, (self.string(m.filename)?, ids)))
+            })
             .collect::<Result<_, ReadError>>()?;
         let functions: HashMap<u64, (&str, &str)> = p
             .function
@@ -425,30 +444,53 @@ impl Reader<'_> {
             .map(|f| Ok((f.id, (self.string(f.name)?, self.string(f.filename)?))))
             .collect::<Result<_, ReadError>>()?;
         let mut frames: Vec<Frame> = Vec::with_capacity(p.location.len());
-        let mut ids: HashMap<Frame, u32> = HashMap::new();
+        let mut ids_of: HashMap<Frame, u32> = HashMap::new();
         let mut of_location = HashMap::with_capacity(p.location.len());
         for loc in &p.location {
-            if loc.line.is_empty() || loc.line.len() > MAX_LINES {
+            if loc.line.len() > MAX_LINES {
                 return Err(damaged(format!(
-                    "location {} has {} lines (1 to {MAX_LINES})",
+                    "location {} has {} lines (0 to {MAX_LINES})",
                     loc.id,
                     loc.line.len()
                 )));
             }
             let mapping = match loc.mapping_id {
                 0 => None,
-                id => Some(*mappings.get(&id).ok_or_else(|| {
+                id => Some(mappings.get(&id).ok_or_else(|| {
                     damaged(format!(
                         "location {} refers to missing mapping {id}",
                         loc.id
                     ))
                 })?),
             };
-            let (kind, module) = match mapping {
-                Some(KERNEL_MAPPING) => (FrameKind::Kernel, Some(KERNEL_MAPPING)),
-                Some(PYTHON_MAPPING) => (FrameKind::Python, None),
-                module => (FrameKind::Native, module),
+            let (kind, module, ids) = match mapping {
+                Some((KERNEL_MAPPING, _)) => (FrameKind::Kernel, Some(KERNEL_MAPPING), None),
+                Some((PYTHON_MAPPING, _)) => (FrameKind::Python, None, None),
+                Some((module, ids)) => (FrameKind::Native, Some(*module), ids.clone()),
+                None => (FrameKind::Native, None, None),
             };
+            let mut intern = |frame: Frame| {
+                *ids_of.entry(frame).or_insert_with_key(|f| {
+                    frames.push(f.clone());
+                    frames.len() as u32 - 1
+                })
+            };
+            if loc.line.is_empty() {
+                // An address the writer could not name (pprof's convention: an address in a
+                // mapping, no line), for tools that symbolize later.
+                let frame = Frame {
+                    kind,
+                    function: None,
+                    module: module.map(str::to_string),
+                    address: loc.address,
+                    file: None,
+                    line: None,
+                    unknown_reason: Some(NOT_NAMED_IN_FILE.to_string()),
+                    ids: ids.clone(),
+                };
+                of_location.insert(loc.id, vec![intern(frame)]);
+                continue;
+            }
             let mut of_this = Vec::with_capacity(loc.line.len());
             for (i, line) in loc.line.iter().enumerate() {
                 let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
@@ -468,19 +510,16 @@ impl Reader<'_> {
                     file: (!file.is_empty()).then(|| file.to_string()),
                     line: u32::try_from(line.line).ok().filter(|&l| l != 0),
                     unknown_reason: None,
+                    ids: ids.clone(),
                 };
                 // The writer names unknown frames `[unknown] (module+0x…)`: the same frame
                 // without a function gives that name back.
                 if kind == FrameKind::Python || inlined || frame.base_name() != name {
                     frame.function = Some(name.to_string());
                 } else {
-                    frame.unknown_reason = Some("no function name in the pprof file".to_string());
+                    frame.unknown_reason = Some(NOT_NAMED_IN_FILE.to_string());
                 }
-                let index = *ids.entry(frame).or_insert_with_key(|f| {
-                    frames.push(f.clone());
-                    frames.len() as u32 - 1
-                });
-                of_this.push(index);
+                of_this.push(intern(frame));
             }
             of_location.insert(loc.id, of_this);
         }

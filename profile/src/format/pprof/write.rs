@@ -67,13 +67,20 @@
 //!   without a module (placeholders such as `[truncated]`) have no mapping (`mapping_id` 0).
 //!   Location addresses are module-relative (file offsets; absolute for the kernel; 0 for Python
 //!   and placeholders), so a mapping spans `[0, highest address + 1)`.
+//!   A native mapping has the GNU build id of its file (`build_id`, lower-case hex), when the
+//!   file has one, so that pprof finds a copy with symbols by it (`PPROF_BINARY_PATH`, which
+//!   it searches for `BUILD_ID/NAME`); two files of one path with different build ids are two
+//!   mappings. A file without a GNU build id has none here: pprof would refuse to symbolize
+//!   from it with any other id (OTLP also carries the `htlhash`).
 //! - One location per distinct frame, with the frame's address and one line
 //!   `{function_id, line}` (line 0 when unknown); a native frame followed by the functions
 //!   inlined into it ([`FrameKind::Inlined`]) is one location of a line each, the innermost
-//!   first and its own last, and its mapping has `has_inline_frames`.
+//!   first and its own last, and its mapping has `has_inline_frames`. A frame that could not
+//!   be named (native or kernel) is a location of its address and mapping without a line,
+//!   pprof's convention, which tools symbolize later and `pprof -top` shows address by
+//!   address; `has_functions` of the mapping stays false while none of its frames is named.
 //! - One function per distinct (name, source file). Kernel functions keep their plain name (no
-//!   `_[k]`; the mapping says they are kernel code). Unknown frames get a function named after
-//!   [`Frame::base_name`], e.g. `[unknown] (libfoo.so+0x1234)`, so they still show up.
+//!   `_[k]`; the mapping says they are kernel code).
 //! - `time_nanos` is the session start (Unix time), `duration_nanos` its length. Comments record
 //!   the target (`target: …`), when non-zero the number of lost samples (`lost samples: N`), and
 //!   each process (`process: PID (name)`); `spanprof report` reads them back.
@@ -92,6 +99,7 @@ use flate2::{write::GzEncoder, Compression};
 
 use crate::format::{validate, OutputError};
 use crate::profile::{Events, Frame, FrameKind, Profile};
+use symbolizer::build_id::ModuleIds;
 
 /// The mapping that holds every kernel frame.
 pub const KERNEL_MAPPING: &str = symbolizer::KERNEL_MODULE;
@@ -564,8 +572,8 @@ impl StringTable {
 struct Builder {
     strings: StringTable,
     mappings: Vec<Mapping>,
-    /// Mapping filename (string index) to index in `mappings`.
-    mapping_index: HashMap<i64, usize>,
+    /// Mapping filename and build id (string indexes) to index in `mappings`.
+    mapping_index: HashMap<(i64, i64), usize>,
     functions: Vec<Function>,
     /// (name, filename) string indexes to function id.
     function_ids: HashMap<(i64, i64), u64>,
@@ -583,14 +591,23 @@ impl Builder {
             // NB: ids are indexes + 1.
             self.mappings[mapping_id as usize - 1].has_inline_frames = true;
         }
-        let line = group
-            .iter()
-            .rev()
-            .map(|frame| Line {
-                function_id: self.function(frame),
-                line: frame.line.map_or(0, i64::from),
-            })
-            .collect();
+        // An address that could not be named is left as that, an address in its mapping and
+        // no line, for pprof tools to symbolize from a file with symbols (found by the
+        // mapping's build id or name): a made-up function would be taken as its name.
+        let unnamed =
+            group.len() == 1 && holder.function.is_none() && holder.kind != FrameKind::Python;
+        let line = if unnamed {
+            Vec::new()
+        } else {
+            group
+                .iter()
+                .rev()
+                .map(|frame| Line {
+                    function_id: self.function(frame),
+                    line: frame.line.map_or(0, i64::from),
+                })
+                .collect()
+        };
         let id = self.locations.len() as u64 + 1;
         self.locations.push(Location {
             id,
@@ -636,14 +653,26 @@ impl Builder {
             (FrameKind::Native | FrameKind::Inlined, None) => return 0,
         };
         let filename = self.strings.intern(module);
-        let index = *self.mapping_index.entry(filename).or_insert_with(|| {
-            self.mappings.push(Mapping {
-                id: self.mappings.len() as u64 + 1,
-                filename,
-                ..Mapping::default()
+        // NB: two files of one path (a container's library and the host's) are two mappings,
+        // told apart by their build ids.
+        let build_id = match (frame.kind, frame.ids.as_deref()) {
+            (FrameKind::Native | FrameKind::Inlined, Some(ModuleIds { gnu: Some(id), .. })) => {
+                self.strings.intern(id)
+            }
+            _ => 0,
+        };
+        let index = *self
+            .mapping_index
+            .entry((filename, build_id))
+            .or_insert_with(|| {
+                self.mappings.push(Mapping {
+                    id: self.mappings.len() as u64 + 1,
+                    filename,
+                    build_id,
+                    ..Mapping::default()
+                });
+                self.mappings.len() - 1
             });
-            self.mappings.len() - 1
-        });
         let mapping = &mut self.mappings[index];
         // Addresses are module-relative, so the mapping spans [0, highest address].
         mapping.memory_limit = mapping.memory_limit.max(frame.address.saturating_add(1));

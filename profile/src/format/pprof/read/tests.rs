@@ -22,6 +22,7 @@ fn python_profile() -> Profile {
             file: Some("/srv/app.py".to_string()),
             line,
             unknown_reason: None,
+            ids: None,
         });
     }
     profile.frames.push(Frame {
@@ -32,6 +33,7 @@ fn python_profile() -> Profile {
         file: None,
         line: None,
         unknown_reason: None,
+        ids: None,
     });
     profile.samples[0].frames.extend([6, 5]);
     profile.samples[1].frames.insert(0, 7);

@@ -17,7 +17,8 @@ fn string(p: &PprofProfile, i: i64) -> &str {
     &p.string_table[usize::try_from(i).unwrap()]
 }
 
-/// The function names of a sample's stack, leaf first.
+/// The function names of a sample's stack, leaf first; a location without a line reads
+/// `@MAPPING+0xADDRESS`.
 fn stack(p: &PprofProfile, sample: &Sample) -> Vec<String> {
     sample
         .location_id
@@ -25,7 +26,11 @@ fn stack(p: &PprofProfile, sample: &Sample) -> Vec<String> {
         .map(|&id| {
             let loc = &p.location[usize::try_from(id - 1).unwrap()];
             assert_eq!(loc.id, id);
-            let func = &p.function[usize::try_from(loc.line[0].function_id - 1).unwrap()];
+            let Some(line) = loc.line.first() else {
+                let mapping = &p.mapping[usize::try_from(loc.mapping_id - 1).unwrap()];
+                return format!("@{}+{:#x}", string(p, mapping.filename), loc.address);
+            };
+            let func = &p.function[usize::try_from(line.function_id - 1).unwrap()];
             string(p, func.name).to_string()
         })
         .collect()
@@ -68,13 +73,21 @@ fn decodes_with_totals_and_leaf_first_locations() {
     );
     assert_eq!(
         stack(&p, &p.sample[3]),
-        ["[unknown] (libfoo.so+0x1234)", "main"]
+        ["@/usr/lib/libfoo.so+0x1234", "main"]
     );
+    // The unknown frame is an address in its mapping, without a line or a made-up function.
+    let unknown = &p.location[usize::try_from(p.sample[3].location_id[0] - 1).unwrap()];
+    assert!(unknown.line.is_empty());
+    assert_eq!(unknown.mapping_id, 3);
+    assert!(!p
+        .function
+        .iter()
+        .any(|f| string(&p, f.name).contains("unknown")));
     // Same frame, same location; same function at two addresses, two locations.
     assert_eq!(p.sample[0].location_id[1], p.sample[1].location_id[1]);
     assert_ne!(p.sample[0].location_id[0], p.sample[1].location_id[0]);
     assert_eq!(p.location.len(), 5);
-    assert_eq!(p.function.len(), 4);
+    assert_eq!(p.function.len(), 3);
 }
 
 #[test]
@@ -107,7 +120,7 @@ fn mappings_functions_and_lines() {
     let compute_lines: Vec<(u64, i64, u64)> = p
         .location
         .iter()
-        .filter(|l| l.line[0].function_id == compute.id)
+        .filter(|l| l.line.first().is_some_and(|l| l.function_id == compute.id))
         .map(|l| (l.address, l.line[0].line, l.mapping_id))
         .collect();
     assert_eq!(compute_lines, [(0x1200, 42, 1), (0x1210, 43, 1)]);
@@ -622,6 +635,7 @@ fn python_frames_have_their_own_mapping() {
         file: Some("/srv/app.py".to_string()),
         line: Some(12),
         unknown_reason: None,
+        ids: None,
     });
     profile.samples[0].frames.push(5);
     let p = build(&profile).unwrap();
