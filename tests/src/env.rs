@@ -69,6 +69,20 @@ pub fn spanprof_bin() -> PathBuf {
     bin
 }
 
+/// Google's pprof built from Debian's source: `SPANPROF_GOOGLE_PPROF`, else
+/// `target/tools/pprof` (both made by `cargo xtask deps`).
+#[track_caller]
+pub fn google_pprof() -> PathBuf {
+    let bin = path_from_env("SPANPROF_GOOGLE_PPROF", "target/tools/pprof");
+    if !bin.is_file() {
+        missing_prerequisite(
+            &format!("Google's pprof at {}", bin.display()),
+            "`cargo xtask deps` (builds it from Debian's golang-github-google-pprof-dev)",
+        );
+    }
+    bin
+}
+
 /// The directory of the built workloads: `SPANPROF_WORKLOADS`, else `target/workloads`.
 pub fn workloads_dir() -> PathBuf {
     path_from_env("SPANPROF_WORKLOADS", "target/workloads")

@@ -23,7 +23,8 @@ object on stdout:
                  "frames": [{"function": "...", "system_name": "...",
                              "file": "...", "line": INT, "address": INT,
                              "mapping": "FILENAME" or "",
-                             "attributes": {KEY: VALUE}}, ...],
+                             "attributes": {KEY: VALUE},
+                             "mapping_attributes": {KEY: VALUE}}, ...],
                  "values": [INT, ...], "timestamps": [INT, ...],
                  "attributes": {KEY: VALUE},
                  "link": {"trace_id": "32 hex", "span_id": "16 hex"} or null}]}]}]}]}
@@ -32,7 +33,7 @@ Frames are leaf first: the locations of the sample's stack in order (the
 stack table's first entry is the leaf), each expanded into one frame per
 Line, innermost (inlined) first. A location without lines is one frame with
 empty function, system_name and file and line 0. A frame's "attributes" are
-its location's. Attribute values are JSON strings, numbers and booleans;
+its location's, its "mapping_attributes" its mapping's. Attribute values are JSON strings, numbers and booleans;
 `string_value_strindex` is resolved through the string table, bytes become
 hex, arrays lists and key-value lists objects. Where an index is out of
 range the decoded text is "<bad index N>" (and a problem says so).
@@ -370,14 +371,17 @@ class Decoder:
     def location_frames(self, loc_index):
         # Indices were checked in check_dictionary; resolve quietly here.
         if not 0 <= loc_index < len(self.locations):
-            return [_frame(f"<bad index {loc_index}>", "", "", 0, 0, "", {})]
+            return [_frame(f"<bad index {loc_index}>", "", "", 0, 0, "", {}, {})]
         loc = self.locations[loc_index]
         mapping = ""
+        mapping_attrs = {}
         if loc.mapping_index and 0 <= loc.mapping_index < len(self.mappings):
-            mapping = self._quiet_string(self.mappings[loc.mapping_index].filename_strindex)
+            m = self.mappings[loc.mapping_index]
+            mapping = self._quiet_string(m.filename_strindex)
+            mapping_attrs = self._quiet_attributes(m.attribute_indices)
         attrs = self._quiet_attributes(loc.attribute_indices)
         if not loc.lines:
-            return [_frame("", "", "", 0, loc.address, mapping, attrs)]
+            return [_frame("", "", "", 0, loc.address, mapping, attrs, mapping_attrs)]
         out = []
         for line in loc.lines:
             if 0 < line.function_index < len(self.functions):
@@ -387,7 +391,9 @@ class Decoder:
                 file = self._quiet_string(fn.filename_strindex)
             else:
                 name, system_name, file = f"<bad index {line.function_index}>", "", ""
-            out.append(_frame(name, system_name, file, line.line, loc.address, mapping, attrs))
+            out.append(
+                _frame(name, system_name, file, line.line, loc.address, mapping, attrs, mapping_attrs)
+            )
         return out
 
     def _quiet_attributes(self, indices):
@@ -503,7 +509,7 @@ class Decoder:
         }
 
 
-def _frame(function, system_name, file, line, address, mapping, attributes):
+def _frame(function, system_name, file, line, address, mapping, attributes, mapping_attributes):
     return {
         "function": function,
         "system_name": system_name,
@@ -512,6 +518,7 @@ def _frame(function, system_name, file, line, address, mapping, attributes):
         "address": address,
         "mapping": mapping,
         "attributes": attributes,
+        "mapping_attributes": mapping_attributes,
     }
 
 

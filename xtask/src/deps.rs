@@ -9,6 +9,8 @@
 //! (`pip install --target`), which the workloads get as their `PYTHONPATH`.
 //! memray, the reference of the allocation benchmark, is installed the same way into
 //! `target/bench-libs/3.X`, by the benchmark itself and for its interpreter only ([`memray`]).
+//! Google's pprof, the tool pprof files are checked with, is built from Debian's source into
+//! `target/tools/pprof` ([`google_pprof`]).
 //!
 //! Every step checks first and does nothing when its result is there and works, so a second
 //! run takes a few seconds. Runs of this task (alone, or inside `test`, `demo` and `bench`) in
@@ -58,6 +60,14 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "curl",
         "downloads the CPython source the frame-pointer build uses",
     ),
+    (
+        "golang-go",
+        "builds Google's pprof, the reader the symbolization tests check pprof files with",
+    ),
+    (
+        "golang-github-google-pprof-dev",
+        "the source of Google's pprof (the pprof bundled with Go 1.19 misreads local build ids)",
+    ),
 ];
 
 /// CPython 3.11 built with frame pointers, as Fedora, Ubuntu 24.04 and others ship it: the
@@ -101,6 +111,8 @@ pub struct Env {
     pub fp_python: PathBuf,
     /// `target/span-libs`: one `3.X` directory of tracing libraries per pyenv CPython.
     pub span_libs: PathBuf,
+    /// Google's pprof, built from Debian's source ([`google_pprof`]).
+    pub google_pprof: PathBuf,
 }
 
 pub fn ensure(root: &Path) -> Result<Env> {
@@ -109,12 +121,46 @@ pub fn ensure(root: &Path) -> Result<Env> {
     let (python, py_spy) = python_venv(root)?;
     let fp_python = frame_pointer_python(root)?;
     let span_libs = span_libs(root)?;
+    let google_pprof = google_pprof(root)?;
     Ok(Env {
         python,
         py_spy,
         fp_python,
         span_libs,
+        google_pprof,
     })
+}
+
+/// Google's pprof, built into `target/tools/pprof` from Debian's
+/// `golang-github-google-pprof-dev` source (GOPATH mode: Debian's Go packages are a GOPATH
+/// tree) by Debian's Go, with its build cache in `target/tools/go-cache`. A build takes a few
+/// seconds; one that runs is kept.
+fn google_pprof(root: &Path) -> Result<PathBuf> {
+    let tools = root.join("target/tools");
+    let pprof = tools.join("pprof");
+    let works = || Cmd::new(&pprof).arg("-h").quiet().succeeds();
+    if pprof.is_file() && works() {
+        step(&format!("Google's pprof ready: {}", pprof.display()));
+        return Ok(pprof);
+    }
+    std::fs::create_dir_all(&tools).with_context(|| format!("creating {}", tools.display()))?;
+    step(&format!(
+        "building Google's pprof from /usr/share/gocode into {}",
+        pprof.display()
+    ));
+    Cmd::new("go")
+        .args(["build", "-o"])
+        .arg(&pprof)
+        .arg("github.com/google/pprof")
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .env("GOCACHE", tools.join("go-cache"))
+        .env("GOFLAGS", "")
+        .run()?;
+    if !works() {
+        bail!("{} was built but `pprof -h` fails", pprof.display());
+    }
+    Ok(pprof)
 }
 
 /// Takes the lock of this task (`target/.xtask-deps.lock`), waiting, with a message, while

@@ -264,6 +264,7 @@ fn test(root: &Path) -> Result<()> {
         .env("SPANPROF_PYSPY", &env.py_spy)
         .env("SPANPROF_FP_PYTHON", &env.fp_python)
         .env("SPANPROF_SPAN_LIBS", &env.span_libs)
+        .env("SPANPROF_GOOGLE_PPROF", &env.google_pprof)
         .env("SPANPROF_ROOTFS", &rootfs)
         .run()
     {

@@ -64,7 +64,8 @@ const SYSTEM_PYTHON: &str = "/usr/bin/python3.11";
 /// before stripping, in `cpu_split_stripped.symbols`, so that tests can check
 /// which function an `[unknown] (cpu_split_stripped+0x…)` frame is in.
 ///
-/// `libspanprof_plt.so`, `plt_calls` and `plt_calls_ibt` ([`build_plt`]) for the PLT tests.
+/// `libspanprof_plt.so`, `plt_calls` and `plt_calls_ibt` ([`build_plt`]) for the PLT tests;
+/// `libspanprof_hidden.so` and `hidden_main` ([`build_hidden`]) for the build-id tests.
 ///
 /// Then, without frame pointers ([`NOFP_CFLAGS`]), for the unwinding tests:
 /// - `cpu_split_nofp` (PIE) and `cpu_split_nofp_nopie` (`-no-pie`): cpu_split;
@@ -112,6 +113,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         .arg(src.join("short_children.c"))
         .run()?;
     build_stripped(&src, &out)?;
+    build_hidden(&src, &out)?;
     build_plt(&src, &out)?;
     build_without_frame_pointers(&src, &out)?;
     build_python_extension(&src, &out)?;
@@ -125,6 +127,56 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         .arg(src.join("native_thread_ctx.c"))
         .run()?;
     Ok(out)
+}
+
+/// `libspanprof_hidden.so` (from `hidden_lib.c`, `-fvisibility=hidden`, then `strip -s`: its
+/// hot functions have no symbol left anywhere in it), its unstripped build in
+/// `unstripped/libspanprof_hidden.so` (the copy a symbol server or `PPROF_BINARY_PATH` serves
+/// by build id: a directory no debug-file lookup searches), and `hidden_main`, which runs the
+/// library's hot loop and finds it in its own directory (`-rpath $ORIGIN`). The build checks
+/// that the stripped library exports `hidden_lib_entry` alone.
+fn build_hidden(src: &Path, out: &Path) -> Result<()> {
+    let dir = out.join("unstripped");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let unstripped = dir.join("libspanprof_hidden.so");
+    let stripped = out.join("libspanprof_hidden.so");
+    Cmd::new("gcc")
+        .args(CFLAGS)
+        .args(["-shared", "-fPIC", "-fvisibility=hidden", "-o"])
+        .arg(&unstripped)
+        .arg(src.join("hidden_lib.c"))
+        .run()?;
+    Cmd::new("strip")
+        .arg("-s")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&unstripped)
+        .run()?;
+    let nm = Cmd::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&stripped)
+        .quiet()
+        .output()?;
+    let exported: Vec<String> = String::from_utf8_lossy(&nm.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    if !nm.status.success() || exported != ["hidden_lib_entry"] {
+        bail!(
+            "{} should export hidden_lib_entry alone, nm -D says: {exported:?}",
+            stripped.display()
+        );
+    }
+    Cmd::new("gcc")
+        .args(CFLAGS)
+        .arg("-o")
+        .arg(out.join("hidden_main"))
+        .arg(src.join("hidden_main.c"))
+        .arg("-L")
+        .arg(out)
+        .args(["-lspanprof_hidden", "-Wl,-rpath,$ORIGIN"])
+        .run()?;
+    Ok(())
 }
 
 /// `libspanprof_plt.so` (from `plt_lib.c`) and the two builds of `plt_calls`, which call it
