@@ -20,6 +20,10 @@ on stdout:
                   "labels": [{"key": "thread.id", "num": 4242}, ...]}],
      "mappings": [...], "functions": [...], "locations": [...], ...}
 
+A location without lines (an address no name was given for) is one frame with
+"function", "file" and "line" null, named `[0xADDRESS in BASENAME]` in the
+stack_* lists.
+
 An invalid profile makes it print `invalid pprof: ...` lines on stderr and
 exit with status 1. Usage errors exit with 2.
 
@@ -89,6 +93,15 @@ def decode(pb2, data):
     except Exception as e:  # DecodeError and friends
         raise InvalidProfile([f"not a Profile message: {e}"]) from e
     return resolve(prof)
+
+
+def _unnamed(frame):
+    """The name of a location without lines (an address left for a tool to symbolize):
+    `[0xADDRESS in BASENAME]`, `[0xADDRESS]` without a mapping."""
+    mapping = frame["mapping"]
+    if mapping:
+        return f"[{hex(frame['address'])} in {mapping.rsplit('/', 1)[-1]}]"
+    return f"[{hex(frame['address'])}]"
 
 
 def resolve(prof):
@@ -233,7 +246,7 @@ def resolve(prof):
         for k, v in enumerate(sample.value):
             if k < len(totals):
                 totals[k] += v
-        names = [frame["function"] if frame["function"] is not None else hex(frame["address"]) for frame in stack]
+        names = [frame["function"] if frame["function"] is not None else _unnamed(frame) for frame in stack]
         samples_out.append(
             {
                 "values": list(sample.value),
