@@ -161,6 +161,10 @@ pub(crate) struct ProfileArgs {
     /// Keep only Python frames (native and kernel frames are dropped).
     #[arg(long)]
     pub(crate) python_only: bool,
+    /// Do not fetch debug files from the servers of DEBUGINFOD_URLS (fetched by default when it
+    /// is set, for stripped modules whose addresses have no name here).
+    #[arg(long)]
+    pub(crate) no_debuginfod: bool,
     /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
     #[arg(long)]
     pub(crate) no_spans: bool,

@@ -97,6 +97,7 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
         sampling,
         progress: !args.quiet,
         redact_paths: privacy.redact_paths,
+        debuginfod: !args.no_debuginfod,
     };
     let mut outcome = session::run(&opts).map_err(fail)?;
     // Before anything is printed or written: the summary shows no more than the files.

@@ -49,6 +49,9 @@ pub struct Options {
     /// `--redact-paths`: the paths in what the session prints (the start line, warnings) are
     /// redacted as the profile's will be.
     pub redact_paths: Option<crate::privacy::PathMode>,
+    /// Fetch debug files of stripped modules from the servers of `DEBUGINFOD_URLS`, when it
+    /// is set (`--no-debuginfod` turns it off).
+    pub debuginfod: bool,
 }
 
 /// How a session ended.
@@ -229,6 +232,10 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     };
     let events = sampling.events;
     let mut c = Collector::load(&sampling, opts.aggregate)?;
+    if opts.debuginfod {
+        c.symbolizer
+            .set_debuginfod(symbolizer::debuginfod::Debuginfod::from_env());
+    }
     let mut child = None;
     let mut pids = Vec::new();
     match &opts.target {
@@ -388,6 +395,29 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     }
     let unwind = agg.unwind_stats();
     let (profile, recording) = agg.into_profile_recorded(&mut symbolizer, &python, meta);
+    if let Some(client) = symbolizer.debuginfod() {
+        let s = client.stats();
+        if s.cached + s.fetched + s.missing + s.skipped > 0 {
+            let mut line = format!(
+                "spanprof: debuginfod ({}): {} debug files fetched, {} from the cache, {} not found",
+                client.urls().join(" "),
+                s.fetched,
+                s.cached,
+                s.missing
+            );
+            if s.skipped > 0 {
+                line.push_str(&format!(
+                    ", {} not asked (the session's {} s were spent)",
+                    s.skipped,
+                    client.budget.as_secs()
+                ));
+            }
+            if let Some(err) = client.last_error().filter(|_| s.missing > 0) {
+                line.push_str(&format!(" (last: {err})"));
+            }
+            eprintln!("{line}");
+        }
+    }
     Ok(Outcome {
         profile,
         ending,

@@ -209,6 +209,7 @@ fn options(
         },
         progress: false,
         redact_paths: None,
+        debuginfod: false,
     }
 }
 

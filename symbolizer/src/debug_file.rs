@@ -37,6 +37,15 @@ pub struct DebugFile {
 }
 
 impl DebugFile {
+    /// `debug`, a debug file found elsewhere (debuginfod) whose build id the caller checked,
+    /// as the debug file of `module`; `None` when the module cannot be read.
+    pub fn fetched(module: &File, debug: File) -> Option<DebugFile> {
+        Some(DebugFile {
+            file: debug,
+            loads: links(module)?.loads,
+        })
+    }
+
     /// The virtual address of a file offset of the module, if a load segment maps it.
     pub fn vaddr(&self, offset: u64) -> Option<u64> {
         self.loads

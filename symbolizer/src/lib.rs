@@ -24,6 +24,7 @@
 
 pub mod build_id;
 pub mod debug_file;
+pub mod debuginfod;
 pub mod greenlet;
 pub mod mapped;
 pub mod otel_ctx;
@@ -291,6 +292,8 @@ pub struct Symbolizer {
     parsed_peak: u64,
     calls: u64,
     drains: u64,
+    /// Where debug files of stripped modules are fetched from, if anywhere.
+    debuginfod: Option<debuginfod::Debuginfod>,
 }
 
 impl Default for Symbolizer {
@@ -315,6 +318,7 @@ impl Symbolizer {
             parsed_peak: 0,
             calls: 0,
             drains: 1,
+            debuginfod: None,
         }
     }
 
@@ -599,6 +603,17 @@ impl Symbolizer {
         }
     }
 
+    /// Fetches debug files from `client` for modules whose addresses their own symbols leave
+    /// unknown ([`debuginfod`]); none are fetched without one (the default).
+    pub fn set_debuginfod(&mut self, client: Option<debuginfod::Debuginfod>) {
+        self.debuginfod = client;
+    }
+
+    /// The debuginfod client, to report what it did.
+    pub fn debuginfod(&self) -> Option<&debuginfod::Debuginfod> {
+        self.debuginfod.as_ref()
+    }
+
     /// Resolves user addresses (`(pid, addr)` pairs normalized earlier) and kernel addresses.
     ///
     /// Returns one [`Symbol`] per input, in input order. User addresses never normalized come
@@ -689,14 +704,8 @@ impl Symbolizer {
             // cache checks device and inode, so a reused descriptor number is not mistaken).
             let mut result = Err(None);
             if let Some(debug) = debug {
-                // Its debug file shares its virtual addresses, not its file offsets.
-                // An offset no load segment maps (none in a sane file) is left to the module.
-                let vaddrs: Option<Vec<u64>> = offsets.iter().map(|&o| debug.vaddr(o)).collect();
-                if let Some(vaddrs) = vaddrs {
-                    let src = Source::Elf(Elf::new(debug.path()));
-                    result = symbolizer
-                        .symbolize(&src, Input::VirtOffset(&vaddrs))
-                        .map_err(Some);
+                if let Some(found) = with_debug_file(symbolizer, debug, &offsets) {
+                    result = found.map_err(Some);
                 }
             }
             if result.is_err() {
@@ -734,6 +743,32 @@ impl Symbolizer {
                 for (i, offset) in &items {
                     if let Some(name) = table.name(*offset) {
                         user_out[*i] = plt_symbol(name, path, *offset);
+                    }
+                }
+            }
+            // Addresses its own symbols left unknown: a debug file from debuginfod, asked
+            // once per module file, may name them.
+            let gnu = ids.as_ref().and_then(|i| i.gnu.as_deref());
+            if let (None, Some(client), Some(gnu)) = (&debug, self.debuginfod.as_mut(), gnu) {
+                let unknown: Vec<(usize, u64)> = items
+                    .iter()
+                    .filter(|(i, _)| user_out[*i].function.is_none())
+                    .copied()
+                    .collect();
+                if !unknown.is_empty() {
+                    *debug = client
+                        .fetch(gnu)
+                        .and_then(|fetched| debug_file::DebugFile::fetched(file, fetched));
+                }
+                if let (Some(found), false) = (debug.as_ref(), unknown.is_empty()) {
+                    let offsets: Vec<u64> = unknown.iter().map(|&(_, o)| o).collect();
+                    if let Some(Ok(results)) = with_debug_file(symbolizer, found, &offsets) {
+                        for ((i, offset), result) in unknown.iter().zip(results) {
+                            let symbol = to_symbol(result, Some(path), *offset);
+                            if symbol.function.is_some() {
+                                user_out[*i] = symbol;
+                            }
+                        }
                     }
                 }
             }
@@ -853,6 +888,22 @@ fn new_blazesym() -> blazesym::symbolize::Symbolizer {
         .enable_inlined_fns(true)
         .enable_demangling(true)
         .build()
+}
+
+/// Symbolizes a module's file `offsets` with its separate debug file, which shares its
+/// virtual addresses, not its file offsets; `None` when an offset is in no load segment (none
+/// in a sane file: the module's own symbols are used then).
+fn with_debug_file<'a>(
+    symbolizer: &'a blazesym::symbolize::Symbolizer,
+    debug: &debug_file::DebugFile,
+    offsets: &[u64],
+) -> Option<Result<Vec<Symbolized<'a>>, blazesym::Error>> {
+    let vaddrs: Vec<u64> = offsets
+        .iter()
+        .map(|&o| debug.vaddr(o))
+        .collect::<Option<_>>()?;
+    let src = Source::Elf(Elf::new(debug.path()));
+    Some(symbolizer.symbolize(&src, Input::VirtOffset(&vaddrs)))
 }
 
 fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {

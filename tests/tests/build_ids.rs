@@ -195,3 +195,188 @@ fn a_stripped_library_is_named_by_pprof_from_the_copy_its_build_id_finds() {
     }
     assert!(seen > 0, "no OTLP frame in {LIBRARY}");
 }
+
+/// A local `debuginfod` (Debian's elfutils server) serving the files of `dir` by build id;
+/// killed when dropped.
+struct DebuginfodServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl DebuginfodServer {
+    /// Starts one and waits until it serves `build_id` (it scans `dir` at start).
+    fn start(dir: &Path, db: &Path, build_id: &str) -> DebuginfodServer {
+        let port = spanprof_tests::daemon::free_port();
+        let child = Command::new("debuginfod")
+            .args(["-p", &port.to_string(), "-F"])
+            .arg(dir)
+            .arg("-d")
+            .arg(db)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                spanprof_tests::missing_prerequisite(
+                    &format!("debuginfod ({e})"),
+                    "`cargo xtask deps` (installs Debian's debuginfod)",
+                )
+            });
+        let server = DebuginfodServer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while http_status(port, &format!("/buildid/{build_id}/debuginfo")) != Some(200) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "debuginfod on port {port} did not serve {build_id} within 60 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        server
+    }
+}
+
+impl Drop for DebuginfodServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The status of `GET path` on 127.0.0.1:`port`, by hand (HTTP/1.0: the server closes).
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+#[test]
+fn debuginfod_names_a_stripped_library_in_every_format() {
+    require_profiling();
+    let workloads = workloads_dir();
+    let stripped = workloads.join(LIBRARY);
+    let build_id = readelf_build_id(&stripped);
+    let tmp = TempDir::new("debuginfod");
+    let served = tmp.join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    std::fs::copy(
+        workloads.join("unstripped").join(LIBRARY),
+        served.join(LIBRARY),
+    )
+    .unwrap();
+    let server = DebuginfodServer::start(&served, &tmp.join("db.sqlite"), &build_id);
+
+    let _lock = profiling_lock();
+    let cache = tmp.join("cache");
+    let url = server.url.clone();
+    let outputs = [
+        "out.folded",
+        "out.svg",
+        "out.pb.gz",
+        "out.speedscope.json",
+        "out.otlp",
+    ]
+    .map(|name| tmp.join(name));
+    let run = |label: &str| {
+        let mut cmd = spanprof_tests::spanprof_command(["profile", "-F", "499", "--no-kernel"]);
+        for out in &outputs {
+            cmd.arg("-o").arg(out);
+        }
+        cmd.arg("--")
+            .arg(workloads.join("hidden_main"))
+            .arg("2")
+            .env("DEBUGINFOD_URLS", &url)
+            .env("XDG_CACHE_HOME", &cache);
+        let out = spanprof_tests::run_with_timeout(cmd, spanprof_tests::RUN_TIMEOUT);
+        out.assert_success();
+        eprintln!("{label}: {}", out.stderr);
+        out
+    };
+    let out = run("first run");
+    assert!(
+        out.stderr
+            .contains("1 debug files fetched, 0 from the cache, 0 not found"),
+        "{out}"
+    );
+    let cached = cache
+        .join("spanprof/debuginfod")
+        .join(&build_id)
+        .join("debuginfo");
+    assert!(cached.is_file(), "no {}", cached.display());
+
+    // Folded: the true split.
+    let stacks = spanprof_tests::read_folded(&outputs[0]);
+    let total = spanprof_tests::folded_total(&stacks);
+    let leaf = |name: &str| {
+        spanprof_tests::folded_count(&stacks, |s| s.frames.last().is_some_and(|f| f == name))
+    };
+    let (alpha, beta) = (leaf("hidden_alpha"), leaf("hidden_beta"));
+    let top = spanprof_tests::folded_summary(&stacks, 10);
+    assert!(
+        (alpha + beta) as f64 >= 0.9 * total as f64,
+        "{alpha} + {beta} of {total} samples in hidden_alpha/hidden_beta:\n{top}"
+    );
+    let split = 100.0 * alpha as f64 / (alpha + beta) as f64;
+    assert!(
+        (split - 75.0).abs() <= 5.0,
+        "hidden_alpha {split:.1}%:\n{top}"
+    );
+    assert!(
+        stacks
+            .iter()
+            .all(|s| s.frames.iter().all(|f| !f.contains(LIBRARY))),
+        "an address of {LIBRARY} is still unnamed:\n{top}"
+    );
+    // Every other format names them.
+    let svg = std::fs::read_to_string(&outputs[1]).unwrap();
+    let speedscope = std::fs::read_to_string(&outputs[3]).unwrap();
+    for name in ["hidden_alpha", "hidden_beta", "hidden_dispatch"] {
+        assert!(
+            svg.contains(&format!("<title>{name} (")),
+            "SVG lacks {name}"
+        );
+        assert!(
+            speedscope.contains(&format!("\"name\":\"{name}\"")),
+            "speedscope lacks {name}"
+        );
+    }
+    let pprof = decode_pprof(&outputs[2]);
+    let pprof_names: Vec<&str> = pprof["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    let decoded = otlp::decode_file(&outputs[4]);
+    otlp::assert_valid(&decoded);
+    let otlp_names: Vec<String> = otlp::profiles(&decoded)
+        .into_iter()
+        .flat_map(|(_, p)| p["samples"].as_array().cloned().unwrap_or_default())
+        .flat_map(|s| s["frames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["function"].as_str().map(str::to_string))
+        .collect();
+    for name in ["hidden_alpha", "hidden_beta", "hidden_dispatch"] {
+        assert!(pprof_names.contains(&name), "pprof lacks {name}");
+        assert!(otlp_names.iter().any(|n| n == name), "OTLP lacks {name}");
+    }
+
+    // Again with the server gone: the cache serves it.
+    drop(server);
+    let out = run("second run");
+    assert!(
+        out.stderr
+            .contains("0 debug files fetched, 1 from the cache"),
+        "{out}"
+    );
+    let stacks = spanprof_tests::read_folded(&outputs[0]);
+    assert!(
+        spanprof_tests::folded_count(&stacks, |s| s.frames.iter().any(|f| f == "hidden_alpha")) > 0,
+        "hidden_alpha not named from the cache"
+    );
+}

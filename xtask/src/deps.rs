@@ -61,6 +61,10 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "downloads the CPython source the frame-pointer build uses",
     ),
     (
+        "debuginfod",
+        "the debuginfod server the symbolization tests fetch debug files from",
+    ),
+    (
         "golang-go",
         "builds Google's pprof, the reader the symbolization tests check pprof files with",
     ),

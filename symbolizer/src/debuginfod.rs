@@ -1,0 +1,316 @@
+//! A debuginfod client: debug files fetched by GNU build id from the servers of
+//! `DEBUGINFOD_URLS` (elfutils' protocol: `GET URL/buildid/BUILD_ID/debuginfo`), for modules
+//! whose addresses this host's files cannot name (stripped distribution libraries).
+//!
+//! # Design constraints
+//! - Asked only for a module with a GNU build id, no separate debug file on this host, and
+//!   addresses its own symbols left unknown; once per module file per session, hit or miss.
+//! - Bounded: each request has [`Debuginfod::request_timeout`], the session's requests
+//!   together [`Debuginfod::budget`] (then it stops asking and says so); a file is at most
+//!   [`MAX_DEBUGINFO`] bytes.
+//! - A server's answer is untrusted: it is kept only if it is an ELF file with the very build id
+//!   asked for (a wrong file would name addresses after another build's functions).
+//! - Fetched files are cached under `$XDG_CACHE_HOME/spanprof/debuginfod/BUILD_ID/debuginfo`
+//!   (`~/.cache/…` without it), written to a temporary name (mode 0600) and renamed, so a
+//!   crash leaves no half file under the final name; a cached file is used without asking.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashSet;
+
+/// The largest debug file fetched (libxul's is about 1 GiB; libpython's 20 MB).
+pub const MAX_DEBUGINFO: u64 = 1 << 30;
+/// The time one request may take, by default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The time all requests of a session may take together, by default.
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);
+
+/// What the client did, for the session's summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DebuginfodStats {
+    /// Debug files found in the cache.
+    pub cached: u32,
+    /// Debug files downloaded.
+    pub fetched: u32,
+    /// Build ids no server had (or whose answer was refused).
+    pub missing: u32,
+    /// Build ids not asked because the session's budget was spent.
+    pub skipped: u32,
+}
+
+/// A debuginfod client (see the module's documentation).
+#[derive(Debug)]
+pub struct Debuginfod {
+    urls: Vec<String>,
+    cache: PathBuf,
+    agent: ureq::Agent,
+    /// The time one request may take.
+    pub request_timeout: Duration,
+    /// The time all requests may take together.
+    pub budget: Duration,
+    spent: Duration,
+    asked: FxHashSet<String>,
+    stats: DebuginfodStats,
+    /// The last failure, for the summary.
+    last_error: Option<String>,
+}
+
+impl Debuginfod {
+    /// A client of `urls` (each a server's base URL) caching under `cache`; `None` without a
+    /// URL.
+    pub fn new(urls: Vec<String>, cache: PathBuf) -> Option<Debuginfod> {
+        let urls: Vec<String> = urls
+            .into_iter()
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.is_empty() {
+            return None;
+        }
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(DEFAULT_REQUEST_TIMEOUT))
+            .http_status_as_error(false)
+            .user_agent(concat!("spanprof/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        Some(Debuginfod {
+            urls,
+            cache,
+            agent,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            budget: DEFAULT_BUDGET,
+            spent: Duration::ZERO,
+            asked: FxHashSet::default(),
+            stats: DebuginfodStats::default(),
+            last_error: None,
+        })
+    }
+
+    /// The client `DEBUGINFOD_URLS` asks for (URLs separated by spaces, as elfutils reads
+    /// it), caching under `$XDG_CACHE_HOME/spanprof/debuginfod` (`$HOME/.cache/…`); `None`
+    /// when the variable is unset or empty, or there is no cache directory to use.
+    pub fn from_env() -> Option<Debuginfod> {
+        let urls = std::env::var("DEBUGINFOD_URLS").ok()?;
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })?;
+        Debuginfod::new(
+            urls.split_whitespace().map(str::to_string).collect(),
+            base.join("spanprof").join("debuginfod"),
+        )
+    }
+
+    /// The servers asked, in order.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> DebuginfodStats {
+        self.stats
+    }
+
+    /// Why the last request failed, if one did.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// The debug file of `build_id` (lower-case hex), from the cache or a server: `None` when
+    /// asked before in this session, when no server has it, or when the budget is spent.
+    pub fn fetch(&mut self, build_id: &str) -> Option<File> {
+        if !valid_build_id(build_id) || !self.asked.insert(build_id.to_string()) {
+            return None;
+        }
+        let path = self.cache.join(build_id).join("debuginfo");
+        if let Ok(file) = File::open(&path) {
+            if crate::build_id::gnu_build_id(&file).map(|id| crate::build_id::hex(&id))
+                == Some(build_id.to_string())
+            {
+                self.stats.cached += 1;
+                return Some(file);
+            }
+        }
+        if self.spent >= self.budget {
+            self.stats.skipped += 1;
+            return None;
+        }
+        let began = Instant::now();
+        let found = self.download(build_id, &path);
+        self.spent += began.elapsed();
+        match found {
+            Ok(file) => {
+                self.stats.fetched += 1;
+                Some(file)
+            }
+            Err(err) => {
+                self.stats.missing += 1;
+                self.last_error = Some(err);
+                None
+            }
+        }
+    }
+
+    /// Asks each server in turn; the first good answer is cached at `path` and returned.
+    fn download(&mut self, build_id: &str, path: &Path) -> Result<File, String> {
+        let mut last = String::from("no server");
+        for url in self.urls.clone() {
+            let left = self.budget.saturating_sub(self.spent);
+            let timeout = self.request_timeout.min(left);
+            if timeout.is_zero() {
+                break;
+            }
+            let url = format!("{url}/buildid/{build_id}/debuginfo");
+            match self.get(&url, timeout, build_id, path) {
+                Ok(file) => return Ok(file),
+                Err(err) => last = format!("{url}: {err}"),
+            }
+        }
+        Err(last)
+    }
+
+    fn get(
+        &self,
+        url: &str,
+        timeout: Duration,
+        build_id: &str,
+        path: &Path,
+    ) -> Result<File, String> {
+        let mut response = self
+            .agent
+            .get(url)
+            .config()
+            .timeout_global(Some(timeout))
+            .build()
+            .call()
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        if status != 200 {
+            return Err(format!("HTTP {}", status.as_u16()));
+        }
+        let dir = path.parent().expect("a cache path has a parent");
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let partial = dir.join(format!(".debuginfo.{}.part", std::process::id()));
+        let result = (|| {
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&partial)
+                .map_err(|e| format!("{}: {e}", partial.display()))?;
+            let mut body = response
+                .body_mut()
+                .with_config()
+                .limit(MAX_DEBUGINFO + 1)
+                .reader();
+            let mut limited = (&mut body).take(MAX_DEBUGINFO + 1);
+            let n = std::io::copy(&mut limited, &mut out).map_err(|e| e.to_string())?;
+            if n > MAX_DEBUGINFO {
+                return Err(format!("more than {MAX_DEBUGINFO} bytes"));
+            }
+            out.flush().map_err(|e| e.to_string())?;
+            drop(out);
+            let file = File::open(&partial).map_err(|e| e.to_string())?;
+            let got = crate::build_id::gnu_build_id(&file).map(|id| crate::build_id::hex(&id));
+            if got.as_deref() != Some(build_id) {
+                return Err(format!(
+                    "the answer is not the debug file of {build_id} (its build id: {})",
+                    got.as_deref().unwrap_or("none")
+                ));
+            }
+            std::fs::rename(&partial, path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(file)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        result
+    }
+}
+
+/// A build id as a path component: 2 to 128 lower-case hex digits.
+fn valid_build_id(id: &str) -> bool {
+    (2..=128).contains(&id.len()) && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_trimmed_and_build_ids_checked() {
+        assert!(Debuginfod::new(vec![" ".into()], PathBuf::from("/tmp")).is_none());
+        let d = Debuginfod::new(vec!["http://a:1/".into(), "".into()], "/x".into()).unwrap();
+        assert_eq!(d.urls(), ["http://a:1"]);
+        assert!(valid_build_id("0123abcdef"));
+        for bad in ["", "A0", "../x", "ab/cd", "0"] {
+            assert!(!valid_build_id(bad), "{bad}");
+        }
+    }
+
+    /// Serves `body` with status 200 to one request on a new port; returns the URL.
+    fn serve_once(body: Vec<u8>) -> String {
+        use std::io::{BufRead, BufReader};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let mut stream = stream;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(&body);
+        });
+        url
+    }
+
+    #[test]
+    fn an_answer_of_another_build_is_refused_and_not_cached() {
+        // This test binary: an ELF file, of another build id than the one asked.
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let cache =
+            std::env::temp_dir().join(format!("spanprof-dbgd-wrong-{}", std::process::id()));
+        let mut d = Debuginfod::new(vec![serve_once(exe)], cache.clone()).unwrap();
+        let asked = "00112233445566778899aabbccddeeff00112233";
+        assert!(d.fetch(asked).is_none());
+        assert_eq!(d.stats().missing, 1);
+        let err = d.last_error().unwrap();
+        assert!(err.contains("is not the debug file of"), "{err}");
+        let dir = cache.join(asked);
+        let left: Vec<_> = std::fs::read_dir(&dir).map_or(Vec::new(), |d| d.collect());
+        assert!(left.is_empty(), "left in the cache: {left:?}");
+        let _ = std::fs::remove_dir_all(cache);
+    }
+
+    #[test]
+    fn a_server_that_is_not_there_is_a_miss_asked_once() {
+        // A port nothing listens on: refused at once.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let cache = std::env::temp_dir().join(format!("spanprof-dbgd-{}", std::process::id()));
+        let mut d =
+            Debuginfod::new(vec![format!("http://127.0.0.1:{port}")], cache.clone()).unwrap();
+        assert!(d.fetch("00112233445566778899").is_none());
+        assert!(d.fetch("00112233445566778899").is_none());
+        assert_eq!(d.stats().missing, 1);
+        assert!(d.last_error().is_some());
+        let _ = std::fs::remove_dir_all(cache);
+    }
+}
