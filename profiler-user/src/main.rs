@@ -88,8 +88,10 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             lines: !args.no_lines,
             python_only: args.python_only,
             // A recording serves every format: OTLP's times too.
+            // OTLP's times, and speedscope's timeline.
             timestamps: exporter.is_some()
                 || formats.contains(&Format::Otlp)
+                || formats.contains(&Format::Speedscope)
                 || record_out.is_some(),
             record: record_out.is_some(),
             ..aggregate::Options::default()

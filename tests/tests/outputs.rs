@@ -419,3 +419,61 @@ fn speedscope_json_parses_and_agrees_with_folded() {
         other => panic!("unexpected speedscope unit {other:?}"),
     }
 }
+
+/// The speedscope file of a session is a timeline: `alternate`'s two threads each switch
+/// between `phase_a` and `phase_b` every 40 ms of CPU (about 75 times in 3 s), and the
+/// "time order" view's samples of each thread follow them (an aggregated file would switch
+/// once).
+#[test]
+fn speedscope_time_order_is_a_timeline_of_each_thread() {
+    require_profiling();
+    let _lock = spanprof_tests::profiling_lock();
+    let dir = TempDir::new("speedscope-timeline");
+    let out = dir.join("alt.speedscope.json");
+    let run = run_spanprof(args![
+        "profile",
+        "-F",
+        "499",
+        "--no-kernel",
+        "-o",
+        &out,
+        "--",
+        workload_path("alternate"),
+        "3"
+    ]);
+    run.assert_success();
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let frames = json["shared"]["frames"].as_array().unwrap();
+    let profiles = json["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2, "{run}");
+    for p in profiles {
+        // The phases each sample is in, in the file's order; a switch is a change.
+        let mut phases: Vec<&str> = Vec::new();
+        for sample in p["samples"].as_array().unwrap() {
+            let phase = sample
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|i| frames[i.as_u64().unwrap() as usize]["name"].as_str())
+                .rfind(|n| *n == "phase_a" || *n == "phase_b");
+            if let Some(phase) = phase {
+                if phases.last() != Some(&phase) {
+                    phases.push(phase);
+                }
+            }
+        }
+        let switches = phases.len().saturating_sub(1);
+        assert!(
+            (50..=90).contains(&switches),
+            "{}: {switches} switches between phase_a and phase_b (truth about 75)\n{run}",
+            p["name"]
+        );
+        let weights: u64 = p["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_u64().unwrap())
+            .sum();
+        assert_eq!(Some(weights), p["endValue"].as_u64());
+    }
+}

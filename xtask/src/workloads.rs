@@ -20,6 +20,7 @@ pub const WORKLOADS: &[&str] = &[
     "fixed_work",
     "ci_bench",
     "short_children",
+    "alternate",
 ];
 
 /// NB: `-mno-omit-leaf-frame-pointer` and frame pointers everywhere: the

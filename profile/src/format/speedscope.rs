@@ -12,8 +12,13 @@
 //!   tree from the first element down); `weights` are nanoseconds: CPU time,
 //!   `count * 1e9 / frequency`, plus off-CPU time (an off-CPU sample, under its `[off-cpu:
 //!   REASON]` root frame, weighs the time its thread was blocked), with `unit` `nanoseconds`,
-//!   `startValue` 0 and `endValue` the sum of the weights. Samples are aggregated, so the "time
-//!   order" view shows stacks in profile order, not in time. A memory profile (`--event alloc`,
+//!   `startValue` 0 and `endValue` the sum of the weights. When the session kept each event's
+//!   time ([`Sample::times`](crate::profile::Sample::times): `spanprof profile` does for a
+//!   speedscope output), a thread's samples are its events in time order, consecutive events
+//!   of one stack merged, so the "time order" view is a timeline of the thread (its on-CPU
+//!   time, and its blocked time with `offcpu`/`wall`; each event weighs its share of its
+//!   stack's weight, so totals do not change); otherwise (a profile read back from pprof or
+//!   folded) they are aggregated, one per distinct stack, in profile order. A memory profile (`--event alloc`,
 //!   `heap`) has `unit` `bytes` and weighs each stack its [`Profile::weight`]: the bytes still in
 //!   use at the end when the heap is in it, else the bytes allocated.
 //! - `name` is the target (`off-CPU time of <target>`, `CPU + off-CPU time of …` or `wall-clock
@@ -112,9 +117,12 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
     let mut index_of: Vec<Option<usize>> = vec![None; profile.frames.len()];
     let mut line_conflict: Vec<bool> = Vec::new();
 
-    // Samples per thread, in thread-table order.
+    // Samples per thread, in thread-table order; with event times (time-weighted profiles
+    // of a session that kept them), each thread's events in time order.
     let mut per_thread: Vec<(Vec<Vec<usize>>, Vec<u64>)> =
         vec![(Vec::new(), Vec::new()); profile.threads.len()];
+    let mut timed: Vec<Vec<(u64, usize, u64)>> = vec![Vec::new(); profile.threads.len()];
+    let mut untimed = vec![in_bytes; profile.threads.len()];
     for sample in &profile.samples {
         // NB: the same as `Profile::weight` when off-CPU time or memory is in the profile; an
         // on-CPU profile's weights are nanoseconds here too (its off_cpu_ns are 0).
@@ -153,9 +161,58 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
                 })
             })
             .collect();
-        let (samples, weights) = &mut per_thread[sample.thread as usize];
+        let thread = sample.thread as usize;
+        let (samples, weights) = &mut per_thread[thread];
+        if sample.times.is_empty() {
+            untimed[thread] = true;
+        } else if !untimed[thread] {
+            // The sample's weight shared among its events by their values, so the thread's
+            // total stays the same (an off-CPU estimate is not the sum of the sampled
+            // intervals).
+            let values: u64 = sample.times.iter().map(|t| t.value.max(1)).sum();
+            let mut left = weight;
+            for (i, t) in sample.times.iter().enumerate() {
+                let share = if i + 1 == sample.times.len() {
+                    left
+                } else {
+                    let share = (u128::from(weight) * u128::from(t.value.max(1))
+                        / u128::from(values)) as u64;
+                    share.min(left)
+                };
+                left -= share;
+                timed[thread].push((t.unix_ns, samples.len(), share));
+            }
+        }
         samples.push(stack);
         weights.push(weight);
+    }
+    // A thread whose every sample has its times is written as a timeline: its events in time
+    // order, runs of one stack merged.
+    for (thread, events) in timed.iter_mut().enumerate() {
+        if untimed[thread] || events.is_empty() {
+            continue;
+        }
+        events.sort_unstable();
+        let (stacks, _) = &per_thread[thread];
+        let mut samples: Vec<Vec<usize>> = Vec::new();
+        let mut weights: Vec<u64> = Vec::new();
+        let mut last = None;
+        for &(_, stack, weight) in events.iter() {
+            if weight == 0 {
+                continue;
+            }
+            match (last, weights.last_mut()) {
+                (Some(prev), Some(w)) if stacks[prev] == stacks[stack] => {
+                    *w = w.saturating_add(weight)
+                }
+                _ => {
+                    samples.push(stacks[stack].clone());
+                    weights.push(weight);
+                }
+            }
+            last = Some(stack);
+        }
+        per_thread[thread] = (samples, weights);
     }
     for (frame, conflict) in frames.iter_mut().zip(line_conflict) {
         if conflict {
@@ -262,6 +319,40 @@ mod tests {
         for p in &file.profiles {
             assert_eq!(p.samples.len(), p.weights.len());
         }
+    }
+
+    #[test]
+    fn a_thread_with_event_times_is_a_timeline() {
+        use crate::profile::Timed;
+        let mut profile = fixture::profile();
+        let at = |ts: &[u64]| -> Vec<Timed> {
+            ts.iter()
+                .map(|&unix_ns| Timed { unix_ns, value: 1 })
+                .collect()
+        };
+        // Thread 0: `compute` 5 times, the syscall twice in the middle of them.
+        for s in profile.samples.iter_mut().filter(|s| s.thread == 0) {
+            s.times = match (s.frames.len(), s.count) {
+                (2, 5) => at(&[10, 20, 50, 60, 70]),
+                (3, 2) => at(&[30, 40]),
+                other => panic!("unexpected fixture sample {other:?}"),
+            };
+        }
+        let file = build(&profile).unwrap();
+        let app = &file.profiles[0];
+        let stacks: Vec<Vec<String>> = app.samples.iter().map(|s| names(&file, s)).collect();
+        assert_eq!(
+            stacks,
+            [
+                vec!["main", "compute"],
+                vec!["main", "compute", "do_syscall_64_[k]"],
+                vec!["main", "compute"],
+            ]
+        );
+        assert_eq!(app.weights, [20_000_000, 20_000_000, 30_000_000]);
+        assert_eq!(app.end_value, 70_000_000);
+        // Thread 1 has no times: aggregated as before.
+        assert_eq!(file.profiles[1].weights, [30_000_000, 10_000_000]);
     }
 
     #[test]
