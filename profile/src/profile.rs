@@ -463,13 +463,22 @@ pub enum GroupBy {
     /// One root per thread name, `[thread NAME]` (the `threading.Thread` name of a Python
     /// thread, else the OS name): threads of one name share a root.
     Thread,
+    /// One root per process, `[process PID (NAME)]`: the processes of a `multiprocessing` run
+    /// or of a command's children apart.
+    Process,
 }
 
 impl GroupBy {
     /// Every grouping, in the order help texts list them.
-    pub const ALL: [GroupBy; 3] = [GroupBy::Span, GroupBy::SpanName, GroupBy::Thread];
+    pub const ALL: [GroupBy; 4] = [
+        GroupBy::Span,
+        GroupBy::SpanName,
+        GroupBy::Thread,
+        GroupBy::Process,
+    ];
 
-    /// Parses a `--group-by` value: `span`, `span-name` or `thread` (ASCII case ignored).
+    /// Parses a `--group-by` value: `span`, `span-name`, `thread` or `process` (ASCII case
+    /// ignored).
     pub fn from_name(name: &str) -> Option<GroupBy> {
         GroupBy::ALL
             .into_iter()
@@ -482,6 +491,7 @@ impl GroupBy {
             GroupBy::Span => "span",
             GroupBy::SpanName => "span-name",
             GroupBy::Thread => "thread",
+            GroupBy::Process => "process",
         }
     }
 }
@@ -588,13 +598,15 @@ impl Profile {
                 frames.len() as u32 - 1
             })
         };
-        // One root per span index (and one for samples without), or per thread index, looked
-        // up once each.
+        // One root per span index (and one for samples without), per thread index or per
+        // pid, looked up once each.
         let mut roots: std::collections::HashMap<Option<u32>, u32> = Default::default();
         for i in 0..out.samples.len() {
+            let thread = self.threads.get(out.samples[i].thread as usize);
             let key = match group {
                 GroupBy::Span | GroupBy::SpanName => out.samples[i].span,
                 GroupBy::Thread => Some(out.samples[i].thread),
+                GroupBy::Process => thread.map(|t| t.pid),
             };
             let root = match roots.get(&key) {
                 Some(&root) => root,
@@ -606,12 +618,22 @@ impl Profile {
                         GroupBy::SpanName => self
                             .span_of(&out.samples[i])
                             .map_or_else(|| NO_SPAN_FRAME.to_string(), SpanContext::name_group),
-                        GroupBy::Thread => format!(
-                            "[thread {}]",
-                            self.threads
-                                .get(out.samples[i].thread as usize)
-                                .map_or("?", |t| t.name.as_str())
-                        ),
+                        GroupBy::Thread => {
+                            format!("[thread {}]", thread.map_or("?", |t| t.name.as_str()))
+                        }
+                        GroupBy::Process => match thread {
+                            Some(t) => {
+                                // The process's name (its first sampled comm), else the
+                                // thread's.
+                                let name = self
+                                    .processes
+                                    .iter()
+                                    .find(|p| p.pid == t.pid)
+                                    .map_or(t.name.as_str(), |p| p.name.as_str());
+                                format!("[process {} ({name})]", t.pid)
+                            }
+                            None => "[process ?]".to_string(),
+                        },
                     };
                     let root = root_of(name, &mut out.frames);
                     roots.insert(key, root);
@@ -831,6 +853,24 @@ mod tests {
         let twice = q.grouped(GroupBy::Span);
         assert_eq!(twice.frames.len(), before + 1);
         assert_eq!(twice.samples[0].frames[..2], [before as u32, before as u32]);
+    }
+
+    #[test]
+    fn grouped_by_process_puts_each_pid_under_its_own_root() {
+        let mut p = fixture::profile();
+        // The worker thread becomes a second process, known by its comm only.
+        p.threads[1].pid = 200;
+        let by_process = p.grouped(GroupBy::Process);
+        let folded =
+            String::from_utf8(format::render(&by_process, Format::Folded).unwrap()).unwrap();
+        assert_eq!(
+            folded,
+            "[process 100 (app)];main;compute 5\n\
+             [process 100 (app)];main;compute;do_syscall_64_[k] 2\n\
+             [process 200 (worker)];main;[unknown] (libfoo.so+0x1234) 1\n\
+             [process 200 (worker)];main;compute 3\n"
+        );
+        assert_eq!(GroupBy::from_name("process"), Some(GroupBy::Process));
     }
 
     #[test]

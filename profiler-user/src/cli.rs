@@ -194,8 +194,8 @@ pub(crate) struct ProfileArgs {
     pub(crate) privacy: PrivacyArgs,
     /// Put every sample under a root frame named after its span (`span`: one root per span,
     /// `[span NAME (ID trace ID)]`), its span's name (`span-name`: one root per endpoint,
-    /// `[span NAME]`) or its thread (`thread`: `[thread NAME]`, the Python thread name where
-    /// there is one).
+    /// `[span NAME]`), its thread (`thread`: `[thread NAME]`, the Python thread name where
+    /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
     /// No progress bar or progress lines.
@@ -309,8 +309,8 @@ pub(crate) struct ReportArgs {
     pub(crate) filter: FilterArgs,
     /// Put every sample under a root frame named after its span (`span`: one root per span,
     /// `[span NAME (ID trace ID)]`), its span's name (`span-name`: one root per endpoint,
-    /// `[span NAME]`) or its thread (`thread`: `[thread NAME]`, the Python thread name where
-    /// there is one).
+    /// `[span NAME]`), its thread (`thread`: `[thread NAME]`, the Python thread name where
+    /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
     /// Output file; repeat for several formats. `.txt` and `.json` get the table of
@@ -413,8 +413,8 @@ pub(crate) struct ReplayArgs {
     pub(crate) format: Option<String>,
     /// Put every sample under a root frame named after its span (`span`: one root per span,
     /// `[span NAME (ID trace ID)]`), its span's name (`span-name`: one root per endpoint,
-    /// `[span NAME]`) or its thread (`thread`: `[thread NAME]`, the Python thread name where
-    /// there is one).
+    /// `[span NAME]`), its thread (`thread`: `[thread NAME]`, the Python thread name where
+    /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
     #[command(flatten)]
