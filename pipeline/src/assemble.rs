@@ -183,6 +183,7 @@ pub fn assemble(
                     line: f.line.filter(|_| opts.lines),
                     unknown_reason: None,
                     ids: ids.clone(),
+                    start_line: None,
                 }));
             }
             (k, (start, chains.len() as u32))
@@ -431,6 +432,7 @@ fn python_frame_of(functions: &[PyFunction], token: u64) -> Frame {
         line: (line != 0).then_some(line),
         unknown_reason: None,
         ids: None,
+        start_line: f.start_line,
     }
 }
 
@@ -456,6 +458,7 @@ impl FrameTable {
             unknown_reason: sym.unknown_reason,
             // NB: kernel symbols have none.
             ids: sym.ids,
+            start_line: None,
         };
         self.insert(frame)
     }
@@ -480,6 +483,7 @@ impl FrameTable {
             line: None,
             unknown_reason: None,
             ids: None,
+            start_line: None,
         })
     }
 }

@@ -153,6 +153,8 @@ pub struct PyFunction {
     pub name: String,
     /// `co_filename`, when read.
     pub file: Option<String>,
+    /// `co_firstlineno`: the line of its `def` (of its first decorator), when read.
+    pub start_line: Option<u32>,
 }
 
 /// Where a process stands.
@@ -781,6 +783,7 @@ impl Python {
                             PyFunction {
                                 name: info.name.clone(),
                                 file: Some(info.filename.clone()),
+                                start_line: (info.first_line > 0).then_some(info.first_line),
                             },
                         )
                     })
@@ -829,6 +832,7 @@ fn unknown() -> PyFunction {
     PyFunction {
         name: "[unknown python code]".to_string(),
         file: None,
+        start_line: None,
     }
 }
 

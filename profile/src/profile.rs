@@ -54,6 +54,9 @@ pub struct Frame {
     /// The ids of its module file (GNU build id, `htlhash`), when known: native frames (and
     /// those inlined into them) only. pprof and OTLP write them on the frame's mapping.
     pub ids: Option<std::sync::Arc<symbolizer::build_id::ModuleIds>>,
+    /// The first line of the function (a Python function's `co_firstlineno`), when known:
+    /// pprof's and OTLP's `start_line`.
+    pub start_line: Option<u32>,
 }
 
 impl Frame {
@@ -592,6 +595,7 @@ impl Profile {
                 line: None,
                 unknown_reason: None,
                 ids: None,
+                start_line: None,
             };
             *ids.entry(frame).or_insert_with_key(|frame| {
                 frames.push(frame.clone());

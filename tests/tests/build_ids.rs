@@ -48,9 +48,9 @@ fn python_htlhash(path: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// `pprof -top` of `profile` with `PPROF_BINARY_PATH=bins`: its text, and each row's flat
-/// percentage by name.
-fn pprof_top(profile: &Path, bins: &Path) -> (String, Vec<(String, f64)>) {
+/// `pprof -top` of `profile` with `PPROF_BINARY_PATH=bins`: its text, and each row's name,
+/// flat and cumulative percentages.
+fn pprof_top(profile: &Path, bins: &Path) -> (String, Vec<(String, f64, f64)>) {
     let out = Command::new(google_pprof())
         .args(["-top", "-nodecount=50"])
         .arg(profile)
@@ -74,7 +74,8 @@ fn pprof_top(profile: &Path, bins: &Path) -> (String, Vec<(String, f64)>) {
                 return None;
             }
             let flat: f64 = f[1].trim_end_matches('%').parse().ok()?;
-            Some((f[5..].join(" "), flat))
+            let cum: f64 = f[4].trim_end_matches('%').parse().ok()?;
+            Some((f[5..].join(" "), flat, cum))
         })
         .collect();
     (text, rows)
@@ -143,7 +144,7 @@ fn a_stripped_library_is_named_by_pprof_from_the_copy_its_build_id_finds() {
         text.lines().next() == Some("File: hidden_main"),
         "pprof's File: is not the executable:\n{text}"
     );
-    let flat = |name: &str| rows.iter().find(|(n, _)| n == name).map_or(0.0, |r| r.1);
+    let flat = |name: &str| rows.iter().find(|r| r.0 == name).map_or(0.0, |r| r.1);
     let (alpha, beta) = (flat("hidden_alpha"), flat("hidden_beta"));
     assert!(
         alpha + beta >= 90.0,
@@ -378,5 +379,70 @@ fn debuginfod_names_a_stripped_library_in_every_format() {
     assert!(
         spanprof_tests::folded_count(&stacks, |s| s.frames.iter().any(|f| f == "hidden_alpha")) > 0,
         "hidden_alpha not named from the cache"
+    );
+}
+
+/// Google's pprof on a Python profile (pyenv's 3.12, whose interpreter is in
+/// `libpython3.12.so`): `File:` is the target's executable, no row collects unnamed addresses
+/// under a made-up `[unknown]` name, and Python functions have their `def` line as
+/// `start_line`.
+#[test]
+fn pprof_reads_a_python_profile_as_go_tools_expect() {
+    require_profiling();
+    let python = spanprof_tests::pyenv_python(12);
+    let source = spanprof_tests::py_workload_source("py_split.py");
+    let text = std::fs::read_to_string(&source).unwrap();
+    let def_line = |name: &str| {
+        1 + text
+            .lines()
+            .position(|l| l.starts_with(&format!("def {name}(")))
+            .unwrap_or_else(|| panic!("no def {name} in {}", source.display())) as i64
+    };
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("pprof-python");
+    let pprof = tmp.join("py.pb.gz");
+    let workload = spanprof_tests::start_py_workload(&python, "py_split.py", &["10"]);
+    let out = profile_pid(workload.pid(), "2s", 199, &[&pprof], &[]);
+    drop(workload);
+    out.assert_success();
+
+    let decoded = decode_pprof(&pprof);
+    let functions = decoded["functions"].as_array().unwrap();
+    for name in ["alpha", "gamma"] {
+        let f = functions
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no function {name}: {functions:?}"));
+        assert_eq!(f["start_line"].as_i64(), Some(def_line(name)), "{f}");
+    }
+    assert!(
+        !functions.iter().any(|f| f["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("[unknown]"))),
+        "a made-up [unknown] function: {functions:?}"
+    );
+
+    let no_bins = tmp.join("no-bins");
+    std::fs::create_dir_all(&no_bins).unwrap();
+    let (top, rows) = pprof_top(&pprof, &no_bins);
+    let exe = std::fs::canonicalize(&python).unwrap();
+    let exe = exe.file_name().unwrap().to_string_lossy();
+    assert_eq!(
+        top.lines().next(),
+        Some(format!("File: {exe}").as_str()),
+        "{top}"
+    );
+    assert!(
+        !rows.iter().any(|r| r.0.starts_with("[unknown]")),
+        "an [unknown] row:\n{top}"
+    );
+    // The workload's truth: alpha 50% of the CPU, gamma 20% (under them, the interpreter's
+    // native frames have the flat time).
+    let cum = |name: &str| rows.iter().find(|r| r.0 == name).map_or(0.0, |r| r.2);
+    assert!(
+        (cum("alpha") - 50.0).abs() <= 10.0 && (cum("gamma") - 20.0).abs() <= 10.0,
+        "alpha {}%, gamma {}% cumulative (truth 50, 20):\n{top}",
+        cum("alpha"),
+        cum("gamma")
     );
 }

@@ -43,7 +43,7 @@ use super::Options;
 pub const MAGIC: &[u8; 19] = b"spanprof recording\n";
 /// The version of the format this build writes (and the newest it reads): 2 added the
 /// functions inlined at a user address to its symbol, 3 its module file's ids (GNU build id,
-/// `htlhash`).
+/// `htlhash`) and a Python function's first line.
 pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;

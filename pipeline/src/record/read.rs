@@ -493,9 +493,18 @@ impl<R: BufRead> Reader<R> {
         let mut functions = Vec::with_capacity(n.min(4096));
         for _ in 0..n {
             let name = d.str()?;
+            let file = strings.get(d)?;
+            let start_line = match version {
+                ..=2 => None,
+                _ => match d.var()? {
+                    0 => None,
+                    l => Some(u32::try_from(l - 1).map_err(|_| bad(format!("line {}", l - 1)))?),
+                },
+            };
             functions.push(PyFunction {
                 name,
-                file: strings.get(d)?,
+                file,
+                start_line,
             });
         }
         let mut merge = BTreeMap::new();

@@ -155,10 +155,12 @@ fn session(opts: Options, samples: &[Resolved<'_>], build: bool) -> (Option<Prof
                 PyFunction {
                     name: "[unknown python code]".into(),
                     file: None,
+                    start_line: None,
                 },
                 PyFunction {
                     name: "main".into(),
                     file: Some("app.py".into()),
+                    start_line: Some(3),
                 },
             ]),
             merge: [(

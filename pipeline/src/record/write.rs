@@ -353,6 +353,8 @@ fn python_facts(e: &mut Enc, strings: &mut StrTable, p: &PythonFacts<'_>) {
     for f in p.functions.iter() {
         e.str(&f.name);
         strings.put(e, f.file.as_deref());
+        // Since version 3.
+        e.var(f.start_line.map_or(0, |l| u64::from(l) + 1));
     }
     e.var(p.merge.len() as u64);
     for (&pid, m) in &p.merge {

@@ -176,6 +176,7 @@ fn folded_frame(name: &str) -> Frame {
         line: None,
         unknown_reason: None,
         ids: None,
+        start_line: None,
     };
     if let Some(kernel) = name.strip_suffix("_[k]") {
         return Frame {

@@ -16,6 +16,7 @@ fn with_inlined() -> Profile {
         line: Some(line),
         unknown_reason: None,
         ids: None,
+        start_line: None,
     };
     let first = profile.frames.len() as u32;
     profile.frames.extend([

@@ -317,6 +317,7 @@ pub mod fixture {
             line: Some(line),
             unknown_reason: None,
             ids: None,
+            start_line: None,
         }
     }
 
@@ -351,6 +352,7 @@ pub mod fixture {
                     line: None,
                     unknown_reason: Some("no symbol".to_string()),
                     ids: None,
+                    start_line: None,
                 },
                 Frame {
                     kind: FrameKind::Kernel,
@@ -361,6 +363,7 @@ pub mod fixture {
                     line: None,
                     unknown_reason: None,
                     ids: None,
+                    start_line: None,
                 },
                 native("compute", 0x1210, 43),
             ],
@@ -526,6 +529,7 @@ pub mod fixture {
                 line: None,
                 unknown_reason: None,
                 ids: None,
+                start_line: None,
             });
         }
         let blocked = |frames: Vec<u32>, thread, ns, reason, span| Sample {

@@ -365,3 +365,36 @@ fn build_ids_go_on_native_mappings_and_come_back() {
         ]
     );
 }
+
+#[test]
+fn start_lines_are_written_and_read_back() {
+    let mut profile = fixture::profile();
+    profile.frames[0].start_line = Some(7);
+    let p = pprof::build(&profile).unwrap();
+    let main = p
+        .function
+        .iter()
+        .find(|f| p.string_table[f.name as usize] == "main")
+        .unwrap();
+    assert_eq!(main.start_line, 7);
+    let back = pprof::read_pprof(&pprof::render(&profile).unwrap()).unwrap();
+    let main = back
+        .frames
+        .iter()
+        .find(|f| f.function.as_deref() == Some("main"))
+        .unwrap();
+    assert_eq!(main.start_line, Some(7));
+    let back = otlp::read_otlp(&otlp::render(&profile)).unwrap();
+    let main = back
+        .frames
+        .iter()
+        .find(|f| f.function.as_deref() == Some("main"))
+        .unwrap();
+    assert_eq!(main.start_line, Some(7));
+    // Unknown elsewhere.
+    assert!(back
+        .frames
+        .iter()
+        .filter(|f| f.function.as_deref() != Some("main"))
+        .all(|f| f.start_line.is_none()));
+}

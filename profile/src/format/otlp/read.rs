@@ -112,7 +112,7 @@ impl<'a> Dict<'a> {
                 )
             }
         };
-        let frame = |kind, function, file, line| Frame {
+        let frame = |kind, function, file, line, start_line| Frame {
             kind,
             function,
             module: module.clone(),
@@ -121,9 +121,10 @@ impl<'a> Dict<'a> {
             line,
             unknown_reason: None,
             ids: ids.clone(),
+            start_line,
         };
         if loc.lines.is_empty() {
-            return Ok(vec![frame(kind, None, None, None)]);
+            return Ok(vec![frame(kind, None, None, None, None)]);
         }
         if loc.lines.len() > MAX_LINES {
             return Err(damaged(format!(
@@ -151,6 +152,7 @@ impl<'a> Dict<'a> {
                 (!name.is_empty()).then(|| name.to_string()),
                 (!file.is_empty()).then(|| file.to_string()),
                 u32::try_from(l.line).ok().filter(|&l| l > 0),
+                u32::try_from(f.start_line).ok().filter(|&l| l > 0),
             ));
         }
         Ok(out)

@@ -162,7 +162,7 @@ struct Dict {
     strings: Table<String, String>,
     /// By module path and file ids.
     mappings: Table<(String, Option<Arc<ModuleIds>>), Mapping>,
-    functions: Table<(i32, i32), Function>,
+    functions: Table<(i32, i32, i64), Function>,
     /// By the frames of a group ([`Profile::inline_groups`]).
     locations: Table<Box<[u32]>, Location>,
     attributes: Table<(i32, AttrKey), KeyValueAndUnit>,
@@ -267,12 +267,15 @@ impl Dict {
                 let frame = &profile.frames[id as usize];
                 let name = self.string(&frame.base_name());
                 let file = self.string(frame.file.as_deref().unwrap_or(""));
-                let function_index = self.functions.intern((name, file), |_| Function {
-                    name_strindex: name,
-                    system_name_strindex: name,
-                    filename_strindex: file,
-                    start_line: 0,
-                });
+                let start_line = frame.start_line.map_or(0, i64::from);
+                let function_index =
+                    self.functions
+                        .intern((name, file, start_line), |_| Function {
+                            name_strindex: name,
+                            system_name_strindex: name,
+                            filename_strindex: file,
+                            start_line,
+                        });
                 Line {
                     function_index,
                     line: frame.line.map_or(0, i64::from),

@@ -438,10 +438,15 @@ impl Reader<'_> {
                 Ok((m.id, (self.string(m.filename)?, ids)))
             })
             .collect::<Result<_, ReadError>>()?;
-        let functions: HashMap<u64, (&str, &str)> = p
+        let functions: HashMap<u64, (&str, &str, i64)> = p
             .function
             .iter()
-            .map(|f| Ok((f.id, (self.string(f.name)?, self.string(f.filename)?))))
+            .map(|f| {
+                Ok((
+                    f.id,
+                    (self.string(f.name)?, self.string(f.filename)?, f.start_line),
+                ))
+            })
             .collect::<Result<_, ReadError>>()?;
         let mut frames: Vec<Frame> = Vec::with_capacity(p.location.len());
         let mut ids_of: HashMap<Frame, u32> = HashMap::new();
@@ -487,18 +492,20 @@ impl Reader<'_> {
                     line: None,
                     unknown_reason: Some(NOT_NAMED_IN_FILE.to_string()),
                     ids: ids.clone(),
+                    start_line: None,
                 };
                 of_location.insert(loc.id, vec![intern(frame)]);
                 continue;
             }
             let mut of_this = Vec::with_capacity(loc.line.len());
             for (i, line) in loc.line.iter().enumerate() {
-                let &(name, file) = functions.get(&line.function_id).ok_or_else(|| {
-                    damaged(format!(
-                        "location {} refers to missing function {}",
-                        loc.id, line.function_id
-                    ))
-                })?;
+                let &(name, file, start_line) =
+                    functions.get(&line.function_id).ok_or_else(|| {
+                        damaged(format!(
+                            "location {} refers to missing function {}",
+                            loc.id, line.function_id
+                        ))
+                    })?;
                 // A native function's lines but the last are the functions inlined into it
                 // (another tool's kernel or Python location of several lines keeps its kind).
                 let inlined = i + 1 < loc.line.len() && kind == FrameKind::Native;
@@ -511,6 +518,7 @@ impl Reader<'_> {
                     line: u32::try_from(line.line).ok().filter(|&l| l != 0),
                     unknown_reason: None,
                     ids: ids.clone(),
+                    start_line: u32::try_from(start_line).ok().filter(|&l| l != 0),
                 };
                 // The writer names unknown frames `[unknown] (module+0x…)`: the same frame
                 // without a function gives that name back.

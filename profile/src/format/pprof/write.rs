@@ -79,8 +79,9 @@
 //!   be named (native or kernel) is a location of its address and mapping without a line,
 //!   pprof's convention, which tools symbolize later and `pprof -top` shows address by
 //!   address; `has_functions` of the mapping stays false while none of its frames is named.
-//! - One function per distinct (name, source file). Kernel functions keep their plain name (no
-//!   `_[k]`; the mapping says they are kernel code).
+//! - One function per distinct (name, source file, first line). Kernel functions keep their
+//!   plain name (no `_[k]`; the mapping says they are kernel code). A Python function's
+//!   `start_line` is its `co_firstlineno` (its `def`), 0 where unknown.
 //! - `time_nanos` is the session start (Unix time), `duration_nanos` its length. Comments record
 //!   the target (`target: …`), when non-zero the number of lost samples (`lost samples: N`), and
 //!   each process (`process: PID (name)`); `spanprof report` reads them back.
@@ -575,8 +576,8 @@ struct Builder {
     /// Mapping filename and build id (string indexes) to index in `mappings`.
     mapping_index: HashMap<(i64, i64), usize>,
     functions: Vec<Function>,
-    /// (name, filename) string indexes to function id.
-    function_ids: HashMap<(i64, i64), u64>,
+    /// (name, filename) string indexes and start line to function id.
+    function_ids: HashMap<(i64, i64, i64), u64>,
     locations: Vec<Location>,
 }
 
@@ -619,7 +620,7 @@ impl Builder {
         id
     }
 
-    /// The id of `frame`'s function (its name and file).
+    /// The id of `frame`'s function (its name, file and first line).
     fn function(&mut self, frame: &Frame) -> u64 {
         let name = match &frame.function {
             Some(function) => self.strings.intern(function),
@@ -629,8 +630,12 @@ impl Builder {
             Some(file) => self.strings.intern(file),
             None => 0,
         };
+        let start_line = frame.start_line.map_or(0, i64::from);
         let next_id = self.functions.len() as u64 + 1;
-        let function_id = *self.function_ids.entry((name, filename)).or_insert(next_id);
+        let function_id = *self
+            .function_ids
+            .entry((name, filename, start_line))
+            .or_insert(next_id);
         if function_id == next_id {
             self.functions.push(Function {
                 id: function_id,
@@ -638,7 +643,7 @@ impl Builder {
                 // NB: only the demangled name is known; pprof shows `name` by default.
                 system_name: name,
                 filename,
-                start_line: 0,
+                start_line,
             });
         }
         function_id

@@ -23,6 +23,7 @@ fn python_profile() -> Profile {
             line,
             unknown_reason: None,
             ids: None,
+            start_line: None,
         });
     }
     profile.frames.push(Frame {
@@ -34,6 +35,7 @@ fn python_profile() -> Profile {
         line: None,
         unknown_reason: None,
         ids: None,
+        start_line: None,
     });
     profile.samples[0].frames.extend([6, 5]);
     profile.samples[1].frames.insert(0, 7);

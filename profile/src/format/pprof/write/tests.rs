@@ -636,6 +636,7 @@ fn python_frames_have_their_own_mapping() {
         line: Some(12),
         unknown_reason: None,
         ids: None,
+        start_line: None,
     });
     profile.samples[0].frames.push(5);
     let p = build(&profile).unwrap();
