@@ -10,8 +10,8 @@
 //!   profiles specification recommends it on every mapping
 //!   (`process.executable.build_id.htlhash`).
 //!
-//! Both are read once per module file, while a process maps it: two reads of a page each and
-//! the ELF headers, whatever the file's size.
+//! Both are read once per module file, while a process maps it: two reads of a page each, the
+//! ELF file and program headers and the note segments, whatever the file's size.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -46,18 +46,30 @@ impl ModuleIds {
     }
 }
 
-/// The GNU build id of an ELF file, 8 to 64 bytes (what linkers write: 16 for md5/uuid, 20 for
-/// sha1); `None` when it has none or is not ELF.
+/// The GNU build id of a 64-bit ELF file, 8 to 64 bytes (what linkers write: 16 for
+/// md5/uuid, 20 for sha1); `None` when it has none or is not ELF. Reads the file header, the
+/// program headers and the `PT_NOTE` segments only.
 pub fn gnu_build_id(file: &File) -> Option<Vec<u8>> {
-    use object::read::elf::ElfFile64;
-    use object::Object;
+    use object::elf::{FileHeader64, NT_GNU_BUILD_ID, PT_NOTE};
+    use object::read::elf::{FileHeader, ProgramHeader};
     let cache = object::ReadCache::new(file);
-    let elf = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
-    elf.build_id()
-        .ok()
-        .flatten()
-        .filter(|id| (8..=64).contains(&id.len()))
-        .map(<[u8]>::to_vec)
+    let header = FileHeader64::<object::Endianness>::parse(&cache).ok()?;
+    let endian = header.endian().ok()?;
+    for ph in header.program_headers(endian, &cache).ok()? {
+        if ph.p_type(endian) != PT_NOTE {
+            continue;
+        }
+        let Ok(Some(mut notes)) = ph.notes(endian, &cache) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == b"GNU" && note.n_type(endian) == NT_GNU_BUILD_ID {
+                let id = note.desc();
+                return (8..=64).contains(&id.len()).then(|| id.to_vec());
+            }
+        }
+    }
+    None
 }
 
 /// The `htlhash` of a file: see the module's documentation.

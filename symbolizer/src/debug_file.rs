@@ -104,7 +104,7 @@ fn parse_debug_link(data: &[u8]) -> Option<(String, u32)> {
 
 /// Opens `path` for reading if it is a regular file (through `O_PATH` first: a FIFO there would
 /// block, a device would act).
-fn open_regular(path: &Path) -> Option<File> {
+pub fn open_regular(path: &Path) -> Option<File> {
     let handle = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH)

@@ -95,8 +95,9 @@ impl Debuginfod {
     /// when the variable is unset or empty, or there is no cache directory to use.
     pub fn from_env() -> Option<Debuginfod> {
         let urls = std::env::var("DEBUGINFOD_URLS").ok()?;
+        // NB: a relative XDG_CACHE_HOME is ignored, as the XDG specification says.
         let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
+            .filter(|v| Path::new(v).is_absolute())
             .map(PathBuf::from)
             .or_else(|| {
                 std::env::var_os("HOME")
@@ -127,11 +128,13 @@ impl Debuginfod {
     /// The debug file of `build_id` (lower-case hex), from the cache or a server: `None` when
     /// asked before in this session, when no server has it, or when the budget is spent.
     pub fn fetch(&mut self, build_id: &str) -> Option<File> {
-        if !valid_build_id(build_id) || !self.asked.insert(build_id.to_string()) {
+        if !valid_build_id(build_id) {
             return None;
         }
+        // The cache first, for every module file of this build (a container's copy too);
+        // servers once per build id.
         let path = self.cache.join(build_id).join("debuginfo");
-        if let Ok(file) = File::open(&path) {
+        if let Some(file) = crate::debug_file::open_regular(&path) {
             if crate::build_id::gnu_build_id(&file).map(|id| crate::build_id::hex(&id))
                 == Some(build_id.to_string())
             {
@@ -139,13 +142,14 @@ impl Debuginfod {
                 return Some(file);
             }
         }
+        if !self.asked.insert(build_id.to_string()) {
+            return None;
+        }
         if self.spent >= self.budget {
             self.stats.skipped += 1;
             return None;
         }
-        let began = Instant::now();
         let found = self.download(build_id, &path);
-        self.spent += began.elapsed();
         match found {
             Ok(file) => {
                 self.stats.fetched += 1;
@@ -169,7 +173,10 @@ impl Debuginfod {
                 break;
             }
             let url = format!("{url}/buildid/{build_id}/debuginfo");
-            match self.get(&url, timeout, build_id, path) {
+            let began = Instant::now();
+            let got = self.get(&url, timeout, build_id, path);
+            self.spent += began.elapsed();
+            match got {
                 Ok(file) => return Ok(file),
                 Err(err) => last = format!("{url}: {err}"),
             }
@@ -200,11 +207,14 @@ impl Debuginfod {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let partial = dir.join(format!(".debuginfo.{}.part", std::process::id()));
         let result = (|| {
+            // NB: a file (or a link) left at that name by a session that was killed is
+            // replaced, never followed.
+            let _ = std::fs::remove_file(&partial);
             let mut out = std::fs::OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
                 .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&partial)
                 .map_err(|e| format!("{}: {e}", partial.display()))?;
             let mut body = response

@@ -1,7 +1,7 @@
 //! Recordings of a session (`spanprof profile --record FILE`), which `spanprof replay` runs
 //! the count and assemble stages from, without root or BPF.
 //!
-//! # Format (version 2)
+//! # Format (version 3)
 //! A gzip stream of:
 //! - the header: [`MAGIC`], the format version (varint), the version of spanprof that wrote it
 //!   (a string), and the [`Options`] counting and assembly depend on (a flags byte: kernel,
@@ -14,7 +14,8 @@
 //!   of [`Counter::addresses`](super::count::Counter::addresses); since version 2 each with
 //!   the functions inlined at it, their names, files and lines: a count, 0 for a kernel
 //!   address; since version 3 then its module's GNU build id and `htlhash`, strings that may
-//!   be absent) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts), the clock offset and the
+//!   be absent) and of the kernel addresses, the [`PythonFacts`](super::assemble::PythonFacts) (since version 3 each function's first line,
+//!   0 when unknown, else the line + 1), the clock offset and the
 //!   run's metadata; then [`TAG_TRAILER`] and the end of the stream.
 //!
 //! Numbers are LEB128 varints (signed ones zigzag-encoded), strings have their length. A sample

@@ -169,14 +169,18 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
             // The sample's weight shared among its events by their values, so the thread's
             // total stays the same (an off-CPU estimate is not the sum of the sampled
             // intervals).
-            let values: u64 = sample.times.iter().map(|t| t.value.max(1)).sum();
+            // NB: u128: values come from files (a recording) and may be anything.
+            let values: u128 = sample
+                .times
+                .iter()
+                .map(|t| u128::from(t.value.max(1)))
+                .sum();
             let mut left = weight;
             for (i, t) in sample.times.iter().enumerate() {
                 let share = if i + 1 == sample.times.len() {
                     left
                 } else {
-                    let share = (u128::from(weight) * u128::from(t.value.max(1))
-                        / u128::from(values)) as u64;
+                    let share = (u128::from(weight) * u128::from(t.value.max(1)) / values) as u64;
                     share.min(left)
                 };
                 left -= share;
@@ -353,6 +357,15 @@ mod tests {
         assert_eq!(app.end_value, 70_000_000);
         // Thread 1 has no times: aggregated as before.
         assert_eq!(file.profiles[1].weights, [30_000_000, 10_000_000]);
+
+        // Values from a file may be anything: no overflow, the weight still shared whole.
+        for s in profile.samples.iter_mut().filter(|s| s.thread == 0) {
+            for t in &mut s.times {
+                t.value = u64::MAX;
+            }
+        }
+        let file = build(&profile).unwrap();
+        assert_eq!(file.profiles[0].end_value, 70_000_000);
     }
 
     #[test]
