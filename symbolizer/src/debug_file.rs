@@ -137,10 +137,6 @@ fn crc32_of(file: &File) -> Option<u32> {
     Some(hasher.finalize())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The separate debug file of `module` (open), mapped at `path` as the target names it, looked
 /// for under `target_root` (a directory reaching the target's `/`, e.g. `/proc/PID/root`) and
 /// then under spanprof's own root; `None` when there is none that belongs to it.
@@ -153,7 +149,11 @@ pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<Deb
         .collect();
     let inside = |root: &Path, p: &str| root.join(p.trim_start_matches('/'));
     if let Some(id) = &own.build_id {
-        let rel = format!(".build-id/{}/{}.debug", hex(&id[..1]), hex(&id[1..]));
+        let rel = format!(
+            ".build-id/{}/{}.debug",
+            crate::build_id::hex(&id[..1]),
+            crate::build_id::hex(&id[1..])
+        );
         for root in &roots {
             for dir in ["usr/lib/debug", "lib/debug"] {
                 let Some(file) = open_regular(&inside(root, &format!("{dir}/{rel}"))) else {

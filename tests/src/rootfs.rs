@@ -203,23 +203,26 @@ pub fn exec_mapped_files(pid: u32, rootfs: &Path, how: Confinement) -> Vec<PathB
     files
 }
 
+/// The GNU build id `readelf -n` (binutils, not spanprof) prints for `file`, if any.
+pub fn readelf_build_id(file: &Path) -> Option<String> {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(file)
+        .output()
+        .expect("run readelf (binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .map(|id| id.trim().to_string())
+}
+
 /// The separate debug files of `files` in the rootfs: `usr/lib/debug/.build-id/ab/cdef.debug`
 /// named by each file's build id as `readelf -n` (binutils, not spanprof) prints it, and the
 /// rootfs's `dwz` files (`usr/lib/debug/.dwz/`).
 pub fn rootfs_debug_files(rootfs: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
     let mut found = Vec::new();
     for file in files {
-        let out = Command::new("readelf")
-            .arg("-n")
-            .arg(file)
-            .output()
-            .expect("run readelf (binutils)");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let Some(id) = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Build ID: "))
-            .map(str::trim)
-        else {
+        let Some(id) = readelf_build_id(file) else {
             continue;
         };
         if id.len() < 4 {

@@ -19,18 +19,10 @@ use spanprof_tests::{
 
 const LIBRARY: &str = "libspanprof_hidden.so";
 
-/// The GNU build id `readelf -n` prints for `path`.
+/// The GNU build id `readelf -n` prints for `path`, which must have one.
 fn readelf_build_id(path: &Path) -> String {
-    let out = Command::new("readelf")
-        .arg("-n")
-        .arg(path)
-        .output()
-        .expect("readelf runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: "))
-        .unwrap_or_else(|| panic!("no build id in {}:\n{text}", path.display()))
-        .to_string()
+    spanprof_tests::rootfs::readelf_build_id(path)
+        .unwrap_or_else(|| panic!("readelf -n prints no build id for {}", path.display()))
 }
 
 /// OpenTelemetry's `htlhash` of `path`, by Python's hashlib as the specification spells it.

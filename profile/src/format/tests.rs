@@ -377,20 +377,17 @@ fn start_lines_are_written_and_read_back() {
         .find(|f| p.string_table[f.name as usize] == "main")
         .unwrap();
     assert_eq!(main.start_line, 7);
+    let main_start = |p: &crate::profile::Profile| {
+        p.frames
+            .iter()
+            .find(|f| f.function.as_deref() == Some("main"))
+            .unwrap()
+            .start_line
+    };
     let back = pprof::read_pprof(&pprof::render(&profile).unwrap()).unwrap();
-    let main = back
-        .frames
-        .iter()
-        .find(|f| f.function.as_deref() == Some("main"))
-        .unwrap();
-    assert_eq!(main.start_line, Some(7));
+    assert_eq!(main_start(&back), Some(7));
     let back = otlp::read_otlp(&otlp::render(&profile)).unwrap();
-    let main = back
-        .frames
-        .iter()
-        .find(|f| f.function.as_deref() == Some("main"))
-        .unwrap();
-    assert_eq!(main.start_line, Some(7));
+    assert_eq!(main_start(&back), Some(7));
     // Unknown elsewhere.
     assert!(back
         .frames
