@@ -28,7 +28,9 @@ use profiler_common::{
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use symbolizer::otel_ctx::ModuleCache;
-use symbolizer::python::detect::{detect, needs_libpython, DetectError, PythonProcess};
+use symbolizer::python::detect::{
+    detect_with, needs_libpython, DetectError, NotPython, PythonProcess,
+};
 use symbolizer::python::memory::{LiveMemory, ProcessMemory};
 use symbolizer::python::names::CodeNames;
 use symbolizer::python::objects::{ObjectOffsets, Objects};
@@ -347,6 +349,8 @@ pub struct Python {
     /// The CPython version of each process found (`3.11.2`, or `3.11` when the patch level is
     /// not known).
     versions: FxHashMap<u32, String>,
+    /// Files already found without CPython, not read again by the next looks.
+    not_python: NotPython,
 }
 
 impl Python {
@@ -370,6 +374,7 @@ impl Python {
             modules: ModuleCache::default(),
             new_processes: Vec::new(),
             versions: FxHashMap::default(),
+            not_python: NotPython::default(),
         }
     }
 
@@ -610,7 +615,7 @@ impl Python {
             Some(Proc::Skipped) => return,
             Some(Proc::Ready(_) | Proc::Exited(_)) | None => (0, false),
         };
-        let next = match detect(pid) {
+        let next = match detect_with(pid, &mut self.not_python) {
             Ok(process) => match (process.version, self.ready(process)) {
                 (version, Ok(ready)) => {
                     self.found.insert(pid);

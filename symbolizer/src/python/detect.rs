@@ -7,9 +7,10 @@
 //! The version comes from the `Py_Version` symbol (= `PY_VERSION_HEX`, 3.11+), else from the
 //! `PY_VERSION` string (`"3.9.18"`) in `.rodata`, else from the file name (minor only).
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use blazesym::inspect::source::{Elf, Source};
@@ -382,9 +383,68 @@ fn needed_names(file: &File) -> Option<Vec<Vec<u8>>> {
     )
 }
 
+/// Files read and found without CPython's symbols, so that a process looked at again (its
+/// loader may still be mapping libpython) does not have the same files' symbol tables read
+/// again: blazesym sorts a file's whole symbol table to look names up, 25 ms for spanprof's
+/// own executable, and a process that is not Python is looked at up to ten times.
+#[derive(Debug, Default)]
+pub struct NotPython {
+    files: HashSet<FileKey>,
+}
+
+/// A file's identity and version: device, inode, size, modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileKey(u64, u64, u64, i64, i64);
+
+impl FileKey {
+    fn of(file: &File) -> Option<FileKey> {
+        let m = file.metadata().ok()?;
+        Some(FileKey(
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+        ))
+    }
+}
+
+impl NotPython {
+    /// Files remembered at most; then the set starts again (a daemon sees many binaries).
+    const MAX_FILES: usize = 4096;
+
+    /// How many files are remembered.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    /// Remembers `file` as one without CPython (for tests: a real CPython marked so is skipped).
+    #[cfg(test)]
+    pub(crate) fn remember(&mut self, file: &File) {
+        self.insert(FileKey::of(file).expect("fstat"));
+    }
+
+    fn insert(&mut self, key: FileKey) {
+        if self.files.len() >= Self::MAX_FILES {
+            self.files.clear();
+        }
+        self.files.insert(key);
+    }
+}
+
 /// Finds the CPython interpreter of process `pid`. Its files are read through
 /// [`crate::mapped::open_mapped`]: the files the process maps, whatever its root.
 pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
+    detect_with(pid, &mut NotPython::default())
+}
+
+/// [`detect`], skipping the files `seen` holds and adding those found without CPython.
+pub fn detect_with(pid: u32, seen: &mut NotPython) -> Result<PythonProcess, DetectError> {
     let maps = read_maps(pid).map_err(|source| DetectError::Maps { pid, source })?;
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
 
@@ -421,9 +481,16 @@ pub fn detect(pid: u32) -> Result<PythonProcess, DetectError> {
             }
             Err(OpenError::NotFound) => continue,
         };
+        let key = FileKey::of(&file);
+        if key.is_some_and(|k| seen.files.contains(&k)) {
+            continue;
+        }
         // blazesym opens by path: the open file's, which stays this very file.
         let on_disk = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         let Some(syms) = lookup_symbols(&inspector, &on_disk) else {
+            if let Some(k) = key {
+                seen.insert(k);
+            }
             continue;
         };
         let elf = parse_elf(&file, module)?;

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::detect::{detect, PythonProcess};
+use super::detect::{detect, detect_with, DetectError, NotPython, PythonProcess};
 use super::memory::{FixtureMemory, LiveMemory, ProcessMemory};
 use super::offsets::{self, DebugOffsets, DEBUG_OFFSETS_LEN};
 use super::walk::{code_info, walk_thread, walk_thread_state, CodeInfo, TypeAddrs, MAX_FRAMES};
@@ -218,6 +218,44 @@ fn known_stack_on_every_pyenv_version() {
         assert_eq!(proc.version.minor, minor);
         assert!(proc.version.patch.is_some(), "{proc:?}");
     }
+}
+
+/// A file found without CPython is not read again; a CPython's file is still found, and would
+/// be skipped only if it were remembered (the set is keyed by the file, not by the process).
+#[test]
+fn files_without_python_are_remembered() {
+    let mut seen = NotPython::default();
+    let sleep = Guard(
+        Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("start sleep"),
+    );
+    // Until the exec, the child is still this test's copy: wait for sleep's own executable.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_link(format!("/proc/{}/exe", sleep.0.id()))
+        .is_ok_and(|e| !e.to_string_lossy().contains("sleep"))
+    {
+        assert!(std::time::Instant::now() < deadline, "sleep never ran");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let err = detect_with(sleep.0.id(), &mut seen).expect_err("sleep is not Python");
+    assert!(matches!(err, DetectError::NotPython(_)), "{err}");
+    assert_eq!(seen.len(), 1, "sleep's executable is remembered");
+
+    let Some((_, python)) = pyenv_pythons().into_iter().next_back() else {
+        assert!(std::env::var("CI").is_err(), "no pyenv python");
+        return;
+    };
+    let child = start(&python);
+    let pid = child.0.id();
+    let found = detect_with(pid, &mut seen).expect("a CPython next to a remembered file");
+    assert_eq!(seen.len(), 1);
+    let file = std::fs::File::open(&found.module).expect("open the CPython module");
+    seen.remember(&file);
+    let err = detect_with(pid, &mut seen).expect_err("its module is remembered as not Python");
+    assert!(matches!(err, DetectError::NotPython(_)), "{err}");
+    assert!(detect(pid).is_ok(), "a fresh set finds it again");
 }
 
 #[test]
