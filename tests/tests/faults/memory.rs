@@ -286,7 +286,9 @@ fn daemon_memory_is_bounded_while_distinct_binaries_come_and_go() {
     );
     assert!(
         peak_cache > cache_at_start,
-        "the symbol cache never held the children's symbols ({cache_at_start} bytes at start)"
+        "the symbol cache never held the children's symbols ({cache_at_start} bytes at start; \
+         at most {peak_modules} modules open and {peak_tables} bytes of unwind tables); the \
+         metrics at the end: {m:?}"
     );
     assert!(
         peak_modules >= modules_at_start + 4.0,

@@ -36,6 +36,11 @@ const ROUND_TRIPS: &str = "400000";
 /// Sleepers beside it, each 3000 naps of 1 ms: every nap is longer than the 1 ms period, so
 /// each is one off-CPU record, for little CPU.
 const SLEEPERS: usize = 3;
+/// The daemon's ring buffer is the default (16 MiB), not 8 KiB: more sleepers make sure most of
+/// the records lost are off-CPU ones (with 3, 4368 records were lost for 4.02 s of the targets'
+/// CPU on a slow host, too few to tell the two estimates apart; each sleeper adds about 2700
+/// lost records in the 3 s stop for well under 0.1 s of CPU).
+const DAEMON_SLEEPERS: usize = 8;
 const NAPS: &str = "3000";
 
 /// A workload the test started and waits for (`wait4`) only when spanprof is done; killed and
@@ -78,12 +83,12 @@ impl Target {
     }
 
     /// `offcpu_pingpong` (waiting for its go on stdin) and the sleepers (already napping).
-    fn start_all() -> Vec<Target> {
+    fn start_all(sleepers: usize) -> Vec<Target> {
         let mut all = vec![Target::start(
             "offcpu_pingpong",
             &["--cpu", "0", ROUND_TRIPS],
         )];
-        for _ in 0..SLEEPERS {
+        for _ in 0..sleepers {
             all.push(Target::start("offcpu_sleep", &[NAPS, "1000"]));
         }
         all
@@ -215,7 +220,7 @@ fn session_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     spanprof_bin();
     let _lock = profiling_lock();
     let dir = TempDir::new("fault-overhead");
-    let mut targets = Target::start_all();
+    let mut targets = Target::start_all(SLEEPERS);
     let out = dir.join("out.folded");
     let mut cmd = spanprof_command([
         "profile",
@@ -352,7 +357,7 @@ fn daemon_window_share_with_lost_offcpu_records_is_of_the_targets_cpu() {
     spanprof_bin();
     let _lock = profiling_lock();
     let dir = TempDir::new("fault-overhead-daemon");
-    let mut targets = Target::start_all();
+    let mut targets = Target::start_all(DAEMON_SLEEPERS);
     // Nothing listens on port 9: the windows wait in the queue; the metrics are what counts.
     let daemon = Daemon::start(
         &dir,
