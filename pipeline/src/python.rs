@@ -37,7 +37,7 @@ use symbolizer::python::objects::{ObjectOffsets, Objects};
 use symbolizer::python::offsets::{
     DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN, NEWEST_MINOR,
 };
-use symbolizer::python::walk::{TypeAddrs, STR_HASH};
+use symbolizer::python::walk::{CodeInfo, TypeAddrs, STR_HASH};
 
 use spans::{span_proc, NativeCtx, Published, Spans};
 
@@ -351,6 +351,11 @@ pub struct Python {
     versions: FxHashMap<u32, String>,
     /// Files already found without CPython, not read again by the next looks.
     not_python: NotPython,
+    /// How often the code objects on every thread's stack are named ahead of their samples
+    /// (off-CPU sessions: see [`Python::set_read_ahead`]), and when next.
+    read_ahead: Option<(Duration, Instant)>,
+    /// Code objects named ahead of their samples.
+    read_ahead_codes: u64,
 }
 
 impl Python {
@@ -375,6 +380,8 @@ impl Python {
             new_processes: Vec::new(),
             versions: FxHashMap::default(),
             not_python: NotPython::default(),
+            read_ahead: None,
+            read_ahead_codes: 0,
         }
     }
 
@@ -466,6 +473,36 @@ impl Python {
         }
     }
 
+    /// Names the code objects on the stacks of every Python process's threads every `every`
+    /// (`None`: never). For off-CPU sessions: a thread blocked until its process exits (a final
+    /// `join` or sleep) sends its sample as the interpreter frees the code objects it names, so
+    /// they are named while it waits. Costs a walk of each thread's frames (a few reads each)
+    /// per process per period.
+    pub fn set_read_ahead(&mut self, every: Option<Duration>) {
+        self.read_ahead = every.map(|e| (e, Instant::now() + e));
+    }
+
+    /// Code objects named ahead of their samples so far (see [`Python::set_read_ahead`]).
+    pub fn read_ahead_codes(&self) -> u64 {
+        self.read_ahead_codes
+    }
+
+    /// Names the code objects on every thread's stack of every Python process found.
+    fn read_ahead_now(&mut self) {
+        let functions = &mut self.functions;
+        let function_ids = &mut self.function_ids;
+        for p in self.procs.values_mut() {
+            if let Proc::Ready(ready) = p {
+                let runtime = ready.threads.runtime_addr;
+                if let Ok(n) = ready.names.read_ahead(runtime, |info| {
+                    intern(functions, function_ids, function_of(info))
+                }) {
+                    self.read_ahead_codes += n as u64;
+                }
+            }
+        }
+    }
+
     /// Looks at every pending process that is due, and writes the BPF map for those found.
     pub fn detect_pending(&mut self, programs: &mut impl KernelMaps) {
         let now = Instant::now();
@@ -516,6 +553,12 @@ impl Python {
                 };
                 n.published.fill(&mut value);
                 self.span_writes.push((pid, value));
+            }
+        }
+        if let Some((every, next)) = self.read_ahead {
+            if now >= next {
+                self.read_ahead = Some((every, now + every));
+                self.read_ahead_now();
             }
         }
         self.flush(programs);
@@ -782,15 +825,7 @@ impl Python {
                 Some(ready) => ready
                     .names
                     .resolve(frame, |info| {
-                        intern(
-                            functions,
-                            function_ids,
-                            PyFunction {
-                                name: info.name.clone(),
-                                file: Some(info.filename.clone()),
-                                start_line: (info.first_line > 0).then_some(info.first_line),
-                            },
-                        )
+                        intern(functions, function_ids, function_of(info))
                     })
                     .unwrap_or((UNKNOWN_FUNCTION, None)),
                 // Frames from a process whose interpreter is not known here (gone before it
@@ -838,6 +873,15 @@ fn unknown() -> PyFunction {
         name: "[unknown python code]".to_string(),
         file: None,
         start_line: None,
+    }
+}
+
+/// The function a code object names.
+fn function_of(info: &CodeInfo) -> PyFunction {
+    PyFunction {
+        name: info.name.clone(),
+        file: Some(info.filename.clone()),
+        start_line: (info.first_line > 0).then_some(info.first_line),
     }
 }
 

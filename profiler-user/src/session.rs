@@ -24,6 +24,11 @@ use crate::command::GatedCommand;
 use crate::preflight;
 use crate::profile::Profile;
 
+/// How often an off-CPU session names the code objects on its Python threads' stacks ahead of
+/// their samples ([`spanprof_pipeline::python::Python::set_read_ahead`]): a wait this long or longer that
+/// ends as its process exits keeps its names.
+const READ_AHEAD_EVERY: Duration = Duration::from_millis(200);
+
 /// What to profile.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -232,6 +237,13 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     };
     let events = sampling.events;
     let mut c = Collector::load(&sampling, opts.aggregate)?;
+    if sampling.events.off_cpu() {
+        // A session's last wait often ends as its process exits (a final join or sleep): the
+        // code objects on the threads' stacks are named while they wait. Measured: 50 threads
+        // 32 frames deep, 74 ms of spanprof's CPU over 5 s. Not in the daemon, where a process's
+        // exit is rare and the cost would be paid for every Python process all the time.
+        c.python.set_read_ahead(Some(READ_AHEAD_EVERY));
+    }
     if opts.debuginfod {
         c.symbolizer
             .set_debuginfod(symbolizer::debuginfod::Debuginfod::from_env());

@@ -28,11 +28,16 @@ use rustc_hash::FxHashMap;
 
 use super::memory::ProcessMemory;
 use super::offsets::PyOffsets;
-use super::walk::{code_info, CodeInfo, TypeAddrs, STR_HASH};
+use super::walk::{
+    code_info, each_thread_state, walk_thread_state, CodeInfo, TypeAddrs, WalkError, STR_HASH,
+};
 
 /// At most this many code objects are cached per process; beyond, the cache starts over (a
 /// process that generates code endlessly must not grow spanprof without bound).
 pub const MAX_CODES: usize = 1 << 16;
+
+/// Threads whose stacks [`CodeNames::read_ahead`] reads, at most, per call.
+pub const READ_AHEAD_THREADS: usize = 256;
 
 #[derive(Debug)]
 struct Slot {
@@ -88,7 +93,7 @@ impl<M: ProcessMemory> CodeNames<M> {
     /// (and its key over `ob_type`); a live object's count is below 2^32 (immortal ones included).
     /// From 3.14 the word is `uint32_t ob_refcnt; uint16_t ob_overflow; uint16_t ob_flags`:
     /// the flags (top 16 bits) are set on live objects, so they are left out.
-    fn check_now(&self, code: u64) -> Option<u64> {
+    pub(crate) fn check_now(&self, code: u64) -> Option<u64> {
         let mut refcnt = self.mem.read_u64(code).ok()?;
         if self.offsets.version >= (3, 14) {
             refcnt &= (1 << 48) - 1;
@@ -125,6 +130,54 @@ impl<M: ProcessMemory> CodeNames<M> {
             .read_ptr(code.wrapping_add(o.code_linetable))
             .ok()?;
         Some(PyFrame::check_value(name, filename, first, table, 0))
+    }
+
+    /// Names the code objects on the stacks of the process's threads now, ahead of their
+    /// samples: a thread blocked until the process exits sends its off-CPU sample only then,
+    /// and the interpreter frees the code objects within ms of it, before user space can read
+    /// them. Each is cached with the check value it has now, which is the one the kernel
+    /// records for it while it lives; a code object freed meanwhile gives a sample another
+    /// value and is not named from here. Reads [`READ_AHEAD_THREADS`] threads at most,
+    /// [`super::walk::MAX_FRAMES`] frames each; returns how many code objects were read (not
+    /// known before). A thread walked while it runs may give garbage: each code object read is
+    /// checked as a sample's is, and a thread whose walk fails is skipped.
+    pub fn read_ahead(
+        &mut self,
+        runtime_addr: u64,
+        mut intern: impl FnMut(&CodeInfo) -> u32,
+    ) -> Result<usize, WalkError> {
+        let mut states = Vec::new();
+        each_thread_state(&self.mem, self.offsets, runtime_addr, |tstate| {
+            states.push(tstate);
+            Ok(states.len() >= READ_AHEAD_THREADS)
+        })?;
+        let mut read = 0;
+        for tstate in states {
+            let Ok(stack) = walk_thread_state(&self.mem, self.offsets, tstate) else {
+                continue;
+            };
+            for f in &stack.frames {
+                // NB: an address already cached is not checked again (three reads a frame, most
+                // of the cost): a code object freed and replaced at the same address is then
+                // named only from its sample, as without reading ahead.
+                if self.codes.contains_key(&f.code) {
+                    continue;
+                }
+                let Some(check) = self.check_now(f.code) else {
+                    continue;
+                };
+                let frame = PyFrame {
+                    code: f.code,
+                    check,
+                    instr: f.instr_offset,
+                    flags: 0,
+                };
+                if self.resolve(&frame, &mut intern).is_some() {
+                    read += 1;
+                }
+            }
+        }
+        Ok(read)
     }
 
     /// The function id and line of a recorded frame, or `None` when the code object cannot

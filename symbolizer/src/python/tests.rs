@@ -6,8 +6,10 @@ use std::process::{Child, Command, Stdio};
 
 use super::detect::{detect, detect_with, DetectError, NotPython, PythonProcess};
 use super::memory::{FixtureMemory, LiveMemory, ProcessMemory};
+use super::names::CodeNames;
 use super::offsets::{self, DebugOffsets, DEBUG_OFFSETS_LEN};
 use super::walk::{code_info, walk_thread, walk_thread_state, CodeInfo, TypeAddrs, MAX_FRAMES};
+use profiler_common::PyFrame;
 
 fn workload() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_known_stack.py")
@@ -218,6 +220,65 @@ fn known_stack_on_every_pyenv_version() {
         assert_eq!(proc.version.minor, minor);
         assert!(proc.version.patch.is_some(), "{proc:?}");
     }
+}
+
+/// The code objects on a waiting thread's stack, named ahead by `read_ahead`, name its frames
+/// after the process is gone (as when a process's last wait is sampled as it exits); without
+/// it, nothing can be read then.
+#[test]
+fn frames_named_ahead_outlive_the_process() {
+    let Some((_, python)) = pyenv_pythons().into_iter().next_back() else {
+        assert!(std::env::var("CI").is_err(), "no pyenv python");
+        return;
+    };
+    let mut child = start(&python);
+    let pid = child.0.id();
+    let proc = detect(pid).unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    let off = proc.offsets().expect("offsets");
+    let types = TypeAddrs {
+        code: proc.code_type_addr,
+        unicode: proc.unicode_type_addr,
+    };
+    let mut ahead = CodeNames::new(LiveMemory::new(pid), off, types);
+    let mut cold = CodeNames::new(LiveMemory::new(pid), off, types);
+    let mut named = Vec::new();
+    let read = ahead
+        .read_ahead(proc.runtime_addr, |info| {
+            named.push(info.name.clone());
+            named.len() as u32 - 1
+        })
+        .expect("read ahead");
+    assert_eq!(read, named.len());
+    assert!(named.iter().any(|n| n == "outer_a"), "{named:?}");
+    // The frames as the kernel would record them, with their check values, read now.
+    let stack = walk_thread(&LiveMemory::new(pid), off, proc.runtime_addr, pid).expect("walk");
+    let frames: Vec<PyFrame> = stack
+        .frames
+        .iter()
+        .map(|f| PyFrame {
+            code: f.code,
+            check: ahead.check_now(f.code).expect("a live code object"),
+            instr: f.instr_offset,
+            flags: 0,
+        })
+        .collect();
+    assert_eq!(frames.len(), 4, "{frames:?}");
+    // Read ahead again: nothing new.
+    assert_eq!(ahead.read_ahead(proc.runtime_addr, |_| u32::MAX), Ok(0));
+    let _ = child.0.kill();
+    let _ = child.0.wait();
+    let names: Vec<&str> = frames
+        .iter()
+        .map(|f| {
+            let (func, _) = ahead
+                .resolve(f, |_| panic!("read again from a gone process"))
+                .expect("named from what was read ahead");
+            named[func as usize].as_str()
+        })
+        .collect();
+    assert_eq!(names[0], "inner_c");
+    assert_eq!(names[2..], ["outer_a", "<module>"]);
+    assert!(frames.iter().all(|f| cold.resolve(f, |_| 0).is_none()));
 }
 
 /// A file found without CPython is not read again; a CPython's file is still found, and would

@@ -29,7 +29,8 @@
 //!   3.5 is kept (weighing a period): the total is still within ±15% (5 standard deviations).
 //!
 //! - `last_wait_named_*` (pyenv 3.11, 3.13): a process whose main thread ends joining its
-//!   workers keeps the wait's Python names (`last_wait.rs`).
+//!   workers, or sleeping (then exiting normally or by `os._exit`), keeps the wait's Python
+//!   names in 10 of 10 runs (`last_wait.rs`).
 //! - `asyncio_idle_*` (pyenv 3.8, 3.11, 3.13): an asyncio loop's waits in its selector are
 //!   `[off-cpu: asyncio_idle]`, not `io` (`asyncio_idle.rs`).
 //!
