@@ -195,9 +195,9 @@ pub(super) fn python_frames_from_the_first_ms_in_command_mode(interp: &Interp) {
         ));
     }
     // Alone: 2-14 samples before the interpreter is found (0.1-0.7%); with three busy loops
-    // on the 2 CPUs 1-15 of ~2000 (3.8, 3.10, 3.13). Before the files found without CPython
-    // were remembered (each look every few ms while the loader maps libpython read the
-    // executable's symbols again), 22-32 under load (1.1-1.6%); before the exec-time look, 58
+    // on the 2 CPUs 1-15 of ~2000 (3.8, 3.10, 3.13). An earlier session measured 22-32 under
+    // load (1.1-1.6%), when each look every few ms while the loader maps libpython read the
+    // executable's symbols again (not measured side by side); before the exec-time look, 58
     // of 1014 (5.7%).
     if (n("named") as f64) < 0.99 * in_loop as f64 {
         problems.push(format!(
