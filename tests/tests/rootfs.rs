@@ -21,7 +21,8 @@
 //!   stacks: the debug file is found in the target's root.
 //!
 //! And sid's debug build of 3.14 and pyenv's 3.6 each get one warning naming the build or
-//! version, and no Python frame.
+//! version, and no Python frame. `py_callbacks.py` (C calling back into Python) keeps its
+//! callers on sid's 3.14 and 3.15 in a chroot, as the python suite checks it on 3.8-3.13.
 
 use std::path::Path;
 
@@ -496,4 +497,48 @@ fn python_thread_names_label_pprof_folded_and_report() {
     }
     problems.extend(thread_names("/usr/bin/python3.14", true));
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// `py_callbacks.py` under sid's 3.`minor` in a chroot: C code calling back into Python keeps
+/// its callers, no stack under the frame limit reads `[truncated]`, and no sample in the
+/// interpreter loop is silent (the checks of the python suite's callback test, on the
+/// versions pyenv does not have).
+fn callbacks_in_rootfs(minor: u8) {
+    require_profiling();
+    let _lock = profiling_lock();
+    let rootfs = rootfs();
+    let python = format!("/usr/bin/python3.{minor}");
+    let dir = RootfsDir::new(&rootfs, "callbacks");
+    let workload = start_confined_py(
+        &rootfs,
+        &dir,
+        Confinement::Chroot,
+        &python,
+        "py_callbacks.py",
+        &["4"],
+    );
+    let tmp = TempDir::new("rootfs-callbacks");
+    let folded = tmp.join("out.folded");
+    let out = profile_pid(workload.pid(), "2500ms", 999, &[&folded], &[]);
+    drop(workload);
+    out.assert_success();
+    let stacks = read_folded(&folded);
+    let problems = callback_problems(&stacks, &out.stderr, &format!("sid 3.{minor}"));
+    assert!(
+        problems.is_empty(),
+        "sid 3.{minor}: {}\nheaviest stacks:\n{}\nspanprof: {}",
+        problems.join("\n"),
+        folded_summary(&stacks, 8),
+        out.stderr
+    );
+}
+
+#[test]
+fn sid_python_3_14_callbacks_keep_their_callers() {
+    callbacks_in_rootfs(14);
+}
+
+#[test]
+fn sid_python_3_15_callbacks_keep_their_callers() {
+    callbacks_in_rootfs(15);
 }

@@ -1,8 +1,8 @@
 //! 3. Deep stacks, generators, coroutines, callbacks from C.
 
 use spanprof_tests::{
-    folded_summary, is_kernel_frame, is_py_frame, parse_py_frame, profile_pid, profiling_lock,
-    read_folded, start_py_workload, FoldedStack, TempDir,
+    callback_problems, folded_summary, is_kernel_frame, is_py_frame, parse_py_frame, profile_pid,
+    profiling_lock, read_folded, start_py_workload, FoldedStack, TempDir,
 };
 
 use crate::common::{assert_no_problems, require_python_profiling, Interp};
@@ -317,71 +317,6 @@ pub(super) fn c_calling_back_into_python_keeps_its_callers(interp: &Interp) {
     drop(workload);
     out.assert_success();
     let stacks = read_folded(&folded);
-    let mut problems = Vec::new();
-    let count = |pred: &dyn Fn(&FoldedStack) -> bool| -> u64 {
-        stacks.iter().filter(|s| pred(s)).map(|s| s.count).sum()
-    };
-    let total = count(&|_| true);
-    let truncated = count(&|s| s.frames.iter().any(|f| f == "[truncated]"));
-    if truncated > 0 {
-        problems.push(format!(
-            "{truncated} samples read [truncated] though the stack is 3 Python frames deep"
-        ));
-    }
-    let mut in_callbacks = 0;
-    for (caller, callee) in [("run_map", "tiny"), ("run_sorted", "tiny_key")] {
-        let callbacks = count(&|s| s.py_qualnames().last() == Some(&callee));
-        let whole = count(&|s| s.py_qualnames().ends_with(&["main", caller, callee]));
-        in_callbacks += callbacks;
-        if whole != callbacks {
-            problems.push(format!(
-                "{} of {callbacks} samples in {callee} lack the callers main -> {caller}",
-                callbacks - whole
-            ));
-        }
-    }
-    // ~2500 samples, most of them in the callbacks' C callers: 24-35% in the callbacks
-    // themselves (measured alone and in the full suite).
-    if in_callbacks < total / 10 {
-        problems.push(format!(
-            "only {in_callbacks} of {total} samples in the callbacks"
-        ));
-    }
-    // Samples in the interpreter loop with neither Python frames nor a marker.
-    let silent = count(&|s| {
-        s.py_frames().is_empty()
-            && !s
-                .frames
-                .iter()
-                .any(|f| f.starts_with("[python frames not read"))
-            && s.frames
-                .iter()
-                .any(|f| f.starts_with("_PyEval_EvalFrameDefault"))
-    });
-    if silent > 0 {
-        problems.push(format!(
-            "{silent} samples in the interpreter loop have neither Python frames nor a marker"
-        ));
-    }
-    let marked = count(&|s| s.contains("[python frames not read: walk failed]"));
-    let counted = out
-        .stderr
-        .lines()
-        .find_map(|l| l.split_once("whose walk failed at a read: "))
-        .and_then(|(_, rest)| rest.split(&[',', ';']).next()?.parse::<u64>().ok());
-    // The summary counts every failed read, marked ones and those cut after some frames.
-    if counted.is_none_or(|c| c < marked) {
-        problems.push(format!(
-            "the summary counts {counted:?} failed walks, the profile marks {marked}"
-        ));
-    }
-    // Measured 0.5-0.9% on 3.11 and 3.12 (the few instructions of a call's entry), 0 before.
-    if marked * 20 > total {
-        problems.push(format!("{marked} of {total} samples are unread (> 5%)"));
-    }
-    println!(
-        "{}: {total} samples, {in_callbacks} in callbacks, {marked} unread, summary {counted:?}",
-        interp.label
-    );
+    let problems = callback_problems(&stacks, &out.stderr, &interp.label);
     assert_no_problems(&problems, interp, &stacks, &out);
 }
