@@ -218,57 +218,6 @@ impl FoldedStack {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::parse_folded;
-
-    #[test]
-    fn parses_python_frames() {
-        assert_eq!(
-            parse_py_frame("Worker.run (py_split.py:31)"),
-            Some(PyFrame {
-                qualname: "Worker.run",
-                file: "py_split.py",
-                line: Some(31)
-            })
-        );
-        assert_eq!(
-            parse_py_frame("<module> (py_split.py)"),
-            Some(PyFrame {
-                qualname: "<module>",
-                file: "py_split.py",
-                line: None
-            })
-        );
-        assert_eq!(
-            parse_py_frame("_find_and_load (<frozen importlib._bootstrap>:1176)").map(|f| f.line),
-            Some(Some(1176))
-        );
-        for native in [
-            "main",
-            "_PyEval_EvalFrameDefault",
-            "[unknown] (libc.so.6+0x2a1b0)",
-            "[native code]",
-            "[truncated]",
-            "[no python frames]",
-            "entry_SYSCALL_64_[k]",
-            "operator() (foo.cc:12)",
-        ] {
-            assert_eq!(parse_py_frame(native), None, "{native}");
-        }
-        let stack = &parse_folded(
-            "_start;main;<module> (a.py:3);f (a.py:7);PyObject_Call;g (a.py:9);malloc 2\n",
-        )
-        .unwrap()[0];
-        assert_eq!(stack.py_qualnames(), ["<module>", "f", "g"]);
-        assert_eq!(
-            stack.py_leaf().map(|f| (f.qualname, f.line)),
-            Some(("g", Some(9)))
-        );
-    }
-}
-
 /// What is wrong with a profile of `py_callbacks.py` (C code calling back into Python, many
 /// times a ms), with spanprof's `stderr`: every callback keeps its callers (`main -> run_map ->
 /// tiny`, `main -> run_sorted -> tiny_key`), no stack reads `[truncated]` (it is 3 Python frames
@@ -342,4 +291,55 @@ pub fn callback_problems(stacks: &[FoldedStack], stderr: &str, label: &str) -> V
         label
     );
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_folded;
+
+    #[test]
+    fn parses_python_frames() {
+        assert_eq!(
+            parse_py_frame("Worker.run (py_split.py:31)"),
+            Some(PyFrame {
+                qualname: "Worker.run",
+                file: "py_split.py",
+                line: Some(31)
+            })
+        );
+        assert_eq!(
+            parse_py_frame("<module> (py_split.py)"),
+            Some(PyFrame {
+                qualname: "<module>",
+                file: "py_split.py",
+                line: None
+            })
+        );
+        assert_eq!(
+            parse_py_frame("_find_and_load (<frozen importlib._bootstrap>:1176)").map(|f| f.line),
+            Some(Some(1176))
+        );
+        for native in [
+            "main",
+            "_PyEval_EvalFrameDefault",
+            "[unknown] (libc.so.6+0x2a1b0)",
+            "[native code]",
+            "[truncated]",
+            "[no python frames]",
+            "entry_SYSCALL_64_[k]",
+            "operator() (foo.cc:12)",
+        ] {
+            assert_eq!(parse_py_frame(native), None, "{native}");
+        }
+        let stack = &parse_folded(
+            "_start;main;<module> (a.py:3);f (a.py:7);PyObject_Call;g (a.py:9);malloc 2\n",
+        )
+        .unwrap()[0];
+        assert_eq!(stack.py_qualnames(), ["<module>", "f", "g"]);
+        assert_eq!(
+            stack.py_leaf().map(|f| (f.qualname, f.line)),
+            Some(("g", Some(9)))
+        );
+    }
 }
