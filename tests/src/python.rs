@@ -223,8 +223,15 @@ impl FoldedStack {
 /// tiny`, `main -> run_sorted -> tiny_key`), no stack reads `[truncated]` (it is 3 Python frames
 /// deep), at least a tenth of the samples are in the callbacks, no sample in the interpreter
 /// loop lacks both Python frames and a marker, the summary counts every sample marked
-/// `[python frames not read: walk failed]`, and those are at most 5%. Prints the figures.
-pub fn callback_problems(stacks: &[FoldedStack], stderr: &str, label: &str) -> Vec<String> {
+/// `[python frames not read: walk failed]`, and those are at most 5%; and the split of the
+/// samples between `run_map` and `run_sorted` is within ±3 points of the one the workload
+/// measured (`truth`, its JSON line). Prints the figures.
+pub fn callback_problems(
+    stacks: &[FoldedStack],
+    stderr: &str,
+    truth: &serde_json::Value,
+    label: &str,
+) -> Vec<String> {
     let mut problems = Vec::new();
     let count = |pred: &dyn Fn(&FoldedStack) -> bool| -> u64 {
         stacks.iter().filter(|s| pred(s)).map(|s| s.count).sum()
@@ -286,9 +293,23 @@ pub fn callback_problems(stacks: &[FoldedStack], stderr: &str, label: &str) -> V
     if marked * 20 > total {
         problems.push(format!("{marked} of {total} samples are unread (> 5%)"));
     }
+    // The split between the two callers, against the CPU time the workload measured around
+    // each call.
+    let under = |f: &str| count(&|s| s.py_qualnames().contains(&f));
+    let (map, sorted) = (under("run_map"), under("run_sorted"));
+    let share = 100.0 * map as f64 / (map + sorted).max(1) as f64;
+    let want = 100.0 * truth["truth"]["run_map"].as_f64().unwrap_or(f64::NAN);
+    let off = (share - want).abs();
+    if map + sorted < total / 2 || off.is_nan() || off > 3.0 {
+        problems.push(format!(
+            "run_map has {share:.1}% of the {} samples under run_map or run_sorted (of {total}), \
+             the workload measured {want:.1}% (want within 3 points)",
+            map + sorted
+        ));
+    }
     println!(
-        "{}: {total} samples, {in_callbacks} in callbacks, {marked} unread, summary {counted:?}",
-        label
+        "{label}: {total} samples, {in_callbacks} in callbacks, {marked} unread, summary \
+         {counted:?}; run_map {share:.1}% (truth {want:.1}%)"
     );
     problems
 }

@@ -6,7 +6,10 @@
 #
 # Usage: python3 py_callbacks.py SECONDS
 #
-# Prints `ready PID` on stderr when it starts.
+# Prints `ready PID` on stderr when it starts, and at the end, on stdout, the share of its CPU
+# time each of run_map and run_sorted took (measured around each call) as JSON:
+# {"truth": {"run_map": 0.6, "run_sorted": 0.4}, "version": "3.12"}.
+import json
 import os
 import sys
 import time
@@ -32,9 +35,20 @@ def main(seconds):
     end = time.monotonic() + seconds
     data = list(range(2000))
     total = 0
+    spent = {"run_map": 0.0, "run_sorted": 0.0}
+    clock = time.process_time
     while time.monotonic() < end:
+        t0 = clock()
         total += run_map(2000)
+        t1 = clock()
         total += len(run_sorted(data))
+        t2 = clock()
+        spent["run_map"] += t1 - t0
+        spent["run_sorted"] += t2 - t1
+    both = sum(spent.values()) or 1.0
+    version = "%d.%d" % sys.version_info[:2]
+    truth = {k: v / both for k, v in spent.items()}
+    print(json.dumps({"truth": truth, "version": version}), flush=True)
     return total
 
 
