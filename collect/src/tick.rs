@@ -19,6 +19,7 @@ impl Collector {
     /// One tick's work after the wait: drain, probe what was found, normalize new stacks.
     pub fn tick(&mut self) {
         self.drain();
+        self.python.read_ahead_if_due();
         self.probes.python(&mut self.programs, &mut self.python);
         self.agg.normalize_pending(&mut self.symbolizer);
     }

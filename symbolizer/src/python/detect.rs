@@ -266,7 +266,9 @@ struct Symbols {
 /// The interpreter loop, and the part GCC splits off it when compiled with `-freorder-blocks`.
 const EVAL_FUNCTIONS: [&str; 2] = ["_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold"];
 
-fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
+/// The CPython symbols of the ELF file at `path`: `Ok(None)` when it has none of them, `Err`
+/// when it could not be read (not remembered as a file without CPython).
+fn lookup_symbols(inspector: &Inspector, path: &Path) -> Result<Option<Symbols>, ()> {
     let mut elf = Elf::new(path);
     // NB: debug symbols exclude variables in blazesym's inspector; the wanted names are in
     // `.dynsym`, or `.symtab` (the HAMT types; absent from stripped builds).
@@ -285,7 +287,9 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
         "_Py_RefTotal",
         "_Py_GetGlobalRefTotal",
     ];
-    let found = inspector.lookup(&Source::Elf(elf), &names).ok()?;
+    let found = inspector
+        .lookup(&Source::Elf(elf), &names)
+        .map_err(|_| ())?;
     let first = |i: usize| found.get(i).and_then(|v| v.first()).map(|s| s.addr);
     let eval = (4..6)
         .filter_map(|i| found.get(i).and_then(|v| v.first()))
@@ -298,9 +302,9 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
     let runtime = first(0);
     let initialize = first(9).is_some();
     if runtime.is_none() && !initialize {
-        return None;
+        return Ok(None);
     }
-    Some(Symbols {
+    Ok(Some(Symbols {
         runtime,
         initialize,
         debug: first(10).is_some() || first(11).is_some(),
@@ -313,7 +317,7 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Option<Symbols> {
         hamt_types: [first(6), first(7), first(8)],
         eval,
         eval_file_offset,
-    })
+    }))
 }
 
 /// Whether process `pid`'s executable names a `libpython*` library among the ones it needs
@@ -383,7 +387,7 @@ fn needed_names(file: &File) -> Option<Vec<Vec<u8>>> {
     )
 }
 
-/// Files read and found without CPython's symbols, so that a process looked at again (its
+/// Files read and found without CPython's symbols (not those that could not be read), so that a process looked at again (its
 /// loader may still be mapping libpython) does not have the same files' symbol tables read
 /// again: blazesym sorts a file's whole symbol table to look names up, 25 ms for spanprof's
 /// own executable, and a process that is not Python is looked at up to ten times.
@@ -392,20 +396,28 @@ pub struct NotPython {
     files: HashSet<FileKey>,
 }
 
-/// A file's identity and version: device, inode, size, modification time.
+/// A file's identity and version. The change time too: user space cannot set it, while
+/// packages, `tar` and `cp -p` keep a file's modification time (an inode reused for another
+/// file of the same size and time would otherwise match).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FileKey(u64, u64, u64, i64, i64);
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
 
 impl FileKey {
     fn of(file: &File) -> Option<FileKey> {
         let m = file.metadata().ok()?;
-        Some(FileKey(
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec(),
-        ))
+        Some(FileKey {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
     }
 }
 
@@ -487,11 +499,15 @@ pub fn detect_with(pid: u32, seen: &mut NotPython) -> Result<PythonProcess, Dete
         }
         // blazesym opens by path: the open file's, which stays this very file.
         let on_disk = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        let Some(syms) = lookup_symbols(&inspector, &on_disk) else {
-            if let Some(k) = key {
-                seen.insert(k);
+        let syms = match lookup_symbols(&inspector, &on_disk) {
+            Ok(Some(syms)) => syms,
+            Ok(None) => {
+                if let Some(k) = key {
+                    seen.insert(k);
+                }
+                continue;
             }
-            continue;
+            Err(()) => continue,
         };
         let elf = parse_elf(&file, module)?;
         let load_bias = load_bias(&maps, &mapping.path, &elf.loads).ok_or(DetectError::Elf {
@@ -515,7 +531,7 @@ pub fn detect_with(pid: u32, seen: &mut NotPython) -> Result<PythonProcess, Dete
         if eval.len() == 1 {
             let root = crate::mapped::foreign_root(pid);
             let debug = crate::debug_file::find(&file, mapping.file_path(), root.as_deref())
-                .and_then(|d| lookup_symbols(&inspector, &d.path()));
+                .and_then(|d| lookup_symbols(&inspector, &d.path()).ok().flatten());
             match debug {
                 Some(d) if d.eval.len() > 1 => {
                     eval = d.eval;

@@ -28,9 +28,7 @@ use rustc_hash::FxHashMap;
 
 use super::memory::ProcessMemory;
 use super::offsets::PyOffsets;
-use super::walk::{
-    code_info, each_thread_state, walk_thread_state, CodeInfo, TypeAddrs, WalkError, STR_HASH,
-};
+use super::walk::{code_info, each_thread_state, walk_thread_state, CodeInfo, TypeAddrs, STR_HASH};
 
 /// At most this many code objects are cached per process; beyond, the cache starts over (a
 /// process that generates code endlessly must not grow spanprof without bound).
@@ -135,27 +133,36 @@ impl<M: ProcessMemory> CodeNames<M> {
     /// Names the code objects on the stacks of the process's threads now, ahead of their
     /// samples: a thread blocked until the process exits sends its off-CPU sample only then,
     /// and the interpreter frees the code objects within ms of it, before user space can read
-    /// them. Each is cached with the check value it has now, which is the one the kernel
-    /// records for it while it lives; a code object freed meanwhile gives a sample another
-    /// value and is not named from here. Reads [`READ_AHEAD_THREADS`] threads at most,
-    /// [`super::walk::MAX_FRAMES`] frames each; returns how many code objects were read (not
-    /// known before). A thread walked while it runs may give garbage: each code object read is
-    /// checked as a sample's is, and a thread whose walk fails is skipped.
+    /// them. Each is cached with the check value it has now. From 3.12 on that is the value the
+    /// kernel records for it as long as it lives; before 3.12 the value includes its name's
+    /// hash, which CPython may compute later: the sample then does not match and is named as
+    /// without reading ahead (or not at all, if the process is gone), never wrongly.
+    ///
+    /// Walks the threads of the main interpreter, newest first, at most
+    /// [`READ_AHEAD_THREADS`], until `frames` (decremented per frame walked) is spent; a thread
+    /// list that cannot be read to its end gives the threads read so far. A thread walked while
+    /// it runs may give garbage: each code object read is checked as a sample's is, and a thread
+    /// whose walk fails is skipped. Returns how many code objects were read (not known before).
     pub fn read_ahead(
         &mut self,
         runtime_addr: u64,
+        frames: &mut usize,
         mut intern: impl FnMut(&CodeInfo) -> u32,
-    ) -> Result<usize, WalkError> {
+    ) -> usize {
         let mut states = Vec::new();
-        each_thread_state(&self.mem, self.offsets, runtime_addr, |tstate| {
+        let _ = each_thread_state(&self.mem, self.offsets, runtime_addr, |tstate| {
             states.push(tstate);
             Ok(states.len() >= READ_AHEAD_THREADS)
-        })?;
+        });
         let mut read = 0;
         for tstate in states {
+            if *frames == 0 {
+                break;
+            }
             let Ok(stack) = walk_thread_state(&self.mem, self.offsets, tstate) else {
                 continue;
             };
+            *frames = frames.saturating_sub(stack.frames.len().max(1));
             for f in &stack.frames {
                 // NB: an address already cached is not checked again (three reads a frame, most
                 // of the cost): a code object freed and replaced at the same address is then
@@ -177,7 +184,7 @@ impl<M: ProcessMemory> CodeNames<M> {
                 }
             }
         }
-        Ok(read)
+        read
     }
 
     /// The function id and line of a recorded frame, or `None` when the code object cannot
