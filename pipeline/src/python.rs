@@ -71,9 +71,10 @@ const DETECT_QUICK_MAX: Duration = Duration::from_millis(4);
 /// sample (a loader stopped, traced or starved is not given up on while it does not run).
 const DETECT_QUICK_TRIES: u32 = 60;
 
-/// Frames walked at most per read-ahead period, over every process (a 1024-frame recursion in
-/// 16 threads): a period costs at most about 30 ms of spanprof's CPU (1.85 µs a frame measured
-/// with 50 threads 32 frames deep), so the drains between are not held up much.
+/// Frames walked per read-ahead period, over every process (a 1024-frame recursion in 16
+/// threads), checked a thread at a time: a period of code objects already named costs about
+/// 30 ms of spanprof's CPU (1.85 µs a frame measured with 50 threads 32 frames deep), more when
+/// many are new (each is read and named), so the drains between are not held up long.
 pub const READ_AHEAD_FRAMES: usize = 16 * 1024;
 
 /// Token flag: the frame is the outermost of one call of the interpreter loop.

@@ -387,10 +387,11 @@ fn needed_names(file: &File) -> Option<Vec<Vec<u8>>> {
     )
 }
 
-/// Files read and found without CPython's symbols (not those that could not be read), so that a process looked at again (its
-/// loader may still be mapping libpython) does not have the same files' symbol tables read
-/// again: blazesym sorts a file's whole symbol table to look names up, 25 ms for spanprof's
-/// own executable, and a process that is not Python is looked at up to ten times.
+/// Files read and found without CPython's symbols (not those that could not be read), so that
+/// a process looked at again (its loader may still be mapping libpython) does not have the same
+/// files' symbol tables read again: blazesym sorts a file's whole symbol table to look names
+/// up, 25 ms for spanprof's own executable, and a process that is not Python is looked at up
+/// to ten times.
 #[derive(Debug, Default)]
 pub struct NotPython {
     files: HashSet<FileKey>,

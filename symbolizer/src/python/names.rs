@@ -138,11 +138,13 @@ impl<M: ProcessMemory> CodeNames<M> {
     /// hash, which CPython may compute later: the sample then does not match and is named as
     /// without reading ahead (or not at all, if the process is gone), never wrongly.
     ///
-    /// Walks the threads of the main interpreter, newest first, at most
-    /// [`READ_AHEAD_THREADS`], until `frames` (decremented per frame walked) is spent; a thread
-    /// list that cannot be read to its end gives the threads read so far. A thread walked while
-    /// it runs may give garbage: each code object read is checked as a sample's is, and a thread
-    /// whose walk fails is skipped. Returns how many code objects were read (not known before).
+    /// Walks the first [`READ_AHEAD_THREADS`] threads of the main interpreter's list (CPython
+    /// puts new threads at its head), oldest of them first, so that the main thread (the last,
+    /// in a process of at most that many threads) is read even when `frames` (decremented per
+    /// frame walked, a whole thread at a time) runs out; a thread list that cannot be read to
+    /// its end gives the threads read so far. A thread walked while it runs may give garbage:
+    /// each code object read is checked as a sample's is, and a thread whose walk fails is
+    /// skipped. Returns how many code objects were read (not known before).
     pub fn read_ahead(
         &mut self,
         runtime_addr: u64,
@@ -155,7 +157,7 @@ impl<M: ProcessMemory> CodeNames<M> {
             Ok(states.len() >= READ_AHEAD_THREADS)
         });
         let mut read = 0;
-        for tstate in states {
+        for tstate in states.into_iter().rev() {
             if *frames == 0 {
                 break;
             }
