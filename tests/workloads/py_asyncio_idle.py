@@ -1,6 +1,6 @@
 # An asyncio event loop that is mostly idle: three tasks, each doing ~3 ms of CPU work in
 # `task_work` then `await asyncio.sleep(0.02)`, for SECONDS. The loop waits in its selector
-# (BaseEventLoop._run_once -> selector.select -> epoll_wait) about 80% of the time, with no
+# (BaseEventLoop._run_once -> selector.select -> epoll_wait) up to two thirds of the time, with no
 # task's code on the stack: the off-CPU tests check that this wait is named `asyncio_idle`.
 #
 # Usage: python3 py_asyncio_idle.py SECONDS

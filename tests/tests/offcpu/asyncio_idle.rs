@@ -12,8 +12,11 @@ fn function(frame: &str) -> &str {
 }
 
 /// `py_asyncio_idle.py`: three tasks that work 3 ms and sleep 20 ms, for 2 s. The loop's waits
-/// in its selector (`_run_once` → `select`) are under `[off-cpu: asyncio_idle]`: at least 1 s of
-/// them (the loop is idle ~80% of the 2 s), and none of those waits under another reason.
+/// in its selector (`_run_once` → `select`) are under `[off-cpu: asyncio_idle]`: at least 0.6 s
+/// of them, and none of those waits under another reason. The loop's one thread works about
+/// 9 ms of every 29 ms, so it is idle about two thirds of the 2 s at best, less on a slow host
+/// (a CI run measured 0.975 s of waits beside 0.94 s of the process's CPU, start-up included:
+/// the bound was 1 s).
 pub(super) fn asyncio_idle(interp: &Interp) {
     require_offcpu_profiling();
     let _lock = profiling_lock();
@@ -65,9 +68,9 @@ pub(super) fn asyncio_idle(interp: &Interp) {
         other as f64 / 1e9
     );
     assert!(
-        idle >= 1_000_000_000 && other == 0,
+        idle >= 600_000_000 && other == 0,
         "{}: the event loop's selector waits: {idle} ns under [off-cpu: asyncio_idle] (expected \
-         at least 1 s), {other} ns under another root (expected none), e.g.\n{}\n{out}",
+         at least 0.6 s), {other} ns under another root (expected none), e.g.\n{}\n{out}",
         interp.label,
         examples.join("\n")
     );
