@@ -41,6 +41,7 @@ use symbolizer::python::walk::{CodeInfo, TypeAddrs, STR_HASH};
 
 use spans::{span_proc, NativeCtx, Published, Spans};
 
+mod read_ahead;
 mod spans;
 
 /// Times a process that is not (yet) Python is looked at after it appeared or exec'd: a
@@ -70,12 +71,6 @@ const DETECT_QUICK_MAX: Duration = Duration::from_millis(4);
 /// start-up); then [`DETECT_TRIES`] more as for any program, 25 ms apart and only after a
 /// sample (a loader stopped, traced or starved is not given up on while it does not run).
 const DETECT_QUICK_TRIES: u32 = 60;
-
-/// Frames walked per read-ahead period, over every process (a 1024-frame recursion in 16
-/// threads), checked a thread at a time: a period of code objects already named costs about
-/// 30 ms of spanprof's CPU (1.85 µs a frame measured with 50 threads 32 frames deep), more when
-/// many are new (each is read and named), so the drains between are not held up long.
-pub const READ_AHEAD_FRAMES: usize = 16 * 1024;
 
 /// Token flag: the frame is the outermost of one call of the interpreter loop.
 pub const TOKEN_ENTRY: u64 = 1 << 63;
@@ -476,58 +471,6 @@ impl Python {
         self.native.remove(&pid);
         if self.enabled {
             self.set_proc(pid, Proc::pending());
-        }
-    }
-
-    /// Names the code objects on the stacks of every Python process's threads every `every`
-    /// (`None`: never). For off-CPU sessions: a thread blocked until its process exits (a final
-    /// `join` or sleep) sends its sample as the interpreter frees the code objects it names, so
-    /// they are named while it waits. Costs a walk of each thread's frames (one read each, and
-    /// three more for a code object not named yet) per process per period, at most
-    /// [`READ_AHEAD_FRAMES`] frames a period. Done by [`Python::read_ahead_if_due`], which the
-    /// caller calls between drains.
-    pub fn set_read_ahead(&mut self, every: Option<Duration>) {
-        self.read_ahead = every.map(|e| (e, Instant::now() + e));
-    }
-
-    /// When due (see [`Python::set_read_ahead`]), names the code objects on the threads' stacks
-    /// of every Python process found, [`READ_AHEAD_FRAMES`] frames at most in all; the
-    /// processes are taken in turn, starting after the last one read the time before.
-    pub fn read_ahead_if_due(&mut self) {
-        let Some((every, next)) = self.read_ahead else {
-            return;
-        };
-        let now = Instant::now();
-        if now < next {
-            return;
-        }
-        self.read_ahead = Some((every, now + every));
-        let functions = &mut self.functions;
-        let function_ids = &mut self.function_ids;
-        let mut ready: Vec<(u32, &mut Box<Ready>)> = self
-            .procs
-            .iter_mut()
-            .filter_map(|(&pid, p)| match p {
-                Proc::Ready(r) => Some((pid, r)),
-                _ => None,
-            })
-            .collect();
-        ready.sort_unstable_by_key(|&(pid, _)| pid);
-        let first = ready
-            .iter()
-            .position(|&(pid, _)| pid > self.read_ahead_last)
-            .unwrap_or(0);
-        ready.rotate_left(first);
-        let mut frames = READ_AHEAD_FRAMES;
-        for (pid, r) in ready {
-            if frames == 0 {
-                break;
-            }
-            let runtime = r.threads.runtime_addr;
-            r.names.read_ahead(runtime, &mut frames, |info| {
-                intern(functions, function_ids, function_of(info))
-            });
-            self.read_ahead_last = pid;
         }
     }
 

@@ -218,6 +218,30 @@ impl FoldedStack {
     }
 }
 
+/// Profiles a started `py_callbacks.py` (`--pid`, 2.5 s at 999 Hz), waits for it to end and
+/// judges the profile with [`callback_problems`], and the Python version it ran by `label`:
+/// the problems, the stacks and spanprof's run.
+pub fn callback_session(
+    workload: Background,
+    folded: &Path,
+    label: &str,
+) -> (Vec<String>, Vec<FoldedStack>, crate::RunOutput) {
+    let out = crate::profile_pid(workload.pid(), "2500ms", 999, &[folded], &[]);
+    let ran = workload.finish(Duration::from_secs(30));
+    ran.assert_success();
+    out.assert_success();
+    let stacks = crate::read_folded(folded);
+    let truth = last_json_line(&ran.stdout);
+    let mut problems = callback_problems(&stacks, &out.stderr, &truth, label);
+    if !truth["version"].as_str().is_some_and(|v| label.contains(v)) {
+        problems.push(format!(
+            "the workload ran {:?}, not {label}",
+            truth["version"]
+        ));
+    }
+    (problems, stacks, out)
+}
+
 /// What is wrong with a profile of `py_callbacks.py` (C code calling back into Python, many
 /// times a ms), with spanprof's `stderr`: every callback keeps its callers (`main -> run_map ->
 /// tiny`, `main -> run_sorted -> tiny_key`), no stack reads `[truncated]` (it is 3 Python frames

@@ -520,16 +520,7 @@ fn callbacks_in_rootfs(minor: u8) {
     );
     let tmp = TempDir::new("rootfs-callbacks");
     let folded = tmp.join("out.folded");
-    let out = profile_pid(workload.pid(), "2500ms", 999, &[&folded], &[]);
-    let ran = workload.finish(std::time::Duration::from_secs(30));
-    ran.assert_success();
-    out.assert_success();
-    let stacks = read_folded(&folded);
-    let truth = last_json_line(&ran.stdout);
-    let mut problems = callback_problems(&stacks, &out.stderr, &truth, &format!("sid 3.{minor}"));
-    if truth["version"].as_str() != Some(&format!("3.{minor}")) {
-        problems.push(format!("the workload ran {:?}", truth["version"]));
-    }
+    let (problems, stacks, out) = callback_session(workload, &folded, &format!("sid 3.{minor}"));
     assert!(
         problems.is_empty(),
         "sid 3.{minor}: {}\nheaviest stacks:\n{}\nspanprof: {}",

@@ -243,20 +243,24 @@ struct FrameBytes {
 /// The span of a frame's fields in every supported version is well under this.
 const FRAME_BYTES_MAX: usize = 256;
 
+/// `(offset, size)` of each frame field [`read_frame`] reads.
+fn frame_fields(off: &PyOffsets) -> impl Iterator<Item = (u64, u64)> {
+    let instr_size = match off.frame_layout {
+        FrameLayout::FrameObject { .. } => 4,
+        _ => 8,
+    };
+    [
+        (off.frame_previous, 8),
+        (off.frame_code, 8),
+        (off.frame_instr, instr_size),
+    ]
+    .into_iter()
+    .chain(off.frame_owner.map(|o| (o, 1)))
+}
+
 impl FrameBytes {
     fn read<M: ProcessMemory>(mem: &M, off: &PyOffsets, frame: u64) -> Result<Self, WalkError> {
-        let instr_size = match off.frame_layout {
-            FrameLayout::FrameObject { .. } => 4,
-            _ => 8,
-        };
-        let fields = [
-            (off.frame_previous, 8),
-            (off.frame_code, 8),
-            (off.frame_instr, instr_size),
-        ]
-        .into_iter()
-        .chain(off.frame_owner.map(|o| (o, 1)));
-        let (lo, hi) = fields.fold((u64::MAX, 0), |(lo, hi), (at, size)| {
+        let (lo, hi) = frame_fields(off).fold((u64::MAX, 0), |(lo, hi), (at, size)| {
             (lo.min(at), hi.max(at.saturating_add(size)))
         });
         let len = usize::try_from(hi - lo)
@@ -478,18 +482,8 @@ mod tests {
             let bytes = FrameBytes::read(&mem, off, frame)
                 .unwrap_or_else(|e| panic!("{:?}: {e}", off.version));
             assert!(bytes.len <= FRAME_BYTES_MAX, "{:?}", off.version);
-            let instr = match off.frame_layout {
-                FrameLayout::FrameObject { .. } => 4,
-                _ => 8,
-            };
-            let fields = [
-                (off.frame_previous, 8),
-                (off.frame_code, 8),
-                (off.frame_instr, instr),
-            ]
-            .into_iter()
-            .chain(off.frame_owner.map(|o| (o, 1)));
-            for (at, size) in fields {
+            for (at, size) in frame_fields(off) {
+                let size = size as usize;
                 let (mut one, mut alone) = (vec![0u8; size], vec![0u8; size]);
                 bytes.read(frame + at, &mut one).expect("in the span");
                 mem.read(frame + at, &mut alone).expect("fixture");

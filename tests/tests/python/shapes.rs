@@ -1,9 +1,8 @@
 //! 3. Deep stacks, generators, coroutines, callbacks from C.
 
 use spanprof_tests::{
-    callback_problems, folded_summary, is_kernel_frame, is_py_frame, last_json_line,
-    parse_py_frame, profile_pid, profiling_lock, read_folded, start_py_workload, FoldedStack,
-    TempDir,
+    callback_session, folded_summary, is_kernel_frame, is_py_frame, parse_py_frame, profile_pid,
+    profiling_lock, read_folded, start_py_workload, FoldedStack, TempDir,
 };
 
 use crate::common::{assert_no_problems, require_python_profiling, Interp};
@@ -315,12 +314,6 @@ pub(super) fn c_calling_back_into_python_keeps_its_callers(interp: &Interp) {
     let tmp = TempDir::new("py-callbacks");
     let folded = tmp.join("callbacks.folded");
     let workload = start_py_workload(&interp.path, "py_callbacks.py", &["4"]);
-    let out = profile_pid(workload.pid(), "2500ms", 999, &[&folded], &[]);
-    let ran = workload.finish(std::time::Duration::from_secs(30));
-    ran.assert_success();
-    out.assert_success();
-    let stacks = read_folded(&folded);
-    let truth = last_json_line(&ran.stdout);
-    let problems = callback_problems(&stacks, &out.stderr, &truth, &interp.label);
+    let (problems, stacks, out) = callback_session(workload, &folded, &interp.label);
     assert_no_problems(&problems, interp, &stacks, &out);
 }
