@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::ProbeKind;
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
@@ -647,14 +648,14 @@ impl Programs {
         let heap: &[(&str, &str, u64)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
         let probes: Vec<(&str, &str, u64)> = LIBC_PROBES.iter().chain(heap).copied().collect();
         let symbols: Vec<&str> = probes.iter().map(|&(_, symbol, _)| symbol).collect();
-        let (addresses, text_end) = symbolizer::symbol_addresses(module, &symbols)
+        let (heads, text_end) = symbolizer::symbol_addresses(module, &symbols)
             .unwrap_or_else(|| (vec![None; symbols.len()], 0));
         // One probe per program and address: glibc's memalign and aligned_alloc are one
         // function, whose two probes would both fire on each call.
         let mut placed = std::collections::HashSet::new();
-        for (&(name, symbol, kind), address) in probes.iter().zip(&addresses) {
-            if let Some(address) = address {
-                if !placed.insert((name, *address)) {
+        for (&(name, symbol, kind), head) in probes.iter().zip(&heads) {
+            if let Some(head) = head {
+                if !placed.insert((name, head.address)) {
                     continue;
                 }
             }
@@ -664,12 +665,21 @@ impl Programs {
                 .expect("allocation programs are in the object")
                 .try_into()
                 .map_err(aya_err("find an allocation program"))?;
-            let cookie = match (kind, address) {
+            // Past a first instruction the kernel would single-step (glibc's `free`), on an
+            // entry probe only: a return probe must sit on the entry.
+            let offset = match head {
+                Some(head) if matches!(program.kind(), ProbeKind::Entry) => {
+                    crate::probe_site::probe_offset(&head.code)
+                }
+                _ => 0,
+            };
+            let site = head.as_ref().map(|head| head.address + offset);
+            let cookie = match (kind, site) {
                 (0, _) => None,
                 // mmap's probe tells the library's own calls (malloc's chunks, thread stacks)
                 // from the program's by the library's code range; without it, it would count
                 // malloc's large chunks twice: no mmap probe then.
-                (ALLOC_MMAP, Some(at)) if *at < 1 << 30 && text_end < 1 << 30 && text_end > 0 => {
+                (ALLOC_MMAP, Some(at)) if at < 1 << 30 && text_end < 1 << 30 && text_end > 0 => {
                     Some(kind << 60 | at << 30 | text_end)
                 }
                 (ALLOC_MMAP, _) => {
@@ -683,7 +693,7 @@ impl Programs {
                 _ => Some(kind << 60),
             };
             let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::Symbol(symbol),
+                location: UProbeAttachLocation::SymbolOffset(symbol, offset),
                 cookie,
             };
             program

@@ -19,6 +19,7 @@ use spanprof_profile::{profile, resource, write};
 
 pub mod bpf;
 pub mod preflight;
+pub mod probe_site;
 pub mod target_cpu;
 
 pub mod discover;

@@ -12,8 +12,8 @@
  * Bounds: every probed call traps (uprobes cannot be sampled), so the common path is short: a
  * hash lookup of the target and a per-CPU countdown (an mmap first reads its return address). A
  * sampled call adds send_sample's bounded work (SCRATCH_ALLOC scratch, taken with a busy flag)
- * and, for --event heap, one hash update; a free one hash delete; every return one LRU lookup
- * by thread.
+ * and, for --event heap, one hash update; a free one hash lookup (and a delete when it was
+ * sampled); every return one LRU lookup by thread.
  */
 #include "send_sample.h"
 
@@ -89,12 +89,16 @@ static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 me
 	return 0;
 }
 
-/* A free of `addr` (--event heap): a sampled allocation leaves the live table. */
+/*
+ * A free of `addr` (--event heap): a sampled allocation leaves the live table. One lookup for
+ * the others (the key holds the process, so no target check is needed; a delete of a missing
+ * key would take the bucket's lock).
+ */
 static __always_inline void free_event(__u64 addr)
 {
 	struct spanprof_alloc_key key = { .tgid = bpf_get_current_pid_tgid() >> 32, .addr = addr };
 
-	if (addr && bpf_map_lookup_elem(&target_pids, &key.tgid))
+	if (addr && bpf_map_lookup_elem(&alloc_live, &key))
 		bpf_map_delete_elem(&alloc_live, &key);
 }
 

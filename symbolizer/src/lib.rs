@@ -39,12 +39,20 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized};
 use rustc_hash::FxHashMap;
 
-/// The link-time addresses of `symbols` in the ELF file at `path` (`None` for those it lacks:
-/// aliases such as glibc's `memalign` and `aligned_alloc` share one), and the end of its last
-/// executable `PT_LOAD`. `None` when the file cannot be read.
-pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<u64>>, u64)> {
+/// A function found by [`symbol_addresses`]: its link-time address and its first bytes of code
+/// (up to 16; fewer at the end of its section), for placing a probe on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionHead {
+    pub address: u64,
+    pub code: Vec<u8>,
+}
+
+/// The functions `symbols` of the ELF file at `path` (`None` for those it lacks: aliases such as
+/// glibc's `memalign` and `aligned_alloc` share one), and the end of its last executable
+/// `PT_LOAD`. `None` when the file cannot be read.
+pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<FunctionHead>>, u64)> {
     use object::read::elf::{ElfFile64, ProgramHeader};
-    use object::{Object, ObjectSymbol};
+    use object::{Object, ObjectSection, ObjectSymbol};
     let data = std::fs::read(path).ok()?;
     let elf = ElfFile64::<object::Endianness>::parse(&*data).ok()?;
     let endian = elf.endian();
@@ -56,7 +64,7 @@ pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<u64
         })
         .map(|ph| ph.p_vaddr(endian) + ph.p_memsz(endian))
         .max()?;
-    let mut addresses = vec![None; symbols.len()];
+    let mut addresses: Vec<Option<FunctionHead>> = vec![None; symbols.len()];
     for sym in elf.dynamic_symbols().chain(elf.symbols()) {
         let (Ok(name), address) = (sym.name(), sym.address()) else {
             continue;
@@ -66,7 +74,16 @@ pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<u64
         }
         for (i, wanted) in symbols.iter().enumerate() {
             if addresses[i].is_none() && *wanted == name {
-                addresses[i] = Some(address);
+                let code = elf
+                    .sections()
+                    .find(|s| s.address() <= address && address < s.address() + s.size())
+                    .and_then(|s| {
+                        let len = (s.address() + s.size() - address).min(16);
+                        s.data_range(address, len).ok().flatten()
+                    })
+                    .unwrap_or_default()
+                    .to_vec();
+                addresses[i] = Some(FunctionHead { address, code });
             }
         }
     }
