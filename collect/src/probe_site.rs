@@ -57,12 +57,16 @@ fn scratch(low: u8, high: u8) -> bool {
 /// Whether the kernel emulates the instruction at the start of `code` (no single step):
 /// `push reg`, `jcc`, `jmp`, `call` and `nop`.
 fn emulated(code: &[u8]) -> bool {
-    match *code {
-        [0x41, 0x50..=0x57, ..] => true,
-        [0x50..=0x57, ..] | [0x70..=0x7f, _, ..] | [0xeb, _, ..] | [0x90, ..] => true,
-        [0x0f, 0x80..=0x8f, _, _, _, _, ..] | [0xe9 | 0xe8, _, _, _, _, ..] => true,
-        _ => false,
-    }
+    matches!(
+        *code,
+        [0x41, 0x50..=0x57, ..]
+            | [0x50..=0x57, ..]
+            | [0x70..=0x7f, _, ..]
+            | [0xeb, _, ..]
+            | [0x90, ..]
+            | [0x0f, 0x80..=0x8f, _, _, _, _, ..]
+            | [0xe9 | 0xe8, _, _, _, _, ..]
+    )
 }
 
 #[cfg(test)]
