@@ -33,6 +33,9 @@ pub const TRUNCATED: &str = "[truncated]";
 /// Root frame of a native stack cut at a return address in no mapped code (its callers are
 /// not known): `--unwind fp` through code without frame pointers.
 pub const UNKNOWN_CALLERS: &str = "[unknown callers: the walk left mapped code]";
+/// Leaf frame of the memory of CPython's small objects: an arena pymalloc mapped, charged to
+/// no function (the code that needed a new arena is rarely the code whose objects fill it).
+pub const PYMALLOC_ARENA: &str = "[pymalloc arena]";
 /// The whole stack of a sample without Python frames, under `--python-only`.
 pub const NO_PYTHON_FRAMES: &str = "[no python frames]";
 
@@ -346,6 +349,9 @@ pub fn assemble(
         });
         if let Some(reason) = reason {
             stack.insert(0, frames.placeholder(&reason.frame_name()));
+        }
+        if off & 1 == 0 && off & crate::resolve::ALLOC_ARENA != 0 {
+            stack.push(frames.placeholder(PYMALLOC_ARENA));
         }
         if stack.is_empty() {
             stack.push(frames.placeholder(if opts.python_only {

@@ -247,7 +247,7 @@ impl Counter {
         let span = self.span_id(r.span);
         let off = match r.event {
             EVENT_OFFCPU => r.off_cpu,
-            EVENT_ALLOC => ALLOC_KEY,
+            EVENT_ALLOC => ALLOC_KEY | r.off_cpu,
             _ => 0,
         };
         let key = (r.pid, r.tid, kid, uid, pyid, span, r.unwind, off);

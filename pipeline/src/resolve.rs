@@ -10,7 +10,7 @@
 //! modules through the unwinders, `/proc`).
 
 use profiler_common::{
-    Sample as SampleRecord, SpanRecord, EVENT_OFFCPU, MAX_PY_FRAMES, MAX_STACK_COPY,
+    Sample as SampleRecord, SpanRecord, EVENT_ALLOC, EVENT_OFFCPU, MAX_PY_FRAMES, MAX_STACK_COPY,
     MAX_STACK_DEPTH, OFFCPU_IOWAIT, OFFCPU_NO_USER, PY_NO_THREAD, PY_OK, PY_OUTER_FRAMES,
     PY_READ_FAILED, SPAN_OSP, SPAN_OSP_PARENT, SPAN_OTEL, SPAN_PUBLISHED, TASK_COMM_LEN,
     USTACK_COPY_FAULT, USTACK_COPY_NONE, USTACK_COPY_NO_REGS, USTACK_COPY_OK, USTACK_COPY_SHORT,
@@ -42,6 +42,10 @@ pub const PY_FLAGS: u8 = 31;
 /// Where a Python stack deeper than a sample holds was cut: after its innermost frames.
 const GAP_AT: usize = MAX_PY_FRAMES - PY_OUTER_FRAMES;
 
+/// [`Resolved::off_cpu`] of an allocation that is one of CPython's small-object arenas (even:
+/// off-CPU keys are odd).
+pub const ALLOC_ARENA: u32 = 4;
+
 /// One sample, resolved: what the count stage needs and nothing it would have to read.
 #[derive(Debug, Clone, Copy)]
 pub struct Resolved<'a> {
@@ -59,7 +63,8 @@ pub struct Resolved<'a> {
     pub weight: u64,
     /// The allocation's id (`--event heap`).
     pub alloc_id: u64,
-    /// The off-CPU facts its reason depends on ([`off_cpu_key`]), 0 for other events.
+    /// The off-CPU facts its reason depends on ([`off_cpu_key`]); for an allocation,
+    /// [`ALLOC_ARENA`] when it is one of pymalloc's arenas; 0 otherwise.
     pub off_cpu: u32,
     /// Kernel stack, leaf first, as lookup addresses; empty when not kept.
     pub kernel: &'a [u64],
@@ -167,6 +172,8 @@ impl Resolver {
         python: &'a mut Python,
     ) -> Resolved<'a> {
         let rec = sample.header;
+        let arena =
+            rec.event == EVENT_ALLOC && python.is_arena(rec.pid, rec.syscall_arg0, rec.weight);
         let frames = sample.python_stack();
         let mut n = python.tokens(
             rec.pid,
@@ -267,10 +274,10 @@ impl Resolver {
             time_ns: rec.time_ns,
             weight: rec.weight,
             alloc_id: rec.alloc_id,
-            off_cpu: if rec.event == EVENT_OFFCPU {
-                off_cpu_key(rec)
-            } else {
-                0
+            off_cpu: match rec.event {
+                EVENT_OFFCPU => off_cpu_key(rec),
+                EVENT_ALLOC if arena => ALLOC_ARENA,
+                _ => 0,
             },
             kernel: &self.kernel[..kn],
             user: &self.user[..un],

@@ -257,7 +257,8 @@ pub struct SampleHeader {
     pub syscall_nr: i32,
     /// [`EVENT_OFFCPU`]: `OFFCPU_*` flags.
     pub offcpu_flags: u32,
-    /// [`EVENT_OFFCPU`]: the system call's first argument.
+    /// [`EVENT_OFFCPU`]: the system call's first argument; [`EVENT_ALLOC`]: the return address
+    /// of the allocation function's caller when the kernel read it (`mmap`), else 0.
     pub syscall_arg0: u64,
     /// [`EVENT_ALLOC`]: the allocation's id, its key in the heap's live table ([`LiveAlloc`]).
     pub alloc_id: u64,

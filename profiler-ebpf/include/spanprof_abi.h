@@ -247,7 +247,7 @@ struct spanprof_sample {
 	__u64 blocked_ns; /* SPANPROF_EVENT_OFFCPU: the blocked time measured in the intervals */
 	__s32 syscall_nr;    /* the system call it blocked in and returned from, or -1 */
 	__u32 offcpu_flags;  /* SPANPROF_OFFCPU_* */
-	__u64 syscall_arg0;  /* its first argument */
+	__u64 syscall_arg0;  /* its first argument; SPANPROF_EVENT_ALLOC: the caller's return address (mmap), or 0 */
 	/*
 	 * SPANPROF_EVENT_ALLOC: the allocation's id (CPU << 56 | a per-CPU counter), the key under
 	 * which --event heap finds it in `alloc_live` while it is not freed.

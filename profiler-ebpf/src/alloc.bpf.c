@@ -31,9 +31,10 @@ static __always_inline __s64 draw_gap(void)
 /*
  * One allocation of `size` bytes by the current thread: counted down, and when the countdown
  * runs out, sent as a sample with its user and Python stacks and span context. In user mode (a
- * uprobe), so there is no kernel stack.
+ * uprobe), so there is no kernel stack. `caller` is the allocation function's return address
+ * when it was read (mmap: user space tells CPython's arenas by it), else 0.
  */
-static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 memptr)
+static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 memptr, __u64 caller)
 {
 	__u64 id = bpf_get_current_pid_tgid(), serial;
 	__u32 tgid = id >> 32, zero = 0;
@@ -76,6 +77,7 @@ static __always_inline int alloc_event(struct pt_regs *ctx, __u64 size, __u64 me
 		s->weight = size;
 		s->alloc_id = ((__u64)s->cpu << 56) | (serial & ((1ULL << 56) - 1));
 		s->kstack_len = 0;
+		s->syscall_arg0 = caller;
 		if (alloc_heap) {
 			call.alloc_id = s->alloc_id;
 			call.size = size;
@@ -170,7 +172,7 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 	default:
 		return 0;
 	}
-	return alloc_event(ctx, size, memptr);
+	return alloc_event(ctx, size, memptr, caller);
 }
 
 /* munmap(addr, length). */

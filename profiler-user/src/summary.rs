@@ -24,6 +24,7 @@ use crate::wording::{
     amount, estimated, memory_text, millis, no_samples_text, sampling, size, total_weight,
     unit_suffix,
 };
+use spanprof_pipeline::assemble::PYMALLOC_ARENA;
 use std::time::Duration;
 
 /// Functions by self weight (the leaf frame's display name; [`Profile::weight`]: samples,
@@ -488,9 +489,22 @@ fn memory_tops(profile: &Profile, out: &mut String) {
             .iter()
             .fold(0u64, |t, s| t.saturating_add(bytes(s)));
         let _ = writeln!(out, "top functions (self, {what}):");
+        let mut arenas = 0;
         for (name, w) in top {
             let share = 100.0 * w as f64 / all as f64;
             let _ = writeln!(out, "  {share:>5.1}%  {:>10}  {name}", size(w));
+            if name == PYMALLOC_ARENA {
+                arenas = w;
+            }
+        }
+        if arenas > 0 {
+            let _ = writeln!(
+                out,
+                "  ({PYMALLOC_ARENA}: {} of CPython's small objects (512 bytes or less), in the \
+                 arenas pymalloc mapped, each under the code that needed a new one, which is not \
+                 necessarily the code whose objects fill it)",
+                size(arenas)
+            );
         }
     }
     if !any {
