@@ -33,6 +33,12 @@
 //!   ±20% of its truth (each 10 033-byte object is sampled with p = 1.9%: ~760 samples, σ =
 //!   3.6%, so ±20% is 5.5σ); `churn`, whose truth is 0, at most 1% of leak's truth (~8 sampled
 //!   allocations whose frees were missed).
+//! - `python_small_leak_arenas_*` (pyenv 3.11, 3.13; `--event heap`, default rate):
+//!   `tests/workloads/py_small_leak.py` leaks 100 000 small tuples of two ints (12 MB) from
+//!   `leak_fn` while `churn_fn` allocates and frees ~6 MiB of short strs a round, so the
+//!   pymalloc arenas the leaked objects live in were mapped for churn_fn: the arenas' bytes must
+//!   sit under the leaf frame `[pymalloc arena]` (at least half of leak_fn's bytes), churn_fn
+//!   hold at most 1% of the bytes in use outside it, and the summary say how much is in arenas.
 //! - `native_every_allocation` (`--event alloc,heap --alloc-rate 1`): `alloc_sizes` (built by
 //!   `cargo xtask workloads` from `xtask/workloads/alloc_sizes.c`) makes known malloc, calloc,
 //!   realloc, posix_memalign, aligned_alloc and memalign calls from one function each: sample
@@ -72,6 +78,7 @@ use profile::{
 };
 use py_alloc::python_alloc;
 use py_leak::python_heap_leak;
+use py_small_leak::python_small_leak_arenas;
 use sampling::{p_sampled, sigma_bytes, sigma_count};
 
 mod common;
@@ -79,6 +86,7 @@ mod native;
 mod profile;
 mod py_alloc;
 mod py_leak;
+mod py_small_leak;
 mod sampling;
 
 // ---------------------------------------------------------------------------
@@ -132,6 +140,20 @@ fn python_heap_leak_3_12() {
 #[test]
 fn python_heap_leak_debian_3_11() {
     python_heap_leak(&Interp::debian_3_11());
+}
+
+// ---------------------------------------------------------------------------
+// Python: py_small_leak.py under --event heap (small objects in pymalloc arenas)
+// ---------------------------------------------------------------------------
+
+#[test]
+fn python_small_leak_arenas_3_11() {
+    python_small_leak_arenas(&Interp::pyenv(11));
+}
+
+#[test]
+fn python_small_leak_arenas_3_13() {
+    python_small_leak_arenas(&Interp::pyenv(13));
 }
 
 // ---------------------------------------------------------------------------
