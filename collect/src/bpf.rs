@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
-use aya::programs::ProbeKind;
 use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe};
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
@@ -665,14 +664,13 @@ impl Programs {
                 .expect("allocation programs are in the object")
                 .try_into()
                 .map_err(aya_err("find an allocation program"))?;
-            // Past a first instruction the kernel would single-step (glibc's `free`), on an
-            // entry probe only: a return probe must sit on the entry.
-            let offset = match head {
-                Some(head) if matches!(program.kind(), ProbeKind::Entry) => {
-                    crate::probe_site::probe_offset(&head.code)
-                }
-                _ => 0,
-            };
+            // Past a first instruction the kernel would single-step (glibc's `free`). A return
+            // probe goes at the same place as the entry's: the return address is still at the
+            // stack pointer there, and one breakpoint serves both (the entry program reads
+            // `[sp]` before the kernel replaces it with the return trampoline).
+            let offset = head
+                .as_ref()
+                .map_or(0, |head| crate::probe_site::probe_offset(&head.code));
             let site = head.as_ref().map(|head| head.address + offset);
             let cookie = match (kind, site) {
                 (0, _) => None,

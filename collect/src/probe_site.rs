@@ -110,6 +110,9 @@ mod tests {
         assert_eq!(probe_offset(&[0x48, 0x8d, 0x7e, 0xff, 0x53]), 0);
         // sub $8,%rsp moves the stack
         assert_eq!(probe_offset(&[0x48, 0x83, 0xec, 0x08, 0x53]), 0);
+        // mov %rax,%r8 and lea -0x1(%rax),%r8 write an argument (REX.B, REX.R)
+        assert_eq!(probe_offset(&[0x49, 0x89, 0xc0, 0x53]), 0);
+        assert_eq!(probe_offset(&[0x4c, 0x8d, 0x40, 0xff, 0x53]), 0);
         // cut short
         assert_eq!(probe_offset(&[0x48, 0x85]), 0);
         assert_eq!(probe_offset(&[0x48, 0x85, 0xff, 0x0f, 0x84]), 0);

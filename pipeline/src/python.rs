@@ -41,6 +41,7 @@ use symbolizer::python::walk::{CodeInfo, TypeAddrs, STR_HASH};
 
 use spans::{span_proc, NativeCtx, Published, Spans};
 
+mod arena;
 mod read_ahead;
 mod spans;
 
@@ -200,10 +201,8 @@ struct Merge {
     /// every frame is its own call and says nothing about C code in between.
     markers: bool,
     native_trusted: bool,
-    /// Run-time ranges of the interpreter module's code and the size of its small-object
-    /// arenas: an anonymous mmap of that size called from there is one of pymalloc's arenas.
-    arena_callers: Vec<(u64, u64)>,
-    arena_size: u64,
+    /// Where the process's pymalloc arenas are mapped from, and their size.
+    arenas: arena::Arenas,
 }
 
 #[derive(Debug)]
@@ -771,13 +770,7 @@ impl Python {
                 markers: !matches!(offsets.frame_layout, FrameLayout::FrameObject { .. }),
                 native_trusted: process.frame_pointers,
                 eval_ranges: process.eval_ranges,
-                arena_callers: code_ranges(pid, &process.module),
-                // ARENA_BITS: 18 up to 3.9, 20 (USE_LARGE_ARENAS, 64-bit) from 3.10.
-                arena_size: if version.minor <= 9 {
-                    256 << 10
-                } else {
-                    1 << 20
-                },
+                arenas: arena::Arenas::new(pid, &process.module, version.minor),
             },
             // Set when the entry is written (flush); until then no sample is judged by it.
             since_ns: u64::MAX,
@@ -786,20 +779,14 @@ impl Python {
     }
 
     /// Whether an allocation of `size` bytes whose caller returns to `caller` is one of
-    /// pymalloc's arenas in `pid` (an anonymous mmap from the interpreter's module, of its arena
-    /// size): memory for small objects, not held by the code that happened to need a new arena.
+    /// pymalloc's arenas in `pid` ([`arena`]).
     pub fn is_arena(&self, pid: u32, caller: u64, size: u64) -> bool {
-        let merge = match self.procs.get(&pid) {
-            Some(Proc::Ready(ready)) => &ready.merge,
-            Some(Proc::Exited(merge)) => merge,
-            _ => return false,
-        };
-        caller != 0
-            && size == merge.arena_size
-            && merge
-                .arena_callers
-                .iter()
-                .any(|&(s, e)| (s..e).contains(&caller))
+        match self.procs.get(&pid) {
+            Some(Proc::Ready(ready)) => ready.merge.arenas.holds(caller, size),
+            Some(Proc::Exited(merge)) => merge.arenas.holds(caller, size),
+            Some(Proc::Pending { .. }) | None => arena::before_detection(pid, caller, size),
+            Some(Proc::Skipped) => false,
+        }
     }
 
     /// The interned-stack tokens of a sample's recorded frames, into `out` (as many as fit).
@@ -1000,14 +987,3 @@ pub fn py_proc(process: &PythonProcess, o: &PyOffsets) -> Result<PyProc, String>
 
 #[cfg(test)]
 mod tests;
-
-/// The run-time ranges of `module`'s executable mappings in `pid` (empty if they cannot be read).
-fn code_ranges(pid: u32, module: &std::path::Path) -> Vec<(u64, u64)> {
-    let module = module.to_string_lossy();
-    symbolizer::mapped::read_maps(pid)
-        .unwrap_or_default()
-        .iter()
-        .filter(|m| m.is_exec() && m.file_path() == module)
-        .map(|m| (m.start, m.end))
-        .collect()
-}

@@ -489,20 +489,25 @@ fn memory_tops(profile: &Profile, out: &mut String) {
             .iter()
             .fold(0u64, |t, s| t.saturating_add(bytes(s)));
         let _ = writeln!(out, "top functions (self, {what}):");
-        let mut arenas = 0;
         for (name, w) in top {
             let share = 100.0 * w as f64 / all as f64;
             let _ = writeln!(out, "  {share:>5.1}%  {:>10}  {name}", size(w));
-            if name == PYMALLOC_ARENA {
-                arenas = w;
-            }
         }
+        let arenas = profile
+            .samples
+            .iter()
+            .filter(|s| {
+                s.frames.last().is_some_and(|&leaf| {
+                    profile.frames[leaf as usize].display_name() == PYMALLOC_ARENA
+                })
+            })
+            .fold(0u64, |t, s| t.saturating_add(bytes(s)));
         if arenas > 0 {
             let _ = writeln!(
                 out,
-                "  ({PYMALLOC_ARENA}: {} of CPython's small objects (512 bytes or less), in the \
-                 arenas pymalloc mapped, each under the code that needed a new one, which is not \
-                 necessarily the code whose objects fill it)",
+                "  ({PYMALLOC_ARENA}: {} of arenas CPython's small-object allocator mapped for \
+                 objects of 512 bytes or less, each under the code that needed a new arena, which \
+                 is not necessarily the code whose objects fill it)",
                 size(arenas)
             );
         }

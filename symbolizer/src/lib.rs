@@ -76,7 +76,11 @@ pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<Fun
             if addresses[i].is_none() && *wanted == name {
                 let code = elf
                     .sections()
-                    .find(|s| s.address() <= address && address < s.address() + s.size())
+                    .find(|s| {
+                        s.kind() == object::SectionKind::Text
+                            && s.address() <= address
+                            && address < s.address() + s.size()
+                    })
                     .and_then(|s| {
                         let len = (s.address() + s.size() - address).min(16);
                         s.data_range(address, len).ok().flatten()

@@ -12,22 +12,28 @@
 #   mapped it blames churn_fn for leak_fn's objects. (strs, not tuples: CPython keeps up to 2000
 #   freed tuples of each size on a free list and hands them out again without the allocator, so
 #   tuples churn_fn freed would be leak_fn's without any allocation.)
+# - mapped_fn(n): maps n anonymous 1 MiB mappings with the mmap module, kept to the end: the
+#   size of a 3.10+ arena, but mapped by the mmap extension module, not by pymalloc, so they
+#   are mapped_fn's own (a check that not every 1 MiB mmap is taken for an arena).
 #
-# main() runs ROUNDS rounds of leak_fn(store, PER_ROUND) then churn_fn(CHURN), and ends with
+# main() calls mapped_fn(MAPPED) first, then runs ROUNDS rounds of leak_fn(store, PER_ROUND) then churn_fn(CHURN), and ends with
 # os._exit(0), without the interpreter's finalization: what leak_fn kept is still allocated.
 #
 # Truth, from sys.getsizeof (the sizes CPython asks its allocators for):
 # - leak_fn: "objects" tuples and 2 x "objects" ints, and the list's item array
 #   (sys.getsizeof(store) - sys.getsizeof([])): "inuse_bytes", all in use at the end;
-# - churn_fn: "allocated_bytes" (its strs and its arrays, about), 0 in use at the end.
+# - churn_fn: "allocated_bytes" (its strs and its arrays, about), 0 in use at the end;
+# - mapped_fn: "inuse_bytes", MAPPED x 1 MiB.
 #
 # Usage: python3 py_small_leak.py [--wait] [ROUNDS [PER_ROUND [CHURN]]]  (default 20 5000 100000)
 #   --wait: after `ready PID`, wait for SIGUSR1 before any work
 # Prints `ready PID` on stderr at start and, when done, one JSON line:
 #   {"pid": PID, "python": "3.11.7",
 #    "leak_fn": {"objects": N, "inuse_bytes": B},
-#    "churn_fn": {"allocated_bytes": B, "inuse_bytes": 0}}
+#    "churn_fn": {"allocated_bytes": B, "inuse_bytes": 0},
+#    "mapped_fn": {"inuse_bytes": B}}
 import json
+import mmap
 import os
 import platform
 import signal
@@ -42,6 +48,13 @@ def leak_fn(store, n, base):
 def churn_fn(n):
     junk = ["c%d" % i for i in range(n)]
     return sum(map(sys.getsizeof, junk)) + sys.getsizeof(junk)
+
+
+MAPPED = 8
+
+
+def mapped_fn(n):
+    return [mmap.mmap(-1, 1 << 20) for _ in range(n)]
 
 
 def main():
@@ -59,6 +72,7 @@ def main():
     print("ready", os.getpid(), file=sys.stderr, flush=True)
     if wait:
         signal.sigwait({signal.SIGUSR1})
+    mapped = mapped_fn(MAPPED)
     store = []
     churned = 0
     # Numbers from 1000 up: no small int CPython caches (-5..256).
@@ -76,6 +90,7 @@ def main():
                 "python": platform.python_version(),
                 "leak_fn": {"objects": len(store), "inuse_bytes": objects + array},
                 "churn_fn": {"allocated_bytes": churned, "inuse_bytes": 0},
+                "mapped_fn": {"inuse_bytes": len(mapped) << 20},
             }
         ),
         flush=True,

@@ -84,7 +84,8 @@ const S_SPAN_NEW: u64 = 64;
 const S_WEIGHT: u64 = 128;
 /// Sample flag: the allocation id follows.
 const S_ALLOC_ID: u64 = 256;
-/// Sample flag: the off-CPU facts follow.
+/// Sample flag: the off-CPU facts follow (an allocation's: `resolve::ALLOC_ARENA` for a pymalloc arena;
+/// recordings made before it had none, and replay shows their arenas as plain mmaps).
 const S_OFF_CPU: u64 = 512;
 /// Every sample flag.
 const S_ALL: u64 = 1023;
