@@ -17,7 +17,8 @@ use aya::programs::{BtfTracePoint, PerfEvent, ProgramType, RawTracePoint, UProbe
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::{
     AllocKey, ErrorCode, LiveAlloc, OffCpuTask, PyProc, SpanProc, Target, ALLOC_CALLOC, ALLOC_GAPS,
-    ALLOC_MALLOC, ALLOC_MEMALIGN, ALLOC_MMAP, ALLOC_POSIX_MEMALIGN, ALLOC_REALLOC, ERROR_COUNT,
+    ALLOC_MALLOC, ALLOC_MEMALIGN, ALLOC_MMAP, ALLOC_POSIX_MEMALIGN, ALLOC_PY_ARENA,
+    ALLOC_PY_CALLOC, ALLOC_PY_FREE, ALLOC_PY_MALLOC, ALLOC_PY_REALLOC, ALLOC_REALLOC, ERROR_COUNT,
     SCRATCH_SLOTS, TARGET_EXPLICIT,
 };
 
@@ -106,6 +107,8 @@ pub struct AllocOptions {
     pub rate: u64,
     /// Track sampled allocations to their free, for the memory in use at the end.
     pub heap: bool,
+    /// Probe CPython's object allocator too ([`Programs::attach_python_allocator`]).
+    pub python: bool,
 }
 
 /// (program, symbol, function kind for the `on_alloc` cookie) of the C library's probes.
@@ -636,12 +639,7 @@ impl Programs {
         let Some(alloc) = self.alloc else {
             return Ok(());
         };
-        let meta = std::fs::metadata(module).map_err(|e| LoadError::Aya {
-            what: "open the C library",
-            detail: format!("{name}: {e}"),
-        })?;
-        use std::os::unix::fs::MetadataExt;
-        if !self.probed.insert((meta.dev(), meta.ino())) {
+        if !self.first_probe_of(module, name)? {
             return Ok(());
         }
         let heap: &[(&str, &str, u64)] = if alloc.heap { LIBC_HEAP_PROBES } else { &[] };
@@ -649,25 +647,8 @@ impl Programs {
         let symbols: Vec<&str> = probes.iter().map(|&(_, symbol, _)| symbol).collect();
         let (heads, text_end) = symbolizer::symbol_addresses(module, &symbols)
             .unwrap_or_else(|| (vec![None; symbols.len()], 0));
-        // One probe per program and address: glibc's memalign and aligned_alloc are one
-        // function, whose two probes would both fire on each call.
         let mut placed = std::collections::HashSet::new();
-        for (&(name, symbol, kind), head) in probes.iter().zip(&heads) {
-            if let Some(head) = head {
-                if !placed.insert((name, head.address)) {
-                    continue;
-                }
-            }
-            let program: &mut UProbe = self
-                .ebpf
-                .program_mut(name)
-                .expect("allocation programs are in the object")
-                .try_into()
-                .map_err(aya_err("find an allocation program"))?;
-            // Past a first instruction the kernel would single-step (glibc's `free`). A return
-            // probe goes at the same place as the entry's: the return address is still at the
-            // stack pointer there, and one breakpoint serves both (the entry program reads
-            // `[sp]` before the kernel replaces it with the return trampoline).
+        for (&(program, symbol, kind), head) in probes.iter().zip(&heads) {
             let offset = head
                 .as_ref()
                 .map_or(0, |head| crate::probe_site::probe_offset(&head.code));
@@ -682,38 +663,173 @@ impl Programs {
                 }
                 (ALLOC_MMAP, _) => {
                     eprintln!(
-                        "spanprof: warning: {}: mmap or the code's end not found: anonymous \
-                         mappings (CPython's small-object arenas) are not counted",
-                        name
+                        "spanprof: warning: {name}: mmap or the code's end not found: anonymous \
+                         mappings (CPython's small-object arenas) are not counted"
                     );
                     continue;
                 }
                 _ => Some(kind << 60),
             };
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::SymbolOffset(symbol, offset),
+            self.attach_probe(
+                (module, name),
+                (program, symbol),
+                head.as_ref(),
                 cookie,
-            };
-            program
-                .attach(point, module, UProbeScope::AllProcesses)
-                .map_err(|e| {
-                    let detail = one_line(&e);
-                    // Measured on 6.18: a uprobe's perf_event_open wants CAP_SYS_ADMIN, where
-                    // CAP_PERFMON is enough for the other events.
-                    let hint = if detail.contains("Permission denied")
-                        && !crate::preflight::has_sys_admin()
-                    {
-                        " (missing capability CAP_SYS_ADMIN: this kernel attaches uprobes, \
-                         which --event alloc and heap need, only with it)"
+                &mut placed,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Puts the probes of CPython's object allocator (`--python-allocators`) on the interpreter
+    /// module `module` (libpython or the executable), as [`Programs::attach_allocator`] does on
+    /// the C library. Returns whether the allocator is probed: `false` when `--python-allocators`
+    /// was not asked for, or when the module's symbol table lacks pymalloc's functions (a
+    /// stripped build), whose small objects are then seen through their arenas only.
+    pub fn attach_python_allocator(
+        &mut self,
+        module: &Path,
+        name: &str,
+    ) -> Result<bool, LoadError> {
+        let Some(alloc) = self.alloc.filter(|a| a.python) else {
+            return Ok(false);
+        };
+        let symbols = [
+            "_PyObject_Malloc",
+            "_PyObject_Calloc",
+            "_PyObject_Realloc",
+            "_PyObject_Free",
+            "_PyObject_ArenaMmap",
+            "_PyMem_ArenaAlloc",
+        ];
+        let Some((heads, _)) = symbolizer::symbol_addresses(module, &symbols) else {
+            return Ok(false);
+        };
+        let [Some(malloc), Some(calloc), Some(realloc), Some(free), ..] = &heads[..] else {
+            return Ok(false);
+        };
+        // Its arenas must not count besides their objects: 3.8-3.11 and 3.12+ name it apart.
+        let Some((arena_symbol, arena)) = symbols[4..]
+            .iter()
+            .zip(&heads[4..])
+            .find_map(|(s, h)| Some((*s, h.as_ref()?)))
+        else {
+            return Ok(false);
+        };
+        if !self.first_probe_of(module, name)? {
+            return Ok(true);
+        }
+        // A call from inside _PyObject_Realloc (3.13 moves a block with a call, 3.11 inlines
+        // it) is the block realloc moves, which its own probe counts.
+        let site = malloc.address + crate::probe_site::probe_offset(&malloc.code);
+        let delta = realloc.address.wrapping_sub(site) as i64;
+        let inside = if i32::try_from(delta).is_ok() && realloc.size < 1 << 16 {
+            realloc.size << 32 | (delta as u64 & 0xffff_ffff)
+        } else {
+            0
+        };
+        let mut probes = vec![
+            (
+                "on_alloc",
+                "_PyObject_Malloc",
+                malloc,
+                ALLOC_PY_MALLOC << 60 | inside,
+            ),
+            (
+                "on_alloc",
+                "_PyObject_Calloc",
+                calloc,
+                ALLOC_PY_CALLOC << 60,
+            ),
+            (
+                "on_alloc",
+                "_PyObject_Realloc",
+                realloc,
+                ALLOC_PY_REALLOC << 60,
+            ),
+            ("on_alloc", arena_symbol, arena, ALLOC_PY_ARENA << 60),
+        ];
+        if alloc.heap {
+            probes.extend([
+                ("on_free", "_PyObject_Free", free, ALLOC_PY_FREE << 60),
+                ("on_alloc_return", "_PyObject_Malloc", malloc, 0),
+                ("on_alloc_return", "_PyObject_Calloc", calloc, 0),
+                ("on_alloc_return", "_PyObject_Realloc", realloc, 0),
+            ]);
+        }
+        let mut placed = std::collections::HashSet::new();
+        for (program, symbol, head, cookie) in probes {
+            let cookie = (cookie != 0).then_some(cookie);
+            self.attach_probe(
+                (module, name),
+                (program, symbol),
+                Some(head),
+                cookie,
+                &mut placed,
+            )?;
+        }
+        Ok(true)
+    }
+
+    /// Whether `module` is not probed yet (and is from now on).
+    fn first_probe_of(&mut self, module: &Path, name: &str) -> Result<bool, LoadError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(module).map_err(|e| LoadError::Aya {
+            what: "open a module to probe",
+            detail: format!("{name}: {e}"),
+        })?;
+        Ok(self.probed.insert((meta.dev(), meta.ino())))
+    }
+
+    /// Attaches allocation program `program` to `symbol` of `module` (`head`: where it is,
+    /// when known), with `cookie`. One probe per program and address: glibc's memalign and
+    /// aligned_alloc are one function, whose two probes would both fire on each call.
+    fn attach_probe(
+        &mut self,
+        (module, name): (&Path, &str),
+        (program, symbol): (&str, &str),
+        head: Option<&symbolizer::FunctionHead>,
+        cookie: Option<u64>,
+        placed: &mut std::collections::HashSet<(String, u64)>,
+    ) -> Result<(), LoadError> {
+        if let Some(head) = head {
+            if !placed.insert((program.to_owned(), head.address)) {
+                return Ok(());
+            }
+        }
+        // Past a first instruction the kernel would single-step (glibc's `free`). A return
+        // probe goes at the same place as the entry's: the return address is still at the
+        // stack pointer there, and one breakpoint serves both (the entry program reads `[sp]`
+        // before the kernel replaces it with the return trampoline).
+        let offset = head.map_or(0, |head| crate::probe_site::probe_offset(&head.code));
+        let uprobe: &mut UProbe = self
+            .ebpf
+            .program_mut(program)
+            .expect("allocation programs are in the object")
+            .try_into()
+            .map_err(aya_err("find an allocation program"))?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::SymbolOffset(symbol, offset),
+            cookie,
+        };
+        uprobe
+            .attach(point, module, UProbeScope::AllProcesses)
+            .map_err(|e| {
+                let detail = one_line(&e);
+                // Measured on 6.18: a uprobe's perf_event_open wants CAP_SYS_ADMIN, where
+                // CAP_PERFMON is enough for the other events.
+                let hint =
+                    if detail.contains("Permission denied") && !crate::preflight::has_sys_admin() {
+                        " (missing capability CAP_SYS_ADMIN: this kernel attaches uprobes, which \
+                     --event alloc and heap need, only with it)"
                     } else {
                         ""
                     };
-                    LoadError::Aya {
-                        what: "attach the allocation probes",
-                        detail: format!("{name} ({symbol}): {detail}{hint}"),
-                    }
-                })?;
-        }
+                LoadError::Aya {
+                    what: "attach the allocation probes",
+                    detail: format!("{name} ({symbol}): {detail}{hint}"),
+                }
+            })?;
         Ok(())
     }
 

@@ -14,6 +14,10 @@ use crate::python::Python;
 #[derive(Debug)]
 pub(crate) struct Probes {
     pub(crate) enabled: bool,
+    /// `--python-allocators`: CPython's object allocator is probed too.
+    pub(crate) python: bool,
+    /// Interpreter modules found without pymalloc's symbols (warned about once each).
+    pub(crate) unprobed: std::collections::HashSet<String>,
 }
 
 impl Probes {
@@ -61,13 +65,53 @@ impl Probes {
     }
 
     /// Probes the C library of the CPython processes found since the last call, when it is
-    /// another one than those probed already (a container's).
+    /// another one than those probed already (a container's), and with `--python-allocators`
+    /// their interpreter's object allocator.
     pub(crate) fn python(&mut self, programs: &mut Programs, python: &mut Python) {
         for pid in python.take_new_processes() {
             if let Err(e) = self.libc_of(programs, pid) {
                 eprintln!("spanprof: warning: pid {pid}: {e:#}");
             }
+            if let Err(e) = self.pymalloc_of(programs, python, pid) {
+                eprintln!("spanprof: warning: pid {pid}: {e:#}");
+            }
         }
+    }
+
+    /// Probes the object allocator of `pid`'s interpreter (`--python-allocators`), once per
+    /// module file; says once per module when its symbol table lacks it.
+    fn pymalloc_of(&mut self, programs: &mut Programs, python: &Python, pid: u32) -> Result<()> {
+        if !self.python {
+            return Ok(());
+        }
+        let Some(module) = python.interpreter_module(pid) else {
+            return Ok(());
+        };
+        let module = module.to_string_lossy().into_owned();
+        let Ok(maps) = symbolizer::mapped::read_maps(pid) else {
+            return Ok(());
+        };
+        let Some(map) = maps.iter().find(|m| m.is_exec() && m.file_path() == module) else {
+            return Ok(());
+        };
+        let (file, _) = symbolizer::mapped::open_mapped(pid, map).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot open {module} ({e}): its small objects are seen through their arenas \
+                 only ([pymalloc arena])"
+            )
+        })?;
+        use std::os::fd::AsRawFd;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        if !programs.attach_python_allocator(&path, &module)?
+            && self.unprobed.insert(module.clone())
+        {
+            eprintln!(
+                "spanprof: warning: pid {pid}: {module} has no symbol of pymalloc \
+                 (_PyObject_Malloc, its arena allocator; a stripped build): its small objects \
+                 are seen through their arenas only ([pymalloc arena]), not by --python-allocators"
+            );
+        }
+        Ok(())
     }
 }
 

@@ -85,6 +85,8 @@ impl Collector {
             // alone (measured on 6.18: two worker threads' 64 MiB were not seen).
             probes: Probes {
                 enabled: options.events.in_bytes(),
+                python: options.events.in_bytes() && options.python_allocators,
+                unprobed: Default::default(),
             },
             python: Python::new(true, options.spans),
             symbolizer: Symbolizer::new(),

@@ -201,6 +201,10 @@ pub struct Options {
     /// Bytes between two sampled allocations on average (1: every allocation), with memory
     /// events. Default [`DEFAULT_ALLOC_RATE`].
     pub alloc_rate: u64,
+    /// With memory events, also probe CPython's object allocator (pymalloc) in the Python
+    /// processes whose symbol table has it, so small objects are charged to the code that
+    /// allocates them rather than seen through their arenas. Default off.
+    pub python_allocators: bool,
     /// Off-CPU intervals shorter than this are not counted. Default
     /// [`crate::offcpu::DEFAULT_MIN`] (5 µs).
     pub offcpu_min: Duration,
@@ -224,6 +228,7 @@ impl Default for Options {
             frequency: DEFAULT_FREQUENCY,
             events: EventSet::Cpu,
             alloc_rate: DEFAULT_ALLOC_RATE,
+            python_allocators: false,
             offcpu_min: humantime::parse_duration(crate::offcpu::DEFAULT_MIN)
                 .expect("a valid default"),
             ring_buffer_size: DEFAULT_RING_BUFFER_BYTES,
@@ -326,6 +331,7 @@ impl Options {
             alloc: self.events.in_bytes().then_some(crate::bpf::AllocOptions {
                 rate: self.alloc_rate,
                 heap: self.events.heap(),
+                python: self.python_allocators,
             }),
         }
     }

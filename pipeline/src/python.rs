@@ -778,6 +778,14 @@ impl Python {
         })
     }
 
+    /// The module holding `pid`'s interpreter (as its maps name it), once found.
+    pub fn interpreter_module(&self, pid: u32) -> Option<&std::path::Path> {
+        match self.procs.get(&pid) {
+            Some(Proc::Ready(ready)) => Some(ready.merge.arenas.module()),
+            _ => None,
+        }
+    }
+
     /// Whether an allocation of `size` bytes whose caller returns to `caller` is one of
     /// pymalloc's arenas in `pid` ([`arena`]).
     pub fn is_arena(&self, pid: u32, caller: u64, size: u64) -> bool {

@@ -312,6 +312,21 @@ pub const ALLOC_POSIX_MEMALIGN: u64 = 5;
 /// `mmap`: the cookie's low 60 bits hold its link-time address (bits 30..59) and the end of
 /// the library's code (bits 0..29).
 pub const ALLOC_MMAP: u64 = 6;
+/// CPython's `_PyObject_Malloc(ctx, size)` (`--python-allocators`): the cookie's low 48 bits
+/// hold where `_PyObject_Realloc` starts relative to the probe (signed, bits 0..31) and its
+/// length (bits 32..47).
+pub const ALLOC_PY_MALLOC: u64 = 7;
+/// `_PyObject_Calloc(ctx, nelem, elsize)`.
+pub const ALLOC_PY_CALLOC: u64 = 8;
+/// `_PyObject_Realloc(ctx, ptr, size)`.
+pub const ALLOC_PY_REALLOC: u64 = 9;
+/// `_PyObject_Free(ctx, ptr)`, the `on_free` probe's cookie.
+pub const ALLOC_PY_FREE: u64 = 10;
+/// pymalloc's arena allocator (`_PyObject_ArenaMmap`, `_PyMem_ArenaAlloc`): its mmap is not
+/// counted.
+pub const ALLOC_PY_ARENA: u64 = 11;
+/// The largest request pymalloc serves (`SMALL_REQUEST_THRESHOLD`, 3.8+).
+pub const PY_SMALL_REQUEST: u64 = 512;
 
 /// Key of the `alloc_live` map: a process and an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -276,6 +276,20 @@ struct spanprof_sample {
 #define SPANPROF_ALLOC_MEMALIGN 4	/* aligned_alloc, memalign */
 #define SPANPROF_ALLOC_POSIX_MEMALIGN 5
 #define SPANPROF_ALLOC_MMAP 6
+/*
+ * CPython's object allocator (--python-allocators): pymalloc's own functions, reached through
+ * the allocator hooks (PyObject_Malloc, PyMem_Malloc), each with the hooks' context first.
+ * _PyObject_Malloc's cookie holds, in its low 48 bits, where _PyObject_Realloc starts relative
+ * to the probe (signed, bits 0..31) and its length (bits 32..47): a call from there is a block
+ * realloc moves, which the realloc probe counts.
+ */
+#define SPANPROF_ALLOC_PY_MALLOC 7
+#define SPANPROF_ALLOC_PY_CALLOC 8
+#define SPANPROF_ALLOC_PY_REALLOC 9
+#define SPANPROF_ALLOC_PY_FREE 10  /* the on_free probe's cookie: the pointer is the 2nd argument */
+#define SPANPROF_ALLOC_PY_ARENA 11 /* _PyObject_ArenaMmap, _PyMem_ArenaAlloc: its mmap is no allocation */
+/* pymalloc serves requests of at most this many bytes (SMALL_REQUEST_THRESHOLD, 3.8+). */
+#define SPANPROF_PY_SMALL_REQUEST 512
 
 /*
  * Key of `alloc_live`: a process and an address (a forked child has its parent's addresses: the

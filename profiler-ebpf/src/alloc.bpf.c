@@ -104,6 +104,33 @@ static __always_inline void free_event(__u64 addr)
 		bpf_map_delete_elem(&alloc_live, &key);
 }
 
+/*
+ * --python-allocators: the thread entered pymalloc's arena allocator, which maps `size` bytes
+ * next. Out of line, as arena_mmap: their keys' stack slots stay out of on_alloc's frame, which
+ * the sample path's deepest calls add to (the verifier's 512-byte limit).
+ */
+static __noinline int arena_enter(__u64 size)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	bpf_map_update_elem(&arena_calls, &tid, &size, BPF_ANY);
+	return 0;
+}
+
+/* Whether the thread's mmap of `len` bytes is the one its arena allocator makes. */
+static __noinline int arena_mmap(__u64 len)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 *pending = bpf_map_lookup_elem(&arena_calls, &tid);
+	int mine;
+
+	if (!pending)
+		return 0;
+	mine = *pending == len;
+	bpf_map_delete_elem(&arena_calls, &tid);
+	return mine;
+}
+
 /* glibc hands an alignment of at most MALLOC_ALIGNMENT (16 on x86_64) to its malloc. */
 #define GLIBC_MALLOC_ALIGNMENT 16
 
@@ -115,7 +142,9 @@ static __always_inline void free_event(__u64 addr)
  * probe's address minus the first, and calls from inside the library are not counted (malloc's
  * own large chunks, counted by the malloc probe; pthread_create's thread stacks). Only anonymous
  * mappings are allocations (file mappings are code and data); CPython's arenas of small objects
- * are such mappings.
+ * are such mappings. With --python-allocators, pymalloc's functions are probed too (their
+ * requests of 512 bytes or less: the larger ones reach the C library) and an arena's mmap is
+ * not counted.
  */
 SEC("uprobe")
 int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
@@ -161,6 +190,9 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 	case SPANPROF_ALLOC_MMAP: /* mmap(addr, length, prot, flags, fd, offset) */
 		if (!(a3 & MAP_ANONYMOUS))
 			return 0;
+		/* pymalloc's arena, whose objects the CPython probes count (--python-allocators). */
+		if (arena_mmap(a1))
+			return 0;
 		if (data) {
 			base = PT_REGS_IP(ctx) - (data >> 30);
 			if (!bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx)) &&
@@ -169,9 +201,44 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 		}
 		size = a1;
 		break;
+	case SPANPROF_ALLOC_PY_MALLOC: /* _PyObject_Malloc(ctx, size) */
+		/* Not a block _PyObject_Realloc moves (counted by its own probe). */
+		limit = (__u64)(__s64)(__s32)data;
+		base = PT_REGS_IP(ctx) + limit;
+		if ((data >> 32) &&
+		    !bpf_probe_read_user(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx)) &&
+		    caller >= base && caller < base + (data >> 32)) {
+			return 0;
+		}
+		caller = 0;
+		size = a1;
+		break;
+	case SPANPROF_ALLOC_PY_CALLOC: /* _PyObject_Calloc(ctx, nelem, elsize) */
+		if (a2) {
+			limit = ~0ULL / a2;
+			asm volatile("" : "+r"(limit));
+			if (a1 > limit)
+				return 0;
+		}
+		size = a1 * a2;
+		break;
+	case SPANPROF_ALLOC_PY_REALLOC: /* _PyObject_Realloc(ctx, ptr, size) */
+		/* realloc(NULL, n) jumps to _PyObject_Malloc, whose probe counts it. */
+		if (!a1)
+			return 0;
+		if (alloc_heap)
+			free_event(a1);
+		size = a2;
+		break;
+	case SPANPROF_ALLOC_PY_ARENA: /* _PyObject_ArenaMmap(ctx, size), _PyMem_ArenaAlloc */
+		return arena_enter(a1);
 	default:
 		return 0;
 	}
+	/* Larger requests (and 0) go to the C library's allocator, whose probes count them. */
+	if ((cookie >> 60) >= SPANPROF_ALLOC_PY_MALLOC &&
+	    (size == 0 || size > SPANPROF_PY_SMALL_REQUEST))
+		return 0;
 	return alloc_event(ctx, size, memptr, caller);
 }
 
@@ -183,10 +250,11 @@ int BPF_KPROBE(on_munmap, __u64 addr)
 	return 0;
 }
 
+/* free(ptr); _PyObject_Free(ctx, ptr) with the cookie SPANPROF_ALLOC_PY_FREE. */
 SEC("uprobe")
-int BPF_KPROBE(on_free, __u64 ptr)
+int BPF_KPROBE(on_free, __u64 a0, __u64 a1)
 {
-	free_event(ptr);
+	free_event(bpf_get_attach_cookie(ctx) >> 60 == SPANPROF_ALLOC_PY_FREE ? a1 : a0);
 	return 0;
 }
 

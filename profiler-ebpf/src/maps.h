@@ -285,6 +285,17 @@ SPANPROF_MAP struct {
 	__type(value, struct alloc_call);
 } alloc_calls SEC(".maps");
 
+/*
+ * --python-allocators: a thread inside pymalloc's arena allocator, with the size it maps: that
+ * mmap is not counted (the objects carved from the arena are).
+ */
+SPANPROF_MAP struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* tid */
+	__type(value, __u64);
+} arena_calls SEC(".maps");
+
 /* Sampled allocations not freed yet, by address (--event heap); read by user space at the end. */
 SPANPROF_MAP struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -136,6 +136,11 @@ pub(crate) struct ProfileArgs {
         spanprof_profile::profile::DEFAULT_ALLOC_RATE
     ))]
     pub(crate) alloc_rate: Option<u64>,
+    /// With alloc or heap: also probe CPython's small-object allocator (pymalloc), so objects
+    /// of 512 bytes or less are charged to the code that allocates them, not seen through the
+    /// arenas they fill; needs the interpreter's symbol table; slows Python code much more
+    #[arg(long)]
+    pub(crate) python_allocators: bool,
     #[arg(long, value_name = "DURATION", help = format!(
         "With offcpu or wall: blocked intervals shorter than this are not counted \
          [default: {}]",
@@ -467,6 +472,9 @@ pub(crate) fn sampling_options(args: &ProfileArgs) -> Result<collect::Options, F
     if args.alloc_rate.is_some() && !events.in_bytes() {
         return Err(usage("--alloc-rate needs --event alloc or heap"));
     }
+    if args.python_allocators && !events.in_bytes() {
+        return Err(usage("--python-allocators needs --event alloc or heap"));
+    }
     if args.offcpu_min.is_some() && !events.off_cpu() {
         return Err(usage("--offcpu-min needs --event offcpu or wall"));
     }
@@ -475,6 +483,7 @@ pub(crate) fn sampling_options(args: &ProfileArgs) -> Result<collect::Options, F
         frequency: args.frequency,
         events,
         alloc_rate: args.alloc_rate.unwrap_or(defaults.alloc_rate),
+        python_allocators: args.python_allocators,
         offcpu_min: match &args.offcpu_min {
             Some(d) => parse_duration(d)?,
             None => defaults.offcpu_min,

@@ -44,6 +44,8 @@ use rustc_hash::FxHashMap;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FunctionHead {
     pub address: u64,
+    /// The symbol's size (0 when the symbol table does not say).
+    pub size: u64,
     pub code: Vec<u8>,
 }
 
@@ -87,7 +89,11 @@ pub fn symbol_addresses(path: &Path, symbols: &[&str]) -> Option<(Vec<Option<Fun
                     })
                     .unwrap_or_default()
                     .to_vec();
-                addresses[i] = Some(FunctionHead { address, code });
+                addresses[i] = Some(FunctionHead {
+                    address,
+                    size: sym.size(),
+                    code,
+                });
             }
         }
     }

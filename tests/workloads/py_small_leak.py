@@ -19,13 +19,16 @@
 # main() calls mapped_fn(MAPPED) first, then runs ROUNDS rounds of leak_fn(store, PER_ROUND) then churn_fn(CHURN), and ends with
 # os._exit(0), without the interpreter's finalization: what leak_fn kept is still allocated.
 #
-# Truth, from sys.getsizeof (the sizes CPython asks its allocators for):
+# Truth, the sizes CPython asks its allocators for: sys.getsizeof, but for an int of one digit,
+# which 3.11+ allocates with sizeof(PyLongObject), 32 bytes (_PyLong_FromMedium), where
+# sys.getsizeof says 28 (its digits only; 3.8-3.10 ask 28):
 # - leak_fn: "objects" tuples and 2 x "objects" ints, and the list's item array
 #   (sys.getsizeof(store) - sys.getsizeof([])): "inuse_bytes", all in use at the end;
 # - churn_fn: "allocated_bytes" (its strs and its arrays, about), 0 in use at the end;
 # - mapped_fn: "inuse_bytes", MAPPED x 1 MiB.
 #
-# Usage: python3 py_small_leak.py [--wait] [ROUNDS [PER_ROUND [CHURN]]]  (default 20 5000 100000)
+# Usage: python3 py_small_leak.py [--wait] [ROUNDS [PER_ROUND [CHURN [MAPPED]]]]
+#        (default 20 5000 100000 8)
 #   --wait: after `ready PID`, wait for SIGUSR1 before any work
 # Prints `ready PID` on stderr at start and, when done, one JSON line:
 #   {"pid": PID, "python": "3.11.7",
@@ -50,9 +53,6 @@ def churn_fn(n):
     return sum(map(sys.getsizeof, junk)) + sys.getsizeof(junk)
 
 
-MAPPED = 8
-
-
 def mapped_fn(n):
     return [mmap.mmap(-1, 1 << 20) for _ in range(n)]
 
@@ -63,16 +63,16 @@ def main():
     if wait:
         args = args[1:]
     numbers = [int(a) for a in args]
-    rounds, per_round, churn = (numbers + [20, 5000, 100_000][len(numbers):])[:3]
-    if min(rounds, per_round, churn) < 1 or len(numbers) > 3:
-        sys.exit("usage: py_small_leak.py [--wait] [ROUNDS [PER_ROUND [CHURN]]]  (all >= 1)")
+    rounds, per_round, churn, mapped = (numbers + [20, 5000, 100_000, 8][len(numbers):])[:4]
+    if min(rounds, per_round, churn) < 1 or mapped < 0 or len(numbers) > 4:
+        sys.exit("usage: py_small_leak.py [--wait] [ROUNDS [PER_ROUND [CHURN [MAPPED]]]]")
     if wait:
         # Blocked first, so that a SIGUSR1 sent as soon as `ready` is read is not lost.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     print("ready", os.getpid(), file=sys.stderr, flush=True)
     if wait:
         signal.sigwait({signal.SIGUSR1})
-    mapped = mapped_fn(MAPPED)
+    mapped = mapped_fn(mapped)
     store = []
     churned = 0
     # Numbers from 1000 up: no small int CPython caches (-5..256).
@@ -81,7 +81,8 @@ def main():
         leak_fn(store, per_round, base)
         base += per_round + 1
         churned += churn_fn(churn)
-    objects = sum(sys.getsizeof(t) + sys.getsizeof(t[0]) + sys.getsizeof(t[1]) for t in store)
+    int_request = 32 if sys.version_info >= (3, 11) else sys.getsizeof(base)
+    objects = sum(sys.getsizeof(t) + 2 * int_request for t in store)
     array = sys.getsizeof(store) - sys.getsizeof([])
     print(
         json.dumps(

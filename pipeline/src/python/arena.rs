@@ -16,6 +16,8 @@ pub(super) struct Arenas {
     /// Run-time ranges of the interpreter module's code.
     callers: Vec<(u64, u64)>,
     size: u64,
+    /// The interpreter's module, as `/proc/PID/maps` names it.
+    module: std::path::PathBuf,
 }
 
 impl Arenas {
@@ -32,7 +34,12 @@ impl Arenas {
         Arenas {
             callers,
             size: if minor <= 9 { 256 << 10 } else { 1 << 20 },
+            module: std::path::PathBuf::from(module.as_ref()),
         }
+    }
+
+    pub(super) fn module(&self) -> &Path {
+        &self.module
     }
 
     /// Whether an allocation of `size` bytes whose caller returns to `caller` is an arena.

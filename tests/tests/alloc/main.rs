@@ -78,7 +78,7 @@ use profile::{
 };
 use py_alloc::python_alloc;
 use py_leak::python_heap_leak;
-use py_small_leak::python_small_leak_arenas;
+use py_small_leak::{python_small_leak_allocators, python_small_leak_arenas};
 use sampling::{p_sampled, sigma_bytes, sigma_count};
 
 mod common;
@@ -154,6 +154,16 @@ fn python_small_leak_arenas_3_11() {
 #[test]
 fn python_small_leak_arenas_3_13() {
     python_small_leak_arenas(&Interp::pyenv(13));
+}
+
+#[test]
+fn python_small_leak_allocators_3_11() {
+    python_small_leak_allocators(&Interp::pyenv(11));
+}
+
+#[test]
+fn python_small_leak_allocators_3_13() {
+    python_small_leak_allocators(&Interp::pyenv(13));
 }
 
 // ---------------------------------------------------------------------------

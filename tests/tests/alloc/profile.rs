@@ -307,6 +307,19 @@ pub(super) fn profile_gated(
     event: &str,
     outputs: &[&Path],
 ) -> (RunOutput, RunOutput) {
+    profile_gated_with(python, script, args, event, &[], outputs)
+}
+
+/// [`profile_gated`] with more of spanprof's arguments.
+#[track_caller]
+pub(super) fn profile_gated_with(
+    python: &Path,
+    script: &str,
+    args: &[&str],
+    event: &str,
+    spanprof_extra: &[&str],
+    outputs: &[&Path],
+) -> (RunOutput, RunOutput) {
     let mut workload_args = vec!["--wait"];
     workload_args.extend(args);
     let workload = start_py_workload(python, script, &workload_args);
@@ -317,6 +330,7 @@ pub(super) fn profile_gated(
         "--pid",
         workload.pid().to_string()
     ];
+    spanprof_args.extend(spanprof_extra.iter().map(std::ffi::OsString::from));
     for out in outputs {
         spanprof_args.extend(args!["-o", out]);
     }
