@@ -44,6 +44,8 @@
 #
 # Usage: python3 py_alloc.py [--wait] [SMALL_MIB [ROUNDS]]
 #        python3 py_alloc.py --bench UNITS   (the target of `cargo xtask bench --only alloc`)
+#        python3 py_alloc.py --bench-malloc UNITS   (its malloc-heavy target: 1000 malloc+free
+#                                                    of 600-3999 bytes a unit)
 #   SMALL_MIB: getsizeof bytes of small objects to make, in MiB (default 320)
 #   ROUNDS:    rounds of 64 x 1 MiB in big_buffers (default 5)
 #   --wait:    after `ready PID`, wait for SIGUSR1 before any work (so that a
@@ -150,7 +152,17 @@ def bench_unit():
     return len(rows) + len(text) + len(blobs) + len(big)
 
 
-def bench(units):
+def malloc_unit():
+    """One unit of the malloc-heavy benchmark: 1000 bytes objects of 600 to 3999 bytes, each made
+    and freed at once: 1000 malloc and 1000 free calls (bytes(n) asks PyObject_Malloc for n + 33
+    bytes, which hands requests over 512 bytes to the C library), little else."""
+    n = 0
+    for i in range(1000):
+        n += len(bytes(600 + (i * 37) % 3400))
+    return n
+
+
+def bench(units, unit=bench_unit):
     """The allocation benchmark's target: prints its pid on stdout, waits for a byte on stdin
     (so that a profiler attaches before the work starts), runs `units` units of bench_unit()
     and prints one JSON line: the loop's wall time (perf_counter) and CPU time (process_time,
@@ -163,7 +175,7 @@ def bench(units):
     wall0, cpu0 = time.perf_counter(), time.process_time()
     n = 0
     for _ in range(units):
-        n += bench_unit()
+        n += unit()
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(
@@ -184,6 +196,9 @@ def bench(units):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--bench":
         bench(int(sys.argv[2]))
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "--bench-malloc":
+        bench(int(sys.argv[2]), malloc_unit)
         return
     args = sys.argv[1:]
     wait = args[:1] == ["--wait"]

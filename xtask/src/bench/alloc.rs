@@ -36,7 +36,13 @@
 //!   CPU time (`wait4` of spanprof, which includes its command's, less the target's own
 //!   `getrusage`); the output's size; samples lost.
 //!
-//! Every round's raw measurements go to `target/bench/alloc_rounds.txt`.
+//! - The same again with the malloc-heavy target, `py_alloc.py --bench-malloc 1000`: 1 M
+//!   malloc+free of 600-3999 bytes from a Python loop (~0.65 s alone), the worst case of a
+//!   probe on every call (goals: `--event alloc` no slower than memray, `--event heap` at
+//!   most 5 times the time alone).
+//!
+//! Every round's raw measurements go to `target/bench/alloc_rounds.txt` (malloc-heavy:
+//! `alloc_malloc_rounds.txt`).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -58,9 +64,43 @@ pub struct Config {
     pub rounds: usize,
     /// The interpreter of the target (a pyenv CPython: memray is installed for it).
     pub python: PathBuf,
-    /// Units of `py_alloc.py --bench` work (~0.9 ms each alone).
+    /// Units of work (`--bench`: ~0.9 ms each alone; `--bench-malloc`: ~0.65 ms).
     pub units: u64,
+    pub workload: Workload,
+    /// `--alloc-units` as given (the mixed workload's units), for the command line shown.
+    pub alloc_units: u64,
 }
+
+/// The target's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// `py_alloc.py --bench`: Python objects of all sizes, a few hundred thousand calls of the
+    /// malloc family a second.
+    Mixed,
+    /// `py_alloc.py --bench-malloc`: 1000 malloc+free of 600-3999 bytes a unit, about 1.5
+    /// million calls a second: the worst case of a probe on every call.
+    MallocHeavy,
+}
+
+impl Workload {
+    fn arg(self) -> &'static str {
+        match self {
+            Workload::Mixed => "--bench",
+            Workload::MallocHeavy => "--bench-malloc",
+        }
+    }
+
+    /// The goals of the wall-time row.
+    fn goal(self) -> &'static str {
+        match self {
+            Workload::Mixed => "≤ 1.2 for `--event alloc`",
+            Workload::MallocHeavy => "`--event alloc` ≤ memray, `--event heap` ≤ 5",
+        }
+    }
+}
+
+/// Units of the malloc-heavy workload: 1 M malloc+free, ~0.65 s alone.
+pub const MALLOC_HEAVY_UNITS: u64 = 1000;
 
 /// The default amount of work: about 3.5 s alone.
 pub const DEFAULT_UNITS: u64 = 4000;
@@ -230,7 +270,7 @@ fn run_one(
     let target: Vec<OsString> = vec![
         cfg.python.clone().into(),
         script.into(),
-        "--bench".into(),
+        cfg.workload.arg().into(),
         units.into(),
     ];
     let output = match conf {
@@ -524,7 +564,11 @@ pub fn run(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result
         }
         results.push(round);
     }
-    std::fs::write(out_dir.join("alloc_rounds.txt"), format!("{results:#?}\n"))?;
+    let rounds_file = match cfg.workload {
+        Workload::Mixed => "alloc_rounds.txt",
+        Workload::MallocHeavy => "alloc_malloc_rounds.txt",
+    };
+    std::fs::write(out_dir.join(rounds_file), format!("{results:#?}\n"))?;
     let python_version = version(&cfg.python, &["--version"], &[]);
     let memray_version = version(
         &cfg.python,
@@ -704,14 +748,14 @@ fn table(
         })
         .collect();
     format!(
-        "Run of `cargo xtask bench --only alloc --rounds {n} --alloc-units {units}` on {machine}: \
-         target `py_alloc.py --bench {units}` ({python_version}, memray {memray_version}) alone \
+        "Run of `cargo xtask bench --only alloc --rounds {n} --alloc-units {alloc_units}` on \
+         {machine}: target `py_alloc.py {arg} {units}` ({python_version}, memray {memray_version}) alone \
          {alone_wall:.3} s wall, {alone_cpu:.3} s CPU for its loop, {calls:.0} calls of the \
          malloc family per run ({rate:.0} per second alone; as recorded by spanprof with \
          `--alloc-rate 1`, lost samples included) (medians).\n\n\
          | figure | {heads} | goal |\n\
          |---|---|---|---|---|---|\n\
-         | loop wall time, profiled / alone (median of {n} interleaved rounds) | {wall_row} | ≤ 1.2 for `--event alloc` |\n\
+         | loop wall time, profiled / alone (median of {n} interleaved rounds) | {wall_row} | {goal} |\n\
          | loop CPU time, profiled / alone (median) | {cpu_row} | |\n\
          | target process CPU time, profiled / alone (median; memray's set-up included) | {process_row} | |\n\
          | CPU time added to the loop per malloc-family call, (profiled − alone) / calls (median) | {added_row} | |\n\
@@ -725,6 +769,9 @@ fn table(
          | samples lost (all rounds) | {lost_row} | |\n\n\
          spanprof's summaries (last round): {summaries}\n",
         units = cfg.units,
+        arg = cfg.workload.arg(),
+        goal = cfg.workload.goal(),
+        alloc_units = cfg.alloc_units,
         machine = machine(),
         rate = calls / alone_wall,
         heads = Conf::PROFILED

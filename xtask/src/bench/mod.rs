@@ -216,12 +216,21 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
         None
     };
     let alloc_table = if wants(Part::Alloc) {
-        let alloc_cfg = alloc::Config {
-            rounds: cfg.rounds,
-            python: cfg.python.clone(),
-            units: cfg.alloc_units,
-        };
-        Some(alloc::run(root, spanprof, &out_dir, &alloc_cfg)?)
+        let mut tables = Vec::new();
+        for (workload, units) in [
+            (alloc::Workload::Mixed, cfg.alloc_units),
+            (alloc::Workload::MallocHeavy, alloc::MALLOC_HEAVY_UNITS),
+        ] {
+            let alloc_cfg = alloc::Config {
+                rounds: cfg.rounds,
+                python: cfg.python.clone(),
+                units,
+                workload,
+                alloc_units: cfg.alloc_units,
+            };
+            tables.push(alloc::run(root, spanprof, &out_dir, &alloc_cfg)?);
+        }
+        Some(tables.join("\n"))
     } else {
         None
     };
