@@ -686,10 +686,14 @@ impl Programs {
     /// the C library. Returns whether the allocator is probed: `false` when `--python-allocators`
     /// was not asked for, or when the module's symbol table lacks pymalloc's functions (a
     /// stripped build), whose small objects are then seen through their arenas only.
+    /// `minor` is the interpreter's 3.x version: 3.8 inlines `realloc(NULL, n)`, and the arena
+    /// size is 256 KiB up to 3.9, 1 MiB from 3.10 (3.11+ map their frame stacks with the same
+    /// function, which stay allocations).
     pub fn attach_python_allocator(
         &mut self,
         module: &Path,
         name: &str,
+        minor: u8,
     ) -> Result<bool, LoadError> {
         let Some(alloc) = self.alloc.filter(|a| a.python) else {
             return Ok(false);
@@ -745,9 +749,15 @@ impl Programs {
                 "on_alloc",
                 "_PyObject_Realloc",
                 realloc,
-                ALLOC_PY_REALLOC << 60,
+                ALLOC_PY_REALLOC << 60 | u64::from(minor <= 8),
             ),
-            ("on_alloc", arena_symbol, arena, ALLOC_PY_ARENA << 60),
+            // Last: its failure leaves every arena counted, besides objects already probed.
+            (
+                "on_alloc",
+                arena_symbol,
+                arena,
+                ALLOC_PY_ARENA << 60 | if minor <= 9 { 256 << 10 } else { 1 << 20 },
+            ),
         ];
         if alloc.heap {
             probes.extend([

@@ -102,7 +102,11 @@ impl Probes {
         })?;
         use std::os::fd::AsRawFd;
         let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-        if !programs.attach_python_allocator(&path, &module)?
+        let minor = python
+            .runtime_version(pid)
+            .and_then(|v| v.split('.').nth(1)?.parse().ok())
+            .unwrap_or(0);
+        if !programs.attach_python_allocator(&path, &module, minor)?
             && self.unprobed.insert(module.clone())
         {
             eprintln!(

@@ -131,6 +131,31 @@ static __noinline int arena_mmap(__u64 len)
 	return mine;
 }
 
+/*
+ * --python-allocators: _PyObject_Realloc counted a shrink of `ptr` to a small size; if `ptr` is
+ * the C library's, it is passed on to realloc, whose probe must not count it again. (A stale
+ * entry is harmless: a pymalloc block is never the C library's.)
+ */
+static __noinline int py_realloc_enter(__u64 ptr)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	bpf_map_update_elem(&py_reallocs, &tid, &ptr, BPF_ANY);
+	return 0;
+}
+
+/* Whether the thread's realloc of `ptr` is the one _PyObject_Realloc counted already. */
+static __noinline int py_realloc_passed(__u64 ptr)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 *passed = bpf_map_lookup_elem(&py_reallocs, &tid);
+
+	if (!passed || *passed != ptr)
+		return 0;
+	bpf_map_delete_elem(&py_reallocs, &tid);
+	return 1;
+}
+
 /* glibc hands an alignment of at most MALLOC_ALIGNMENT (16 on x86_64) to its malloc. */
 #define GLIBC_MALLOC_ALIGNMENT 16
 
@@ -171,6 +196,9 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 	case SPANPROF_ALLOC_REALLOC: /* realloc(ptr, size) */
 		/* glibc's realloc(NULL, n) is its malloc(n), whose probe counts it. */
 		if (!a0)
+			return 0;
+		/* Counted by _PyObject_Realloc's probe (--python-allocators), which passed it on. */
+		if (py_realloc_passed(a0))
 			return 0;
 		if (alloc_heap)
 			free_event(a0);
@@ -223,15 +251,27 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 		size = a1 * a2;
 		break;
 	case SPANPROF_ALLOC_PY_REALLOC: /* _PyObject_Realloc(ctx, ptr, size) */
-		/* realloc(NULL, n) jumps to _PyObject_Malloc, whose probe counts it. */
-		if (!a1)
-			return 0;
-		if (alloc_heap)
-			free_event(a1);
+		/*
+		 * realloc(NULL, n) jumps to _PyObject_Malloc, whose probe counts it, from 3.9; 3.8
+		 * inlines it (the cookie's bit 0).
+		 */
+		if (!a1) {
+			if (!(data & 1))
+				return 0;
+		} else {
+			if (alloc_heap)
+				free_event(a1);
+			/* A block of the C library's it shrinks to a small size goes on to realloc. */
+			if (a2 && a2 <= SPANPROF_PY_SMALL_REQUEST)
+				py_realloc_enter(a1);
+		}
 		size = a2;
 		break;
 	case SPANPROF_ALLOC_PY_ARENA: /* _PyObject_ArenaMmap(ctx, size), _PyMem_ArenaAlloc */
-		return arena_enter(a1);
+		/* The arena size is in the cookie: the same function maps 3.11+'s frame stacks. */
+		if (a1 == data)
+			return arena_enter(a1);
+		return 0;
 	default:
 		return 0;
 	}

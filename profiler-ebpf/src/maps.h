@@ -296,6 +296,14 @@ SPANPROF_MAP struct {
 	__type(value, __u64);
 } arena_calls SEC(".maps");
 
+/* --python-allocators: a block _PyObject_Realloc counted and may pass on to realloc, by thread. */
+SPANPROF_MAP struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32); /* tid */
+	__type(value, __u64);
+} py_reallocs SEC(".maps");
+
 /* Sampled allocations not freed yet, by address (--event heap); read by user space at the end. */
 SPANPROF_MAP struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
