@@ -751,7 +751,7 @@ impl Programs {
                 realloc,
                 ALLOC_PY_REALLOC << 60 | u64::from(minor <= 8),
             ),
-            // Last: its failure leaves every arena counted, besides objects already probed.
+            // After the object probes: its failure leaves every arena counted besides them.
             (
                 "on_alloc",
                 arena_symbol,

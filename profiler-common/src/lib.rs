@@ -318,12 +318,13 @@ pub const ALLOC_MMAP: u64 = 6;
 pub const ALLOC_PY_MALLOC: u64 = 7;
 /// `_PyObject_Calloc(ctx, nelem, elsize)`.
 pub const ALLOC_PY_CALLOC: u64 = 8;
-/// `_PyObject_Realloc(ctx, ptr, size)`.
+/// `_PyObject_Realloc(ctx, ptr, size)`; the cookie's bit 0: `realloc(NULL, n)` is inlined
+/// (3.8), so this probe counts it.
 pub const ALLOC_PY_REALLOC: u64 = 9;
 /// `_PyObject_Free(ctx, ptr)`, the `on_free` probe's cookie.
 pub const ALLOC_PY_FREE: u64 = 10;
 /// pymalloc's arena allocator (`_PyObject_ArenaMmap`, `_PyMem_ArenaAlloc`): its mmap is not
-/// counted.
+/// counted when of the arena size, the cookie's low bits.
 pub const ALLOC_PY_ARENA: u64 = 11;
 /// The largest request pymalloc serves (`SMALL_REQUEST_THRESHOLD`, 3.8+).
 pub const PY_SMALL_REQUEST: u64 = 512;

@@ -285,9 +285,9 @@ struct spanprof_sample {
  */
 #define SPANPROF_ALLOC_PY_MALLOC 7
 #define SPANPROF_ALLOC_PY_CALLOC 8
-#define SPANPROF_ALLOC_PY_REALLOC 9
+#define SPANPROF_ALLOC_PY_REALLOC 9 /* cookie bit 0: realloc(NULL, n) inlined (3.8), counted here */
 #define SPANPROF_ALLOC_PY_FREE 10  /* the on_free probe's cookie: the pointer is the 2nd argument */
-#define SPANPROF_ALLOC_PY_ARENA 11 /* _PyObject_ArenaMmap, _PyMem_ArenaAlloc: its mmap is no allocation */
+#define SPANPROF_ALLOC_PY_ARENA 11 /* _PyObject_ArenaMmap, _PyMem_ArenaAlloc; cookie: arena size */
 /* pymalloc serves requests of at most this many bytes (SMALL_REQUEST_THRESHOLD, 3.8+). */
 #define SPANPROF_PY_SMALL_REQUEST 512
 

@@ -13,7 +13,8 @@
  * hash lookup of the target and a per-CPU countdown (an mmap first reads its return address). A
  * sampled call adds send_sample's bounded work (SCRATCH_ALLOC scratch, taken with a busy flag)
  * and, for --event heap, one hash update; a free one hash lookup (and a delete when it was
- * sampled); every return one LRU lookup by thread.
+ * sampled); every return one LRU lookup by thread; an mmap and a C library realloc one LRU
+ * lookup each (--python-allocators' arena and realloc marks).
  */
 #include "send_sample.h"
 

@@ -505,9 +505,9 @@ fn memory_tops(profile: &Profile, out: &mut String) {
         if arenas > 0 {
             let _ = writeln!(
                 out,
-                "  ({PYMALLOC_ARENA}: {} of arenas CPython's small-object allocator mapped for \
-                 objects of 512 bytes or less, each under the code that needed a new arena, which \
-                 is not necessarily the code whose objects fill it)",
+                "  ({PYMALLOC_ARENA}: {} of CPython's small-object arenas, each under the code \
+                 that needed a new one, not necessarily the code whose objects fill it; \
+                 --python-allocators names that code)",
                 size(arenas)
             );
         }

@@ -39,12 +39,11 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized};
 use rustc_hash::FxHashMap;
 
-/// A function found by [`symbol_addresses`]: its link-time address and its first bytes of code
-/// (up to 16; fewer at the end of its section), for placing a probe on it.
+/// A function found by [`symbol_addresses`], to probe: its address, its size (0: not said) and
+/// its first bytes of code (up to 16; fewer at the end of its section).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FunctionHead {
     pub address: u64,
-    /// The symbol's size (0 when the symbol table does not say).
     pub size: u64,
     pub code: Vec<u8>,
 }

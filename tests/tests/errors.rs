@@ -331,6 +331,10 @@ fn event_arguments_are_checked() {
             &["--alloc-rate needs --event alloc or heap"][..],
         ),
         (
+            &["--python-allocators"][..],
+            &["--python-allocators needs --event alloc or heap"][..],
+        ),
+        (
             &["--event", "alloc", "--alloc-rate", "0"][..],
             &["invalid --alloc-rate 0"][..],
         ),

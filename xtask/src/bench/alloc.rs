@@ -37,7 +37,7 @@
 //!   `getrusage`); the output's size; samples lost.
 //!
 //! - The same again with the malloc-heavy target, `py_alloc.py --bench-malloc 1000`: 1 M
-//!   malloc+free of 600-3999 bytes from a Python loop (~0.65 s alone), the worst case of a
+//!   malloc+free of 600-3999 bytes from a Python loop (0.65-0.8 s alone), the worst case of a
 //!   probe on every call (goals: `--event alloc` no slower than memray, `--event heap` at
 //!   most 5 times the time alone).
 //!
@@ -77,8 +77,8 @@ pub enum Workload {
     /// `py_alloc.py --bench`: Python objects of all sizes, a few hundred thousand calls of the
     /// malloc family a second.
     Mixed,
-    /// `py_alloc.py --bench-malloc`: 1000 malloc+free of 600-3999 bytes a unit, about 1.5
-    /// million calls a second: the worst case of a probe on every call.
+    /// `py_alloc.py --bench-malloc`: 1000 malloc+free of 600-3999 bytes a unit, over a million
+    /// calls a second: the worst case of a probe on every call.
     MallocHeavy,
 }
 
@@ -99,7 +99,7 @@ impl Workload {
     }
 }
 
-/// Units of the malloc-heavy workload: 1 M malloc+free, ~0.65 s alone.
+/// Units of the malloc-heavy workload: 1 M malloc+free, 0.65-0.8 s alone.
 pub const MALLOC_HEAVY_UNITS: u64 = 1000;
 
 /// The default amount of work: about 3.5 s alone.
