@@ -106,55 +106,34 @@ static __always_inline void free_event(__u64 addr)
 }
 
 /*
- * --python-allocators: the thread entered pymalloc's arena allocator, which maps `size` bytes
- * next. Out of line, as arena_mmap: their keys' stack slots stay out of on_alloc's frame, which
- * the sample path's deepest calls add to (the verifier's 512-byte limit).
+ * --python-allocators: a mark a thread leaves in `map` (by thread id) for the next call of
+ * another probed function, and its taking. The arena allocator marks the arena size, so the
+ * mmap it makes next is not counted (its objects are); _PyObject_Realloc marks a block it counted
+ * and may pass on to the C library's realloc, whose probe must not count it again (a stale mark
+ * is harmless: a pymalloc block is never the C library's). Out of line: the keys' stack slots
+ * stay out of on_alloc's frame, which the sample path's deepest calls add to (the verifier's
+ * 512-byte limit).
  */
-static __noinline int arena_enter(__u64 size)
+static __noinline int mark_thread(void *map, __u64 value)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 
-	bpf_map_update_elem(&arena_calls, &tid, &size, BPF_ANY);
+	bpf_map_update_elem(map, &tid, &value, BPF_ANY);
 	return 0;
 }
 
-/* Whether the thread's mmap of `len` bytes is the one its arena allocator makes. */
-static __noinline int arena_mmap(__u64 len)
+/* Whether the thread's mark in `map` is `value`; any mark is taken. */
+static __noinline int take_thread_mark(void *map, __u64 value)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 *pending = bpf_map_lookup_elem(&arena_calls, &tid);
-	int mine;
+	__u64 *mark = bpf_map_lookup_elem(map, &tid);
+	int same;
 
-	if (!pending)
+	if (!mark)
 		return 0;
-	mine = *pending == len;
-	bpf_map_delete_elem(&arena_calls, &tid);
-	return mine;
-}
-
-/*
- * --python-allocators: _PyObject_Realloc counted a shrink of `ptr` to a small size; if `ptr` is
- * the C library's, it is passed on to realloc, whose probe must not count it again. (A stale
- * entry is harmless: a pymalloc block is never the C library's.)
- */
-static __noinline int py_realloc_enter(__u64 ptr)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-
-	bpf_map_update_elem(&py_reallocs, &tid, &ptr, BPF_ANY);
-	return 0;
-}
-
-/* Whether the thread's realloc of `ptr` is the one _PyObject_Realloc counted already. */
-static __noinline int py_realloc_passed(__u64 ptr)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 *passed = bpf_map_lookup_elem(&py_reallocs, &tid);
-
-	if (!passed || *passed != ptr)
-		return 0;
-	bpf_map_delete_elem(&py_reallocs, &tid);
-	return 1;
+	same = *mark == value;
+	bpf_map_delete_elem(map, &tid);
+	return same;
 }
 
 /* glibc hands an alignment of at most MALLOC_ALIGNMENT (16 on x86_64) to its malloc. */
@@ -199,7 +178,7 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 		if (!a0)
 			return 0;
 		/* Counted by _PyObject_Realloc's probe (--python-allocators), which passed it on. */
-		if (py_realloc_passed(a0))
+		if (take_thread_mark(&py_reallocs, a0))
 			return 0;
 		if (alloc_heap)
 			free_event(a0);
@@ -220,7 +199,7 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 		if (!(a3 & MAP_ANONYMOUS))
 			return 0;
 		/* pymalloc's arena, whose objects the CPython probes count (--python-allocators). */
-		if (arena_mmap(a1))
+		if (take_thread_mark(&arena_calls, a1))
 			return 0;
 		if (data) {
 			base = PT_REGS_IP(ctx) - (data >> 30);
@@ -264,14 +243,14 @@ int BPF_KPROBE(on_alloc, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 				free_event(a1);
 			/* A block of the C library's it shrinks to a small size goes on to realloc. */
 			if (a2 && a2 <= SPANPROF_PY_SMALL_REQUEST)
-				py_realloc_enter(a1);
+				mark_thread(&py_reallocs, a1);
 		}
 		size = a2;
 		break;
 	case SPANPROF_ALLOC_PY_ARENA: /* _PyObject_ArenaMmap(ctx, size), _PyMem_ArenaAlloc */
 		/* The arena size is in the cookie: the same function maps 3.11+'s frame stacks. */
 		if (a1 == data)
-			return arena_enter(a1);
+			return mark_thread(&arena_calls, a1);
 		return 0;
 	default:
 		return 0;

@@ -188,6 +188,18 @@ pub(super) fn summary(out: &RunOutput) -> String {
         .join("\n")
 }
 
+/// Prints a test's report, and fails with its problems, the report and spanprof's output when
+/// there are any.
+#[track_caller]
+pub(super) fn conclude(label: &str, problems: &[String], report: &str, out: &RunOutput) {
+    println!("{report}");
+    assert!(
+        problems.is_empty(),
+        "{label}:\n- {}\n{report}\n{out}",
+        problems.join("\n- ")
+    );
+}
+
 /// One row of a table: a figure measured against its truth, with its σ and allowed error.
 pub(super) struct Row {
     pub(super) what: String,

@@ -7,8 +7,8 @@ use spanprof_tests::{
 
 use crate::common::{mb, require_alloc_profiling, Interp, ALLOC_TYPES, DEFAULT_RATE};
 use crate::profile::{
-    check_design, folded_per_function, per_function, profile_gated, render, row_problems, summary,
-    sums_of, Profile, Row,
+    check_design, conclude, folded_per_function, per_function, profile_gated, render, row_problems,
+    summary, sums_of, Profile, Row,
 };
 use crate::sampling::{expected_samples, sigma_bytes, sigma_count};
 
@@ -211,11 +211,5 @@ pub(super) fn python_alloc(interp: &Interp) {
         expected_samples(&truth.allocs("small_objects"), DEFAULT_RATE),
         summary(&out)
     );
-    println!("{report}");
-    assert!(
-        problems.is_empty(),
-        "{}:\n- {}\n{report}\n{out}",
-        interp.label,
-        problems.join("\n- ")
-    );
+    conclude(&interp.label, &problems, &report, &out);
 }

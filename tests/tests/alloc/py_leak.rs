@@ -4,8 +4,8 @@ use spanprof_tests::{last_json_line, profiling_lock, read_folded, TempDir};
 
 use crate::common::{mb, require_alloc_profiling, Interp, DEFAULT_RATE, HEAP_TYPES};
 use crate::profile::{
-    check_design, folded_per_function, per_function, profile_gated, render, row_problems, summary,
-    sums_of, Profile, Row,
+    check_design, conclude, folded_per_function, per_function, profile_gated, render, row_problems,
+    summary, sums_of, Profile, Row,
 };
 use crate::sampling::{expected_samples, sigma_bytes, sigma_count};
 
@@ -110,11 +110,5 @@ pub(super) fn python_heap_leak(interp: &Interp) {
         render(&rows),
         summary(&out)
     );
-    println!("{report}");
-    assert!(
-        problems.is_empty(),
-        "{}:\n- {}\n{report}\n{out}",
-        interp.label,
-        problems.join("\n- ")
-    );
+    conclude(&interp.label, &problems, &report, &out);
 }

@@ -6,8 +6,8 @@ use spanprof_tests::{last_json_line, profiling_lock, TempDir};
 
 use crate::common::{mb, require_alloc_profiling, Interp, DEFAULT_RATE, HEAP_TYPES};
 use crate::profile::{
-    check_design, per_function, profile_gated, profile_gated_with, render, row_problems, summary,
-    sums_of, Profile, Row,
+    check_design, conclude, per_function, profile_gated, profile_gated_with, render, row_problems,
+    summary, sums_of, Profile, Row,
 };
 use crate::sampling::sigma_bytes;
 
@@ -89,13 +89,7 @@ pub(super) fn python_small_leak_arenas(interp: &Interp) {
         mb(leak_truth),
         summary(&out)
     );
-    println!("{report}");
-    assert!(
-        problems.is_empty(),
-        "{}:\n- {}\n{report}\n{out}",
-        interp.label,
-        problems.join("\n- ")
-    );
+    conclude(&interp.label, &problems, &report, &out);
 }
 
 /// The rate of the `--python-allocators` sessions: leak_fn's 12.8 MB of 32- and 56-byte objects
@@ -190,11 +184,5 @@ pub(super) fn python_small_leak_allocators(interp: &Interp) {
         render(&rows),
         summary(&out)
     );
-    println!("{report}");
-    assert!(
-        problems.is_empty(),
-        "{}:\n- {}\n{report}\n{out}",
-        interp.label,
-        problems.join("\n- ")
-    );
+    conclude(&interp.label, &problems, &report, &out);
 }
