@@ -22,7 +22,9 @@
 #   the arrays the list outgrew (freed by realloc), which are not in use.
 # - churn: in use at the end: 0 bytes.
 #
-# Usage: python3 py_leak.py [--wait] [BATCHES [PER_BATCH]]   (default 40 x 1000)
+# Usage: python3 py_leak.py [--wait] [BATCHES [PER_BATCH [OBJECT_SIZE]]]
+#   (default 40 x 1000 objects of 10_033 bytes; OBJECT_SIZE, at least 513, is
+#   what each object asks the C library for: 65536 makes 64 KiB buffers)
 #   --wait: after `ready PID`, wait for SIGUSR1 before any work (so that a
 #           profiler attached with --pid sees every allocation from the first)
 # Prints `ready PID` on stderr at start and, when done, one JSON line:
@@ -36,6 +38,7 @@ import platform
 import signal
 import sys
 
+# The bytes objects' data size (argument OBJECT_SIZE less 33).
 SIZE = 10_000
 # What one bytes(SIZE) asks the C library for: the object header (33 bytes
 # with the trailing NUL) and the data.
@@ -59,10 +62,18 @@ def main():
     wait = args[:1] == ["--wait"]
     if wait:
         args = args[1:]
+    global SIZE, OBJECT_SIZE
     batches = int(args[0]) if len(args) > 0 else 40
     per_batch = int(args[1]) if len(args) > 1 else 1000
-    if batches < 1 or per_batch < 1 or len(args) > 2:
-        sys.exit("usage: py_leak.py [--wait] [BATCHES [PER_BATCH]]  (both >= 1)")
+    if len(args) > 2:
+        OBJECT_SIZE = int(args[2])
+        SIZE = OBJECT_SIZE - 33
+    # Objects of 512 bytes or less would be pymalloc's, not the C library's.
+    if batches < 1 or per_batch < 1 or OBJECT_SIZE <= 512 or len(args) > 3:
+        sys.exit(
+            "usage: py_leak.py [--wait] [BATCHES [PER_BATCH [OBJECT_SIZE]]]"
+            "  (counts >= 1, OBJECT_SIZE > 512)"
+        )
     if wait:
         # Blocked first, so that a SIGUSR1 sent as soon as `ready` is read is not lost.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
