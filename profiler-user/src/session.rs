@@ -413,7 +413,12 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         if s.cached + s.fetched + s.missing + s.skipped > 0 {
             let mut line = format!(
                 "spanprof: debuginfod ({}): {} debug files fetched, {} from the cache, {} not found",
-                client.urls().join(" "),
+                client
+                    .urls()
+                    .iter()
+                    .map(|u| symbolizer::debuginfod::without_credentials(u))
+                    .collect::<Vec<_>>()
+                    .join(" "),
                 s.fetched,
                 s.cached,
                 s.missing

@@ -18,6 +18,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashSet;
@@ -45,18 +46,33 @@ pub struct DebuginfodStats {
 /// A debuginfod client (see the module's documentation).
 #[derive(Debug)]
 pub struct Debuginfod {
-    urls: Vec<String>,
+    servers: Servers,
     cache: PathBuf,
-    agent: ureq::Agent,
     /// The time one request may take.
     pub request_timeout: Duration,
-    /// The time all requests may take together.
+    /// The time all requests may take together (in the foreground).
     pub budget: Duration,
     spent: Duration,
     asked: FxHashSet<String>,
     stats: DebuginfodStats,
     /// The last failure, for the summary.
     last_error: Option<String>,
+    /// In the background: the downloads' thread, and what it did.
+    worker: Option<Worker>,
+}
+
+/// The servers and the HTTP agent that asks them (cheap to clone: the agent is shared).
+#[derive(Debug, Clone)]
+struct Servers {
+    urls: Vec<String>,
+    agent: ureq::Agent,
+}
+
+/// The thread of a client in the background.
+#[derive(Debug)]
+struct Worker {
+    queue: mpsc::Sender<String>,
+    done: Arc<Mutex<(DebuginfodStats, Option<String>)>>,
 }
 
 impl Debuginfod {
@@ -78,55 +94,102 @@ impl Debuginfod {
             .build()
             .into();
         Some(Debuginfod {
-            urls,
+            servers: Servers { urls, agent },
             cache,
-            agent,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             budget: DEFAULT_BUDGET,
             spent: Duration::ZERO,
             asked: FxHashSet::default(),
             stats: DebuginfodStats::default(),
             last_error: None,
+            worker: None,
         })
     }
 
     /// The client `DEBUGINFOD_URLS` asks for (URLs separated by spaces, as elfutils reads
-    /// it), caching under `$XDG_CACHE_HOME/spanprof/debuginfod` (`$HOME/.cache/…`); `None`
-    /// when the variable is unset or empty, or there is no cache directory to use.
+    /// it), caching under [`default_cache`]; `None` when the variable is unset or empty, or
+    /// there is no cache directory to use.
     pub fn from_env() -> Option<Debuginfod> {
         let urls = std::env::var("DEBUGINFOD_URLS").ok()?;
-        // NB: a relative XDG_CACHE_HOME is ignored, as the XDG specification says.
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| Path::new(v).is_absolute())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|v| !v.is_empty())
-                    .map(|h| PathBuf::from(h).join(".cache"))
-            })?;
         Debuginfod::new(
             urls.split_whitespace().map(str::to_string).collect(),
-            base.join("spanprof").join("debuginfod"),
+            default_cache()?,
         )
+    }
+
+    /// The same client with its downloads on a thread of its own (the daemon's: a download
+    /// must not stop the collection): [`Debuginfod::fetch`] answers from the cache only and
+    /// queues a build id it does not find there, once; a later call finds the file once it is
+    /// downloaded. Each request has [`Debuginfod::request_timeout`]; there is no budget, since
+    /// the requests are one at a time, one per build id for the client's life.
+    pub fn in_background(mut self) -> Debuginfod {
+        let (queue, asked) = mpsc::channel::<String>();
+        let done = Arc::new(Mutex::new((DebuginfodStats::default(), None)));
+        let (servers, cache, timeout) = (
+            self.servers.clone(),
+            self.cache.clone(),
+            self.request_timeout,
+        );
+        let shared = Arc::clone(&done);
+        let spawned = std::thread::Builder::new()
+            .name("debuginfod".into())
+            .spawn(move || {
+                for build_id in asked {
+                    let path = cache.join(&build_id).join("debuginfo");
+                    let (got, _) = servers.download(&build_id, &path, timeout, Duration::MAX);
+                    let mut done = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    match got {
+                        Ok(_) => done.0.fetched += 1,
+                        Err(err) => {
+                            done.0.missing += 1;
+                            done.1 = Some(err);
+                        }
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => self.worker = Some(Worker { queue, done }),
+            // NB: without a thread, downloads stay in the foreground, within the budget.
+            Err(err) => self.last_error = Some(format!("no thread for downloads: {err}")),
+        }
+        self
     }
 
     /// The servers asked, in order.
     pub fn urls(&self) -> &[String] {
-        &self.urls
+        &self.servers.urls
     }
 
-    /// What it did so far.
+    /// The directory of the cache.
+    pub fn cache(&self) -> &Path {
+        &self.cache
+    }
+
+    /// What it did so far (downloads in the background included once they end).
     pub fn stats(&self) -> DebuginfodStats {
-        self.stats
+        let mut stats = self.stats;
+        if let Some(worker) = &self.worker {
+            let done = worker.done.lock().unwrap_or_else(|e| e.into_inner());
+            stats.fetched += done.0.fetched;
+            stats.missing += done.0.missing;
+        }
+        stats
     }
 
     /// Why the last request failed, if one did.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
+    pub fn last_error(&self) -> Option<String> {
+        if let Some(worker) = &self.worker {
+            let done = worker.done.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(err) = &done.1 {
+                return Some(err.clone());
+            }
+        }
+        self.last_error.clone()
     }
 
     /// The debug file of `build_id` (lower-case hex), from the cache or a server: `None` when
-    /// asked before in this session, when no server has it, or when the budget is spent.
+    /// asked before in this session, when no server has it, or when the budget is spent (in
+    /// the background: `None` until the download has ended).
     pub fn fetch(&mut self, build_id: &str) -> Option<File> {
         if !valid_build_id(build_id) {
             return None;
@@ -145,11 +208,22 @@ impl Debuginfod {
         if !self.asked.insert(build_id.to_string()) {
             return None;
         }
+        if let Some(worker) = &self.worker {
+            // NB: a send fails only when the thread is gone (it panicked): a miss.
+            if worker.queue.send(build_id.to_string()).is_err() {
+                self.stats.missing += 1;
+            }
+            return None;
+        }
         if self.spent >= self.budget {
             self.stats.skipped += 1;
             return None;
         }
-        let found = self.download(build_id, &path);
+        let left = self.budget.saturating_sub(self.spent);
+        let (found, spent) = self
+            .servers
+            .download(build_id, &path, self.request_timeout, left);
+        self.spent += spent;
         match found {
             Ok(file) => {
                 self.stats.fetched += 1;
@@ -162,26 +236,50 @@ impl Debuginfod {
             }
         }
     }
+}
 
-    /// Asks each server in turn; the first good answer is cached at `path` and returned.
-    fn download(&mut self, build_id: &str, path: &Path) -> Result<File, String> {
+/// The cache directory: `$XDG_CACHE_HOME/spanprof/debuginfod` (`$HOME/.cache/…` without it);
+/// `None` when neither is set.
+pub fn default_cache() -> Option<PathBuf> {
+    // NB: a relative XDG_CACHE_HOME is ignored, as the XDG specification says.
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| Path::new(v).is_absolute())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("spanprof").join("debuginfod"))
+}
+
+impl Servers {
+    /// Asks each server in turn, each request within `timeout` and all of them within `left`;
+    /// the first good answer is cached at `path` and returned, with the time spent.
+    fn download(
+        &self,
+        build_id: &str,
+        path: &Path,
+        timeout: Duration,
+        left: Duration,
+    ) -> (Result<File, String>, Duration) {
         let mut last = String::from("no server");
-        for url in self.urls.clone() {
-            let left = self.budget.saturating_sub(self.spent);
-            let timeout = self.request_timeout.min(left);
+        let mut spent = Duration::ZERO;
+        for url in &self.urls {
+            let timeout = timeout.min(left.saturating_sub(spent));
             if timeout.is_zero() {
                 break;
             }
             let url = format!("{url}/buildid/{build_id}/debuginfo");
             let began = Instant::now();
             let got = self.get(&url, timeout, build_id, path);
-            self.spent += began.elapsed();
+            spent += began.elapsed();
             match got {
-                Ok(file) => return Ok(file),
-                Err(err) => last = format!("{url}: {err}"),
+                Ok(file) => return (Ok(file), spent),
+                Err(err) => last = format!("{}: {err}", without_credentials(&url)),
             }
         }
-        Err(last)
+        (Err(last), spent)
     }
 
     fn get(
@@ -247,6 +345,19 @@ impl Debuginfod {
     }
 }
 
+/// `url` for messages: a user name and password in it (`http://user:secret@host/`) become
+/// `***` (`DEBUGINFOD_URLS` may hold them; a summary or a log is no place for them).
+pub fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
 /// A build id as a path component: 2 to 128 lower-case hex digits.
 fn valid_build_id(id: &str) -> bool {
     (2..=128).contains(&id.len()) && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -261,6 +372,12 @@ mod tests {
         assert!(Debuginfod::new(vec![" ".into()], PathBuf::from("/tmp")).is_none());
         let d = Debuginfod::new(vec!["http://a:1/".into(), "".into()], "/x".into()).unwrap();
         assert_eq!(d.urls(), ["http://a:1"]);
+        assert_eq!(
+            without_credentials("https://u:p@a.example:8002/x@y"),
+            "https://***@a.example:8002/x@y"
+        );
+        assert_eq!(without_credentials("http://a:1"), "http://a:1");
+        assert_eq!(without_credentials("no scheme@x"), "no scheme@x");
         assert!(valid_build_id("0123abcdef"));
         for bad in ["", "A0", "../x", "ab/cd", "0"] {
             assert!(!valid_build_id(bad), "{bad}");

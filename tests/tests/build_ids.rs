@@ -5,6 +5,9 @@
 //! copy names them: Google's pprof with the copy in `PPROF_BINARY_PATH`, found by build id,
 //! gives the true 75/25 split of `hidden_alpha` and `hidden_beta`.
 //!
+//! The same library's debug file from a local debuginfod (Debian's server), in a `profile`
+//! session and in the daemon.
+//!
 //! The build id is read by `readelf -n`, the `htlhash` computed by Python's `hashlib`, the files
 //! decoded by the independent decoders: none of it by spanprof's own code.
 
@@ -437,4 +440,98 @@ fn pprof_reads_a_python_profile_as_go_tools_expect() {
         cum("alpha"),
         cum("gamma")
     );
+}
+
+/// The function names of the frames of every OTLP file in `bins`, one set per file.
+fn otlp_function_names(bins: &[std::path::PathBuf]) -> Vec<Vec<String>> {
+    bins.iter()
+        .map(|bin| {
+            let decoded = otlp::decode_file(bin);
+            otlp::assert_valid(&decoded);
+            otlp::profiles(&decoded)
+                .into_iter()
+                .flat_map(|(_, p)| p["samples"].as_array().cloned().unwrap_or_default())
+                .flat_map(|s| s["frames"].as_array().cloned().unwrap_or_default())
+                .filter_map(|f| f["function"].as_str().map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+/// `spanprof daemon` with `[symbols] debuginfod_urls`: the stripped library's debug file is
+/// downloaded in the background (into `debuginfod_cache`, mode 0600) and its functions are named
+/// in the windows exported after it arrived; the daemon says what it fetched.
+#[test]
+fn the_daemon_names_a_stripped_library_from_its_debuginfod_servers() {
+    require_profiling();
+    let workloads = workloads_dir();
+    let build_id = readelf_build_id(&workloads.join(LIBRARY));
+    let tmp = TempDir::new("daemon-debuginfod");
+    let served = tmp.join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    std::fs::copy(
+        workloads.join("unstripped").join(LIBRARY),
+        served.join(LIBRARY),
+    )
+    .unwrap();
+    let server = DebuginfodServer::start(&served, &tmp.join("db.sqlite"), &build_id);
+
+    let _lock = profiling_lock();
+    let sink = otlp::HttpSink::start();
+    let workload = Workload::start("hidden_main", 30.0);
+    let cache = tmp.join("cache");
+    let daemon = spanprof_tests::daemon::Daemon::start(
+        &tmp,
+        &format!(
+            "[sampling]\nfrequency = 199\nwindow = \"1s\"\n[scope]\npids = [{}]\n\
+             [export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\n\
+             [symbols]\ndebuginfod_urls = [\"{}\"]\ndebuginfod_cache = \"{}\"\n",
+            workload.pid(),
+            sink.endpoint(),
+            server.url,
+            cache.display()
+        ),
+    );
+    // Windows of 1 s: the first ones leave the library's frames as addresses while the file
+    // downloads; wait for one that names them (at most 20 windows).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let named = |names: &Vec<String>| {
+        ["hidden_alpha", "hidden_beta"]
+            .iter()
+            .all(|f| names.iter().any(|n| n == f))
+    };
+    let mut windows = Vec::new();
+    while std::time::Instant::now() < deadline {
+        windows = otlp_function_names(&sink.requests());
+        if windows.iter().any(named) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let stderr = daemon.stop();
+    drop(workload);
+    eprintln!(
+        "windows exported: {}; the first naming hidden_alpha and hidden_beta: {:?}",
+        windows.len(),
+        windows.iter().position(named).map(|i| i + 1)
+    );
+    assert!(
+        windows.iter().any(named),
+        "no window of {} names hidden_alpha and hidden_beta:\n{windows:?}\n{stderr}",
+        windows.len()
+    );
+    assert!(
+        stderr.contains(&format!(
+            "debuginfod: 1 debug files fetched into {}, 0 not found",
+            cache.display()
+        )),
+        "{stderr}"
+    );
+    let cached = cache.join(&build_id).join("debuginfo");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&cached)
+            .unwrap_or_else(|e| panic!("{}: {e}", cached.display()))
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "{}", cached.display());
 }

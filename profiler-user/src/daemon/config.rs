@@ -32,11 +32,16 @@
 //!
 //! [metrics]
 //! listen = "127.0.0.1:9464" # /metrics (Prometheus) and /healthz; "" turns it off
+//!
+//! [symbols]                 # off unless servers are listed (DEBUGINFOD_URLS is not read)
+//! debuginfod_urls = ["https://debuginfod.debian.net"]
+//! debuginfod_cache = "/var/cache/spanprof/debuginfod"  # default: $XDG_CACHE_HOME or
+//!                           # ~/.cache, then spanprof/debuginfod
 //! ```
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -61,6 +66,16 @@ struct File {
     metrics: MetricsFile,
     #[serde(default)]
     privacy: PrivacyFile,
+    #[serde(default)]
+    symbols: SymbolsFile,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SymbolsFile {
+    #[serde(default)]
+    debuginfod_urls: Vec<String>,
+    debuginfod_cache: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -197,6 +212,9 @@ pub struct DaemonConfig {
     /// `[privacy]`: what the exported profiles may not show (as `--redact-paths` and
     /// `--drop-label`).
     pub privacy: crate::privacy::Privacy,
+    /// debuginfod's servers and cache directory (`[symbols]`); `None`: not asked (the
+    /// default).
+    pub debuginfod: Option<(Vec<String>, PathBuf)>,
 }
 
 /// Samples per second per CPU of the daemon, lower than a session's
@@ -371,6 +389,7 @@ impl DaemonConfig {
                 })
                 .collect::<Result<_, _>>()?,
         };
+        let debuginfod = debuginfod_config(file.symbols)?;
         Ok(DaemonConfig {
             sampling,
             window,
@@ -386,8 +405,44 @@ impl DaemonConfig {
                 .unwrap_or(symbolizer::DEFAULT_CACHE_LIMIT),
             metrics,
             privacy,
+            debuginfod,
         })
     }
+}
+
+/// `[symbols]`: the servers (http or https URLs) and the cache (an absolute path), when
+/// servers are listed.
+fn debuginfod_config(file: SymbolsFile) -> Result<Option<(Vec<String>, PathBuf)>, String> {
+    let urls: Vec<String> = file
+        .debuginfod_urls
+        .iter()
+        .map(|u| u.trim().to_string())
+        .collect();
+    if let Some(bad) = urls
+        .iter()
+        .find(|u| !u.starts_with("http://") && !u.starts_with("https://"))
+    {
+        return Err(format!(
+            "symbols.debuginfod_urls: {:?} is not an http:// or https:// URL",
+            symbolizer::debuginfod::without_credentials(bad)
+        ));
+    }
+    let cache = match file.debuginfod_cache {
+        Some(path) if Path::new(&path).is_absolute() => Some(PathBuf::from(path)),
+        Some(path) => {
+            return Err(format!(
+                "symbols.debuginfod_cache: {path:?} is not an absolute path"
+            ))
+        }
+        None => None,
+    };
+    if urls.is_empty() {
+        return Ok(None);
+    }
+    let cache = cache
+        .or_else(symbolizer::debuginfod::default_cache)
+        .ok_or("symbols.debuginfod_cache: needed (neither XDG_CACHE_HOME nor HOME is set)")?;
+    Ok(Some((urls, cache)))
 }
 
 #[cfg(test)]
@@ -458,6 +513,16 @@ mod tests {
         assert_eq!((c.queue, c.max_processes, c.max_stacks), (3, 10, 100));
         assert_eq!(c.symbol_cache_bytes, 1000);
         assert_eq!(c.metrics, None);
+        assert_eq!(c.debuginfod, None);
+        let c = DaemonConfig::parse(
+            "[symbols]\ndebuginfod_urls = [\" http://d:8002 \"]\ndebuginfod_cache = \"/c\"\n",
+            base(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.debuginfod,
+            Some((vec!["http://d:8002".to_string()], PathBuf::from("/c")))
+        );
     }
 
     /// The rows of the first table after `marker` in `doc`: (first cell, second cell).
@@ -493,6 +558,10 @@ mod tests {
     const NON_LITERAL: &[(&str, &str)] = &[
         ("export.endpoint", "\"http://localhost:4317\""),
         ("export.headers", "{}"),
+        (
+            "symbols.debuginfod_cache",
+            "\"/var/cache/spanprof/debuginfod\"",
+        ),
     ];
 
     /// docs/daemon.md's key table says what the code does: every key it names is accepted, and
@@ -581,6 +650,14 @@ mod tests {
             ("[export]\nmax_backoff = \"0s\"", "export.max_backoff"),
             ("[export]\ntimeout = \"0s\"", "export.timeout"),
             ("[metrics]\nlisten = \"nowhere\"", "metrics.listen"),
+            (
+                "[symbols]\ndebuginfod_urls = [\"ftp://u:secret@x\"]",
+                "\"ftp://***@x\" is not an http",
+            ),
+            (
+                "[symbols]\ndebuginfod_urls = [\"http://x\"]\ndebuginfod_cache = \"c\"",
+                "symbols.debuginfod_cache",
+            ),
             ("not toml", "expected"),
         ] {
             let err = DaemonConfig::parse(text, base()).unwrap_err();

@@ -114,6 +114,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
 
     let mut scanner = Scanner::default();
     c.symbolizer.set_cache_limit(config.symbol_cache_bytes);
+    c.symbolizer.set_debuginfod(debuginfod_client(&config));
+    let mut debuginfod_said = Default::default();
     add_in_scope(&mut scanner, &config, &mut c, me);
     eprintln!(
         "spanprof daemon: profiling {} at {} Hz ({}), a profile every {} s to {} ({}); \
@@ -180,6 +182,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 .samples_lost
                 .store(c.programs.lost_samples(), Ordering::Relaxed);
             metrics.set_caches(&c.symbolizer.cache_stats(), c.agg.unwind_table_bytes());
+            say_debuginfod(&c.symbolizer, &mut debuginfod_said);
         }
         // The last window's symbolization goes on a part at a time: processes that start and
         // exit meanwhile are drained (and their modules read) while they live.
@@ -268,6 +271,10 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                     }
                     c.agg.set_limits(new.max_stacks, new.max_processes);
                     c.symbolizer.set_cache_limit(new.symbol_cache_bytes);
+                    if new.debuginfod != config.debuginfod {
+                        c.symbolizer.set_debuginfod(debuginfod_client(&new));
+                        debuginfod_said = Default::default();
+                    }
                     config = new;
                     add_in_scope(&mut scanner, &config, &mut c, me);
                     eprintln!(
@@ -365,6 +372,38 @@ fn release_freed_memory() {
 /// Adds the processes that came into scope to the kernel's target set, after looking for their
 /// interpreter (so their first samples have Python frames) and probing their C library for
 /// allocations (once per library file).
+/// The debuginfod client `[symbols]` asks for, its downloads in the background (a download must
+/// not hold the collection up).
+fn debuginfod_client(config: &DaemonConfig) -> Option<symbolizer::debuginfod::Debuginfod> {
+    let (urls, cache) = config.debuginfod.as_ref()?;
+    Some(symbolizer::debuginfod::Debuginfod::new(urls.clone(), cache.clone())?.in_background())
+}
+
+/// A line on stderr when the debuginfod client's figures changed since `said`.
+fn say_debuginfod(
+    symbolizer: &symbolizer::Symbolizer,
+    said: &mut symbolizer::debuginfod::DebuginfodStats,
+) {
+    let Some(client) = symbolizer.debuginfod() else {
+        return;
+    };
+    let now = client.stats();
+    if (now.fetched, now.missing) == (said.fetched, said.missing) {
+        return;
+    }
+    *said = now;
+    let mut line = format!(
+        "spanprof daemon: debuginfod: {} debug files fetched into {}, {} not found",
+        now.fetched,
+        client.cache().display(),
+        now.missing
+    );
+    if let Some(err) = client.last_error().filter(|_| now.missing > 0) {
+        line.push_str(&format!(" (last: {err})"));
+    }
+    eprintln!("{line}");
+}
+
 fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, c: &mut Collector, me: u32) {
     let new: Vec<u32> = scanner
         .scan(&config.scope, me)
