@@ -12,7 +12,10 @@
 //!   asked for (a wrong file would name addresses after another build's functions).
 //! - Fetched files are cached under `$XDG_CACHE_HOME/spanprof/debuginfod/BUILD_ID/debuginfo`
 //!   (`~/.cache/…` without it), written to a temporary name (mode 0600) and renamed, so a
-//!   crash leaves no half file under the final name; a cached file is used without asking.
+//!   crash leaves no half file under the final name (the next download into that directory
+//!   removes it); a cached file is used without asking.
+//! - In the background ([`Debuginfod::in_background`], the daemon): downloads on a thread of
+//!   their own, one at a time, so that a slow server never holds the collection up.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -304,6 +307,7 @@ impl Servers {
         let dir = path.parent().expect("a cache path has a parent");
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let partial = dir.join(format!(".debuginfo.{}.part", std::process::id()));
+        remove_abandoned_parts(dir);
         let result = (|| {
             // NB: a file (or a link) left at that name by a session that was killed is
             // replaced, never followed.
@@ -342,6 +346,27 @@ impl Servers {
             let _ = std::fs::remove_file(&partial);
         }
         result
+    }
+}
+
+/// Removes the temporary files of downloads into `dir` whose process is gone (a session killed
+/// while it downloaded): `.debuginfo.PID.part` with no process PID.
+fn remove_abandoned_parts(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(".debuginfo.")?.strip_suffix(".part"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -405,6 +430,22 @@ mod tests {
             let _ = stream.write_all(&body);
         });
         url
+    }
+
+    #[test]
+    fn parts_of_processes_gone_are_removed() {
+        let dir = std::env::temp_dir().join(format!("spanprof-dbgd-parts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Above any pid_max: no such process.
+        let gone = dir.join(".debuginfo.999999999.part");
+        let mine = dir.join(format!(".debuginfo.{}.part", std::process::id()));
+        let other = dir.join("debuginfo");
+        for f in [&gone, &mine, &other] {
+            std::fs::write(f, b"x").unwrap();
+        }
+        remove_abandoned_parts(&dir);
+        assert!(!gone.exists() && mine.exists() && other.exists());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
