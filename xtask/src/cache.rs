@@ -1,8 +1,8 @@
 //! What is slow to make and the same in every checkout, kept outside the checkout so that a
 //! fresh clone (a CI run) takes a copy instead of making it again: the frame-pointer CPython
-//! (~3 minutes), the Debian sid rootfs (~3 minutes, and the network) and the fuzz targets'
-//! and their lint's cargo target directories (their dependencies: ~8 minutes with coverage
-//! instrumentation).
+//! (~3 minutes), the Debian sid rootfs (~3 minutes, and the network), the workspace's cargo
+//! target directory for `cargo xtask test` (its dependencies: ~14 minutes) and the fuzz
+//! targets' and their lint's (~8 minutes with coverage instrumentation).
 //!
 //! The cache is `$SPANPROF_CACHE`, else `$HOME/.cache/spanprof`; `SPANPROF_CACHE=off` turns it
 //! off. An entry is a directory with the same stamp file as the thing it holds: it is taken
@@ -45,6 +45,55 @@ pub fn target_dir(name: &str, fallback: PathBuf) -> PathBuf {
             fallback
         }
     }
+}
+
+/// The size at which the workspace's cached target directory is emptied: each checkout path
+/// adds its own builds of the workspace's crates (~2 GiB), the dependencies are shared.
+pub const WORKSPACE_TARGET_LIMIT: u64 = 40 << 30;
+
+/// Empties the cached target directory `dir` (`name` in the cache) when it holds more than
+/// `limit` bytes; nothing when it is not in the cache.
+pub fn prune(name: &str, target: &Path, limit: u64) {
+    let Some(cache) = dir() else {
+        return;
+    };
+    if target != cache.join(name) {
+        return;
+    }
+    let used = disk_usage(target);
+    if used > limit {
+        step(&format!(
+            "emptying the cache's {} ({} GiB, more than {} GiB)",
+            target.display(),
+            used >> 30,
+            limit >> 30
+        ));
+        if let Err(err) = remove(target).and_then(|()| {
+            std::fs::create_dir_all(target)
+                .with_context(|| format!("creating {}", target.display()))
+        }) {
+            eprintln!("xtask: warning: cache: {err:#}");
+        }
+    }
+}
+
+/// The bytes of the files under `dir` (links not followed; what cannot be read counts 0).
+fn disk_usage(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(entry.path()),
+                Ok(t) if t.is_file() => total += entry.metadata().map_or(0, |m| m.len()),
+                _ => {}
+            }
+        }
+    }
+    total
 }
 
 /// Holds the cache's lock `name` until the file returned is dropped (none when the cache

@@ -76,71 +76,25 @@ pub fn build(root: &Path) -> Result<PathBuf> {
     Ok(bins)
 }
 
-/// Runs each of `targets` for `seconds` from its seeds; fails naming every target that
-/// crashed, hung or ran out of memory.
+/// How many fuzz targets run at once (one a CPU of CI's two).
+const AT_ONCE: usize = 2;
+
+/// Runs each of `targets` for `seconds` from its seeds, [`AT_ONCE`] at a time; fails naming
+/// every target that crashed, hung or ran out of memory.
 pub fn run(root: &Path, bins: &Path, targets: &[&str], seconds: u64) -> Result<()> {
     let mut failed = Vec::new();
-    for &target in targets {
-        let seeds = root.join("fuzz/corpus").join(target);
-        let work = root.join("target/fuzz/corpus").join(target);
-        let artifacts = root.join("target/fuzz/artifacts").join(target);
-        let log = root.join("target/fuzz/logs").join(format!("{target}.log"));
-        for dir in [&work, &artifacts, &seeds] {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("failed to create {}", dir.display()))?;
+    for batch in targets.chunks(AT_ONCE) {
+        let mut running = Vec::new();
+        for &target in batch {
+            running.push((target, start(root, bins, target, seconds)?));
         }
-        std::fs::create_dir_all(log.parent().expect("the log has a directory"))?;
-        let seed_count = std::fs::read_dir(&seeds)?.count();
-        if seed_count == 0 {
-            bail!("{}: no seeds", seeds.display());
-        }
-        step(&format!(
-            "fuzzing {target} for {seconds} s from {seed_count} seeds (log: {})",
-            log.display()
-        ));
-        let out =
-            File::create(&log).with_context(|| format!("failed to create {}", log.display()))?;
-        // NB: libFuzzer adds what it finds to the first directory only: the seeds stay as
-        // committed.
-        let status = Command::new(bins.join(target))
-            .arg(format!("-max_total_time={seconds}"))
-            .arg("-timeout=10")
-            .arg("-rss_limit_mb=2048")
-            .arg("-print_final_stats=1")
-            .arg(format!("-artifact_prefix={}/", artifacts.display()))
-            .arg(&work)
-            .arg(&seeds)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .status()
-            .with_context(|| format!("failed to start the fuzz target {target}"))?;
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let runs = text
-            .lines()
-            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
-            .map_or("?".to_string(), |n| n.trim().to_string());
-        let coverage = text
-            .lines()
-            .rev()
-            .find(|l| l.contains(" cov: "))
-            .and_then(|l| l.split(" cov: ").nth(1))
-            .and_then(|l| l.split_whitespace().next())
-            .unwrap_or("?");
-        if status.success() {
-            step(&format!(
-                "{target}: {runs} runs, coverage {coverage} edges, no crash"
-            ));
-        } else {
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            eprintln!(
-                "xtask: {target} failed ({status}); artifacts in {}; end of its log:",
-                artifacts.display()
-            );
-            for line in tail.into_iter().rev() {
-                eprintln!("  {line}");
+        for (target, (mut child, log, artifacts)) in running {
+            let status = child
+                .wait()
+                .with_context(|| format!("failed to wait for the fuzz target {target}"))?;
+            if !report(target, status, &log, &artifacts) {
+                failed.push(target);
             }
-            failed.push(target);
         }
     }
     if failed.is_empty() {
@@ -148,6 +102,82 @@ pub fn run(root: &Path, bins: &Path, targets: &[&str], seconds: u64) -> Result<(
     } else {
         bail!("fuzz targets failed: {}", failed.join(", "))
     }
+}
+
+/// Starts the fuzz target `target` for `seconds` from its seeds: its process, its log and its
+/// artifacts' directory.
+fn start(
+    root: &Path,
+    bins: &Path,
+    target: &str,
+    seconds: u64,
+) -> Result<(std::process::Child, PathBuf, PathBuf)> {
+    let seeds = root.join("fuzz/corpus").join(target);
+    let work = root.join("target/fuzz/corpus").join(target);
+    let artifacts = root.join("target/fuzz/artifacts").join(target);
+    let log = root.join("target/fuzz/logs").join(format!("{target}.log"));
+    for dir in [&work, &artifacts, &seeds] {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("failed to create {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(log.parent().expect("the log has a directory"))?;
+    let seed_count = std::fs::read_dir(&seeds)?.count();
+    if seed_count == 0 {
+        bail!("{}: no seeds", seeds.display());
+    }
+    step(&format!(
+        "fuzzing {target} for {seconds} s from {seed_count} seeds (log: {})",
+        log.display()
+    ));
+    let out = File::create(&log).with_context(|| format!("failed to create {}", log.display()))?;
+    // NB: libFuzzer adds what it finds to the first directory only: the seeds stay as
+    // committed.
+    let child = Command::new(bins.join(target))
+        .arg(format!("-max_total_time={seconds}"))
+        .arg("-timeout=10")
+        .arg("-rss_limit_mb=2048")
+        .arg("-print_final_stats=1")
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
+        .arg(&work)
+        .arg(&seeds)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("failed to start the fuzz target {target}"))?;
+    Ok((child, log, artifacts))
+}
+
+/// Says how the fuzz target `target` ended (its runs and coverage, or its log's end);
+/// whether it passed.
+fn report(target: &str, status: std::process::ExitStatus, log: &Path, artifacts: &Path) -> bool {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let runs = text
+        .lines()
+        .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+        .map_or("?".to_string(), |n| n.trim().to_string());
+    let coverage = text
+        .lines()
+        .rev()
+        .find(|l| l.contains(" cov: "))
+        .and_then(|l| l.split(" cov: ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or("?");
+    if status.success() {
+        step(&format!(
+            "{target}: {runs} runs, coverage {coverage} edges, no crash"
+        ));
+        return true;
+    }
+    let tail: Vec<&str> = text.lines().rev().take(40).collect();
+    eprintln!(
+        "xtask: {target} failed ({status}); artifacts in {}; end of its log:",
+        artifacts.display()
+    );
+    for line in tail.into_iter().rev() {
+        eprintln!("  {line}");
+    }
+    false
 }
 
 /// `fuzz [--seconds N] [TARGET…]`.
