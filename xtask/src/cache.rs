@@ -48,8 +48,9 @@ pub fn target_dir(name: &str, fallback: PathBuf) -> PathBuf {
 }
 
 /// The size at which the workspace's cached target directory is emptied: each checkout path
-/// adds its own builds of the workspace's crates (~2 GiB), the dependencies are shared.
-pub const WORKSPACE_TARGET_LIMIT: u64 = 40 << 30;
+/// adds its own builds of the workspace's crates (~3 GiB: cargo keys them by path), the
+/// dependencies are shared.
+pub const WORKSPACE_TARGET_LIMIT: u64 = 20 << 30;
 
 /// Empties the cached target directory `dir` (`name` in the cache) when it holds more than
 /// `limit` bytes; nothing when it is not in the cache.
