@@ -1,6 +1,7 @@
 //! The `spanprof` command line: each subcommand's driver ([`cli`] has the flags).
 
 mod cli;
+mod usage;
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -174,6 +175,15 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
             outcome.unwind.modules_unreadable,
             spanprof_collect::preflight::file_access_hint()
                 .map_or(String::new(), |hint| format!(" ({hint})"))
+        );
+    }
+    if args.python_only && !profile.samples.is_empty() && !has_python_frames(profile) {
+        eprintln!(
+            "spanprof: warning: --python-only, but no sample has a Python frame ({} runs no \
+             CPython spanprof could read): every sample is {}; profile without --python-only \
+             for its native stacks",
+            profile.meta.target,
+            spanprof_pipeline::assemble::NO_PYTHON_FRAMES
         );
     }
     eprint!("{}", summary::render(profile, &outcome.errors));
@@ -923,15 +933,27 @@ fn report_line(
     )
 }
 
+/// Whether any sample of `profile` has a Python frame.
+fn has_python_frames(profile: &Profile) -> bool {
+    profile.samples.iter().any(|s| {
+        s.frames.iter().any(|&f| {
+            profile
+                .frames
+                .get(f as usize)
+                .is_some_and(|f| f.kind == spanprof_profile::profile::FrameKind::Python)
+        })
+    })
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
-            // One line, like every other error; `--help` has the rest.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("error: invalid arguments");
-            eprintln!("{first} (see `spanprof --help`)");
+            // One line, like every other error (and a hint when one applies); `--help` has
+            // the rest.
+            let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            eprintln!("{}", usage::explain(&e, &args));
             return ExitCode::from(EXIT_USAGE);
         }
     };

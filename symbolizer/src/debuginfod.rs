@@ -19,8 +19,10 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +78,14 @@ struct Servers {
 struct Worker {
     queue: mpsc::Sender<String>,
     done: Arc<Mutex<(DebuginfodStats, Option<String>)>>,
+    /// Set when the client is dropped (a daemon's new configuration): the thread asks no more.
+    cancel: Arc<AtomicBool>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Debuginfod {
@@ -134,10 +144,15 @@ impl Debuginfod {
             self.request_timeout,
         );
         let shared = Arc::clone(&done);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let cancelled = Arc::clone(&cancel);
         let spawned = std::thread::Builder::new()
             .name("debuginfod".into())
             .spawn(move || {
                 for build_id in asked {
+                    if cancelled.load(Ordering::Relaxed) {
+                        return;
+                    }
                     let path = cache.join(&build_id).join("debuginfo");
                     let (got, _) = servers.download(&build_id, &path, timeout, Duration::MAX);
                     let mut done = shared.lock().unwrap_or_else(|e| e.into_inner());
@@ -151,7 +166,13 @@ impl Debuginfod {
                 }
             });
         match spawned {
-            Ok(_) => self.worker = Some(Worker { queue, done }),
+            Ok(_) => {
+                self.worker = Some(Worker {
+                    queue,
+                    done,
+                    cancel,
+                })
+            }
             // NB: without a thread, downloads stay in the foreground, within the budget.
             Err(err) => self.last_error = Some(format!("no thread for downloads: {err}")),
         }
@@ -204,7 +225,10 @@ impl Debuginfod {
             if crate::build_id::gnu_build_id(&file).map(|id| crate::build_id::hex(&id))
                 == Some(build_id.to_string())
             {
-                self.stats.cached += 1;
+                // Counted once per build id, and not when this client downloaded it.
+                if self.asked.insert(build_id.to_string()) {
+                    self.stats.cached += 1;
+                }
                 return Some(file);
             }
         }
@@ -241,15 +265,32 @@ impl Debuginfod {
     }
 }
 
-/// The cache directory: `$XDG_CACHE_HOME/spanprof/debuginfod` (`$HOME/.cache/…` without it);
-/// `None` when neither is set.
+/// The cache directory: `$CACHE_DIRECTORY/debuginfod` under systemd (`CacheDirectory=`), else
+/// `$XDG_CACHE_HOME/spanprof/debuginfod` (`$HOME/.cache/…` without it); `None` when none is
+/// set.
 pub fn default_cache() -> Option<PathBuf> {
+    default_cache_of(|name| std::env::var_os(name))
+}
+
+/// [`default_cache`] with the environment `var`: systemd's `CACHE_DIRECTORY` (a service's
+/// `CacheDirectory=`; the first of several) first.
+fn default_cache_of(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    if let Some(dir) = var("CACHE_DIRECTORY")
+        .and_then(|v| {
+            v.to_str()
+                .and_then(|v| v.split(':').next())
+                .map(PathBuf::from)
+        })
+        .filter(|p| p.is_absolute())
+    {
+        return Some(dir.join("debuginfod"));
+    }
     // NB: a relative XDG_CACHE_HOME is ignored, as the XDG specification says.
-    let base = std::env::var_os("XDG_CACHE_HOME")
+    let base = var("XDG_CACHE_HOME")
         .filter(|v| Path::new(v).is_absolute())
         .map(PathBuf::from)
         .or_else(|| {
-            std::env::var_os("HOME")
+            var("HOME")
                 .filter(|v| !v.is_empty())
                 .map(|h| PathBuf::from(h).join(".cache"))
         })?;
@@ -305,14 +346,26 @@ impl Servers {
             return Err(format!("HTTP {}", status.as_u16()));
         }
         let dir = path.parent().expect("a cache path has a parent");
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let partial = dir.join(format!(".debuginfo.{}.part", std::process::id()));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        // A name of this download's own: two clients of one process (a daemon's reload) may
+        // fetch one build id at once.
+        static DOWNLOADS: AtomicU64 = AtomicU64::new(0);
+        let partial = dir.join(format!(
+            ".debuginfo.{}.{}.part",
+            std::process::id(),
+            DOWNLOADS.fetch_add(1, Ordering::Relaxed)
+        ));
         remove_abandoned_parts(dir);
         let result = (|| {
-            // NB: a file (or a link) left at that name by a session that was killed is
+            // NB: a file (or a link) left at that name by a killed process of the same pid is
             // replaced, never followed.
             let _ = std::fs::remove_file(&partial);
             let mut out = std::fs::OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
@@ -330,8 +383,8 @@ impl Servers {
                 return Err(format!("more than {MAX_DEBUGINFO} bytes"));
             }
             out.flush().map_err(|e| e.to_string())?;
-            drop(out);
-            let file = File::open(&partial).map_err(|e| e.to_string())?;
+            // NB: checked on the descriptor written, not on a file opened again by its name.
+            let file = out;
             let got = crate::build_id::gnu_build_id(&file).map(|id| crate::build_id::hex(&id));
             if got.as_deref() != Some(build_id) {
                 return Err(format!(
@@ -350,7 +403,7 @@ impl Servers {
 }
 
 /// Removes the temporary files of downloads into `dir` whose process is gone (a session killed
-/// while it downloaded): `.debuginfo.PID.part` with no process PID.
+/// while it downloaded): `.debuginfo.PID.N.part` with no process PID.
 fn remove_abandoned_parts(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -360,7 +413,7 @@ fn remove_abandoned_parts(dir: &Path) {
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix(".debuginfo.")?.strip_suffix(".part"))
-            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(|p| p.split('.').next()?.parse::<u32>().ok())
         else {
             continue;
         };
@@ -433,12 +486,49 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_directory_follows_the_environment() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        };
+        type Vars = &'static [(&'static str, &'static str)];
+        let cases: [(Vars, Option<&str>); 4] = [
+            (
+                &[
+                    ("CACHE_DIRECTORY", "/var/cache/spanprof:/x"),
+                    ("HOME", "/root"),
+                ],
+                Some("/var/cache/spanprof/debuginfod"),
+            ),
+            (
+                &[("XDG_CACHE_HOME", "/c"), ("HOME", "/root")],
+                Some("/c/spanprof/debuginfod"),
+            ),
+            (
+                &[("XDG_CACHE_HOME", "rel"), ("HOME", "/root")],
+                Some("/root/.cache/spanprof/debuginfod"),
+            ),
+            (&[("CACHE_DIRECTORY", "rel")], None),
+        ];
+        for (vars, want) in cases {
+            assert_eq!(
+                default_cache_of(env(vars)),
+                want.map(PathBuf::from),
+                "{vars:?}"
+            );
+        }
+    }
+
+    #[test]
     fn parts_of_processes_gone_are_removed() {
         let dir = std::env::temp_dir().join(format!("spanprof-dbgd-parts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // Above any pid_max: no such process.
-        let gone = dir.join(".debuginfo.999999999.part");
-        let mine = dir.join(format!(".debuginfo.{}.part", std::process::id()));
+        let gone = dir.join(".debuginfo.999999999.0.part");
+        let mine = dir.join(format!(".debuginfo.{}.7.part", std::process::id()));
         let other = dir.join("debuginfo");
         for f in [&gone, &mine, &other] {
             std::fs::write(f, b"x").unwrap();

@@ -351,12 +351,7 @@ fn debuginfod_names_a_stripped_library_in_every_format() {
         .collect();
     let decoded = otlp::decode_file(&outputs[4]);
     otlp::assert_valid(&decoded);
-    let otlp_names: Vec<String> = otlp::profiles(&decoded)
-        .into_iter()
-        .flat_map(|(_, p)| p["samples"].as_array().cloned().unwrap_or_default())
-        .flat_map(|s| s["frames"].as_array().cloned().unwrap_or_default())
-        .filter_map(|f| f["function"].as_str().map(str::to_string))
-        .collect();
+    let otlp_names = otlp_names(&decoded);
     for name in ["hidden_alpha", "hidden_beta", "hidden_dispatch"] {
         assert!(pprof_names.contains(&name), "pprof lacks {name}");
         assert!(otlp_names.iter().any(|n| n == name), "OTLP lacks {name}");
@@ -448,12 +443,21 @@ fn otlp_function_names(bins: &[std::path::PathBuf]) -> Vec<Vec<String>> {
         .map(|bin| {
             let decoded = otlp::decode_file(bin);
             otlp::assert_valid(&decoded);
-            otlp::profiles(&decoded)
+            otlp_names(&decoded)
+        })
+        .collect()
+}
+
+/// The function names of every frame of a decoded OTLP file.
+fn otlp_names(decoded: &Value) -> Vec<String> {
+    otlp::profiles(decoded)
+        .into_iter()
+        .flat_map(|(_, p)| p["samples"].as_array().cloned().unwrap_or_default())
+        .flat_map(|s| {
+            otlp::functions(&s)
                 .into_iter()
-                .flat_map(|(_, p)| p["samples"].as_array().cloned().unwrap_or_default())
-                .flat_map(|s| s["frames"].as_array().cloned().unwrap_or_default())
-                .filter_map(|f| f["function"].as_str().map(str::to_string))
-                .collect()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
         })
         .collect()
 }

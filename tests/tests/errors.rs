@@ -1,6 +1,7 @@
-//! Bad input: each case is one `error: ` line on stderr, exit code 2 for
-//! usage errors and 1 for the others, no panic and no output file. And a
-//! target that exits mid-session: exit 0, say so, write what was gathered.
+//! Bad input: each case is one `error: ` line on stderr (with a hint where a likely mistake is
+//! recognized), exit code 2 for usage errors and 1 for the others, no panic and no output file.
+//! A target that exits mid-session: exit 0, say so, write what was gathered. `--python-only` on
+//! a program without Python: a warning.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -495,4 +496,75 @@ fn verify_without_cap_bpf_names_it() {
         "{line}"
     );
     assert!(!out.stdout.contains("native: functions"), "{out}");
+}
+
+/// Mistakes on the command line get a hint on the error's one line: a flag or subcommand of a
+/// similar name, a long flag written with one dash, a command without `--` before it.
+#[test]
+fn command_line_mistakes_get_a_hint() {
+    for (line, words) in [
+        (
+            &["profile", "--freq", "99", "--pid", "1"][..],
+            &["'--freq'", "did you mean `--frequency`?"][..],
+        ),
+        (
+            &["profle", "--pid", "1"][..],
+            &["'profle'", "did you mean `profile`?"][..],
+        ),
+        (
+            &["profile", "-pid", "28202"][..],
+            &["`-pid` is read as short flags: did you mean `--pid`?"][..],
+        ),
+        (
+            &["profile", "-F", "99", "python3", "app.py"][..],
+            &["put it after `--`: spanprof profile [OPTIONS] -- python3 …"][..],
+        ),
+    ] {
+        let out = run_spanprof(line.to_vec());
+        assert_error(&out, USAGE, words);
+    }
+}
+
+/// `--python-only` on a process without Python says so (every sample would be `[no python
+/// frames]`), and still writes the profile.
+#[test]
+fn python_only_without_python_warns() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("err-python-only");
+    let out_path = tmp.join("out.folded");
+    let out = run_spanprof(args![
+        "profile",
+        "--python-only",
+        "-F",
+        "99",
+        "-o",
+        &out_path,
+        "--",
+        spanprof_tests::workload_path("cpu_split"),
+        "1"
+    ]);
+    out.assert_success();
+    assert!(
+        out.stderr
+            .contains("spanprof: warning: --python-only, but no sample has a Python frame"),
+        "{out}"
+    );
+    let stacks = read_folded(&out_path);
+    assert!(folded_total(&stacks) > 0, "{out}");
+    // Not for a Python program.
+    let out = run_spanprof(args![
+        "profile",
+        "--python-only",
+        "-F",
+        "99",
+        "-o",
+        &out_path,
+        "--",
+        spanprof_tests::pyenv_python(12),
+        "-c",
+        "import time\nt = time.time()\nwhile time.time() - t < 1: pass"
+    ]);
+    out.assert_success();
+    assert!(!out.stderr.contains("--python-only, but"), "{out}");
 }

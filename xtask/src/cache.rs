@@ -104,7 +104,15 @@ pub fn lock(name: &str) -> Option<std::fs::File> {
     let path = dir()?.join(format!("{name}.lock"));
     let file = std::fs::create_dir_all(path.parent()?)
         .and_then(|()| std::fs::File::create(&path))
-        .and_then(|f| f.lock().map(|()| f));
+        .and_then(|f| {
+            if f.try_lock().is_err() {
+                step(&format!(
+                    "waiting for {} (another run of this cache holds it)",
+                    path.display()
+                ));
+            }
+            f.lock().map(|()| f)
+        });
     match file {
         Ok(f) => Some(f),
         Err(err) => {

@@ -86,7 +86,17 @@ pub fn run(root: &Path, bins: &Path, targets: &[&str], seconds: u64) -> Result<(
     for batch in targets.chunks(AT_ONCE) {
         let mut running = Vec::new();
         for &target in batch {
-            running.push((target, start(root, bins, target, seconds)?));
+            match start(root, bins, target, seconds) {
+                Ok(child) => running.push((target, child)),
+                Err(err) => {
+                    // NB: the batch's targets already started are not left running.
+                    for (_, (mut child, _, _)) in running {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    return Err(err);
+                }
+            }
         }
         for (target, (mut child, log, artifacts)) in running {
             let status = child

@@ -369,9 +369,6 @@ fn release_freed_memory() {
     }
 }
 
-/// Adds the processes that came into scope to the kernel's target set, after looking for their
-/// interpreter (so their first samples have Python frames) and probing their C library for
-/// allocations (once per library file).
 /// The debuginfod client `[symbols]` asks for, its downloads in the background (a download must
 /// not hold the collection up).
 fn debuginfod_client(config: &DaemonConfig) -> Option<symbolizer::debuginfod::Debuginfod> {
@@ -404,6 +401,9 @@ fn say_debuginfod(
     eprintln!("{line}");
 }
 
+/// Adds the processes that came into scope to the kernel's target set, after looking for their
+/// interpreter (so their first samples have Python frames) and probing their C library for
+/// allocations (once per library file).
 fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, c: &mut Collector, me: u32) {
     let new: Vec<u32> = scanner
         .scan(&config.scope, me)
