@@ -51,6 +51,25 @@ pub(crate) enum Cmd {
     /// Check that profiling works here: calibrated workloads (or a target) profiled and
     /// compared with their truth, with every figure; exit 1 when a check fails.
     Verify(VerifyArgs),
+    /// Shell completions: a script for bash, zsh or fish (or elvish, powershell) on stdout.
+    #[command(after_help = "Examples:\n  \
+        spanprof completions bash > /etc/bash_completion.d/spanprof\n  \
+        spanprof completions zsh > /usr/local/share/zsh/site-functions/_spanprof\n  \
+        spanprof completions fish > ~/.config/fish/completions/spanprof.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// The manual pages: spanprof(1) on stdout, or every page (spanprof.1 and one per
+    /// subcommand, spanprof-profile.1 …) written into a directory.
+    #[command(after_help = "Examples:\n  \
+        spanprof man | man -l -\n  \
+        spanprof man --dir /usr/local/share/man/man1")]
+    Man {
+        /// Write every page into this directory (made if missing) instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// A calibrated native workload of `spanprof verify` (not for direct use).
     #[command(name = "__verify-workload", hide = true)]
     VerifyWorkload {

@@ -68,6 +68,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
         "golang-go",
         "builds Google's pprof, the reader the symbolization tests check pprof files with",
     ),
+    ("zsh", "loads the zsh completions spanprof generates"),
+    ("fish", "runs the fish completions spanprof generates"),
+    ("man-db", "renders the manual pages spanprof generates (man -l)"),
     (
         "golang-github-google-pprof-dev",
         "the source of Google's pprof (the pprof bundled with Go 1.19 misreads local build ids)",
