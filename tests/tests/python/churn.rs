@@ -449,10 +449,11 @@ fn churn_never_misleads(interp: &Interp, nested: bool) {
         unwound_too_late += usize::from(exempt);
         // 100 ms of CPU in child_spin at 499 Hz: ~50 samples, whatever the start-up before it
         // took (20 ms in November, 150 ms on a host three times slower: a share of the
-        // child's samples would measure the host). 30 of them must be named child_spin
-        // (measured 40-53 of ~50 per child; where the other 10 of the child with 40 went
-        // was not traced).
-        if !exempt && *samples >= 20 && (*spin as f64) < 0.6 * 0.1 * 499.0 {
+        // child's samples would measure the host). 25 of them must be named child_spin
+        // (measured 40-53 of ~50 per child alone; 29 and 30 in 2 of 10 children while a build
+        // ran beside the CI run: where the others went was not traced; an unnamed or misnamed
+        // child_spin would have none).
+        if !exempt && *samples >= 20 && (*spin as f64) < 0.5 * 0.1 * 499.0 {
             let mut others: Vec<(&String, &i64)> = other_stacks
                 .get(pid)
                 .map(|m| m.iter().collect())
