@@ -1,6 +1,7 @@
 //! The `spanprof` command line: each subcommand's driver ([`cli`] has the flags).
 
 mod cli;
+mod manual;
 mod usage;
 
 use std::io::{IsTerminal, Write};
@@ -177,14 +178,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
                 .map_or(String::new(), |hint| format!(" ({hint})"))
         );
     }
-    if args.python_only && !profile.samples.is_empty() && !has_python_frames(profile) {
-        eprintln!(
-            "spanprof: warning: --python-only, but no sample has a Python frame ({} runs no \
-             CPython spanprof could read): every sample is {}; profile without --python-only \
-             for its native stacks",
-            profile.meta.target,
-            spanprof_pipeline::assemble::NO_PYTHON_FRAMES
-        );
+    if let Some(warning) = args
+        .python_only
+        .then(|| summary::python_only_warning(profile))
+        .flatten()
+    {
+        eprintln!("{warning}");
     }
     eprint!("{}", summary::render(profile, &outcome.errors));
     if let Some(line) = outcome
@@ -933,50 +932,6 @@ fn report_line(
     )
 }
 
-/// The command line as users see it: without the hidden subcommands (clap's completion
-/// scripts would offer them).
-fn shown_command() -> clap::Command {
-    let cmd = <Cli as clap::CommandFactory>::command();
-    let mut shown = clap::Command::new("spanprof").version(env!("CARGO_PKG_VERSION"));
-    if let Some(about) = cmd.get_about() {
-        shown = shown.about(about.clone());
-    }
-    shown.subcommands(cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned())
-}
-
-/// `spanprof man`: spanprof(1) on stdout, or every page into `dir`.
-fn man_pages(dir: Option<&Path>) -> Result<u8, Failure> {
-    let cmd = <Cli as clap::CommandFactory>::command();
-    let written = match dir {
-        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout().lock()),
-        Some(dir) => std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(cmd, dir)),
-    };
-    match written {
-        Ok(()) => Ok(0),
-        // NB: `spanprof man | head` closes the pipe early: not a failure.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        Err(e) => Err(Failure(
-            EXIT_FAILURE,
-            match dir {
-                Some(dir) => format!("cannot write the manual pages into {}: {e}", dir.display()),
-                None => format!("cannot write the manual page: {e}"),
-            },
-        )),
-    }
-}
-
-/// Whether any sample of `profile` has a Python frame.
-fn has_python_frames(profile: &Profile) -> bool {
-    profile.samples.iter().any(|s| {
-        s.frames.iter().any(|&f| {
-            profile
-                .frames
-                .get(f as usize)
-                .is_some_and(|f| f.kind == spanprof_profile::profile::FrameKind::Python)
-        })
-    })
-}
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -999,16 +954,8 @@ fn main() -> ExitCode {
             .map(|()| 0)
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),
         Cmd::Verify(args) => verify(args),
-        Cmd::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut shown_command(),
-                "spanprof",
-                &mut std::io::stdout(),
-            );
-            Ok(0)
-        }
-        Cmd::Man { dir } => man_pages(dir.as_deref()),
+        Cmd::Completions { shell } => manual::completions(shell),
+        Cmd::Man { dir } => manual::man_pages(dir.as_deref()),
         Cmd::VerifyWorkload { kind, out, seconds } => {
             spanprof::verify::workload(&kind, &out, seconds)
                 .map(|()| 0)

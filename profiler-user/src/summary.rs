@@ -346,6 +346,26 @@ pub fn spans_line(profile: &Profile) -> Option<String> {
     ))
 }
 
+/// The warning of a `--python-only` session whose samples have no Python frame (the targets
+/// run no CPython spanprof could read): `None` when one has, or there are no samples.
+pub fn python_only_warning(profile: &Profile) -> Option<String> {
+    let python = profile.samples.iter().any(|s| {
+        s.frames.iter().any(|&f| {
+            profile
+                .frames
+                .get(f as usize)
+                .is_some_and(|f| f.kind == spanprof_profile::profile::FrameKind::Python)
+        })
+    });
+    (!python && !profile.samples.is_empty()).then(|| {
+        format!(
+            "spanprof: warning: --python-only, but no sample has a Python frame: no CPython \
+             spanprof could read in {}; profile without --python-only for the native stacks",
+            profile.meta.target
+        )
+    })
+}
+
 /// The summary text printed at the end of a session.
 pub fn render(profile: &Profile, errors: &[u64; ERROR_COUNT as usize]) -> String {
     let total = profile.total_samples();

@@ -2,10 +2,11 @@
 //! man`), each loaded by the program that reads it: bash, fish and zsh complete `spanprof`'s
 //! subcommands and flags from the scripts, `man -l` renders the pages.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use spanprof_tests::{run_spanprof, spanprof_bin, TempDir};
+use spanprof_tests::{run_spanprof, TempDir};
 
 /// The script `spanprof completions SHELL` writes, into `dir`.
 fn completions(shell: &str, dir: &Path) -> std::path::PathBuf {
@@ -133,19 +134,30 @@ fn zsh_loads_its_completion_function() {
             "-c",
             &format!(
                 "fpath=({} $fpath); autoload -Uz compinit; compinit -u -D; \
-                 autoload -Uz _spanprof; whence -w _spanprof; echo $_comps[spanprof]",
+                 autoload +X _spanprof; echo $_comps[spanprof]; functions _spanprof",
                 functions.display()
             ),
         ],
     );
-    assert!(listed.contains("_spanprof: function"), "{listed}");
-    assert!(listed.trim_end().ends_with("_spanprof"), "{listed}");
+    // Registered for spanprof, and loaded from the file (+X): its body has the subcommands and
+    // their flags.
+    assert!(listed.starts_with("_spanprof\n"), "{listed:.300}");
+    for needle in ["profile", "--frequency", "completions"] {
+        assert!(
+            listed.contains(needle),
+            "{needle} not in _spanprof:\n{listed:.2000}"
+        );
+    }
     // The script parses.
     output("zsh", &["-n", &script.display().to_string()]);
 }
 
 #[test]
 fn man_pages_render() {
+    // Whatever the umask, every user's man reads the pages.
+    // SAFETY: umask changes the process's mask only; the other tests here write no files
+    // whose mode they check.
+    let old_mask = unsafe { libc::umask(0o077) };
     let tmp = TempDir::new("man-pages");
     let page = run_spanprof(["man"]);
     page.assert_success();
@@ -183,12 +195,14 @@ fn man_pages_render() {
             &dir.join("spanprof-profile.1").display().to_string(),
         ],
     );
+    unsafe { libc::umask(old_mask) };
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir), 0o755, "{}", dir.display());
+    assert_eq!(mode(&dir.join("spanprof.1")), 0o644);
     for needle in ["SYNOPSIS", "--frequency", "--python-only"] {
         assert!(
             text.contains(needle),
             "{needle} not in the rendered page:\n{text}"
         );
     }
-    // The binary the pages describe.
-    assert!(spanprof_bin().is_file());
 }
