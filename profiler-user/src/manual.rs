@@ -33,25 +33,36 @@ pub(crate) fn completions(shell: clap_complete::Shell) -> Result<u8, Failure> {
     )
 }
 
-/// `spanprof man`: spanprof(1) on stdout, or every page into `dir` (made if missing; pages
-/// 0644 and the directory 0755 whatever the umask, so that every user's `man` reads them).
+/// `spanprof man`: spanprof(1) on stdout, or every page into `dir` (made if missing; the pages
+/// 0644, and a directory it made 0755, whatever the umask: every user's `man` reads them).
 pub(crate) fn man_pages(dir: Option<&Path>) -> Result<u8, Failure> {
     let cmd = Cli::command();
     let result = match dir {
         None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout().lock()),
-        Some(dir) => std::fs::create_dir_all(dir)
-            .and_then(|()| clap_mangen::generate_to(cmd, dir))
-            .and_then(|()| readable_by_all(dir)),
+        Some(dir) => {
+            let made = !dir.exists();
+            std::fs::create_dir_all(dir)
+                .and_then(|()| clap_mangen::generate_to(cmd, dir))
+                .and_then(|()| readable_by_all(dir, made))
+        }
     };
     written(result, "the manual pages", dir)
 }
 
-/// Sets `dir` to 0755 and the files in it to 0644.
-fn readable_by_all(dir: &Path) -> std::io::Result<()> {
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+/// Sets the pages written into `dir` (`spanprof.1`, `spanprof-SUB.1`) to 0644, and `dir` to 0755
+/// when this call `made` it (a shared directory such as `/usr/local/share/man/man1` keeps its
+/// mode, and the other packages' pages theirs).
+fn readable_by_all(dir: &Path, made: bool) -> std::io::Result<()> {
+    if made {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        if entry.file_type()?.is_file() {
+        let name = entry.file_name();
+        let ours = name.to_str().is_some_and(|n| {
+            n == "spanprof.1" || (n.starts_with("spanprof-") && n.ends_with(".1"))
+        });
+        if ours && entry.file_type()?.is_file() {
             std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o644))?;
         }
     }

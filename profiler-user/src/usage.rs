@@ -21,10 +21,10 @@ pub(crate) fn explain(err: &clap::Error, args: &[OsString]) -> String {
         .trim_end_matches(':');
     let args: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
     let cli = Cli::command();
+    // NB: the first argument: the program itself takes no option but --help and --version.
     let sub = args
-        .iter()
-        .take_while(|a| **a != "--")
-        .find_map(|a| cli.find_subcommand(a).filter(|s| !s.is_hide_set()));
+        .first()
+        .and_then(|a| cli.find_subcommand(a).filter(|s| !s.is_hide_set()));
     let help = match sub {
         Some(s) => format!("see `spanprof {} --help`", s.get_name()),
         None => "see `spanprof --help`".to_string(),
@@ -63,7 +63,12 @@ fn hint(err: &clap::Error, args: &[&str], cli: &Command, sub: Option<&Command>) 
             }
             // A command without `--`: `spanprof profile python3 app.py`.
             let takes_command = sub?.get_arguments().any(|a| a.is_last_set());
-            (takes_command && !args.contains(&"--")).then(|| {
+            // NB: not with --pid, which does not combine with a command.
+            let pids = args
+                .iter()
+                .take_while(|a| **a != "--")
+                .any(|a| *a == "-p" || a.starts_with("--pid"));
+            (takes_command && !pids && !args.contains(&"--")).then(|| {
                 format!(
                     "to run a command, put it after `--`: spanprof {} [OPTIONS] -- {written} …",
                     sub.map_or("", Command::get_name)
@@ -243,8 +248,13 @@ mod tests {
             assert!(m.starts_with("error: ") && !m.contains('\n'), "{line}: {m}");
         }
         assert!(message("report").contains("(see `spanprof report --help`)"));
+        assert!(message("profle -o report").contains("(see `spanprof --help`)"));
         // Nothing made up when nothing applies, and never a hidden subcommand.
-        for line in ["profile --pid 1 --zzzzzz", "report a.pb.gz b.pb.gz c"] {
+        for line in [
+            "profile --pid 1 --zzzzzz",
+            "report a.pb.gz b.pb.gz c",
+            "profile --pid 1 extra",
+        ] {
             let m = message(line);
             assert!(!m.contains("did you") && !m.contains("put it after"), "{m}");
         }

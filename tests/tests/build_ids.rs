@@ -200,6 +200,19 @@ struct DebuginfodServer {
 }
 
 impl DebuginfodServer {
+    /// One serving the unstripped copy of the hidden library (build id `build_id`) from a
+    /// directory in `tmp`.
+    fn serving_the_library(tmp: &TempDir, build_id: &str) -> DebuginfodServer {
+        let served = tmp.join("served");
+        std::fs::create_dir_all(&served).unwrap();
+        std::fs::copy(
+            workloads_dir().join("unstripped").join(LIBRARY),
+            served.join(LIBRARY),
+        )
+        .unwrap();
+        DebuginfodServer::start(&served, &tmp.join("db.sqlite"), build_id)
+    }
+
     /// Starts one and waits until it serves `build_id` (it scans `dir` at start).
     fn start(dir: &Path, db: &Path, build_id: &str) -> DebuginfodServer {
         let port = spanprof_tests::daemon::free_port();
@@ -259,14 +272,7 @@ fn debuginfod_names_a_stripped_library_in_every_format() {
     let stripped = workloads.join(LIBRARY);
     let build_id = readelf_build_id(&stripped);
     let tmp = TempDir::new("debuginfod");
-    let served = tmp.join("served");
-    std::fs::create_dir_all(&served).unwrap();
-    std::fs::copy(
-        workloads.join("unstripped").join(LIBRARY),
-        served.join(LIBRARY),
-    )
-    .unwrap();
-    let server = DebuginfodServer::start(&served, &tmp.join("db.sqlite"), &build_id);
+    let server = DebuginfodServer::serving_the_library(&tmp, &build_id);
 
     let _lock = profiling_lock();
     let cache = tmp.join("cache");
@@ -471,14 +477,7 @@ fn the_daemon_names_a_stripped_library_from_its_debuginfod_servers() {
     let workloads = workloads_dir();
     let build_id = readelf_build_id(&workloads.join(LIBRARY));
     let tmp = TempDir::new("daemon-debuginfod");
-    let served = tmp.join("served");
-    std::fs::create_dir_all(&served).unwrap();
-    std::fs::copy(
-        workloads.join("unstripped").join(LIBRARY),
-        served.join(LIBRARY),
-    )
-    .unwrap();
-    let server = DebuginfodServer::start(&served, &tmp.join("db.sqlite"), &build_id);
+    let server = DebuginfodServer::serving_the_library(&tmp, &build_id);
 
     let _lock = profiling_lock();
     let sink = otlp::HttpSink::start();

@@ -152,12 +152,29 @@ fn zsh_loads_its_completion_function() {
     output("zsh", &["-n", &script.display().to_string()]);
 }
 
+/// The process's umask set to a value until dropped.
+struct Umask(libc::mode_t);
+
+impl Umask {
+    fn set(mask: libc::mode_t) -> Umask {
+        // SAFETY: umask changes the process's mask only; no other test here checks the mode of
+        // a file it writes.
+        Umask(unsafe { libc::umask(mask) })
+    }
+}
+
+impl Drop for Umask {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`.
+        unsafe { libc::umask(self.0) };
+    }
+}
+
 #[test]
 fn man_pages_render() {
-    // Whatever the umask, every user's man reads the pages.
-    // SAFETY: umask changes the process's mask only; the other tests here write no files
-    // whose mode they check.
-    let old_mask = unsafe { libc::umask(0o077) };
+    // Whatever the umask, every user's man reads the pages (the mask is put back on drop, a
+    // failed assertion included).
+    let mask = Umask::set(0o077);
     let tmp = TempDir::new("man-pages");
     let page = run_spanprof(["man"]);
     page.assert_success();
@@ -195,7 +212,7 @@ fn man_pages_render() {
             &dir.join("spanprof-profile.1").display().to_string(),
         ],
     );
-    unsafe { libc::umask(old_mask) };
+    drop(mask);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&dir), 0o755, "{}", dir.display());
     assert_eq!(mode(&dir.join("spanprof.1")), 0o644);
