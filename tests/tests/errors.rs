@@ -533,18 +533,24 @@ fn python_only_without_python_warns() {
     let _lock = profiling_lock();
     let tmp = TempDir::new("err-python-only");
     let out_path = tmp.join("out.folded");
-    let out = run_spanprof(args![
-        "profile",
-        "--python-only",
-        "-F",
-        "99",
-        "-o",
-        &out_path,
-        "--",
-        spanprof_tests::workload_path("cpu_split"),
-        "1"
-    ]);
-    out.assert_success();
+    // `profile --python-only -F 99 -o OUT -- COMMAND…`, which must succeed.
+    let profile = |command: &[&std::ffi::OsStr]| {
+        let mut line = args![
+            "profile",
+            "--python-only",
+            "-F",
+            "99",
+            "-o",
+            &out_path,
+            "--"
+        ];
+        line.extend(command.iter().map(|a| a.to_os_string()));
+        let out = run_spanprof(line);
+        out.assert_success();
+        out
+    };
+    let cpu_split = spanprof_tests::workload_path("cpu_split");
+    let out = profile(&[cpu_split.as_os_str(), "1".as_ref()]);
     assert!(
         out.stderr
             .contains("spanprof: warning: --python-only, but no sample has a Python frame"),
@@ -553,18 +559,11 @@ fn python_only_without_python_warns() {
     let stacks = read_folded(&out_path);
     assert!(folded_total(&stacks) > 0, "{out}");
     // Not for a Python program.
-    let out = run_spanprof(args![
-        "profile",
-        "--python-only",
-        "-F",
-        "99",
-        "-o",
-        &out_path,
-        "--",
-        spanprof_tests::pyenv_python(12),
-        "-c",
-        "import time\nt = time.time()\nwhile time.time() - t < 1: pass"
+    let python = spanprof_tests::pyenv_python(12);
+    let out = profile(&[
+        python.as_os_str(),
+        "-c".as_ref(),
+        "import time\nt = time.time()\nwhile time.time() - t < 1: pass".as_ref(),
     ]);
-    out.assert_success();
     assert!(!out.stderr.contains("--python-only, but"), "{out}");
 }
