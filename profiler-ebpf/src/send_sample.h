@@ -22,82 +22,14 @@
  */
 #define OFFCPU_WAKE_NS 100000000ULL
 
-/* Pending uretprobes whose return addresses are put back in a stack copy, at most. */
-#define URETPROBE_FIXUPS 8
-
 /*
  * --unwind dwarf: the thread's user registers, and its stack from the user sp upwards into the
- * record at byte `off` of s->stack (right after the span context). One read when the whole size
- * is mapped; at the top of a stack (the main thread's, whose last page is followed by nothing)
- * page by page, up to the first unreadable page.
+ * record at byte `off` of the stacks of the sample in the scratch of `slot` (right after the
+ * span context). A global function (user_stack.bpf.c), verified once on its own: inlined, its
+ * loop that puts back return addresses was checked again for every length the page-by-page copy
+ * could end with, two thirds of the verifier's work on each sampling program. Returns 0.
  */
-static __always_inline void copy_user_stack(struct spanprof_sample *s, __u64 off, __u32 tgid)
-{
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct pt_regs___kernel *regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
-	struct return_instance *ri;
-	__u64 slot, ret;
-	const __u32 *size = bpf_map_lookup_elem(&stack_copy_sizes, &tgid);
-	__u64 sp, want = (size ? *size : stack_copy_bytes) & ~7U, done = 0, len;
-	__u8 *dst;
-	int i;
-
-	if (want > SPANPROF_MAX_STACK_COPY)
-		want = SPANPROF_MAX_STACK_COPY;
-	if (!regs) {
-		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
-		return;
-	}
-	s->user_ip = BPF_CORE_READ(regs, ip);
-	sp = BPF_CORE_READ(regs, sp);
-	s->user_sp = sp;
-	s->user_bp = BPF_CORE_READ(regs, bp);
-	if (!sp || !s->user_ip) {
-		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
-		return;
-	}
-	if (off > sizeof(s->stack) + sizeof(s->py) + sizeof(s->span))
-		return;
-	dst = (__u8 *)s->stack + off;
-	if (want && bpf_probe_read_user(dst, want, (const void *)sp) == 0) {
-		done = want;
-	} else {
-		len = 4096 - (sp & 4095);
-		for (i = 0; i < SPANPROF_MAX_STACK_COPY / 4096 + 1; i++) {
-			if (done >= want || done >= SPANPROF_MAX_STACK_COPY)
-				break;
-			if (len > want - done)
-				len = want - done;
-			if (len > 4096)
-				len = 4096;
-			if (bpf_probe_read_user(dst + done, len, (const void *)(sp + done)))
-				break;
-			done += len;
-			len = 4096;
-		}
-	}
-	if (done == 0) {
-		s->ustack_copy_status = SPANPROF_USTACK_COPY_FAULT;
-		return;
-	}
-	/*
-	 * A function with a pending uretprobe (--event heap's on the allocation functions) returns
-	 * to the uprobes trampoline, not to its caller: put the caller back, or the unwinder stops
-	 * there (realloc(NULL) calling malloc showed [unknown] (?+0x7fffffffdfff)).
-	 */
-	ri = BPF_CORE_READ(task, utask, return_instances);
-	for (i = 0; i < URETPROBE_FIXUPS && ri; i++) {
-		slot = BPF_CORE_READ(ri, stack);
-		if (slot >= sp && slot - sp + 8 <= done && slot - sp <= SPANPROF_MAX_STACK_COPY - 8) {
-			ret = BPF_CORE_READ(ri, orig_ret_vaddr);
-			*(__u64 *)(dst + ((slot - sp) & (SPANPROF_MAX_STACK_COPY - 1))) = ret;
-		}
-		ri = BPF_CORE_READ(ri, next);
-	}
-	s->ustack_copy_status =
-		SPANPROF_USTACK_COPY_OK | (done < want ? SPANPROF_USTACK_COPY_SHORT : 0);
-	s->ustack_copy_len = done;
-}
+int copy_user_stack(__u32 slot, __u64 off);
 
 /* Starts the sample of the current thread in w: the header, up to its stacks. */
 static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, __u64 id,
@@ -140,7 +72,6 @@ static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, _
 static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, int user)
 {
 	struct spanprof_sample *s = &w->s;
-	const struct spanprof_py_proc *py = 0;
 	struct spanprof_target *t;
 	struct task_struct *task;
 	__u32 tgid = s->pid, seen;
@@ -161,9 +92,7 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 		u = SPANPROF_MAX_STACK_DEPTH;
 
 	if (user)
-		py = bpf_map_lookup_elem(&py_procs, &tgid);
-	if (py)
-		py_walk(w, py, tgid, s->tid, k + u);
+		py_walk(w->slot, k + u);
 	p = s->py_len;
 	if (p > SPANPROF_MAX_PY_FRAMES)
 		p = SPANPROF_MAX_PY_FRAMES;
@@ -171,18 +100,12 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 	 * Any process with a `span_procs` entry: a Python process's objects, or the thread context
 	 * a process of any language publishes (w->tstate is 0 outside Python: only that is read).
 	 */
-	if (user && read_span(w, tgid)) {
-		/* Right after the frames (the `span` member only reserves the room). */
-		off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE;
-		if (off <= sizeof(s->stack) + sizeof(s->py)) {
-			__builtin_memcpy((__u8 *)s->stack + off, &w->span, sizeof(w->span));
-			s->span_len = sizeof(w->span);
-		}
-	}
+	if (user && read_span(w->slot, (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE))
+		s->span_len = sizeof(w->span);
 
 	off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE + s->span_len;
 	if (user && stack_copy_bytes)
-		copy_user_stack(s, off, tgid);
+		copy_user_stack(w->slot, off);
 
 	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
 	if (size > sizeof(*s))

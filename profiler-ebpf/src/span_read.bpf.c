@@ -249,37 +249,47 @@ static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u
 	return 0;
 }
 
-static __always_inline int hex_nibble(__u8 c)
+/*
+ * 1 when `c` is not a hex digit, and its value when it is, both without a branch: the branches
+ * of a nibble test (three ranges) let the verifier walk every UUID's characters on paths of
+ * their own, and the UUID parses were a fifth of what it checked in each sampling program.
+ */
+static __always_inline __u64 not_hex(__u64 c)
 {
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
+	__s64 d = (__s64)c - '0', l = (__s64)(c | 0x20) - 'a';
+
+	/* Out of [0, 9] (or [0, 5]): d or 9 - d (l or 5 - l) is negative. */
+	return ((__u64)(d | (9 - d)) >> 63) & ((__u64)(l | (5 - l)) >> 63);
+}
+
+static __always_inline __u8 hex_value(__u64 c)
+{
+	return ((c & 0xf) + 9 * (c >> 6)) & 0xf;
 }
 
 /* The UUID text (8-4-4-4-12 hex digits) at `at` in `buf` (of `size` bytes), into 16 bytes. */
 static __always_inline int parse_uuid(const __u8 *buf, __u32 size, __u32 at, __u8 *out)
 {
-	__u32 i, j = 0;
-	int hi, lo;
+	const __u8 *p;
+	__u64 bad, hi, lo, off = at;
+	__u32 i, pos;
 
-	for (i = 0; i < PY_UUID_LEN; i++) {
-		if (i == 8 || i == 13 || i == 18 || i == 23) {
-			if (load_u8(buf, at + i, size) != '-')
-				return SPAN_FAULT;
-			continue;
-		}
-		hi = hex_nibble(load_u8(buf, at + i, size));
-		i++;
-		lo = hex_nibble(load_u8(buf, at + i, size));
-		if (hi < 0 || lo < 0 || j >= 16)
-			return SPAN_FAULT;
-		out[j++] = (__u8)(hi << 4 | lo);
+	asm volatile("" : "+r"(off)); /* the bound is checked on the register used */
+	if (size < PY_UUID_LEN || off > size - PY_UUID_LEN)
+		return SPAN_FAULT;
+	p = buf + off;
+	bad = (p[8] ^ '-') | (p[13] ^ '-') | (p[18] ^ '-') | (p[23] ^ '-');
+	/* Not unrolled: unrolled, the loads were hoisted and spilled past the 512-byte stack. */
+#pragma clang loop unroll(disable)
+	for (i = 0; i < 16; i++) {
+		/* Byte i's two digits: 2i, past the dashes before them (after bytes 4, 6, 8, 10). */
+		pos = 2 * i + (i >= 4) + (i >= 6) + (i >= 8) + (i >= 10);
+		hi = p[pos];
+		lo = p[pos + 1];
+		bad |= not_hex(hi) | not_hex(lo);
+		out[i] = (__u8)(hex_value(hi) << 4 | hex_value(lo));
 	}
-	return 0;
+	return bad ? SPAN_FAULT : 0;
 }
 
 /* A str holding a UUID, parsed into 16 bytes at `out`. */
@@ -349,11 +359,10 @@ static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u6
 #define CTX_PY_CONTEXT_LEN 16
 
 /*
- * 16 hex digits at `at` in w->win (garbage digits give garbage, never a fault). Branch-free:
- * '0'-'9' give c & 0xf, 'a'-'f' and 'A'-'F' (bit 6 set) that plus 9, any other byte some
- * nibble (kept to 4 bits, so it never spills into the next digit). A branch per digit (as
- * hex_nibble has) let the verifier on 6.18.44 walk its paths apart: span_published() went over
- * the 1,000,000-instruction limit and no program loaded.
+ * 16 hex digits at `at` in w->win (garbage digits give garbage, never a fault). Branch-free,
+ * by hex_value: any byte that is not a digit gives some nibble (kept to 4 bits, so it never
+ * spills into the next digit). A branch per digit let the verifier on 6.18.44 walk its paths
+ * apart: span_published() went over the 1,000,000-instruction limit and no program loaded.
  */
 static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
 {
@@ -362,7 +371,7 @@ static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
 
 	for (i = 0; i < CTX_PY_CONTEXT_LEN; i++) {
 		c = load_u8(buf, at + i, SPANPROF_PY_WINDOW);
-		v = v << 4 | (__u64)(((c & 0xf) + 9 * (c >> 6)) & 0xf);
+		v = v << 4 | hex_value(c);
 	}
 	return v;
 }
@@ -745,9 +754,10 @@ __attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
 	 * The id reader's last lookup was usually an attribute of this object (`_context`,
 	 * `_trace_stack`): the same keys, still in kblock, and values.
 	 */
-	if (obj && obj == w->attrs_obj)
-		v = keys_find(w, w->kvalues, w->scfg.name_attr, w->scfg.name_attr_hash);
-	else
+	if (obj && obj == w->attrs_obj) {
+		keys_find(slot, w->kvalues, w->scfg.name_attr, w->scfg.name_attr_hash);
+		v = w->q.status == 1 ? w->q.result : 0;
+	} else
 		v = getattr(w, obj, w->scfg.name_attr, w->scfg.name_attr_hash);
 	if (!v) /* a span without `_name` (NonRecordingSpan), or a fault */
 		return w->q.status;
@@ -799,3 +809,50 @@ __attribute__((noinline)) int span_osp(__u32 slot)
 
 	return w && w->tstate ? osp_trace(w, w->tstate) : 0;
 }
+
+/* The entry point: see span_read.h. */
+int read_span(__u32 slot, __u64 off)
+{
+	struct scratch *w = get_scratch(slot);
+	const struct spanprof_span_proc *cfg;
+	__u32 tgid;
+	int bad = 0;
+
+	if (!w)
+		return 0;
+	tgid = w->s.pid;
+	cfg = bpf_map_lookup_elem(&span_procs, &tgid);
+	if (!cfg)
+		return 0;
+	w->scfg = *cfg;
+	__builtin_memset(&w->span, 0, sizeof(w->span));
+	w->name_obj[0] = 0;
+	w->name_obj[1] = 0;
+	w->osp_depth = 0;
+	w->attrs_obj = 0;
+	/*
+	 * What the process publishes itself is the cheapest to read, and read first. Names only of
+	 * what was read from the interpreter (a published context carries none, and its ids are
+	 * not read again from the objects), each right after its ids: its object's keys are still
+	 * in the scratch.
+	 */
+	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot))
+		bad = 1;
+	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel(w->slot))
+		bad = 1;
+	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OTEL) && w->name_obj[0] &&
+	    span_name(w->slot, 0))
+		bad = 1;
+	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot))
+		bad = 1;
+	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] &&
+	    span_name(w->slot, 1))
+		bad = 1;
+	if (bad)
+		count_error(SPANPROF_ERR_SPAN_READ);
+	if (!w->span.flags || off > sizeof(w->s.stack) + sizeof(w->s.py))
+		return 0;
+	__builtin_memcpy((__u8 *)w->s.stack + off, &w->span, sizeof(w->span));
+	return sizeof(w->span);
+}
+

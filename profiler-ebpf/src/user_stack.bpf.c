@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * The copy of a sampled thread's user stack for --unwind dwarf (declared in send_sample.h), a
+ * global BPF function verified once on its own in each sampling program. No program of its own.
+ *
+ * Bounds: at most SPANPROF_MAX_STACK_COPY bytes (one read, or one read per page when the whole
+ * size is not mapped), then at most URETPROBE_FIXUPS return addresses put back.
+ */
+#include "send_sample.h"
+
+/* Pending uretprobes whose return addresses are put back in a stack copy, at most. */
+#define URETPROBE_FIXUPS 8
+
+/*
+ * See send_sample.h. One read when the whole size is mapped; at the top of a stack (the main
+ * thread's, whose last page is followed by nothing) page by page, up to the first unreadable
+ * page.
+ */
+int copy_user_stack(__u32 at, __u64 off)
+{
+	struct scratch *w = get_scratch(at);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs___kernel *regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
+	struct spanprof_sample *s;
+	struct return_instance *ri;
+	const __u32 *size;
+	__u64 slot, ret, sp, want, done = 0, len;
+	__u32 tgid;
+	__u8 *dst;
+	int i;
+
+	if (!w)
+		return 0;
+	s = &w->s;
+	tgid = s->pid;
+	size = bpf_map_lookup_elem(&stack_copy_sizes, &tgid);
+	want = (size ? *size : stack_copy_bytes) & ~7U;
+
+	if (want > SPANPROF_MAX_STACK_COPY)
+		want = SPANPROF_MAX_STACK_COPY;
+	if (!regs) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
+		return 0;
+	}
+	s->user_ip = BPF_CORE_READ(regs, ip);
+	sp = BPF_CORE_READ(regs, sp);
+	s->user_sp = sp;
+	s->user_bp = BPF_CORE_READ(regs, bp);
+	if (!sp || !s->user_ip) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_NO_REGS;
+		return 0;
+	}
+	if (off > sizeof(s->stack) + sizeof(s->py) + sizeof(s->span))
+		return 0;
+	dst = (__u8 *)s->stack + off;
+	if (want && bpf_probe_read_user(dst, want, (const void *)sp) == 0) {
+		done = want;
+	} else {
+		len = 4096 - (sp & 4095);
+		for (i = 0; i < SPANPROF_MAX_STACK_COPY / 4096 + 1; i++) {
+			if (done >= want || done >= SPANPROF_MAX_STACK_COPY)
+				break;
+			if (len > want - done)
+				len = want - done;
+			if (len > 4096)
+				len = 4096;
+			if (bpf_probe_read_user(dst + done, len, (const void *)(sp + done)))
+				break;
+			done += len;
+			len = 4096;
+		}
+	}
+	if (done == 0) {
+		s->ustack_copy_status = SPANPROF_USTACK_COPY_FAULT;
+		return 0;
+	}
+	s->ustack_copy_status =
+		SPANPROF_USTACK_COPY_OK | (done < want ? SPANPROF_USTACK_COPY_SHORT : 0);
+	s->ustack_copy_len = done;
+	/*
+	 * A function with a pending uretprobe (--event heap's on the allocation functions) returns
+	 * to the uprobes trampoline, not to its caller: put the caller back, or the unwinder stops
+	 * there (realloc(NULL) calling malloc showed [unknown] (?+0x7fffffffdfff)). The length is
+	 * read back from the record, so the verifier checks this loop once, not once for every
+	 * length the page-by-page copy could end with (that was half of its work here).
+	 */
+	done = *(volatile __u32 *)&s->ustack_copy_len;
+	ri = BPF_CORE_READ(task, utask, return_instances);
+	for (i = 0; i < URETPROBE_FIXUPS && ri; i++) {
+		slot = BPF_CORE_READ(ri, stack);
+		if (slot >= sp && slot - sp + 8 <= done && slot - sp <= SPANPROF_MAX_STACK_COPY - 8) {
+			ret = BPF_CORE_READ(ri, orig_ret_vaddr);
+			*(__u64 *)(dst + ((slot - sp) & (SPANPROF_MAX_STACK_COPY - 1))) = ret;
+		}
+		ri = BPF_CORE_READ(ri, next);
+	}
+	return 0;
+}
+
