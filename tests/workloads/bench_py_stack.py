@@ -10,6 +10,9 @@
 # Like fixed_work it prints its pid on stdout, then waits for one byte (or EOF) on stdin before
 # it starts, so the profiler can attach first.
 #
+# With BENCH_PY_SHALLOW=1 the module calls f48 itself: a 2-frame stack, for the cost of a
+# session on a shallow stack (`cargo xtask bench --only session`).
+#
 # Usage: python3 bench_py_stack.py [UNITS]   (default 1000)
 import os
 import sys
@@ -224,4 +227,7 @@ if __name__ == "__main__":
         sys.exit(f"usage: {sys.argv[0]} [UNITS]  (UNITS > 0)")
     print(os.getpid(), flush=True)
     sys.stdin.buffer.read(1)
-    f0(units)
+    if os.environ.get("BENCH_PY_SHALLOW") == "1":
+        f48(units)
+    else:
+        f0(units)

@@ -138,6 +138,30 @@ const ROWS: &[Row] = &[
         other: Some(2),
         goal: Some(3),
     },
+    Row {
+        what: "Session (2-frame Python stack, 99 Hz): fixed CPU of a session",
+        block: "bench-session",
+        figure: "fixed CPU of a session",
+        spanprof: &[1],
+        other: Some(2),
+        goal: Some(4),
+    },
+    Row {
+        what: "Session: own CPU per sample in steady state",
+        block: "bench-session",
+        figure: "own CPU per sample in steady state",
+        spanprof: &[1],
+        other: Some(2),
+        goal: Some(4),
+    },
+    Row {
+        what: "Session: in-kernel time per sample, shallow Python stack",
+        block: "bench-session",
+        figure: "in-kernel time per target sample, shallow",
+        spanprof: &[1],
+        other: None,
+        goal: Some(4),
+    },
 ];
 
 /// The text between a block's markers, and the heading above its begin marker.

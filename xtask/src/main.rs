@@ -65,7 +65,7 @@ tasks:
              for 5 s into demo.svg and demo.pb.gz (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
         [--unwind-seconds S] [--alloc-units UNITS] [--daemon-seconds S]
-        [--only native|python|spans|unwind|offcpu|alloc|daemon|sid]
+        [--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -466,10 +466,11 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "alloc" => bench::Part::Alloc,
                     "daemon" => bench::Part::Daemon,
                     "sid" => bench::Part::Sid,
+                    "session" => bench::Part::Session,
                     other => {
                         bail!(
                             "invalid --only `{other}` (native, python, spans, unwind, offcpu, \
-                             alloc, daemon or sid)"
+                             alloc, daemon, sid or session)"
                         )
                     }
                 }
@@ -501,7 +502,8 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         | bench::Part::Spans
         | bench::Part::Alloc
         | bench::Part::Daemon
-        | bench::Part::Sid => None,
+        | bench::Part::Sid
+        | bench::Part::Session => None,
     };
     let bin = match spanprof {
         Some(bin) if bin.is_file() => bin,

@@ -65,8 +65,13 @@
 //!   Python processes, its own CPU and RSS, against `perf record -F 19 -a -g`; method in
 //!   [`crate::bench::daemon`] and in BENCHMARKS.md.
 //!
-//! `--only native|python|spans|unwind|offcpu|alloc|daemon` runs one part. Each round's raw
-//! measurements go to `target/bench/{native,python,spans,unwind,offcpu,alloc,daemon}_rounds.txt`
+//! - Session (the `bench-session` block): the fixed CPU of a session and the CPU per sample in
+//!   steady state of spanprof, py-spy record and perf record on a shallow Python stack, by the
+//!   difference of two session lengths; method in [`crate::bench::session`].
+//!
+//! `--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session` runs one part. Each
+//! round's raw measurements go to
+//! `target/bench/{native,python,spans,unwind,offcpu,alloc,daemon,session}_rounds.txt`
 //! (`spans_KIND_rounds.txt` for a `--span-kinds` other than both).
 //!
 //! The results are printed and written between the markers of BENCHMARKS.md.
@@ -84,6 +89,7 @@ mod native;
 mod offcpu;
 mod profilers;
 mod python;
+mod session;
 mod spans;
 mod unwind;
 
@@ -92,6 +98,7 @@ use blocks::write_block;
 use native::native;
 use offcpu::offcpu;
 use python::{python, sid_pythons};
+use session::session;
 use spans::spans;
 use unwind::unwind;
 
@@ -110,6 +117,9 @@ pub enum Part {
     Daemon,
     /// `--only sid`: the 50-frame Python stack under Debian sid's 3.14 and 3.15, in a chroot.
     Sid,
+    /// `--only session`: a session's fixed cost and its cost per sample
+    /// ([`crate::bench::session`]).
+    Session,
 }
 
 /// What to run and how much.
@@ -250,6 +260,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
     } else {
         None
     };
+    let session_table = if wants(Part::Session) {
+        Some(session(root, spanprof, &out_dir, cfg)?)
+    } else {
+        None
+    };
     drop(stats_off);
     // Each `--span-kinds` has its own block: `bench-spans` (both), `bench-spans-otel`, ….
     let spans_block = cfg.span_kinds.block();
@@ -276,6 +291,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
             daemon_table,
             "bench-daemon",
             Some("Daemon: host-wide at 19 Hz beside two busy Python processes"),
+        ),
+        (
+            session_table,
+            "bench-session",
+            Some("Session: fixed cost and cost per sample, shallow Python stack"),
         ),
         (
             sid_table,
