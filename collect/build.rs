@@ -2,8 +2,8 @@
 //! compiled on its own with clang (`-target bpf`, warnings are errors), then libbpf's static
 //! linker (`bpftool gen object`) links the units into the one object `spanprof.bpf.o` that
 //! `src/bpf.rs` loads. The linker resolves the units' `extern` maps, settings and functions
-//! against their one definition (maps.bpf.c, span_read.bpf.c), so every program shares the
-//! same maps.
+//! against their one definition (maps.bpf.c; python_walk.bpf.c, span_read.bpf.c and
+//! user_stack.bpf.c for the global functions), so every program shares the same maps.
 //!
 //! clang is taken from `$SPANPROF_CLANG`, else `clang-19`, else `clang`; bpftool from
 //! `$SPANPROF_BPFTOOL`, else `bpftool`, else `/usr/sbin/bpftool` (Debian installs it there, out of

@@ -397,10 +397,10 @@ fn compile_asserts(cc: &str, args: &[&str]) -> Result<(), String> {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("abi_check.c");
     std::fs::write(&file, c_asserts()).unwrap();
-    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf/include");
+    let include = ebpf_include();
     let out = std::process::Command::new(cc)
         .args(args)
-        .args(["-std=c11", "-fsyntax-only", "-I", include])
+        .args(["-std=c11", "-fsyntax-only", "-I", &include])
         .arg(&file)
         .output()
         .unwrap_or_else(|e| panic!("failed to run {cc}: {e}"));
@@ -410,6 +410,15 @@ fn compile_asserts(cc: &str, args: &[&str]) -> Result<(), String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// profiler-ebpf/include, from the `CARGO_MANIFEST_DIR` `cargo test` gives the running test
+/// (else the one it was built with): a test binary built in one clone can run in another
+/// (`cargo xtask test` shares its build directory), which must check its own header.
+fn ebpf_include() -> String {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| String::from(env!("CARGO_MANIFEST_DIR")));
+    format!("{manifest}/../profiler-ebpf/include")
 }
 
 /// The header as user space would see it in C: the host's compiler (`$CC`, else `cc`).
@@ -586,10 +595,10 @@ fn check_value_matches_the_c_macro() {
     let src = dir.join("check.c");
     let exe = dir.join("check");
     std::fs::write(&src, c).unwrap();
-    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf/include");
+    let include = ebpf_include();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let built = std::process::Command::new(&cc)
-        .args(["-std=c11", "-I", include, "-o"])
+        .args(["-std=c11", "-I", &include, "-o"])
         .arg(&exe)
         .arg(&src)
         .status()

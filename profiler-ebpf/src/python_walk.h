@@ -10,7 +10,8 @@
 
 /*
  * Appends the Python frames of the thread sampled in the scratch of `slot` (w->s.pid, w->s.tid)
- * after its `native` native frames, and sets w->tstate (0: none, or not a Python process).
+ * after its `native` native frames, and sets w->tstate to its PyThreadState (0 when there is
+ * none; a process not read as Python is left alone, and begin_sample set it to 0).
  * A global function, verified once on its own; returns 0.
  */
 int py_walk(__u32 slot, __u64 native);

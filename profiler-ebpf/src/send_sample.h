@@ -7,8 +7,9 @@
  *
  * Bounds: one bpf_get_stack of at most SPANPROF_MAX_STACK_DEPTH frames, or a stack copy of at
  * most SPANPROF_MAX_STACK_COPY bytes (one read, or one read per page when the whole size is not
- * mapped) with at most URETPROBE_FIXUPS return addresses put back; the Python walk
- * (python_walk.h) and the span readers (span_read.h), each bounded on its own; one record.
+ * mapped) with at most a few return addresses put back (user_stack.bpf.c); the Python walk
+ * (python_walk.bpf.c) and the span readers (span_read.bpf.c), each bounded on its own; one
+ * record.
  */
 #ifndef SPANPROF_SEND_SAMPLE_H
 #define SPANPROF_SEND_SAMPLE_H

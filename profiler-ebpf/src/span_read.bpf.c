@@ -2,8 +2,9 @@
 /*
  * Span reading: the OpenTelemetry and OSProfiler ids of the sampled thread, and their names,
  * read from the target's memory while the thread is stopped (objects read later from user space
- * may be freed and reused). Four global BPF functions (declared in span_read.h), called by
- * read_span from every sampling program; this unit has no program of its own.
+ * may be freed and reused). Global BPF functions (declared in span_read.h and py_objects.h):
+ * read_span, which every sampling program calls, the four readers it calls and CPython's key
+ * lookup (keys_find); this unit has no program of its own.
  *
  * Bounds: every lookup is a bpf_loop with a fixed bound: a dict lookup at most DICT_PROBES
  * probes of at most three reads, a HAMT lookup at most HAMT_LEVELS levels (a collision node at
@@ -267,11 +268,15 @@ static __always_inline __u8 hex_value(__u64 c)
 	return ((c & 0xf) + 9 * (c >> 6)) & 0xf;
 }
 
-/* The UUID text (8-4-4-4-12 hex digits) at `at` in `buf` (of `size` bytes), into 16 bytes. */
+/*
+ * The UUID text (8-4-4-4-12 hex digits) at `at` in `buf` (of `size` bytes), into 16 bytes at
+ * `out`, which garbage leaves as it was (an id read before it stays whole).
+ */
 static __always_inline int parse_uuid(const __u8 *buf, __u32 size, __u32 at, __u8 *out)
 {
 	const __u8 *p;
 	__u64 bad, hi, lo, off = at;
+	__u8 id[16];
 	__u32 i, pos;
 
 	asm volatile("" : "+r"(off)); /* the bound is checked on the register used */
@@ -287,9 +292,12 @@ static __always_inline int parse_uuid(const __u8 *buf, __u32 size, __u32 at, __u
 		hi = p[pos];
 		lo = p[pos + 1];
 		bad |= not_hex(hi) | not_hex(lo);
-		out[i] = (__u8)(hex_value(hi) << 4 | hex_value(lo));
+		id[i] = (__u8)(hex_value(hi) << 4 | hex_value(lo));
 	}
-	return bad ? SPAN_FAULT : 0;
+	if (bad)
+		return SPAN_FAULT;
+	__builtin_memcpy(out, id, sizeof(id));
+	return 0;
 }
 
 /* A str holding a UUID, parsed into 16 bytes at `out`. */
@@ -855,4 +863,3 @@ int read_span(__u32 slot, __u64 off)
 	__builtin_memcpy((__u8 *)w->s.stack + off, &w->span, sizeof(w->span));
 	return sizeof(w->span);
 }
-

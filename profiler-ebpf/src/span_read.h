@@ -5,7 +5,7 @@
  * the four readers it calls, global BPF functions defined in span_read.bpf.c (linked into the
  * object by libbpf's static linker) and verified by the kernel once each, on their own.
  *
- * Bounds: at most four reader calls per sample, each of bounded work (see span_read.bpf.c);
+ * Bounds: at most five reader calls per sample (span_name twice), each of bounded work (see span_read.bpf.c);
  * a reader that meets a failed read or garbage makes the sample count SPANPROF_ERR_SPAN_READ.
  */
 #ifndef SPANPROF_SPAN_READ_H

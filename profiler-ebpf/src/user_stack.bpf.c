@@ -96,4 +96,3 @@ int copy_user_stack(__u32 at, __u64 off)
 	}
 	return 0;
 }
-

@@ -6,9 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 
-/// The workspace root (the parent of this crate).
+/// The workspace root (the parent of this crate), from the `CARGO_MANIFEST_DIR` that `cargo
+/// test` gives the running test, else the one it was built with: `cargo xtask test` shares its
+/// build directory between clones, and a test binary built in one clone and found fresh in
+/// another must read the files (and run the spanprof) of the clone it runs in.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .parent()
         .expect("the tests crate lives inside the workspace")
         .to_path_buf()

@@ -27,6 +27,15 @@ struct Check {
     value: u64,
 }
 
+/// The crate's directory, from the `CARGO_MANIFEST_DIR` `cargo test` gives the running test
+/// (else the one it was built with): a test binary built in one clone can run in another
+/// (`cargo xtask test` shares its build directory), and must read its own clone's files.
+pub(super) fn manifest_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
 fn check(field: &'static str, expr: impl Into<String>, value: u64) -> Check {
     Check {
         field,
@@ -552,7 +561,7 @@ fn includes(minor: u8) -> Vec<Include> {
     // Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>: a directory with
     // just that path, not the rootfs's whole /usr/include (its C library's headers are not
     // the host compiler's).
-    let rootfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/sid-rootfs/usr/include");
+    let rootfs = manifest_dir().join("../target/sid-rootfs/usr/include");
     let dir = rootfs.join(format!("python3.{minor}"));
     let arch = rootfs.join(format!("x86_64-linux-gnu/python3.{minor}"));
     if found.is_empty() && dir.join("Python.h").exists() && arch.is_dir() {

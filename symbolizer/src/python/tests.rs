@@ -12,7 +12,7 @@ use super::walk::{code_info, walk_thread, walk_thread_state, CodeInfo, TypeAddrs
 use profiler_common::PyFrame;
 
 fn workload() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_known_stack.py")
+    super::header_check::manifest_dir().join("../tests/workloads/py_known_stack.py")
 }
 
 /// Kills the child when a test fails halfway.
