@@ -110,6 +110,11 @@ tasks:
                python3.15 in a chroot of target/sid-rootfs (cargo xtask rootfs),
                spanprof alone at 99 and 999 Hz: in-kernel time per sample of
                the 50-frame stack, samples holding every frame;
+             session: bench_py_stack.py with a 2-frame stack under spanprof,
+               py-spy record and perf record -g at 99 Hz, each for 0.4 and 2
+               times UNITS: a session's fixed CPU and its CPU per sample in
+               steady state (the difference of the two), in-kernel time per
+               sample;
              --only runs one part; --spanprof uses BIN instead of building
              target/release/spanprof. Prints the figures and updates their
              blocks in BENCHMARKS.md (needs root)
