@@ -2,6 +2,7 @@
 //! `py-spy record`; and the sid part (`bench-sid` block): the same stack under Debian sid's
 //! CPython 3.14 and 3.15 in a chroot.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -49,10 +50,13 @@ struct PyRound {
     spanprof_fp: SpanprofRun,
 }
 
-/// bench_py_stack.py alone, under spanprof and under py-spy record; then spanprof alone at a
-/// higher rate for the in-kernel cost; the markdown of its figures.
-pub(super) fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
-    let script = root.join("tests/workloads").join(PY_FILE);
+/// The gated `bench_py_stack.py` target run by `cfg.python` with `env`, and the versions of
+/// that CPython and of py-spy for the headings.
+pub(super) fn stack_target(
+    root: &Path,
+    cfg: &Config,
+    env: Vec<(OsString, OsString)>,
+) -> Result<(Target, String, String)> {
     let python_version = version(
         &cfg.python,
         &["-c", "import platform; print(platform.python_version())"],
@@ -60,9 +64,16 @@ pub(super) fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config)
     let pyspy_version = version(&cfg.py_spy, &["--version"])?;
     let target = Target {
         program: cfg.python.clone(),
-        args: vec![script.into()],
-        env: Vec::new(),
+        args: vec![root.join("tests/workloads").join(PY_FILE).into()],
+        env,
     };
+    Ok((target, python_version, pyspy_version))
+}
+
+/// bench_py_stack.py alone, under spanprof and under py-spy record; then spanprof alone at a
+/// higher rate for the in-kernel cost; the markdown of its figures.
+pub(super) fn python(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result<String> {
+    let (target, python_version, pyspy_version) = stack_target(root, cfg, Vec::new())?;
     let (work, n) = (cfg.py_work, cfg.rounds);
     let sp_out = out_dir.join("bench_py.folded");
     let pyspy_out = out_dir.join("bench_py.pyspy.txt");

@@ -15,9 +15,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::measure::{bpf_figures, machine, median, rounds, secs, version, BpfWindow, Target, HZ};
+use super::measure::{bpf_figures, machine, median, rounds, secs, BpfWindow, HZ};
 use super::profilers::{run_perf, run_pyspy, run_spanprof, OtherRun, SpanprofRun};
-use super::python::PY_FILE;
+use super::python::{stack_target, PY_FILE};
 use super::Config;
 
 /// The short and long sessions' work, as fractions of `--py-work`.
@@ -79,17 +79,8 @@ pub(super) fn session(
     out_dir: &Path,
     cfg: &Config,
 ) -> Result<String> {
-    let script = root.join("tests/workloads").join(PY_FILE);
-    let python_version = version(
-        &cfg.python,
-        &["-c", "import platform; print(platform.python_version())"],
-    )?;
-    let pyspy_version = version(&cfg.py_spy, &["--version"])?;
-    let target = Target {
-        program: cfg.python.clone(),
-        args: vec![script.into()],
-        env: vec![("BENCH_PY_SHALLOW".into(), "1".into())],
-    };
+    let (target, python_version, pyspy_version) =
+        stack_target(root, cfg, vec![("BENCH_PY_SHALLOW".into(), "1".into())])?;
     let n = cfg.rounds;
     let work = [
         ((cfg.py_work as f64 * SHORT) as u64).max(1),
