@@ -69,6 +69,7 @@ impl Collector {
                 Some(Record::Exec(e)) => {
                     python.exec(e.pid);
                     agg.exec(e.pid, e.time_ns);
+                    symbolizer.exec(e.pid);
                 }
                 Some(Record::Exit(e)) => agg.exited(e.pid),
                 None => {}

@@ -22,6 +22,7 @@
 //! addresses (every frame but the leaf) so a call at the end of a function is not attributed to
 //! the next one.
 
+mod blaze;
 pub mod build_id;
 pub mod debug_file;
 pub mod debuginfod;
@@ -32,11 +33,14 @@ pub mod plt;
 pub mod python;
 pub mod unwind;
 
+pub use blaze::parse_cost;
+use blaze::{new_blazesym, plt_symbol, to_symbol, unknown, with_debug_file};
+
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
-use blazesym::symbolize::{Input, Symbolized};
+use blazesym::symbolize::Input;
 use rustc_hash::FxHashMap;
 
 /// A function found by [`symbol_addresses`], to probe: its address, its size (0: not said) and
@@ -219,8 +223,10 @@ struct Proc {
     anonymous: Vec<mapped::AnonymousRange>,
     /// [`Symbolizer::forget_exited`] found it gone; the next call forgets it.
     gone: bool,
-    /// The drain ([`Symbolizer::next_drain`]) in which [`Symbolizer::seen`] last read its map.
+    /// The drain ([`Symbolizer::next_drain`]) in which its map was last read.
     read_in: u64,
+    /// It exec'd since its map was last read ([`Symbolizer::exec`]).
+    stale: bool,
     /// It exited ([`Symbolizer::exited`]) when this many symbolizations had begun
     /// ([`Symbolizer::start`]): its addresses are all in the next one at the latest.
     exited: Option<u64>,
@@ -249,6 +255,8 @@ pub struct Stats {
     /// User addresses that could not be normalized: their process was gone before its memory
     /// map was read, or its memory map unreadable.
     pub process_gone: u64,
+    /// Memory maps read (`/proc/PID/maps`).
+    pub maps_read: u64,
 }
 
 /// What the symbolizer holds now (the daemon's metrics).
@@ -451,7 +459,7 @@ impl Symbolizer {
     pub fn seen(&mut self, pid: u32, ip: u64) {
         let drains = self.drains;
         if let Some(p) = self.procs.get(&pid) {
-            if p.read_in == drains || ip == 0 || p.range(ip).is_some() {
+            if p.read_in == drains || ip == 0 || (!p.stale && p.range(ip).is_some()) {
                 return;
             }
         }
@@ -462,6 +470,14 @@ impl Symbolizer {
             p.ranges = ranges;
             p.anonymous = anonymous;
             p.gone = false;
+            p.stale = false;
+        }
+    }
+
+    /// Process `pid` exec'd: its map is read again before its next addresses are normalized.
+    pub fn exec(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.stale = true;
         }
     }
 
@@ -480,12 +496,29 @@ impl Symbolizer {
         if addrs.is_empty() {
             return;
         }
-        let read = self.read_ranges(pid).map(|(ranges, anonymous)| {
-            let proc_ = self.procs.entry(pid).or_default();
-            proc_.ranges = ranges;
-            proc_.anonymous = anonymous;
-            proc_.gone = false;
+        // The map read last serves while it is recent and holds every address: a process maps
+        // a new library at new addresses, and rarely another at the addresses of one it
+        // unmapped. (Read again at every call, it was half of a session's CPU per sample.)
+        let drains = self.drains;
+        let known = self.procs.get(&pid).is_some_and(|p| {
+            !p.stale
+                && drains.saturating_sub(p.read_in) < MAP_REFRESH_DRAINS
+                && addrs
+                    .iter()
+                    .all(|&a| p.range(a).is_some() || p.in_anonymous(a).is_some())
         });
+        let read = if known {
+            Ok(())
+        } else {
+            self.read_ranges(pid).map(|(ranges, anonymous)| {
+                let proc_ = self.procs.entry(pid).or_default();
+                proc_.ranges = ranges;
+                proc_.anonymous = anonymous;
+                proc_.gone = false;
+                proc_.read_in = drains;
+                proc_.stale = false;
+            })
+        };
         let proc_ = self.procs.entry(pid).or_default();
         for &addr in addrs.iter() {
             let loc = match (proc_.range(addr), &read) {
@@ -527,6 +560,7 @@ impl Symbolizer {
         &mut self,
         pid: u32,
     ) -> Result<(Vec<Range>, Vec<mapped::AnonymousRange>), String> {
+        self.stats.maps_read += 1;
         let gone = || "process exited before symbolization".to_string();
         let text = match mapped::read_maps_text(pid) {
             // A zombie (or a kernel thread) has an empty map.
@@ -867,131 +901,13 @@ impl Job {
     }
 }
 
-/// What keeping a module's parsed symbols costs, estimated from the sections blazesym reads:
-/// the symbol and string tables and the DWARF sections, of the module and of its separate
-/// debug file, three times over: it maps the file (their pages become resident as it reads
-/// them) and builds its own tables from them on the heap, about twice their size (measured:
-/// 4.6 MB resident, 3.0 MB of it on the heap, after naming 200 addresses spread over a
-/// module with 1.6 MB of such sections). A fixed part stands for the rest (blazesym's own
-/// structures, the file's headers).
-pub fn parse_cost(module: &std::fs::File, debug: Option<&debug_file::DebugFile>) -> u64 {
-    const FIXED: u64 = 16 << 10;
-    const PER_BYTE: u64 = 3;
-    let sections = |file: &std::fs::File| -> u64 {
-        use object::{Object, ObjectSection};
-        let cache = object::ReadCache::new(file);
-        let Ok(obj) = object::File::parse(&cache) else {
-            return 0;
-        };
-        obj.sections()
-            .filter(|s| {
-                let name = s.name().unwrap_or("");
-                matches!(
-                    name,
-                    ".symtab" | ".strtab" | ".dynsym" | ".dynstr" | ".gnu_debugdata"
-                ) || name.starts_with(".debug_")
-                    || name.starts_with(".zdebug_")
-            })
-            .map(|s| s.size())
-            .sum()
-    };
-    FIXED + PER_BYTE * (sections(module) + debug.map_or(0, |d| sections(&d.file)))
-}
+/// How many drains the memory map read last names the addresses of a process that maps
+/// nothing new (at the collector's 50 ms tick, a second).
+const MAP_REFRESH_DRAINS: u64 = 20;
 
 /// How long kernel symbols are kept: code loaded since (modules, BPF programs) may be named
 /// after a neighbour for at most this long.
 const KERNEL_REBUILD_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
-fn new_blazesym() -> blazesym::symbolize::Symbolizer {
-    blazesym::symbolize::Symbolizer::builder()
-        // NB: no debug directories of its own: separate debug files are found by
-        // `debug_file::find`, in the target's root and checked against the module; blazesym
-        // would look for them by the module's path and build id in the host's directories.
-        .set_debug_dirs(Some(Vec::<PathBuf>::new()))
-        .enable_code_info(true)
-        // NB: with inlined functions on, `code_info` is the location in the outer (named)
-        // function, not in the innermost inlined callee: name, file and line agree.
-        .enable_inlined_fns(true)
-        .enable_demangling(true)
-        .build()
-}
-
-/// Symbolizes a module's file `offsets` with its separate debug file, which shares its
-/// virtual addresses, not its file offsets; `None` when an offset is in no load segment (none
-/// in a sane file: the module's own symbols are used then).
-fn with_debug_file<'a>(
-    symbolizer: &'a blazesym::symbolize::Symbolizer,
-    debug: &debug_file::DebugFile,
-    offsets: &[u64],
-) -> Option<Result<Vec<Symbolized<'a>>, blazesym::Error>> {
-    let vaddrs: Vec<u64> = offsets
-        .iter()
-        .map(|&o| debug.vaddr(o))
-        .collect::<Option<_>>()?;
-    let src = Source::Elf(Elf::new(debug.path()));
-    Some(symbolizer.symbolize(&src, Input::VirtOffset(&vaddrs)))
-}
-
-fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {
-    Symbol {
-        function: None,
-        module: module.map(|m| m.display().to_string()),
-        address,
-        file: None,
-        line: None,
-        unknown_reason: Some(reason.to_string()),
-        ids: None,
-        inlined: Vec::new(),
-    }
-}
-
-fn plt_symbol(name: String, module: &Path, address: u64) -> Symbol {
-    Symbol {
-        function: Some(name),
-        module: Some(module.display().to_string()),
-        address,
-        file: None,
-        line: None,
-        unknown_reason: None,
-        ids: None,
-        inlined: Vec::new(),
-    }
-}
-
-fn to_symbol(result: Symbolized<'_>, module: Option<&Path>, address: u64) -> Symbol {
-    match result {
-        Symbolized::Sym(sym) => {
-            let (file, line) = match &sym.code_info {
-                Some(ci) => (Some(ci.to_path().display().to_string()), ci.line),
-                None => (None, None),
-            };
-            Symbol {
-                function: Some(sym.name.into_owned()),
-                module: module.map(|m| m.display().to_string()),
-                address,
-                file,
-                line,
-                unknown_reason: None,
-                ids: None,
-                inlined: sym
-                    .inlined
-                    .iter()
-                    .take(MAX_INLINED)
-                    .map(|f| Inlined {
-                        // NB: blazesym names an inlined function without a DWARF name "".
-                        function: (!f.name.is_empty()).then(|| f.name.to_string()),
-                        file: f
-                            .code_info
-                            .as_ref()
-                            .map(|ci| ci.to_path().display().to_string()),
-                        line: f.code_info.as_ref().and_then(|ci| ci.line),
-                    })
-                    .collect(),
-            }
-        }
-        Symbolized::Unknown(reason) => unknown(module, address, &reason.to_string()),
-    }
-}
 
 #[cfg(test)]
 mod test_child;

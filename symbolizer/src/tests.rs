@@ -181,6 +181,62 @@ fn parsed_symbols_are_kept_within_the_bound() {
 }
 
 #[test]
+fn a_memory_map_is_read_again_only_when_stale_or_short_of_an_address() {
+    let pid = std::process::id();
+    let own = marker_function_for_symbolizer_test as *const () as u64;
+    let mut s = Symbolizer::new();
+    s.normalize(pid, &mut vec![own]);
+    assert_eq!(s.stats().maps_read, 1);
+    // Within the map kept: no read, in this drain or the next.
+    s.normalize(pid, &mut vec![own + 1]);
+    s.next_drain();
+    s.normalize(pid, &mut vec![own + 2]);
+    assert_eq!(s.stats().maps_read, 1);
+    // An exec makes it stale.
+    s.exec(pid);
+    s.normalize(pid, &mut vec![own + 3]);
+    assert_eq!(s.stats().maps_read, 2);
+    // So does its age.
+    for _ in 0..MAP_REFRESH_DRAINS {
+        s.next_drain();
+    }
+    s.normalize(pid, &mut vec![own + 4]);
+    assert_eq!(s.stats().maps_read, 3);
+    // Code mapped since: read again, and named from the new map.
+    // SAFETY: a fresh anonymous mapping, unmapped below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    let addr = page as u64 + 16;
+    s.normalize(pid, &mut vec![addr]);
+    // SAFETY: mapped above, nothing refers to it.
+    unsafe { libc::munmap(page, 4096) };
+    assert_eq!(s.stats().maps_read, 4);
+    assert!(matches!(
+        s.user.get(&(pid, addr)),
+        Some(Location::Anonymous { offset: 16, .. })
+    ));
+    let (user, _) = s.symbolize(&[(pid, own + 4)], &[]);
+    assert!(
+        user[0]
+            .function
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("marker_function_for_symbolizer_test"),
+        "{:?}",
+        user[0]
+    );
+}
+
+#[test]
 fn unmapped_address_is_unknown_not_error() {
     let pid = std::process::id();
     let mut s = Symbolizer::new();
