@@ -268,21 +268,31 @@ static __always_inline __u8 hex_value(__u64 c)
 	return ((c & 0xf) + 9 * (c >> 6)) & 0xf;
 }
 
+/* Where uuid_at puts an id: w->span's OSProfiler ids. */
+#define UUID_BASE 0
+#define UUID_CURRENT 1
+#define UUID_PARENT 2
+
 /*
- * The UUID text (8-4-4-4-12 hex digits) at `at` in `buf` (of `size` bytes), into 16 bytes at
- * `out`, which garbage leaves as it was (an id read before it stays whole).
+ * The UUID text (8-4-4-4-12 hex digits) at `at` in w->buf of the scratch of `slot`, into the
+ * OSProfiler id `which` (UUID_*) of w->span, which garbage leaves as it was (an id read before it
+ * stays whole). 0, or SPAN_FAULT. A global function, checked once: inlined, its loop was checked
+ * again for every id and every buffer it was called with, 96 times over in span_published().
  */
-static __always_inline int parse_uuid(const __u8 *buf, __u32 size, __u32 at, __u8 *out)
+__attribute__((noinline)) int uuid_at(__u32 slot, __u32 at, __u32 which)
 {
+	struct scratch *w = get_scratch(slot);
 	const __u8 *p;
 	__u64 bad, hi, lo, off = at;
 	__u8 id[16];
 	__u32 i, pos;
 
-	asm volatile("" : "+r"(off)); /* the bound is checked on the register used */
-	if (size < PY_UUID_LEN || off > size - PY_UUID_LEN)
+	if (!w)
 		return SPAN_FAULT;
-	p = buf + off;
+	asm volatile("" : "+r"(off)); /* the bound is checked on the register used */
+	if (off > SPAN_BUF - PY_UUID_LEN)
+		return SPAN_FAULT;
+	p = w->buf + off;
 	bad = (p[8] ^ '-') | (p[13] ^ '-') | (p[18] ^ '-') | (p[23] ^ '-');
 	/* Not unrolled: unrolled, the loads were hoisted and spilled past the 512-byte stack. */
 #pragma clang loop unroll(disable)
@@ -296,12 +306,17 @@ static __always_inline int parse_uuid(const __u8 *buf, __u32 size, __u32 at, __u
 	}
 	if (bad)
 		return SPAN_FAULT;
-	__builtin_memcpy(out, id, sizeof(id));
+	if (which == UUID_BASE)
+		__builtin_memcpy(w->span.osp_base, id, sizeof(id));
+	else if (which == UUID_CURRENT)
+		__builtin_memcpy(w->span.osp_current, id, sizeof(id));
+	else
+		__builtin_memcpy(w->span.osp_parent, id, sizeof(id));
 	return 0;
 }
 
-/* A str holding a UUID, parsed into 16 bytes at `out`. */
-static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
+/* A str holding a UUID, parsed into the OSProfiler id `which` (UUID_*). */
+static __always_inline int read_uuid(struct scratch *w, __u64 str, __u32 which)
 {
 	__u32 data = w->scfg.str_data, len;
 
@@ -316,7 +331,7 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u8 *out)
 	    (load_u32(w->buf, PY_STR_STATE - PY_STR_LENGTH, SPAN_BUF) & PY_STR_COMPACT_ASCII) !=
 		    PY_STR_COMPACT_ASCII)
 		return SPAN_FAULT;
-	return parse_uuid(w->buf, SPAN_BUF, data - PY_STR_LENGTH, out);
+	return uuid_at(w->slot, data - PY_STR_LENGTH, which);
 }
 
 /* OTEP 4947 record: trace_id[16] span_id[8] valid trace_flags attrs_size:u16, then attrs. */
@@ -367,18 +382,22 @@ static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u6
 #define CTX_PY_CONTEXT_LEN 16
 
 /*
- * 16 hex digits at `at` in w->win (garbage digits give garbage, never a fault). Branch-free,
+ * 16 hex digits at `at` (garbage digits give garbage, never a fault). Branch-free,
  * by hex_value: any byte that is not a digit gives some nibble (kept to 4 bits, so it never
  * spills into the next digit). A branch per digit let the verifier on 6.18.44 walk its paths
- * apart: span_published() went over the 1,000,000-instruction limit and no program loaded.
+ * apart: span_published() went over the 1,000,000-instruction limit and no program loaded. The
+ * digits are in w->win of the scratch of `slot`. A global function, checked once.
  */
-static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
+__attribute__((noinline)) __u64 hex64_at(__u32 slot, __u32 at)
 {
+	struct scratch *w = get_scratch(slot);
 	__u64 v = 0;
 	__u32 i, c;
 
+	if (!w)
+		return 0;
 	for (i = 0; i < CTX_PY_CONTEXT_LEN; i++) {
-		c = load_u8(buf, at + i, SPANPROF_PY_WINDOW);
+		c = load_u8(w->win, at + i, SPANPROF_PY_WINDOW);
 		v = v << 4 | hex_value(c);
 	}
 	return v;
@@ -393,8 +412,7 @@ static __always_inline __u64 parse_hex64(const __u8 *buf, __u32 at)
 static long ctx_attr_step(__u64 n, void *ctx)
 {
 	struct scratch *w = loop_scratch(ctx);
-	__u32 off, key, len, size;
-	__u8 *out = 0;
+	__u32 off, key, len, size, which = 0;
 	int bit = 0;
 
 	if (!w)
@@ -412,23 +430,26 @@ static long ctx_attr_step(__u64 n, void *ctx)
 	if (key == SPANPROF_NO_KEY)
 		return 0;
 	if (key == w->scfg.osp_keys[3] && len == CTX_PY_CONTEXT_LEN) {
-		w->q.result = parse_hex64(w->win, off);
+		w->q.result = hex64_at(w->slot, off);
 		w->q.status |= 8;
 		return 0;
 	}
 	if (len != PY_UUID_LEN)
 		return 0;
 	if (key == w->scfg.osp_keys[0]) {
-		out = w->span.osp_base;
+		which = UUID_BASE;
 		bit = 1;
 	} else if (key == w->scfg.osp_keys[1]) {
-		out = w->span.osp_current;
+		which = UUID_CURRENT;
 		bit = 2;
 	} else if (key == w->scfg.osp_keys[2]) {
-		out = w->span.osp_parent;
+		which = UUID_PARENT;
 		bit = 4;
 	}
-	if (out && !parse_uuid(w->win, SPANPROF_PY_WINDOW, off, out))
+	/* The text into w->buf, free while the attributes are walked, where uuid_at reads. */
+	if (bit && off <= SPANPROF_PY_WINDOW - PY_UUID_LEN &&
+	    !bpf_probe_read_kernel(w->buf, PY_UUID_LEN, w->win + off) &&
+	    !uuid_at(w->slot, 0, which))
 		w->q.status |= bit;
 	return 0;
 }
@@ -705,11 +726,11 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 			items[DEQUE_ITEMS - 2] = deque_item(left, lefti, n - 2);
 		n = DEQUE_ITEMS;
 	}
-	if (read_uuid(w, items[0], w->span.osp_base) ||
-	    read_uuid(w, items[(n - 1) & (DEQUE_ITEMS - 1)], w->span.osp_current))
+	if (read_uuid(w, items[0], UUID_BASE) ||
+	    read_uuid(w, items[(n - 1) & (DEQUE_ITEMS - 1)], UUID_CURRENT))
 		return SPAN_FAULT;
 	w->span.flags |= SPANPROF_SPAN_OSP;
-	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], w->span.osp_parent))
+	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], UUID_PARENT))
 		w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
 	return 0;
 }
