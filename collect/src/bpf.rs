@@ -341,6 +341,9 @@ fn one_line(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The maps only the allocation programs use.
+const ALLOC_ONLY_MAPS: [&str; 4] = ["alloc_live", "alloc_calls", "arena_calls", "py_reallocs"];
+
 impl Programs {
     /// Loads the programs and attaches them on every online CPU.
     pub fn load(opts: &LoadOptions) -> Result<Programs, LoadError> {
@@ -387,6 +390,13 @@ impl Programs {
         let offcpu_runnable = u32::from(opts.off_cpu.is_some_and(|o| o.runnable));
         let alloc_rate = opts.alloc.map_or(DEFAULT_ALLOC_RATE, |a| a.rate.max(1));
         let alloc_heap = u32::from(opts.alloc.is_some_and(|a| a.heap));
+        if opts.alloc.is_none() {
+            // aya makes every map of the object: without an allocation event no program uses
+            // these, made with one entry each rather than preallocated (about 7 MB zeroed).
+            for name in ALLOC_ONLY_MAPS {
+                loader.map_max_entries(name, 1);
+            }
+        }
         let mut ebpf = loader
             // The off-CPU state is task storage, which aya creates but has no wrapper for; only
             // the BPF programs use it.

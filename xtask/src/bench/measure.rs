@@ -169,6 +169,16 @@ impl SamplingProg {
     }
 }
 
+impl SamplingProg {
+    /// The instructions the kernel's verifier checked when the program was loaded
+    /// (`verified_insns`, Linux 5.16+).
+    pub(super) fn verified_insns(&self) -> Option<u64> {
+        let text =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.0.as_raw_fd())).ok()?;
+        fdinfo_field(&text, "verified_insns")?.trim().parse().ok()
+    }
+}
+
 /// The value of `name:` in an fdinfo text.
 fn fdinfo_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines()

@@ -56,6 +56,10 @@ pub(super) struct SpanprofRun {
     pub(super) lost: u64,
     /// spanprof's own figure: CPU per sample in its sampling loop (no setup, no symbolization).
     pub(super) loop_us: f64,
+    /// spanprof's own figure: CPU before its first sample (loading, attaching), in ms.
+    pub(super) setup_ms: f64,
+    /// Instructions the verifier checked in the sampling program (`on_cpu_sample`).
+    pub(super) verified_insns: Option<u64>,
     pub(super) bpf: Option<BpfWindow>,
     /// The summary's `spans:` line, which spanprof prints only when some sample has a span.
     pub(super) spans: Option<SpanCounts>,
@@ -88,6 +92,7 @@ pub(super) fn run_spanprof(
     // The in-kernel counters: an interval without target samples, then the target's run.
     let prog = SamplingProg::of(prof.id());
     let stats = || prog.as_ref().and_then(SamplingProg::stats);
+    let verified_insns = prog.as_ref().and_then(SamplingProg::verified_insns);
     let idle_start = stats();
     std::thread::sleep(Duration::from_secs(1));
     let window_start = stats();
@@ -123,6 +128,16 @@ pub(super) fn run_spanprof(
                 .ok()
         })
         .with_context(|| format!("spanprof printed no own-CPU line:\n{rest}"))?;
+    let setup_ms = rest
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("spanprof own CPU: ")?
+                .split(" ms setup")
+                .next()?
+                .parse()
+                .ok()
+        })
+        .with_context(|| format!("spanprof printed no setup figure:\n{rest}"))?;
     let spans = rest.lines().find_map(parse_spans_line);
     let bpf = match (idle_start, window_start, window_end) {
         (Some(a), Some(b), Some(c)) => Some(BpfWindow {
@@ -140,6 +155,8 @@ pub(super) fn run_spanprof(
         samples,
         lost,
         loop_us,
+        setup_ms,
+        verified_insns,
         bpf,
         spans,
     })

@@ -69,6 +69,10 @@ struct SessionRound {
     bpf: Option<BpfWindow>,
     /// spanprof's own figure for its sampling loop, long run.
     loop_us: f64,
+    /// spanprof's own figure for its setup, short run.
+    setup_ms: f64,
+    /// Instructions verified in its sampling program.
+    verified_insns: Option<u64>,
 }
 
 /// The three profilers on the shallow target, short and long sessions; the markdown of the
@@ -101,6 +105,9 @@ pub(super) fn session(
                         if len == 1 {
                             r.bpf = run.bpf;
                             r.loop_us = run.loop_us;
+                        } else {
+                            r.setup_ms = run.setup_ms;
+                            r.verified_insns = run.verified_insns;
                         }
                         r.spanprof[len] = Cost::from(&run);
                     }
@@ -158,6 +165,12 @@ pub(super) fn session(
         samples(&|r| r.spanprof[1].samples),
     ];
     let loop_us = median(results.iter().map(|r| r.loop_us).collect());
+    let setup_ms = median(results.iter().map(|r| r.setup_ms).collect());
+    let verified = results
+        .iter()
+        .filter_map(|r| r.verified_insns)
+        .max()
+        .map_or("n/a".to_string(), |n| n.to_string());
     let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.bpf).collect();
     let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
     let cell = |f: (f64, f64, f64, usize), unit: &str, digits: usize| {
@@ -180,6 +193,8 @@ pub(super) fn session(
          | **fixed CPU of a session** (start-up, loading, attaching, symbolizing, writing), median (min to max) of {n} rounds | **{}** | {} | {} | ≤ 100 ms |\n\
          | **own CPU per sample in steady state** (the difference of the two sessions) | **{}** | {} | {} | ≤ 20 µs |\n\
          | spanprof's own CPU per sample in its sampling loop, as it reports it (median, long sessions) | {loop_us:.1} µs | n/a | n/a | |\n\
+         | spanprof's own CPU before its first sample (loading, verifying, attaching), as it reports it (median, short sessions) | {setup_ms:.1} ms | n/a | n/a | |\n\
+         | instructions the kernel's verifier checked in the sampling program `on_cpu_sample` (`verified_insns` of its fdinfo) | {verified} | n/a | n/a | |\n\
          | **in-kernel time per target sample, shallow Python stack** (BPF statistics, net of the runs for other processes; long sessions, {} samples) | **{:.2} µs** | n/a | n/a | ≤ 6 µs |\n",
         cfg.py_work,
         machine(),
