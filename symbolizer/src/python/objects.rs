@@ -602,6 +602,9 @@ const WANTED: [&str; 5] = [
 const EAGER_LOOKS: u32 = 100;
 const RETRY_EVERY: u32 = 20;
 
+/// How many looks use the `sys.modules` dict read last before it is read again.
+const MODULES_READ_EVERY: u32 = 20;
+
 /// Looks for the tracing libraries in one process, again and again as it imports modules.
 #[derive(Debug, Default)]
 pub struct SpanFinder {
@@ -611,6 +614,10 @@ pub struct SpanFinder {
     modules: [u64; 5],
     /// Looks since a library's module was seen without its objects being found.
     unresolved_looks: u32,
+    /// The `sys.modules` dict read last (0: none yet), and the looks since it was read: the
+    /// interpreter keeps one for its life, so two reads of every look are saved, and it is
+    /// read again every [`MODULES_READ_EVERY`] looks (finalization clears it).
+    modules_dict: (u64, u32),
     /// Found so far.
     pub otel: Option<OtelObjects>,
     /// Found so far.
@@ -654,10 +661,16 @@ impl SpanFinder {
 
     /// Reads the entries of `sys.modules` added since the last scan; true if there were any.
     fn scan_modules<M: ProcessMemory>(&mut self, o: &Objects<'_, M>, runtime: u64) -> Result<bool> {
-        let interp = o.ptr(runtime.wrapping_add(o.py.runtime_interpreters_head))?;
-        let modules = o.ptr(interp.wrapping_add(o.obj.interp_modules))?;
-        if modules == 0 {
-            return Ok(false);
+        let (mut modules, looks) = self.modules_dict;
+        if modules == 0 || looks >= MODULES_READ_EVERY {
+            let interp = o.ptr(runtime.wrapping_add(o.py.runtime_interpreters_head))?;
+            modules = o.ptr(interp.wrapping_add(o.obj.interp_modules))?;
+            self.modules_dict = (modules, 0);
+            if modules == 0 {
+                return Ok(false);
+            }
+        } else {
+            self.modules_dict.1 += 1;
         }
         let keys = o.ptr(modules.wrapping_add(o.obj.dict_keys))?;
         let nentries = o.mem.read_u64(keys.wrapping_add(match o.obj.dict_layout {
