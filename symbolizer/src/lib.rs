@@ -223,7 +223,7 @@ struct Proc {
     anonymous: Vec<mapped::AnonymousRange>,
     /// [`Symbolizer::forget_exited`] found it gone; the next call forgets it.
     gone: bool,
-    /// The drain ([`Symbolizer::next_drain`]) in which its map was last read.
+    /// The drain ([`Symbolizer::next_drain`]) in which its map was last read (or tried).
     read_in: u64,
     /// It exec'd since its map was last read ([`Symbolizer::exec`]).
     stale: bool,
@@ -500,12 +500,17 @@ impl Symbolizer {
         // a new library at new addresses, and rarely another at the addresses of one it
         // unmapped. (Read again at every call, it was half of a session's CPU per sample.)
         let drains = self.drains;
+        // (Read in this drain already: not again, as in `seen`; junk addresses of a broken
+        // frame-pointer walk would make it read at every call.) A library unmapped and another
+        // mapped at its addresses within that second is named after the first: see
+        // ARCHITECTURE.md, Known limits.
         let known = self.procs.get(&pid).is_some_and(|p| {
             !p.stale
-                && drains.saturating_sub(p.read_in) < MAP_REFRESH_DRAINS
-                && addrs
-                    .iter()
-                    .all(|&a| p.range(a).is_some() || p.in_anonymous(a).is_some())
+                && (p.read_in == drains
+                    || (drains.saturating_sub(p.read_in) < MAP_REFRESH_DRAINS
+                        && addrs
+                            .iter()
+                            .all(|&a| p.range(a).is_some() || p.in_anonymous(a).is_some())))
         });
         let read = if known {
             Ok(())
