@@ -4,9 +4,11 @@
 //! Symbolization happens in two steps, because a profiled process may exit before the session
 //! ends:
 //! 1. [`Symbolizer::normalize`] turns a live process's virtual addresses into (module, file offset)
-//!    pairs by reading `/proc/PID/maps`, while the process is still there. User space calls it for
-//!    new addresses every time it drains the ring buffer, so only the last few milliseconds of a
-//!    process that exits are at risk, and those come out as unknown frames with the reason.
+//!    pairs from `/proc/PID/maps`, read while the process is still there (again when an address
+//!    falls outside the map kept, after an exec, or once the map is a second old). User space
+//!    calls it for new addresses every time it drains the ring buffer, so only the last few
+//!    milliseconds of a process that exits are at risk, and those come out as unknown frames
+//!    with the reason.
 //! 2. [`Symbolizer::symbolize`] resolves everything at the end, per module file, in batches:
 //!    names (demangled), source files and lines from DWARF when present, and the kernel from
 //!    `/proc/kallsyms`.
@@ -297,8 +299,8 @@ pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 20;
 /// # Memory
 /// What it keeps is bounded for a long-running caller (the daemon) whatever the number of
 /// distinct programs that come and go:
-/// - per process, its executable mappings (read at its first addresses, again at each new
-///   batch while it lives) and their module files, open; [`Symbolizer::forget_exited`] drops a
+/// - per process, its executable mappings (read at its first addresses, again while it lives
+///   when new ones fall outside them, after an exec or once a second) and their module files, open; [`Symbolizer::forget_exited`] drops a
 ///   process one call after it found it gone (its last samples may still be on their way),
 ///   with its addresses, and closes the module files nothing refers to any more;
 /// - per module, its parsed symbols (blazesym's), made when it is first symbolized and kept
@@ -455,7 +457,7 @@ impl Symbolizer {
     /// A sample of process `pid` with user instruction pointer `ip` (0: none) was drained:
     /// its memory map is read (and its modules opened) now, while it most likely lives, when
     /// none was yet or the one kept does not hold `ip` (libraries the dynamic loader mapped
-    /// since, dlopen), at most once per drain. Cheap otherwise: one lookup, no allocation.
+    /// since, dlopen) or is stale (an exec), at most once per drain. Cheap otherwise: one lookup, no allocation.
     pub fn seen(&mut self, pid: u32, ip: u64) {
         let drains = self.drains;
         if let Some(p) = self.procs.get(&pid) {
@@ -486,8 +488,9 @@ impl Symbolizer {
         self.stats
     }
 
-    /// Normalizes addresses of a process, from its memory map read now, or, when it is gone,
-    /// from the one read while it lived. Already known addresses are skipped; `addrs` is
+    /// Normalizes addresses of a process, from its memory map (the one kept while it is recent
+    /// and holds them all, else read now), or, when it is gone, from the one read while it
+    /// lived. Already known addresses are skipped; `addrs` is
     /// sorted and deduplicated in place.
     pub fn normalize(&mut self, pid: u32, addrs: &mut Vec<u64>) {
         addrs.sort_unstable();

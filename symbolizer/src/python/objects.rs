@@ -602,7 +602,7 @@ const WANTED: [&str; 5] = [
 const EAGER_LOOKS: u32 = 100;
 const RETRY_EVERY: u32 = 20;
 
-/// How many looks use the `sys.modules` dict read last before it is read again.
+/// How many looks after the one that read the `sys.modules` dict use it before it is read again.
 const MODULES_READ_EVERY: u32 = 20;
 
 /// Looks for the tracing libraries in one process, again and again as it imports modules.
@@ -616,7 +616,7 @@ pub struct SpanFinder {
     unresolved_looks: u32,
     /// The `sys.modules` dict read last (0: none yet), and the looks since it was read: the
     /// interpreter keeps one for its life, so two reads of every look are saved, and it is
-    /// read again every [`MODULES_READ_EVERY`] looks (finalization clears it).
+    /// read again after [`MODULES_READ_EVERY`] looks of it (finalization clears it).
     modules_dict: (u64, u32),
     /// Found so far.
     pub otel: Option<OtelObjects>,
