@@ -29,6 +29,7 @@ pub mod build_id;
 pub mod debug_file;
 pub mod debuginfod;
 pub mod greenlet;
+mod kernel_text;
 pub mod mapped;
 pub mod otel_ctx;
 pub mod plt;
@@ -43,6 +44,7 @@ use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::Input;
+use blazesym::MaybeDefault;
 use rustc_hash::FxHashMap;
 
 /// A function found by [`symbol_addresses`], to probe: its address, its size (0: not said) and
@@ -314,6 +316,9 @@ pub struct Symbolizer {
     /// BPF programs come and go, so a kept one would name new code after its neighbours for
     /// ever.
     kernel_symbolizer: (blazesym::symbolize::Symbolizer, std::time::Instant),
+    /// The core kernel text's symbols kept for this boot (`None` inside: none could be), once
+    /// a kernel frame was to be named.
+    kernel_text: Option<Option<kernel_text::CoreText>>,
     /// Slots; a freed one (`None`) is reused, so the table is as long as the most modules
     /// open at once.
     modules: Vec<Option<Module>>,
@@ -343,6 +348,7 @@ impl Symbolizer {
     pub fn new() -> Self {
         Self {
             kernel_symbolizer: (new_blazesym(), std::time::Instant::now()),
+            kernel_text: None,
             modules: Vec::new(),
             free: Vec::new(),
             module_ids: FxHashMap::default(),
@@ -862,7 +868,19 @@ impl Symbolizer {
                 *kept = (new_blazesym(), std::time::Instant::now());
             }
             let symbolizer = &kept.0;
-            let src = Source::Kernel(Kernel::default());
+            let text = self.kernel_text.get_or_insert_with(|| {
+                kernel_text::default_dir().and_then(|d| kernel_text::core_text(&d))
+            });
+            // Frames all in the core kernel's text: from the symbols kept for the boot, not
+            // from /proc/kallsyms, which costs a session about 60 ms to read.
+            let src = match text.as_ref().filter(|t| t.holds(kernel)) {
+                Some(t) => Source::Kernel(Kernel {
+                    kallsyms: MaybeDefault::Some(t.path.clone()),
+                    vmlinux: MaybeDefault::None,
+                    ..Kernel::default()
+                }),
+                None => Source::Kernel(Kernel::default()),
+            };
             let kernel_path = Path::new(KERNEL_MODULE);
             match symbolizer.symbolize(&src, Input::AbsAddr(kernel)) {
                 Ok(results) => results

@@ -278,3 +278,52 @@ fn an_address_in_anonymous_code_is_code_of_no_module() {
     assert_eq!(user[0].module.as_deref(), Some(mapped::ANONYMOUS));
     assert_eq!(user[0].address, 16);
 }
+
+#[test]
+fn kernel_frames_are_named_alike_from_the_boot_s_core_text_and_from_kallsyms() {
+    let all = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    // Functions of the kernel itself (no module name after them).
+    let funcs: Vec<u64> = all
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split_ascii_whitespace();
+            let addr = u64::from_str_radix(p.next()?, 16).ok()?;
+            let kind = p.next()?;
+            p.next()?;
+            (matches!(kind, "T" | "t") && p.next().is_none()).then_some(addr)
+        })
+        .collect();
+    if funcs.first().is_none_or(|&a| a == 0) {
+        // Hidden without root; CI runs as root.
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "kallsyms hides addresses"
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("spanprof-ksyms-{}", std::process::id()));
+    let text = kernel_text::core_text(&dir).expect("the core text is kept");
+    let mut addrs: Vec<u64> = funcs
+        .iter()
+        .step_by(funcs.len() / 50)
+        .map(|a| a + 1)
+        .filter(|&a| text.holds(&[a]))
+        .collect();
+    addrs.dedup();
+    assert!(addrs.len() >= 20, "{} addresses", addrs.len());
+    let mut cached = Symbolizer::new();
+    cached.kernel_text = Some(Some(text));
+    let mut live = Symbolizer::new();
+    live.kernel_text = Some(None);
+    let (_, from_cache) = cached.symbolize(&[], &addrs);
+    let (_, from_kallsyms) = live.symbolize(&[], &addrs);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let names =
+        |s: &[Symbol]| -> Vec<Option<String>> { s.iter().map(|s| s.function.clone()).collect() };
+    assert_eq!(names(&from_cache), names(&from_kallsyms));
+    assert!(
+        from_cache.iter().all(|s| s.function.is_some()),
+        "{from_cache:?}"
+    );
+}
