@@ -319,6 +319,9 @@ pub struct Symbolizer {
     /// The core kernel text's symbols kept for this boot (`None` inside: none could be), once
     /// a kernel frame was to be named.
     kernel_text: Option<Option<kernel_text::CoreText>>,
+    /// Whether the kernel symbols `kernel_symbolizer` holds came from the kept file (`None`:
+    /// none yet).
+    kernel_from_file: Option<bool>,
     /// Slots; a freed one (`None`) is reused, so the table is as long as the most modules
     /// open at once.
     modules: Vec<Option<Module>>,
@@ -349,6 +352,7 @@ impl Symbolizer {
         Self {
             kernel_symbolizer: (new_blazesym(), std::time::Instant::now()),
             kernel_text: None,
+            kernel_from_file: None,
             modules: Vec::new(),
             free: Vec::new(),
             module_ids: FxHashMap::default(),
@@ -863,19 +867,30 @@ impl Symbolizer {
         let kernel_out = if kernel.is_empty() {
             Vec::new()
         } else {
-            let kept = &mut self.kernel_symbolizer;
-            if kept.1.elapsed() >= KERNEL_REBUILD_EVERY {
-                *kept = (new_blazesym(), std::time::Instant::now());
-            }
-            let symbolizer = &kept.0;
             let text = self.kernel_text.get_or_insert_with(|| {
                 kernel_text::default_dir().and_then(|d| kernel_text::core_text(&d))
             });
             // Frames all in the core kernel's text: from the symbols kept for the boot, not
             // from /proc/kallsyms, which costs a session about 60 ms to read.
-            let src = match text.as_ref().filter(|t| t.holds(kernel)) {
-                Some(t) => Source::Kernel(Kernel {
-                    kallsyms: MaybeDefault::Some(t.path.clone()),
+            let kept_file = text
+                .as_ref()
+                .filter(|t| t.holds(kernel))
+                .map(|t| t.path.clone());
+            let kept = &mut self.kernel_symbolizer;
+            // One source's symbols held at a time (about 7 MiB each): a change of source
+            // starts afresh.
+            if kept.1.elapsed() >= KERNEL_REBUILD_EVERY
+                || self
+                    .kernel_from_file
+                    .is_some_and(|f| f != kept_file.is_some())
+            {
+                *kept = (new_blazesym(), std::time::Instant::now());
+            }
+            self.kernel_from_file = Some(kept_file.is_some());
+            let symbolizer = &kept.0;
+            let src = match kept_file {
+                Some(path) => Source::Kernel(Kernel {
+                    kallsyms: MaybeDefault::Some(path),
                     vmlinux: MaybeDefault::None,
                     ..Kernel::default()
                 }),
