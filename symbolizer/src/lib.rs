@@ -11,7 +11,7 @@
 //!    with the reason.
 //! 2. [`Symbolizer::symbolize`] resolves everything at the end, per module file, in batches:
 //!    names (demangled), source files and lines from DWARF when present, and the kernel from
-//!    `/proc/kallsyms`.
+//!    `/proc/kallsyms` (its own text from the symbols kept for the boot: `kernel_text`).
 //!
 //! Before both, [`unwind::Unwinders`] turns a sample's copy of the user stack into return
 //! addresses with the unwind tables of the process's modules (`--unwind dwarf`).
@@ -302,8 +302,9 @@ pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 20;
 /// What it keeps is bounded for a long-running caller (the daemon) whatever the number of
 /// distinct programs that come and go:
 /// - per process, its executable mappings (read at its first addresses, again while it lives
-///   when new ones fall outside them, after an exec or once a second) and their module files, open; [`Symbolizer::forget_exited`] drops a
-///   process one call after it found it gone (its last samples may still be on their way),
+///   when new ones fall outside them, after an exec or once a second) and their module files,
+///   open; [`Symbolizer::forget_exited`] drops a process one call after it found it gone (its
+///   last samples may still be on their way),
 ///   with its addresses, and closes the module files nothing refers to any more;
 /// - per module, its parsed symbols (blazesym's), made when it is first symbolized and kept
 ///   for the next calls while their estimated total stays within
@@ -467,7 +468,8 @@ impl Symbolizer {
     /// A sample of process `pid` with user instruction pointer `ip` (0: none) was drained:
     /// its memory map is read (and its modules opened) now, while it most likely lives, when
     /// none was yet or the one kept does not hold `ip` (libraries the dynamic loader mapped
-    /// since, dlopen) or is stale (an exec), at most once per drain. Cheap otherwise: one lookup, no allocation.
+    /// since, dlopen) or is stale (an exec), at most once per drain. Cheap otherwise: one
+    /// lookup, no allocation.
     pub fn seen(&mut self, pid: u32, ip: u64) {
         let drains = self.drains;
         if let Some(p) = self.procs.get(&pid) {
@@ -500,8 +502,8 @@ impl Symbolizer {
 
     /// Normalizes addresses of a process, from its memory map (the one kept while it is recent
     /// and holds them all, else read now), or, when it is gone, from the one read while it
-    /// lived. Already known addresses are skipped; `addrs` is
-    /// sorted and deduplicated in place.
+    /// lived. Already known addresses are skipped; `addrs` is sorted and deduplicated in
+    /// place.
     pub fn normalize(&mut self, pid: u32, addrs: &mut Vec<u64>) {
         addrs.sort_unstable();
         addrs.dedup();
