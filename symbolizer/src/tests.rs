@@ -182,6 +182,23 @@ fn parsed_symbols_are_kept_within_the_bound() {
     assert_eq!(s.cache_stats().modules, open);
 }
 
+/// A fresh anonymous executable page of this process; the caller unmaps it.
+fn anonymous_exec_page() -> *mut libc::c_void {
+    // SAFETY: a fresh anonymous mapping, which nothing else refers to.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_EXEC,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    page
+}
+
 #[test]
 fn a_memory_map_is_read_again_only_when_stale_or_short_of_an_address() {
     let pid = std::process::id();
@@ -206,18 +223,7 @@ fn a_memory_map_is_read_again_only_when_stale_or_short_of_an_address() {
     s.normalize(pid, &mut vec![own + 4]);
     assert_eq!(s.stats().maps_read, 3);
     // Code mapped since: read again, and named from the new map.
-    // SAFETY: a fresh anonymous mapping, unmapped below.
-    let page = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(page, libc::MAP_FAILED);
+    let page = anonymous_exec_page();
     let addr = page as u64 + 16;
     // (Not in the drain that read it last: a map is read at most once per drain.)
     s.next_drain();
@@ -255,18 +261,7 @@ fn unmapped_address_is_unknown_not_error() {
 #[test]
 fn an_address_in_anonymous_code_is_code_of_no_module() {
     let pid = std::process::id();
-    // SAFETY: a fresh anonymous mapping, unmapped below.
-    let page = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_EXEC,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(page, libc::MAP_FAILED);
+    let page = anonymous_exec_page();
     let addr = page as u64 + 16;
     let mut s = Symbolizer::new();
     s.normalize(pid, &mut vec![addr]);
