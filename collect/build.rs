@@ -64,6 +64,9 @@ fn run(mut cmd: Command, what: &str, hint: &str) {
     );
 }
 
+/// The units whose global functions `spanprof dump`'s iterator calls, built a second time.
+const TASK_READ_UNITS: [&str; 3] = ["python_walk.bpf.c", "span_read.bpf.c", "user_stack.bpf.c"];
+
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let ebpf = manifest.join("../profiler-ebpf");
@@ -108,11 +111,28 @@ fn main() {
         .unwrap_or_else(|| panic!("no maps.bpf.c in {}", src.display()));
     let maps = units.remove(first);
     units.insert(0, maps);
+    // `spanprof dump`'s task iterator (`*.task.c`) and the units whose functions it calls, built
+    // again to read another process's memory (helpers.h, SPANPROF_TASK_READS), their global
+    // functions renamed: linked into the same object, after the sampling build.
+    let mut builds: Vec<(PathBuf, bool)> = units.iter().map(|u| (u.clone(), false)).collect();
+    for unit in TASK_READ_UNITS {
+        builds.push((src.join(unit), true));
+    }
+    for unit in files(&src, &[".task.c"]) {
+        builds.push((unit, true));
+    }
     let mut objects = Vec::new();
-    for unit in &units {
+    for (unit, task_reads) in &builds {
         let name = unit.file_name().unwrap().to_str().unwrap();
-        let object = out_dir.join(name.replace(".bpf.c", ".o"));
+        let object = out_dir.join(if *task_reads {
+            name.replace(".bpf.c", ".task.o").replace(".task.c", ".task.o")
+        } else {
+            name.replace(".bpf.c", ".o")
+        });
         let mut cmd = Command::new(&clang);
+        if *task_reads {
+            cmd.arg("-DSPANPROF_TASK_READS");
+        }
         cmd.args(["-g", "-O2", "-target", "bpf", "-D__TARGET_ARCH_x86"])
             .args(["-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror"])
             .arg("-I")

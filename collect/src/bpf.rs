@@ -27,6 +27,8 @@ use spanprof_pipeline::python::KernelMaps;
 
 use crate::profile::DEFAULT_ALLOC_RATE;
 
+mod dump;
+
 /// The compiled eBPF object.
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/spanprof.bpf.o"));
@@ -274,6 +276,8 @@ pub struct Programs {
     /// Keeps the kernel's run time statistics of BPF programs on while it is open (`None`:
     /// `BPF_ENABLE_STATS` was refused, it needs CAP_SYS_ADMIN).
     stats: Option<std::os::fd::OwnedFd>,
+    /// The kernel BTF the programs were loaded with (the task iterator is loaded against it).
+    btf_path: PathBuf,
 }
 
 /// What spanprof's programs cost in the kernel so far: the `run_time_ns` and `run_cnt` counters
@@ -410,8 +414,11 @@ impl Programs {
             .override_global("alloc_rate", &alloc_rate, true)
             .override_global("alloc_heap", &alloc_heap, true)
             .map_max_entries("samples", opts.ring_buffer_size)
-            // Three scratches per CPU: the timer sample's, the off-CPU and the allocation ones.
-            .map_max_entries("scratch", SCRATCH_SLOTS * cpus)
+            // Three scratches per CPU: the timer sample's, the off-CPU and the allocation ones;
+            // then one of the task iterator's.
+            .map_max_entries("scratch", SCRATCH_SLOTS * cpus + 1)
+            // The task iterator's (`spanprof dump`), after the CPUs'.
+            .override_global("dump_scratch_key", &(SCRATCH_SLOTS * cpus), true)
             .load(EBPF_OBJECT)
             .map_err(aya_err("load the eBPF programs"))?;
 
@@ -546,6 +553,7 @@ impl Programs {
             stack_copy_sizes,
             errors,
             stats,
+            btf_path: opts.btf_path.clone(),
         })
     }
 

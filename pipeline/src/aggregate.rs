@@ -146,6 +146,11 @@ impl Aggregator {
         self.count.samples()
     }
 
+    /// The (pid, tid) of every thread with a sample so far.
+    pub fn threads_seen(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.count.threads.keys().copied()
+    }
+
     /// Samples left out by the limits ([`Options::max_keys`], [`Options::max_processes`]).
     pub fn dropped(&self) -> u64 {
         self.count.dropped()

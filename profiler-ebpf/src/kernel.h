@@ -48,6 +48,9 @@ struct mm_struct {
 struct task_struct {
 	int pid;
 	int tgid;
+	unsigned int __state; /* 0: running or runnable; else why it is off the CPU (5.14+) */
+	int on_cpu;	      /* on a CPU now (its saved registers are not where it is) */
+	char comm[16];
 	unsigned int in_iowait : 1; /* set by io_schedule() around a wait for I/O */
 	struct thread_struct thread;
 	struct uprobe_task *utask;
@@ -65,6 +68,16 @@ struct pt_regs___kernel {
 	unsigned long orig_ax; /* in a system call: its number */
 	unsigned long ip;
 	unsigned long sp;
+} __attribute__((preserve_access_index));
+
+/* The context of a task iterator program (kernel/bpf/task_iter.c): one task per run. */
+struct bpf_iter_meta {
+	void *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__task {
+	struct bpf_iter_meta *meta;
+	struct task_struct *task; /* NULL at the end */
 } __attribute__((preserve_access_index));
 
 /* include/linux/sched.h: a task leaving the CPU for good. */

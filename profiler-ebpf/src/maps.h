@@ -53,6 +53,11 @@ SPANPROF_SETTING(__u32, offcpu_runnable, 0);
 SPANPROF_SETTING(__u64, alloc_rate, 524288);
 /* --event heap: sampled allocations are tracked to their free (uretprobes and free uprobes). */
 SPANPROF_SETTING(__u32, alloc_heap, 0);
+/*
+ * `spanprof dump`: the index in `scratch` of the task iterator's own scratch, after the CPUs'
+ * (user space makes the map one entry longer).
+ */
+SPANPROF_SETTING(__u32, dump_scratch_key, 0);
 
 /* Maps of the targets, written by user space (and by on_fork, for children). */
 

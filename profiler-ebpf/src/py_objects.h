@@ -28,7 +28,7 @@ static __always_inline __u64 span_u64(struct scratch *w, __u32 off)
  * Reads 8 or 16 bytes of a keys object: from the block read with its header when they are in
  * it, else from the target.
  */
-static __always_inline int keys_read(struct scratch *w, __u64 addr, __u64 *out, __u32 len)
+static __always_inline int keys_read(struct scratch *w, __u64 addr, __u64 *out, __u32 len TASK_P)
 {
 	__u64 off = addr - w->kbase;
 
@@ -38,12 +38,13 @@ static __always_inline int keys_read(struct scratch *w, __u64 addr, __u64 *out, 
 			out[1] = load_u64(w->kblock, (__u32)off + 8, KEYS_BLOCK);
 		return 0;
 	}
-	return bpf_probe_read_user(out, len > 8 ? 16 : 8, (const void *)addr);
+	return user_read(out, len > 8 ? 16 : 8, (const void *)addr);
 }
 
 /* One probe of a dict lookup (CPython's open addressing: i = i*5 + perturb + 1). */
 static long dict_probe_step(__u64 n, void *ctx)
 {
+	LOOP_TASK(ctx)
 	struct scratch *w = loop_scratch(ctx);
 	struct lookup *q;
 	__u64 v = 0, kv[2] = {};
@@ -52,7 +53,7 @@ static long dict_probe_step(__u64 n, void *ctx)
 	if (!w)
 		return 1;
 	q = &w->q;
-	if (keys_read(w, q->index + q->i * q->width, &v, 8)) {
+	if (keys_read(w, q->index + q->i * q->width, &v, 8 TASK_A)) {
 		q->status = SPAN_FAULT;
 		return 1;
 	}
@@ -76,17 +77,17 @@ static long dict_probe_step(__u64 n, void *ctx)
 		__u64 at = q->entries + (__u64)ix * q->esize;
 
 		/* By hash: a general table's entry begins with its key's hash. */
-		if (q->by_hash && keys_read(w, at, kv, 8)) {
+		if (q->by_hash && keys_read(w, at, kv, 8 TASK_A)) {
 			q->status = SPAN_FAULT;
 			return 1;
 		}
 		if (!q->by_hash || kv[0] == q->hash) {
-			if (keys_read(w, at + q->koff, kv, 16)) {
+			if (keys_read(w, at + q->koff, kv, 16 TASK_A)) {
 				q->status = SPAN_FAULT;
 				return 1;
 			}
 			if (q->by_hash || kv[0] == q->key) {
-				if (q->values && read_ptr(&kv[1], q->values + (__u64)ix * 8)) {
+				if (q->values && read_ptr(&kv[1], q->values + (__u64)ix * 8 TASK_A)) {
 					q->status = SPAN_FAULT;
 					return 1;
 				}
@@ -121,7 +122,7 @@ static __always_inline __u64 empty_keys(struct lookup *q)
  * the verifier checks it (and its probe loop) once, not at each of the dozen lookups inlined in
  * the span readers, which made two fifths of their work. Returns 0.
  */
-int keys_find(__u32 slot, __u64 values, __u64 key, __u64 hash)
+int keys_find(__u32 slot, __u64 values, __u64 key, __u64 hash TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 	struct lookup *q;
@@ -181,13 +182,13 @@ int keys_find(__u32 slot, __u64 values, __u64 key, __u64 hash)
 	q->i = hash & q->mask;
 	q->perturb = hash;
 	q->status = 0;
-	bpf_loop(DICT_PROBES, dict_probe_step, &slot, 0);
+	bpf_loop_task(DICT_PROBES, dict_probe_step, &slot, 0);
 	return 0;
 }
 
 /* keys_find in the keys object `keys`, read first. */
 static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 values, __u64 key,
-				      __u64 hash)
+				      __u64 hash TASK_P)
 {
 	w->q.status = SPAN_FAULT;
 	w->q.result = 0;
@@ -201,25 +202,25 @@ static __always_inline __u64 keys_get(struct scratch *w, __u64 keys, __u64 value
 	w->kbase = keys;
 	w->kvalues = values;
 	w->klen = KEYS_BLOCK;
-	if (bpf_probe_read_user(w->kblock, KEYS_BLOCK, (const void *)keys)) {
+	if (user_read(w->kblock, KEYS_BLOCK, (const void *)keys)) {
 		w->klen = 40;
-		if (bpf_probe_read_user(w->kblock, 40, (const void *)keys))
+		if (user_read(w->kblock, 40, (const void *)keys))
 			return 0;
 	}
-	keys_find(w->slot, values, key, hash);
+	keys_find(w->slot, values, key, hash TASK_A);
 	return w->q.status == 1 ? w->q.result : 0;
 }
 
 /* dict[key] for a dict object (a subclass too: the dict part comes first). */
-static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, __u64 hash)
+static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, __u64 hash TASK_P)
 {
 	__u64 kv[2] = {}; /* ma_keys, ma_values */
 
-	if (!dict || bpf_probe_read_user(kv, sizeof(kv), (const void *)(dict + 32))) {
+	if (!dict || user_read(kv, sizeof(kv), (const void *)(dict + 32))) {
 		w->q.status = SPAN_FAULT;
 		return 0;
 	}
-	return keys_get(w, kv[0], kv[1], key, hash);
+	return keys_get(w, kv[0], kv[1], key, hash TASK_A);
 }
 
 /*
@@ -227,19 +228,19 @@ static __always_inline __u64 dict_get(struct scratch *w, __u64 dict, __u64 key, 
  * whose hash names them (an int, or a weak reference hashed as its referent's address), which
  * the caller then checks.
  */
-static __always_inline __u64 dict_get_by_hash(struct scratch *w, __u64 dict, __u64 hash)
+static __always_inline __u64 dict_get_by_hash(struct scratch *w, __u64 dict, __u64 hash TASK_P)
 {
 	__u64 v;
 
 	w->q.by_hash = 1;
 	w->q.rkey = 0;
-	v = dict_get(w, dict, 0, hash);
+	v = dict_get(w, dict, 0, hash TASK_A);
 	w->q.by_hash = 0;
 	return v;
 }
 
 /* obj.name for an instance attribute (from the instance's dict or values), or 0. */
-static __always_inline __u64 attr_lookup(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+static __always_inline __u64 attr_lookup(struct scratch *w, __u64 obj, __u64 name, __u64 hash TASK_P)
 {
 	__u64 type = 0, flags, v = 0, keys = 0, pre[2] = {}, tlen;
 	__u32 first = w->scfg.type_basicsize, last = w->scfg.type_dictoffset;
@@ -254,51 +255,51 @@ static __always_inline __u64 attr_lookup(struct scratch *w, __u64 obj, __u64 nam
 	asm volatile("" : "+r"(tlen)); /* the bound is checked on the register used */
 	if (tlen > TYPE_BLOCK)
 		return 0;
-	if (!obj || read_ptr(&type, obj + PY_OB_TYPE) || !type ||
-	    bpf_probe_read_user(w->tblock, tlen, (const void *)(type + first)))
+	if (!obj || read_ptr(&type, obj + PY_OB_TYPE TASK_A) || !type ||
+	    user_read(w->tblock, tlen, (const void *)(type + first)))
 		return 0;
 	flags = load_u64(w->tblock, w->scfg.type_flags - first, TYPE_BLOCK);
 	if (w->scfg.attr_kind == SPANPROF_ATTR_DICTOFFSET || !(flags & PY_TPFLAGS_MANAGED_DICT)) {
 		off = (__s64)load_u64(w->tblock, last - first, TYPE_BLOCK);
-		if (off <= 0 || off > 4096 || read_ptr(&v, obj + off))
+		if (off <= 0 || off > 4096 || read_ptr(&v, obj + off TASK_A))
 			return 0;
-		return dict_get(w, v, name, hash);
+		return dict_get(w, v, name, hash TASK_A);
 	}
 	/* A managed dict: the pre-header before the object holds the dict or the values. */
-	if (bpf_probe_read_user(pre, sizeof(pre), (const void *)(obj - 32)))
+	if (user_read(pre, sizeof(pre), (const void *)(obj - 32)))
 		return 0;
 	switch (w->scfg.attr_kind) {
 	case SPANPROF_ATTR_MANAGED: /* 3.11: values at -32, dict at -24 */
 		if (pre[1])
-			return dict_get(w, pre[1], name, hash);
+			return dict_get(w, pre[1], name, hash TASK_A);
 		v = pre[0];
 		break;
 	case SPANPROF_ATTR_TAGGED: /* 3.12: -24 holds the dict, or the values' address - 1 */
 		if (!(pre[1] & 1))
-			return pre[1] ? dict_get(w, pre[1], name, hash) : 0;
+			return pre[1] ? dict_get(w, pre[1], name, hash TASK_A) : 0;
 		v = pre[1] + 1;
 		break;
 	default: /* 3.13: dict at -24, else values inline after the object */
 		if (pre[1])
-			return dict_get(w, pre[1], name, hash);
+			return dict_get(w, pre[1], name, hash TASK_A);
 		off = (__s64)load_u64(w->tblock, 0, TYPE_BLOCK);
 		if (!(flags & PY_TPFLAGS_INLINE_VALUES) || off <= 0 || off > 4096)
 			return 0;
 		v = obj + off;
 		/* PyDictValues.valid: 0 once the values moved to a dict. */
-		if (bpf_probe_read_user(&valid, 1, (const void *)(v + 3)) || !valid)
+		if (user_read(&valid, 1, (const void *)(v + 3)) || !valid)
 			return 0;
 		break;
 	}
-	if (!v || read_ptr(&keys, type + w->scfg.type_cached_keys))
+	if (!v || read_ptr(&keys, type + w->scfg.type_cached_keys TASK_A))
 		return 0;
-	return keys_get(w, keys, v, name, hash);
+	return keys_get(w, keys, v, name, hash TASK_A);
 }
 
 /* attr_lookup, noting whose attributes' keys are left in w->kblock when it found the name. */
-static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash)
+static __always_inline __u64 getattr(struct scratch *w, __u64 obj, __u64 name, __u64 hash TASK_P)
 {
-	__u64 v = attr_lookup(w, obj, name, hash);
+	__u64 v = attr_lookup(w, obj, name, hash TASK_A);
 
 	if (v)
 		w->attrs_obj = obj;

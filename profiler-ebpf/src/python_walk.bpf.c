@@ -54,12 +54,13 @@ _Static_assert(SPANPROF_PY_FRAME_SIZE == 24, "py_close_ring copies a frame as th
 /* One step of the thread-state search: is w->frame the sampled thread's? */
 static long py_thread_step(__u64 i, void *ctx)
 {
+	LOOP_TASK(ctx)
 	struct scratch *w = loop_scratch(ctx);
 	__u64 v = 0;
 
 	if (!w || w->frame == 0)
 		return 1;
-	if (read_ptr(&v, w->frame + w->cfg.tstate_thread)) {
+	if (read_ptr(&v, w->frame + w->cfg.tstate_thread TASK_A)) {
 		w->status = SPANPROF_PY_READ_FAILED;
 		return 1;
 	}
@@ -67,7 +68,7 @@ static long py_thread_step(__u64 i, void *ctx)
 		w->status = SPANPROF_PY_OK;
 		return 1;
 	}
-	if (read_ptr(&v, w->frame + w->cfg.tstate_next)) {
+	if (read_ptr(&v, w->frame + w->cfg.tstate_next TASK_A)) {
 		w->status = SPANPROF_PY_READ_FAILED;
 		return 1;
 	}
@@ -88,7 +89,7 @@ static __always_inline __u32 py_slot(__u32 n)
  * ends the walk. A global function, checked once: as the loop's callback itself, the verifier
  * went over it a dozen times (a third of what it checked in each sampling program).
  */
-__attribute__((noinline)) int py_frame(__u32 slot)
+__attribute__((noinline)) int py_frame(__u32 slot TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 	__u32 size, off, flags = 0, d, len, rel, version;
@@ -121,7 +122,7 @@ __attribute__((noinline)) int py_frame(__u32 slot)
 		len = w->frame + size - start;
 		if (len > SPANPROF_PY_WINDOW)
 			len = SPANPROF_PY_WINDOW;
-		if (bpf_probe_read_user(w->win, len, (const void *)start))
+		if (user_read(w->win, len, (const void *)start))
 			goto fault;
 		w->win_base = start;
 		w->win_len = len;
@@ -181,7 +182,7 @@ __attribute__((noinline)) int py_frame(__u32 slot)
 		size = w->cfg.code_size;
 		if (size > SPANPROF_PY_CODE_BLOCK)
 			size = SPANPROF_PY_CODE_BLOCK;
-		if (bpf_probe_read_user(w->code, size, (const void *)(code + w->cfg.code_firstlineno)))
+		if (user_read(w->code, size, (const void *)(code + w->cfg.code_firstlineno)))
 			goto fault;
 		first = (__s32)load_u32(w->code, 0, SPANPROF_PY_CODE_BLOCK);
 		name = filename = table = version = 0;
@@ -197,7 +198,7 @@ __attribute__((noinline)) int py_frame(__u32 slot)
 			filename = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
 			d = w->cfg.code_name - w->cfg.code_firstlineno;
 			name = load_u64(w->code, d, SPANPROF_PY_CODE_BLOCK);
-			if (bpf_probe_read_user(w->name, sizeof(w->name),
+			if (user_read(w->name, sizeof(w->name),
 						(const void *)(name + w->cfg.name_hash)))
 				goto fault;
 			d = w->cfg.name_data - w->cfg.name_hash;
@@ -239,11 +240,12 @@ fault:
 
 static long py_frame_step(__u64 i, void *ctx)
 {
+	LOOP_TASK(ctx)
 	int stop;
 
 	if (!ctx)
 		return 1;
-	stop = py_frame(*(__u32 *)ctx);
+	stop = py_frame(*(__u32 *)ctx TASK_A);
 	/*
 	 * A callback returns 0 or 1, and the verifier knows nothing of a global function's result:
 	 * the test must stay (clang knows py_frame's results and would drop it).
@@ -256,7 +258,7 @@ static long py_frame_step(__u64 i, void *ctx)
  * The sampled thread's PyThreadState: the cached one if it still names this thread, else a
  * search of the interpreter's thread list. 0 when there is none (or a read failed).
  */
-static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u32 tid)
+static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u32 tid TASK_P)
 {
 	struct py_tstate *cached, fresh = {};
 	__u32 stamp = (__u32)(bpf_ktime_get_ns() >> 20);
@@ -265,9 +267,9 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 	if (w->cfg.tstate_match == SPANPROF_PY_MATCH_NATIVE_TID) {
 		w->want = tid;
 	} else {
-		struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+		struct task_struct *cur = sampled_task();
 
-		w->want = BPF_CORE_READ(task, thread.fsbase);
+		w->want = BPF_CORE_READ(cur, thread.fsbase);
 	}
 	cached = bpf_map_lookup_elem(&py_threads, &tid);
 	if (cached && cached->tgid == tgid) {
@@ -275,13 +277,13 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 			w->status = SPANPROF_PY_NO_THREAD;
 			return 0;
 		}
-		if (cached->tstate && !read_ptr(&v, cached->tstate + w->cfg.tstate_thread) &&
+		if (cached->tstate && !read_ptr(&v, cached->tstate + w->cfg.tstate_thread TASK_A) &&
 		    v == w->want)
 			return cached->tstate;
 	}
 
-	if (read_ptr(&interp, w->cfg.runtime_addr + w->cfg.runtime_interp_head) ||
-	    (interp && read_ptr(&w->frame, interp + w->cfg.interp_threads_head))) {
+	if (read_ptr(&interp, w->cfg.runtime_addr + w->cfg.runtime_interp_head TASK_A) ||
+	    (interp && read_ptr(&w->frame, interp + w->cfg.interp_threads_head TASK_A))) {
 		w->status = SPANPROF_PY_READ_FAILED;
 		return 0;
 	}
@@ -292,7 +294,7 @@ static __always_inline __u64 py_thread_state(struct scratch *w, __u32 tgid, __u3
 	{
 		__u32 slot = w->slot;
 
-		bpf_loop(PY_THREAD_LOOPS, py_thread_step, &slot, 0);
+		bpf_loop_task(PY_THREAD_LOOPS, py_thread_step, &slot, 0);
 	}
 	fresh.tgid = tgid;
 	if (w->status != SPANPROF_PY_OK) {
@@ -345,7 +347,7 @@ static __always_inline void py_close_ring(struct scratch *w)
 	}
 }
 
-int py_walk(__u32 slot, __u64 native)
+int py_walk(__u32 slot, __u64 native TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 	const struct spanprof_py_proc *cfg;
@@ -364,7 +366,7 @@ int py_walk(__u32 slot, __u64 native)
 	w->win_base = 0;
 	w->win_len = 0;
 	w->py_base = native * sizeof(__u64);
-	tstate = py_thread_state(w, tgid, w->s.tid);
+	tstate = py_thread_state(w, tgid, w->s.tid TASK_A);
 	w->tstate = tstate;
 	if (!tstate) {
 		w->s.py_status = w->status;
@@ -373,13 +375,13 @@ int py_walk(__u32 slot, __u64 native)
 		return 0;
 	}
 	w->s.py_status = SPANPROF_PY_OK;
-	if (read_ptr(&frame, tstate + w->cfg.tstate_frame))
+	if (read_ptr(&frame, tstate + w->cfg.tstate_frame TASK_A))
 		goto fault;
 	if (frame && w->cfg.cframe_current != SPANPROF_PY_NO_OFFSET &&
-	    read_ptr(&frame, frame + w->cfg.cframe_current))
+	    read_ptr(&frame, frame + w->cfg.cframe_current TASK_A))
 		goto fault;
 	w->frame = frame;
-	bpf_loop(PY_FRAME_LOOPS, py_frame_step, &slot, 0);
+	bpf_loop_task(PY_FRAME_LOOPS, py_frame_step, &slot, 0);
 	/* Steps ran out with frames left: a cycle, or shims beyond the bound. */
 	if (w->frame && !(w->s.py_status & SPANPROF_PY_TRUNCATED))
 		w->s.py_status |= SPANPROF_PY_TRUNCATED;

@@ -14,6 +14,6 @@
  * none; a process not read as Python is left alone, and begin_sample set it to 0).
  * A global function, verified once on its own; returns 0.
  */
-int py_walk(__u32 slot, __u64 native);
+int py_walk(__u32 slot, __u64 native TASK_GP);
 
 #endif /* SPANPROF_PYTHON_WALK_H */

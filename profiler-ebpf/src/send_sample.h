@@ -30,7 +30,7 @@
  * loop that puts back return addresses was checked again for every length the page-by-page copy
  * could end with, two thirds of the verifier's work on each sampling program. Returns 0.
  */
-int copy_user_stack(__u32 slot, __u64 off);
+int copy_user_stack(__u32 slot, __u64 off TASK_GP);
 
 /* Starts the sample of the current thread in w: the header, up to its stacks. */
 static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, __u64 id,
@@ -70,21 +70,26 @@ static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, _
  * one ring buffer record of only what was captured (a 10-frame stack is 176 bytes, not 47 KiB).
  * `ctx` is the program's context, for bpf_get_stack.
  */
-static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, int user)
+static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, int user TASK_P)
 {
 	struct spanprof_sample *s = &w->s;
 	struct spanprof_target *t;
-	struct task_struct *task;
+	struct task_struct *cur;
 	__u32 tgid = s->pid, seen;
 	__u64 u, p, size, off, ip, wake = BPF_RB_NO_WAKEUP;
 	long n = 0;
 
 	if (k > SPANPROF_MAX_STACK_DEPTH)
 		k = SPANPROF_MAX_STACK_DEPTH;
-	/* --unwind dwarf copies the stack instead (below), after the parts that go before it. */
+	/*
+	 * --unwind dwarf copies the stack instead (below), after the parts that go before it. The
+	 * kernel walks the frame pointers of the current thread only: a dump always copies.
+	 */
+#ifndef SPANPROF_TASK_READS
 	if (user && !stack_copy_bytes)
 		n = bpf_get_stack(ctx, &s->stack[k], SPANPROF_MAX_STACK_DEPTH * sizeof(__u64),
 				  BPF_F_USER_STACK);
+#endif
 	if (n < 0)
 		count_error(SPANPROF_ERR_USTACK);
 	s->ustack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
@@ -93,7 +98,7 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 		u = SPANPROF_MAX_STACK_DEPTH;
 
 	if (user)
-		py_walk(w->slot, k + u);
+		py_walk(w->slot, k + u TASK_A);
 	p = s->py_len;
 	if (p > SPANPROF_MAX_PY_FRAMES)
 		p = SPANPROF_MAX_PY_FRAMES;
@@ -101,12 +106,12 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 	 * Any process with a `span_procs` entry: a Python process's objects, or the thread context
 	 * a process of any language publishes (w->tstate is 0 outside Python: only that is read).
 	 */
-	if (user && read_span(w->slot, (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE))
+	if (user && read_span(w->slot, (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE TASK_A))
 		s->span_len = sizeof(w->span);
 
 	off = (k + u) * sizeof(__u64) + p * SPANPROF_PY_FRAME_SIZE + s->span_len;
-	if (user && stack_copy_bytes)
-		copy_user_stack(w->slot, off);
+	if (user && (stack_copy_bytes || IS_TASK_READS))
+		copy_user_stack(w->slot, off TASK_A);
 
 	size = SPANPROF_SAMPLE_HEADER_SIZE + off + s->ustack_copy_len;
 	if (size > sizeof(*s))
@@ -124,9 +129,13 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 	if (t) {
 		seen = SPANPROF_TARGET_SEEN;
 		ip = stack_copy_bytes ? s->user_ip : (u ? s->stack[k & (SPANPROF_MAX_STACK_DEPTH - 1)] : 0);
-		task = bpf_get_current_task_btf();
-		if (ip && ip >= BPF_CORE_READ(task, mm, start_code) &&
-		    ip < BPF_CORE_READ(task, mm, end_code))
+#ifdef SPANPROF_TASK_READS
+		cur = task;
+#else
+		cur = bpf_get_current_task_btf();
+#endif
+		if (ip && ip >= BPF_CORE_READ(cur, mm, start_code) &&
+		    ip < BPF_CORE_READ(cur, mm, end_code))
 			seen |= SPANPROF_TARGET_SEEN_MAIN;
 		if (seen & ~t->flags) {
 			t->flags |= seen;

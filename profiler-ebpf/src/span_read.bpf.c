@@ -71,7 +71,7 @@
  * Which HAMT node `type` is: by the addresses of the node types when user space found them in
  * the symbol table, else by the type's name (stripped interpreters). 0: not a HAMT node.
  */
-static __always_inline __u32 hamt_kind(struct scratch *w, __u64 type)
+static __always_inline __u32 hamt_kind(struct scratch *w, __u64 type TASK_P)
 {
 	__u64 name = 0, text = 0;
 
@@ -81,7 +81,7 @@ static __always_inline __u32 hamt_kind(struct scratch *w, __u64 type)
 		return HAMT_ARRAY_NODE;
 	if (type == w->scfg.hamt_collision_type)
 		return HAMT_COLLISION_NODE;
-	if (read_ptr(&name, type + PY_TYPE_NAME) || read_ptr(&text, name))
+	if (read_ptr(&name, type + PY_TYPE_NAME TASK_A) || read_ptr(&text, name TASK_A))
 		return 0;
 	switch (text) {
 	case HAMT_NAME_BITMAP:
@@ -97,6 +97,7 @@ static __always_inline __u32 hamt_kind(struct scratch *w, __u64 type)
 /* One level of a HAMT lookup (Python/hamt.c: 5 bits of the hash per level). */
 static long hamt_step(__u64 n, void *ctx)
 {
+	LOOP_TASK(ctx)
 	struct scratch *w = loop_scratch(ctx);
 	struct lookup *q;
 	__u64 hdr[4] = {}, kv[2] = {}, type, node = 0;
@@ -107,11 +108,11 @@ static long hamt_step(__u64 n, void *ctx)
 	q = &w->q;
 	q->status = SPAN_FAULT;
 	if (!q->node || q->shift > 30 ||
-	    bpf_probe_read_user(hdr, sizeof(hdr), (const void *)q->node))
+	    user_read(hdr, sizeof(hdr), (const void *)q->node))
 		return 1;
 	type = hdr[1];
 	idx = (__u32)(q->hash >> q->shift) & 31;
-	kind = hamt_kind(w, type);
+	kind = hamt_kind(w, type TASK_A);
 	if (kind == HAMT_BITMAP_NODE) {
 		bitmap = (__u32)hdr[3];
 		bit = 1U << idx;
@@ -119,7 +120,7 @@ static long hamt_step(__u64 n, void *ctx)
 		if (!(bitmap & bit))
 			return 1;
 		idx = __builtin_popcount(bitmap & (bit - 1));
-		if (bpf_probe_read_user(kv, sizeof(kv),
+		if (user_read(kv, sizeof(kv),
 					(const void *)(q->node + HAMT_BITMAP_ARRAY + idx * 16))) {
 			q->status = SPAN_FAULT;
 			return 1;
@@ -136,7 +137,7 @@ static long hamt_step(__u64 n, void *ctx)
 		return 1;
 	}
 	if (kind == HAMT_ARRAY_NODE) {
-		if (read_ptr(&node, q->node + HAMT_ARRAY_ARRAY + idx * 8))
+		if (read_ptr(&node, q->node + HAMT_ARRAY_ARRAY + idx * 8 TASK_A))
 			return 1;
 		q->status = 0;
 		q->node = node;
@@ -149,7 +150,7 @@ static long hamt_step(__u64 n, void *ctx)
 		for (i = 0; i < COLLISION_PAIRS; i++) {
 			if (2 * i + 1 >= slots)
 				break;
-			if (bpf_probe_read_user(kv, sizeof(kv),
+			if (user_read(kv, sizeof(kv),
 						(const void *)(q->node + HAMT_COLLISION_ARRAY + i * 16))) {
 				q->status = SPAN_FAULT;
 				return 1;
@@ -166,7 +167,7 @@ static long hamt_step(__u64 n, void *ctx)
 }
 
 /* The value of `key` in the HAMT whose root node is `root`, or 0. */
-static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, __u32 hash)
+static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, __u32 hash TASK_P)
 {
 	struct lookup *q = &w->q;
 
@@ -179,13 +180,13 @@ static __always_inline __u64 hamt_get(struct scratch *w, __u64 root, __u64 key, 
 	{
 		__u32 slot = w->slot;
 
-		bpf_loop(HAMT_LEVELS, hamt_step, &slot, 0);
+		bpf_loop_task(HAMT_LEVELS, hamt_step, &slot, 0);
 	}
 	return q->status == 1 ? q->result : 0;
 }
 
 /* A non-negative int of at most `bytes` (8 or 16) bytes, stored big-endian at `out`. */
-static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u32 bytes)
+static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u32 bytes TASK_P)
 {
 	struct {
 		__u64 size;
@@ -199,8 +200,8 @@ static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u
 	 * rounded up to a 16-byte allocation, so the read rarely passes the end of a mapping; when
 	 * it does, the size first, then only the digits it says.
 	 */
-	if (bpf_probe_read_user(&v, 8 + 5 * sizeof(__u32), (const void *)(obj + PY_LONG_SIZE))) {
-		if (read_ptr(&v.size, obj + PY_LONG_SIZE))
+	if (user_read(&v, 8 + 5 * sizeof(__u32), (const void *)(obj + PY_LONG_SIZE))) {
+		if (read_ptr(&v.size, obj + PY_LONG_SIZE TASK_A))
 			return SPAN_FAULT;
 		v.d[0] = 0xffffffff; /* not read yet */
 	}
@@ -223,7 +224,7 @@ static __always_inline int read_int(struct scratch *w, __u64 obj, __u8 *out, __u
 		asm volatile("" : "+r"(len));
 		if (len > 5 * sizeof(__u32))
 			return SPAN_FAULT;
-		if (len && bpf_probe_read_user(v.d, len, (const void *)(obj + PY_LONG_DIGITS)))
+		if (len && user_read(v.d, len, (const void *)(obj + PY_LONG_DIGITS)))
 			return SPAN_FAULT;
 	}
 	/* Digits past ndigits belong to the next object. */
@@ -277,7 +278,7 @@ static __always_inline __u8 hex_value(__u64 c)
  * The UUID text (8-4-4-4-12 hex digits) at `at` in w->buf of the scratch of `slot`, into the
  * OSProfiler id `which` (UUID_*) of w->span, which garbage leaves as it was (an id read before it
  * stays whole). 0, or SPAN_FAULT. A global function, checked once: inlined, its loop was checked
- * again for every id and every buffer it was called with, 96 times over in span_published().
+ * again for every id and every buffer it was called with, 96 times over in span_published( TASK_A).
  */
 __attribute__((noinline)) int uuid_at(__u32 slot, __u32 at, __u32 which)
 {
@@ -316,7 +317,7 @@ __attribute__((noinline)) int uuid_at(__u32 slot, __u32 at, __u32 which)
 }
 
 /* A str holding a UUID, parsed into the OSProfiler id `which` (UUID_*). */
-static __always_inline int read_uuid(struct scratch *w, __u64 str, __u32 which)
+static __always_inline int read_uuid(struct scratch *w, __u64 str, __u32 which TASK_P)
 {
 	__u32 data = w->scfg.str_data, len;
 
@@ -325,7 +326,7 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u32 which)
 	/* From the length to the end of 36 characters: no byte past the object. */
 	len = data - PY_STR_LENGTH + PY_UUID_LEN;
 	if (!str || len > SPAN_BUF ||
-	    bpf_probe_read_user(w->buf, len, (const void *)(str + PY_STR_LENGTH)))
+	    user_read(w->buf, len, (const void *)(str + PY_STR_LENGTH)))
 		return SPAN_FAULT;
 	if (span_u64(w, 0) != PY_UUID_LEN ||
 	    (load_u32(w->buf, PY_STR_STATE - PY_STR_LENGTH, SPAN_BUF) & PY_STR_COMPACT_ASCII) !=
@@ -351,10 +352,10 @@ static __always_inline int read_uuid(struct scratch *w, __u64 str, __u32 which)
  * the thread has none (its DTV has no block for the module yet: it never touched the module's
  * TLS); SPAN_FAULT on garbage.
  */
-static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u64 *addr)
+static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u64 *addr TASK_P)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u64 fs = BPF_CORE_READ(task, thread.fsbase), dtv = 0, block = 0, len = 0;
+	struct task_struct *cur = sampled_task();
+	__u64 fs = BPF_CORE_READ(cur, thread.fsbase), dtv = 0, block = 0, len = 0;
 
 	if (kind == SPANPROF_TLS_STATIC) {
 		*addr = fs + offset;
@@ -362,7 +363,7 @@ static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u6
 	}
 	if (kind != SPANPROF_TLS_DTV)
 		return 1;
-	if (read_ptr(&dtv, fs + TCB_DTV) || !dtv || read_ptr(&len, dtv - DTV_ENTRY))
+	if (read_ptr(&dtv, fs + TCB_DTV TASK_A) || !dtv || read_ptr(&len, dtv - DTV_ENTRY TASK_A))
 		return SPAN_FAULT;
 	/*
 	 * dtv[-1] counts the slots: a thread whose DTV predates the module's dlopen has no slot for
@@ -370,7 +371,7 @@ static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u6
 	 */
 	if (module > len)
 		return 1;
-	if (read_ptr(&block, dtv + module * DTV_ENTRY))
+	if (read_ptr(&block, dtv + module * DTV_ENTRY TASK_A))
 		return SPAN_FAULT;
 	if (block < 4096 || block == DTV_UNALLOCATED)
 		return 1;
@@ -385,7 +386,7 @@ static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u6
  * 16 hex digits at `at` (garbage digits give garbage, never a fault). Branch-free,
  * by hex_value: any byte that is not a digit gives some nibble (kept to 4 bits, so it never
  * spills into the next digit). A branch per digit let the verifier on 6.18.44 walk its paths
- * apart: span_published() went over the 1,000,000-instruction limit and no program loaded. The
+ * apart: span_published( TASK_A) went over the 1,000,000-instruction limit and no program loaded. The
  * digits are in w->win of the scratch of `slot`. A global function, checked once.
  */
 __attribute__((noinline)) __u64 hex64_at(__u32 slot, __u32 at)
@@ -458,7 +459,7 @@ static long ctx_attr_step(__u64 n, void *ctx)
  * The thread context record the process publishes for this thread (OTEP 4947), if any: its
  * OpenTelemetry ids, and the OSProfiler ids among its attributes.
  */
-static __always_inline int published_ctx(struct scratch *w)
+static __always_inline int published_ctx(struct scratch *w TASK_P)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	__u64 addr = 0, rec = 0, ctx = 0;
@@ -466,14 +467,14 @@ static __always_inline int published_ctx(struct scratch *w)
 	int err;
 
 	/* No block: the thread never touched the module's TLS, nothing published. */
-	err = tls_addr(c->tls_kind, c->tls_offset, c->tls_module, &addr);
+	err = tls_addr(c->tls_kind, c->tls_offset, c->tls_module, &addr TASK_A);
 	if (err)
 		return err == SPAN_FAULT ? SPAN_FAULT : 0;
-	if (read_ptr(&rec, addr))
+	if (read_ptr(&rec, addr TASK_A))
 		return SPAN_FAULT;
 	if (!rec)
 		return 0;
-	if (bpf_probe_read_user(w->buf, CTX_RECORD_HEADER, (const void *)rec))
+	if (user_read(w->buf, CTX_RECORD_HEADER, (const void *)rec))
 		return SPAN_FAULT;
 	if (w->buf[CTX_VALID] != 1) /* being written, or not valid */
 		return 0;
@@ -487,7 +488,7 @@ static __always_inline int published_ctx(struct scratch *w)
 	if (size && (c->osp_keys[1] != SPANPROF_NO_KEY || c->osp_keys[3] != SPANPROF_NO_KEY)) {
 		if (size > CTX_ATTRS_READ)
 			size = CTX_ATTRS_READ;
-		if (bpf_probe_read_user(w->win, size, (const void *)(rec + CTX_RECORD_HEADER)))
+		if (user_read(w->win, size, (const void *)(rec + CTX_RECORD_HEADER)))
 			return SPAN_FAULT;
 		w->q.i = 0;
 		w->q.nentries = size;
@@ -496,7 +497,7 @@ static __always_inline int published_ctx(struct scratch *w)
 		{
 			__u32 slot = w->slot;
 
-			bpf_loop(CTX_ATTRS_ENTRIES, ctx_attr_step, &slot, 0);
+			bpf_loop_task(CTX_ATTRS_ENTRIES, ctx_attr_step, &slot, 0);
 		}
 		found = (__u32)w->q.status;
 	}
@@ -506,7 +507,7 @@ static __always_inline int published_ctx(struct scratch *w)
 	 * knowing, and the span is read from the interpreter instead.
 	 */
 	if (otel && (found & 8) && w->tstate &&
-	    (read_ptr(&ctx, w->tstate + c->tstate_context) || ctx != w->q.result))
+	    (read_ptr(&ctx, w->tstate + c->tstate_context TASK_A) || ctx != w->q.result))
 		otel = 0;
 	if (otel)
 		w->span.flags |= SPANPROF_SPAN_OTEL | SPANPROF_SPAN_PUBLISHED;
@@ -519,14 +520,14 @@ static __always_inline int published_ctx(struct scratch *w)
 }
 
 /* OpenTelemetry's current span of the thread: Context[span key]._context, a SpanContext. */
-static __always_inline int otel_span(struct scratch *w, __u64 tstate)
+static __always_inline int otel_span(struct scratch *w, __u64 tstate TASK_P)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	__u64 v = 0, ids[2] = {}, ts[3] = {}, var[3] = {}, again[3] = {};
 
 	/* PyThreadState: context, context_ver, id; PyContextVar: var_cached, _tsid, _tsver. */
-	if (bpf_probe_read_user(ts, sizeof(ts), (const void *)(tstate + c->tstate_context)) ||
-	    bpf_probe_read_user(var, sizeof(var), (const void *)(c->otel_var + CONTEXTVAR_CACHED)))
+	if (user_read(ts, sizeof(ts), (const void *)(tstate + c->tstate_context)) ||
+	    user_read(var, sizeof(var), (const void *)(c->otel_var + CONTEXTVAR_CACHED)))
 		return SPAN_FAULT;
 	if (!ts[0]) /* the thread never used contextvars */
 		return 0;
@@ -537,25 +538,25 @@ static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 	 * only if nothing changed in between.
 	 */
 	if (var[0] && var[1] == ts[2] && var[2] == ts[1] &&
-	    !bpf_probe_read_user(again, sizeof(again),
+	    !user_read(again, sizeof(again),
 				 (const void *)(c->otel_var + CONTEXTVAR_CACHED)) &&
 	    again[0] == var[0] && again[1] == var[1] && again[2] == var[2]) {
 		v = var[0];
 	} else {
-		if (read_ptr(&v, ts[0] + c->context_vars) || !v || read_ptr(&v, v + c->hamt_root))
+		if (read_ptr(&v, ts[0] + c->context_vars TASK_A) || !v || read_ptr(&v, v + c->hamt_root TASK_A))
 			return SPAN_FAULT;
-		v = hamt_get(w, v, c->otel_var, c->otel_var_hash);
+		v = hamt_get(w, v, c->otel_var, c->otel_var_hash TASK_A);
 		if (!v) /* the thread never set OpenTelemetry's context */
 			return w->q.status;
 	}
-	v = dict_get(w, v, c->otel_key, c->otel_key_hash);
+	v = dict_get(w, v, c->otel_key, c->otel_key_hash TASK_A);
 	if (!v) /* no current span */
 		return w->q.status;
 	w->name_obj[0] = v;
-	v = getattr(w, v, c->context_name, c->context_name_hash);
-	if (!v || bpf_probe_read_user(ids, sizeof(ids), (const void *)(v + c->tuple_items)))
+	v = getattr(w, v, c->context_name, c->context_name_hash TASK_A);
+	if (!v || user_read(ids, sizeof(ids), (const void *)(v + c->tuple_items)))
 		return SPAN_FAULT;
-	if (read_int(w, ids[0], w->span.trace_id, 16) || read_int(w, ids[1], w->span.span_id, 8))
+	if (read_int(w, ids[0], w->span.trace_id, 16 TASK_A) || read_int(w, ids[1], w->span.span_id, 8 TASK_A))
 		return SPAN_FAULT;
 	/* INVALID_SPAN's zero ids: not a span. */
 	if (!load_u64(w->span.span_id, 0, 8) ||
@@ -566,19 +567,19 @@ static __always_inline int otel_span(struct scratch *w, __u64 tstate)
 }
 
 /* The str at position `i` of a deque, given its first block and first index. */
-static __always_inline __u64 deque_item(__u64 block, __u64 first, __u64 i)
+static __always_inline __u64 deque_item(__u64 block, __u64 first, __u64 i TASK_P)
 {
 	__u64 v = 0, pos = first + i;
 
 	/* Trace stacks are short: follow at most one block link. */
 	if (pos >= DEQUE_BLOCKLEN) {
-		if (read_ptr(&block, block + 8 + DEQUE_BLOCKLEN * 8) || !block)
+		if (read_ptr(&block, block + 8 + DEQUE_BLOCKLEN * 8 TASK_A) || !block)
 			return 0;
 		pos -= DEQUE_BLOCKLEN;
 		if (pos >= DEQUE_BLOCKLEN)
 			return 0;
 	}
-	if (read_ptr(&v, block + DEQUE_BLOCK_DATA + pos * 8))
+	if (read_ptr(&v, block + DEQUE_BLOCK_DATA + pos * 8 TASK_A))
 		return 0;
 	return v;
 }
@@ -591,26 +592,26 @@ static __always_inline __u64 deque_item(__u64 block, __u64 first, __u64 i)
  * type green_type: else this is not greenlet's state) and then the current one. 0 when there
  * is none; SPAN_FAULT in w->q.status on garbage.
  */
-static __always_inline __u64 current_greenlet(struct scratch *w)
+static __always_inline __u64 current_greenlet(struct scratch *w TASK_P)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	__u64 addr = 0, state = 0, g[2] = {}, type = 0;
 	int err;
 
 	w->q.status = 0;
-	err = tls_addr(c->green_tls_kind, c->green_tls_offset, c->green_tls_module, &addr);
+	err = tls_addr(c->green_tls_kind, c->green_tls_offset, c->green_tls_module, &addr TASK_A);
 	if (err) {
 		w->q.status = err == SPAN_FAULT ? SPAN_FAULT : 0;
 		return 0;
 	}
-	if (read_ptr(&state, addr)) {
+	if (read_ptr(&state, addr TASK_A)) {
 		w->q.status = SPAN_FAULT;
 		return 0;
 	}
 	if (state <= 1)
 		return 0;
-	if (bpf_probe_read_user(g, sizeof(g), (const void *)state) || !g[0] || !g[1] ||
-	    read_ptr(&type, g[0] + PY_OB_TYPE) || type != c->green_type) {
+	if (user_read(g, sizeof(g), (const void *)state) || !g[0] || !g[1] ||
+	    read_ptr(&type, g[0] + PY_OB_TYPE TASK_A) || type != c->green_type) {
 		w->q.status = SPAN_FAULT;
 		return 0;
 	}
@@ -626,25 +627,25 @@ static __always_inline __u64 current_greenlet(struct scratch *w)
  * declaration order, or pure Python's sorted slots). The weakref must still name this
  * greenlet: an entry of a dead greenlet whose address was reused is not its.
  */
-static __always_inline __u64 green_local(struct scratch *w)
+static __always_inline __u64 green_local(struct scratch *w TASK_P)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	__u64 g, v, f[2] = {}, t = 0, d, wr, ref = 0;
 
-	g = current_greenlet(w);
+	g = current_greenlet(w TASK_A);
 	if (!g)
 		return 0;
 	/* One lookup: a weakref hashes as its referent, by address; an int below 2^61 - 1 as itself. */
 	v = dict_get_by_hash(w, c->osp_local,
-			     c->green_kind == SPANPROF_GREEN_EVENTLET ? g >> 4 | g << 60 : g);
+			     c->green_kind == SPANPROF_GREEN_EVENTLET ? g >> 4 | g << 60 : g TASK_A);
 	if (!v)
 		return 0;
 	if (c->green_kind == SPANPROF_GREEN_EVENTLET) {
 		wr = w->q.rkey;
 		d = v;
 	} else {
-		if (bpf_probe_read_user(f, sizeof(f), (const void *)(v + 16)) ||
-		    read_ptr(&t, f[0] + PY_OB_TYPE))
+		if (user_read(f, sizeof(f), (const void *)(v + 16)) ||
+		    read_ptr(&t, f[0] + PY_OB_TYPE TASK_A))
 			goto fault;
 		if (t == c->dict_type) {
 			d = f[0];
@@ -654,7 +655,7 @@ static __always_inline __u64 green_local(struct scratch *w)
 			wr = f[0];
 		}
 	}
-	if (read_ptr(&t, d + PY_OB_TYPE) || t != c->dict_type || read_ptr(&ref, wr + PY_WEAKREF_OBJECT))
+	if (read_ptr(&t, d + PY_OB_TYPE TASK_A) || t != c->dict_type || read_ptr(&ref, wr + PY_WEAKREF_OBJECT TASK_A))
 		goto fault;
 	w->q.status = 0;
 	return ref == g ? d : 0;
@@ -664,42 +665,42 @@ fault:
 }
 
 /* OSProfiler's trace stack of the thread: base id first, the current trace point last. */
-static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
+static __always_inline int osp_trace(struct scratch *w, __u64 tstate TASK_P)
 {
 	const struct spanprof_span_proc *c = &w->scfg;
 	__u64 v = 0, d[5] = {}, n, left, right, lefti, righti, str, len, items[DEQUE_ITEMS] = {};
 
 	if (c->green_kind != SPANPROF_GREEN_NONE) {
-		v = green_local(w);
+		v = green_local(w TASK_A);
 		if (!v)
 			return w->q.status;
-	} else if (read_ptr(&v, tstate + c->tstate_local)) {
+	} else if (read_ptr(&v, tstate + c->tstate_local TASK_A)) {
 		return SPAN_FAULT;
 	} else if (!v) { /* no thread dict, or no local key: the thread never used a threading.local */
 		return 0;
 	} else if (c->local_kind == SPANPROF_LOCAL_TSTATE_DICT) {
-		v = dict_get(w, v, c->osp_local, c->osp_local_hash);
+		v = dict_get(w, v, c->osp_local, c->osp_local_hash TASK_A);
 		if (!v)
 			return w->q.status; /* this thread never used OSProfiler's local */
-		if (read_ptr(&v, v + PY_LOCALDUMMY_DICT))
+		if (read_ptr(&v, v + PY_LOCALDUMMY_DICT TASK_A))
 			return SPAN_FAULT;
 	} else {
 		/* 3.13: the local's dicts, keyed by the thread's key object (hashed by address). */
-		v = dict_get(w, c->osp_local, v, v >> 4 | v << 60);
+		v = dict_get(w, c->osp_local, v, v >> 4 | v << 60 TASK_A);
 		if (!v)
 			return w->q.status;
 	}
-	v = dict_get(w, v, c->osp_profiler_name, c->osp_profiler_name_hash);
+	v = dict_get(w, v, c->osp_profiler_name, c->osp_profiler_name_hash TASK_A);
 	if (!v)
 		return w->q.status;
 	/* `profiler` is None between requests (profiler.clean()). */
-	if (read_ptr(&str, v + PY_OB_TYPE))
+	if (read_ptr(&str, v + PY_OB_TYPE TASK_A))
 		return SPAN_FAULT;
 	if (str != c->osp_profiler_type)
 		return 0;
 	w->name_obj[1] = v;
-	v = getattr(w, v, c->osp_stack_name, c->osp_stack_name_hash);
-	if (!v || bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
+	v = getattr(w, v, c->osp_stack_name, c->osp_stack_name_hash TASK_A);
+	if (!v || user_read(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
 		return SPAN_FAULT;
 	n = d[0];
 	left = d[1];
@@ -717,20 +718,20 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
 		len = n * 8;
 		asm volatile("" : "+r"(len)); /* the bound is checked on the register used */
 		if (len > sizeof(items) ||
-		    bpf_probe_read_user(items, len, (const void *)(left + DEQUE_BLOCK_DATA + lefti * 8)))
+		    user_read(items, len, (const void *)(left + DEQUE_BLOCK_DATA + lefti * 8)))
 			return SPAN_FAULT;
 	} else {
-		items[0] = deque_item(left, lefti, 0);
-		items[DEQUE_ITEMS - 1] = deque_item(left, lefti, n - 1);
+		items[0] = deque_item(left, lefti, 0 TASK_A);
+		items[DEQUE_ITEMS - 1] = deque_item(left, lefti, n - 1 TASK_A);
 		if (n >= 2)
-			items[DEQUE_ITEMS - 2] = deque_item(left, lefti, n - 2);
+			items[DEQUE_ITEMS - 2] = deque_item(left, lefti, n - 2 TASK_A);
 		n = DEQUE_ITEMS;
 	}
-	if (read_uuid(w, items[0], UUID_BASE) ||
-	    read_uuid(w, items[(n - 1) & (DEQUE_ITEMS - 1)], UUID_CURRENT))
+	if (read_uuid(w, items[0], UUID_BASE TASK_A) ||
+	    read_uuid(w, items[(n - 1) & (DEQUE_ITEMS - 1)], UUID_CURRENT TASK_A))
 		return SPAN_FAULT;
 	w->span.flags |= SPANPROF_SPAN_OSP;
-	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], UUID_PARENT))
+	if (n >= 2 && !read_uuid(w, items[(n - 2) & (DEQUE_ITEMS - 1)], UUID_PARENT TASK_A))
 		w->span.flags |= SPANPROF_SPAN_OSP_PARENT;
 	return 0;
 }
@@ -741,13 +742,13 @@ static __always_inline int osp_trace(struct scratch *w, __u64 tstate)
  * the first SPANPROF_SPAN_NAME_MAX bytes are kept: a non-ASCII name, a str subclass or another
  * object gives none. Two reads: the header, then no more data than the str holds.
  */
-static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __u8 *out_len)
+static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __u8 *out_len TASK_P)
 {
 	__u64 hdr[4] = {}; /* ob_type, length, hash, state (Include/cpython/unicodeobject.h) */
 	__u64 n, data = w->scfg.str_data;
 
 	*out_len = 0;
-	if (!str || bpf_probe_read_user(hdr, sizeof(hdr), (const void *)(str + PY_OB_TYPE)))
+	if (!str || user_read(hdr, sizeof(hdr), (const void *)(str + PY_OB_TYPE)))
 		return SPAN_FAULT;
 	if (hdr[0] != w->scfg.str_type ||
 	    ((__u32)hdr[3] & PY_STR_COMPACT_ASCII) != PY_STR_COMPACT_ASCII)
@@ -757,7 +758,7 @@ static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __
 	if (n == 0 || n > SPANPROF_SPAN_NAME_MAX)
 		return 0;
 	if (data < PY_STR_STATE + 4 || data > 64 ||
-	    bpf_probe_read_user(out, n, (const void *)(str + data)))
+	    user_read(out, n, (const void *)(str + data)))
 		return SPAN_FAULT;
 	*out_len = (__u8)n;
 	return 0;
@@ -770,7 +771,7 @@ static __always_inline int read_name(struct scratch *w, __u64 str, __u8 *out, __
  * w->name_obj. A global function like the readers below: one more getattr inlined into them
  * would be verified once per path through each.
  */
-__attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
+__attribute__((noinline)) int span_name(__u32 slot, __u32 osp TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 	__u64 v, obj, d[5] = {}, str = 0;
@@ -784,20 +785,20 @@ __attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
 	 * `_trace_stack`): the same keys, still in kblock, and values.
 	 */
 	if (obj && obj == w->attrs_obj) {
-		keys_find(slot, w->kvalues, w->scfg.name_attr, w->scfg.name_attr_hash);
+		keys_find(slot, w->kvalues, w->scfg.name_attr, w->scfg.name_attr_hash TASK_A);
 		v = w->q.status == 1 ? w->q.result : 0;
 	} else
-		v = getattr(w, obj, w->scfg.name_attr, w->scfg.name_attr_hash);
+		v = getattr(w, obj, w->scfg.name_attr, w->scfg.name_attr_hash TASK_A);
 	if (!v) /* a span without `_name` (NonRecordingSpan), or a fault */
 		return w->q.status;
 	if (!osp) {
-		err = read_name(w, v, w->span.otel_name, &w->span.otel_name_len);
+		err = read_name(w, v, w->span.otel_name, &w->span.otel_name_len TASK_A);
 		if (!err && w->span.otel_name_len)
 			w->span.flags |= SPANPROF_SPAN_OTEL_NAME;
 		return err;
 	}
 	/* deque: ob_size, leftblock, rightblock, leftindex, rightindex; the last item at the right. */
-	if (bpf_probe_read_user(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
+	if (user_read(d, sizeof(d), (const void *)(v + DEQUE_SIZE)))
 		return SPAN_FAULT;
 	if (d[0] == 0) /* no trace point started since init() */
 		return 0;
@@ -809,38 +810,38 @@ __attribute__((noinline)) int span_name(__u32 slot, __u32 osp)
 	if (d[0] + 2 != w->osp_depth)
 		return 0;
 	if (!d[2] || d[4] >= DEQUE_BLOCKLEN ||
-	    read_ptr(&str, d[2] + DEQUE_BLOCK_DATA + d[4] * 8))
+	    read_ptr(&str, d[2] + DEQUE_BLOCK_DATA + d[4] * 8 TASK_A))
 		return SPAN_FAULT;
-	err = read_name(w, str, w->span.osp_name, &w->span.osp_name_len);
+	err = read_name(w, str, w->span.osp_name, &w->span.osp_name_len TASK_A);
 	if (!err && w->span.osp_name_len)
 		w->span.flags |= SPANPROF_SPAN_OSP_NAME;
 	return err;
 }
 
 /* The id readers (span_read.h says why they are global functions). */
-__attribute__((noinline)) int span_published(__u32 slot)
+__attribute__((noinline)) int span_published(__u32 slot TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 
-	return w ? published_ctx(w) : 0;
+	return w ? published_ctx(w TASK_A) : 0;
 }
 
-__attribute__((noinline)) int span_otel(__u32 slot)
+__attribute__((noinline)) int span_otel(__u32 slot TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 
-	return w && w->tstate ? otel_span(w, w->tstate) : 0;
+	return w && w->tstate ? otel_span(w, w->tstate TASK_A) : 0;
 }
 
-__attribute__((noinline)) int span_osp(__u32 slot)
+__attribute__((noinline)) int span_osp(__u32 slot TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 
-	return w && w->tstate ? osp_trace(w, w->tstate) : 0;
+	return w && w->tstate ? osp_trace(w, w->tstate TASK_A) : 0;
 }
 
 /* The entry point: see span_read.h. */
-int read_span(__u32 slot, __u64 off)
+int read_span(__u32 slot, __u64 off TASK_GP)
 {
 	struct scratch *w = get_scratch(slot);
 	const struct spanprof_span_proc *cfg;
@@ -865,17 +866,17 @@ int read_span(__u32 slot, __u64 off)
 	 * not read again from the objects), each right after its ids: its object's keys are still
 	 * in the scratch.
 	 */
-	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot))
+	if (w->scfg.tls_kind != SPANPROF_TLS_NONE && span_published(w->slot TASK_A))
 		bad = 1;
-	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel(w->slot))
+	if (w->scfg.otel_var && !(w->span.flags & SPANPROF_SPAN_OTEL) && span_otel(w->slot TASK_A))
 		bad = 1;
 	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OTEL) && w->name_obj[0] &&
-	    span_name(w->slot, 0))
+	    span_name(w->slot, 0 TASK_A))
 		bad = 1;
-	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot))
+	if (w->scfg.osp_local && !(w->span.flags & SPANPROF_SPAN_OSP) && span_osp(w->slot TASK_A))
 		bad = 1;
 	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] &&
-	    span_name(w->slot, 1))
+	    span_name(w->slot, 1 TASK_A))
 		bad = 1;
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);

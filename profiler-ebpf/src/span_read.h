@@ -21,11 +21,11 @@
  * path through the sampling program (together, inlined, they took 800k of its 1M instructions
  * and 17 s to load). They find their state in the scratch of `slot`; 0 or SPAN_FAULT.
  */
-int span_published(__u32 slot);
-int span_otel(__u32 slot);
-int span_osp(__u32 slot);
+int span_published(__u32 slot TASK_GP);
+int span_otel(__u32 slot TASK_GP);
+int span_osp(__u32 slot TASK_GP);
 /* The name of the span whose ids span_otel (osp == 0) or span_osp (osp == 1) read. */
-int span_name(__u32 slot, __u32 osp);
+int span_name(__u32 slot, __u32 osp TASK_GP);
 
 /*
  * Reads the span context of the thread sampled in the scratch of `slot` (its PyThreadState in
@@ -34,6 +34,6 @@ int span_name(__u32 slot, __u32 osp);
  * record (0: no span). A global function too: inlined, the copy alone was checked on every path
  * that reached it, a tenth of the verifier's work on each sampling program.
  */
-int read_span(__u32 slot, __u64 off);
+int read_span(__u32 slot, __u64 off TASK_GP);
 
 #endif /* SPANPROF_SPAN_READ_H */

@@ -16,10 +16,12 @@
  * thread's, whose last page is followed by nothing) page by page, up to the first unreadable
  * page.
  */
-int copy_user_stack(__u32 at, __u64 off)
+int copy_user_stack(__u32 at, __u64 off TASK_GP)
 {
 	struct scratch *w = get_scratch(at);
+#ifndef SPANPROF_TASK_READS
 	struct task_struct *task = bpf_get_current_task_btf();
+#endif
 	struct pt_regs___kernel *regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
 	struct spanprof_sample *s;
 	struct return_instance *ri;
@@ -53,7 +55,7 @@ int copy_user_stack(__u32 at, __u64 off)
 	if (off > sizeof(s->stack) + sizeof(s->py) + sizeof(s->span))
 		return 0;
 	dst = (__u8 *)s->stack + off;
-	if (want && bpf_probe_read_user(dst, want, (const void *)sp) == 0) {
+	if (want && user_read(dst, want, (const void *)sp) == 0) {
 		done = want;
 	} else {
 		len = 4096 - (sp & 4095);
@@ -64,7 +66,7 @@ int copy_user_stack(__u32 at, __u64 off)
 				len = want - done;
 			if (len > 4096)
 				len = 4096;
-			if (bpf_probe_read_user(dst + done, len, (const void *)(sp + done)))
+			if (user_read(dst + done, len, (const void *)(sp + done)))
 				break;
 			done += len;
 			len = 4096;

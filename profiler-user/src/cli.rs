@@ -46,6 +46,9 @@ pub(crate) enum Cmd {
     /// Write the outputs of a session again from its recording (`profile --record`), without
     /// root or BPF.
     Replay(ReplayArgs),
+    /// Every thread of running processes now: its stack (Python, native, kernel), whether it
+    /// runs or why it waits (sleep, lock, io, gil), and its span.
+    Dump(DumpArgs),
     /// Profile the host (or selected processes) continuously, exporting OTLP profiles.
     Daemon(DaemonArgs),
     /// Check that profiling works here: calibrated workloads (or a target) profiled and
@@ -240,6 +243,27 @@ pub(crate) struct ProfileArgs {
     /// Command to run and profile, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  spanprof dump --pid 1234\n  \
+                  spanprof dump --pid 1234 --children --json\n\n\
+                  Nothing is stopped: a blocked thread is read where it waits, a running one \
+                  at its next timer sample (within a second). Needs what `profile` needs, and \
+                  Linux 6.8 or later.")]
+pub(crate) struct DumpArgs {
+    /// Processes to dump, comma-separated.
+    #[arg(short, long, value_name = "PID[,PID…]", required = true)]
+    pub(crate) pid: String,
+    /// Also dump the processes they started, and theirs.
+    #[arg(long)]
+    pub(crate) children: bool,
+    /// Print JSON (described in docs/dump.md) instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
+    #[arg(long)]
+    pub(crate) no_spans: bool,
 }
 
 /// The sample filters `report`, `diff` and `check` share; a sample must match them all.

@@ -65,6 +65,7 @@ use spanprof_profile::{format, privacy, profile, resource, wording};
 
 pub mod command;
 pub mod daemon;
+pub mod dump;
 pub mod export;
 pub mod session;
 pub mod summary;

@@ -932,6 +932,22 @@ fn report_line(
     )
 }
 
+/// `spanprof dump`: text or JSON on stdout.
+fn dump(args: cli::DumpArgs) -> Result<u8, Failure> {
+    let opts = spanprof::dump::Options {
+        pids: cli::parse_pids(&args.pid)?,
+        children: args.children,
+        spans: !args.no_spans,
+    };
+    let dump = spanprof::dump::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))?;
+    if args.json {
+        println!("{}", spanprof::dump::render_json(&dump));
+    } else {
+        print!("{}", spanprof::dump::render_text(&dump));
+    }
+    Ok(0)
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -954,6 +970,7 @@ fn main() -> ExitCode {
             .map(|()| 0)
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),
         Cmd::Verify(args) => verify(args),
+        Cmd::Dump(args) => dump(args),
         Cmd::Completions { shell } => manual::completions(shell),
         Cmd::Man { dir } => manual::man_pages(dir.as_deref()),
         Cmd::VerifyWorkload { kind, out, seconds } => {

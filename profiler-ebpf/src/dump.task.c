@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * `spanprof dump`: a sleepable task iterator that sends, for every thread of a target
+ * (target_pids) that is off its CPU, the record an off-CPU sample would be: its kernel stack,
+ * its user registers and stack copy, its Python frames and span context, read from its process's
+ * memory with bpf_copy_from_user_task (helpers.h: this unit is built with SPANPROF_TASK_READS
+ * only). A thread on a CPU, or runnable, is left to the timer sampler: its saved registers are
+ * not where it is now.
+ *
+ * Bounds: one hash lookup per task of the system, then for a target's blocked thread one
+ * bpf_get_task_stack and send_sample's bounded work, in the iterator's own scratch.
+ */
+#include "send_sample.h"
+
+SEC("iter.s/task")
+int dump_threads(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct pt_regs___kernel *regs;
+	struct spanprof_sample *s;
+	struct scratch *w;
+	__u32 tgid, state;
+	__u64 k;
+	long n;
+
+	if (!task)
+		return 0;
+	tgid = task->tgid;
+	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
+		return 0;
+	state = task->__state;
+	if (state == 0 || (state & TASK_DEAD) || task->on_cpu)
+		return 0;
+	w = get_scratch(0);
+	if (!w)
+		return 0;
+	s = begin_sample(w, ((__u64)tgid << 32) | (__u32)task->pid, 0);
+	bpf_probe_read_kernel_str(s->comm, sizeof(s->comm), task->comm);
+	s->event = SPANPROF_EVENT_OFFCPU;
+	/* Not an interval: a weight of 1 ns, the records' count is the number of threads. */
+	s->weight = 1;
+	s->offcpu_flags = BPF_CORE_READ_BITFIELD_PROBED(task, in_iowait) ? SPANPROF_OFFCPU_IOWAIT : 0;
+	regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
+	if (regs) {
+		s->syscall_nr = (__s32)BPF_CORE_READ(regs, orig_ax);
+		s->syscall_arg0 = BPF_CORE_READ(regs, di);
+	}
+	n = bpf_get_task_stack(task, s->stack, SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), 0);
+	if (n < 0)
+		count_error(SPANPROF_ERR_KSTACK);
+	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
+	k = n > 0 ? (__u64)n / sizeof(__u64) : 0;
+	send_sample(ctx, w, k, 1 TASK_A);
+	return 0;
+}

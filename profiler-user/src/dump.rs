@@ -1,0 +1,437 @@
+//! `spanprof dump`: every thread of a process at one moment — its stack (Python frames merged
+//! into the native ones, then the kernel's), whether it runs or why it waits, and the span it
+//! is in.
+//!
+//! # Overview
+//! The collector is loaded as for a session (the timer sampler at [`DUMP_FREQUENCY`]), the
+//! targets' interpreters and tracing libraries are looked for, and then, at once:
+//! 1. the task iterator (`profiler-ebpf/src/dump.task.c`) sends an off-CPU record of every
+//!    thread of a target that is off its CPU: its kernel stack, its user registers as it entered
+//!    the kernel and a copy of its stack, its Python frames and span, read from the process's
+//!    memory with `bpf_copy_from_user_task`. The pipeline names its wait (sleep, lock, io, gil…)
+//!    as it names a session's off-CPU samples.
+//! 2. a thread on a CPU (or runnable) gets its stack from the timer sampler's next sample of it.
+//!
+//! Each thread's first event from the moment the targets were set wins: the iterator's record,
+//! or the sampler's. A thread neither sampled nor found blocked within [`DUMP_WAIT`] (one that
+//! ran at each pass and was never sampled) is listed with its state unknown; the iterator runs
+//! again every [`PASS_EVERY`] while one is missing.
+//!
+//! # Design constraints
+//! Nothing stops the process: a blocked thread's stack and objects are read while it stays
+//! blocked (the reads race with nothing that runs it), a running one's as a timer sample's are.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Result;
+use serde_json::{json, Value};
+use spanprof_collect::{self as collect, Collector, EventSet, Stopped};
+use spanprof_pipeline::aggregate;
+use spanprof_profile::profile::{
+    hex, uuid, Frame, FrameKind, OffCpuReason, Profile, Sample, SpanContext,
+};
+
+use crate::preflight;
+
+/// Timer samples per second on each CPU while the dump waits for its running threads: a thread
+/// on a CPU is sampled within about 2 ms of its CPU time.
+pub const DUMP_FREQUENCY: u64 = 499;
+/// How long the dump waits for a sample of every thread at most.
+pub const DUMP_WAIT: Duration = Duration::from_secs(1);
+/// How often the task iterator runs again while a thread has no event.
+pub const PASS_EVERY: Duration = Duration::from_millis(100);
+
+/// What to dump.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The processes.
+    pub pids: Vec<u32>,
+    /// Their descendants too.
+    pub children: bool,
+    /// Read span contexts.
+    pub spans: bool,
+}
+
+/// Where a thread was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// On a CPU, or runnable: its stack is a timer sample's.
+    Running,
+    /// Blocked, for this reason.
+    Blocked(OffCpuReason),
+    /// Neither sampled nor found blocked within [`DUMP_WAIT`].
+    Unknown,
+}
+
+impl State {
+    /// `running`, the reason's name (`sleep`, `lock`, `io`, `gil`, `asyncio_idle`, `other`), or
+    /// `unknown`.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Running => "running",
+            State::Blocked(reason) => reason.name(),
+            State::Unknown => "unknown",
+        }
+    }
+}
+
+/// One thread of a dump.
+#[derive(Debug, Clone)]
+pub struct ThreadDump {
+    /// Thread id.
+    pub tid: u32,
+    /// Its Python `threading` name where it has one, else its `comm`.
+    pub name: String,
+    /// Where it was.
+    pub state: State,
+    /// Its frames, innermost first: kernel, then native with the Python frames merged in.
+    pub frames: Vec<Frame>,
+    /// The span context it was in.
+    pub span: Option<SpanContext>,
+}
+
+/// One process of a dump.
+#[derive(Debug, Clone)]
+pub struct ProcessDump {
+    /// Process id.
+    pub pid: u32,
+    /// Its name.
+    pub name: String,
+    /// Its threads, by thread id.
+    pub threads: Vec<ThreadDump>,
+}
+
+/// A dump: when, and every process's threads.
+#[derive(Debug, Clone)]
+pub struct Dump {
+    /// When the threads were looked at.
+    pub time: SystemTime,
+    /// The processes, by pid.
+    pub processes: Vec<ProcessDump>,
+}
+
+/// The thread ids of process `pid` (empty when it is gone).
+fn threads_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids
+}
+
+/// `pids` and, with `children`, every process descended from them (from each process's parent
+/// in `/proc/PID/stat`).
+fn targets(pids: &[u32], children: bool) -> Vec<u32> {
+    let mut all: BTreeSet<u32> = pids.iter().copied().collect();
+    if !children {
+        return all.into_iter().collect();
+    }
+    let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                kids.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut queue: Vec<u32> = pids.to_vec();
+    while let Some(p) = queue.pop() {
+        for &k in kids.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if all.insert(k) {
+                queue.push(k);
+            }
+        }
+    }
+    all.into_iter().collect()
+}
+
+/// Takes the dump.
+pub fn run(opts: &Options) -> Result<Dump> {
+    collect::preflight()?;
+    for &pid in &opts.pids {
+        preflight::check_pid(pid)?;
+    }
+    let sampling = collect::Options {
+        frequency: DUMP_FREQUENCY,
+        events: EventSet::parse(["cpu"]).expect("cpu is an event"),
+        spans: opts.spans,
+        follow_children: false,
+        ..collect::Options::default()
+    };
+    let mut c = Collector::load(
+        &sampling,
+        aggregate::Options {
+            timestamps: true,
+            ..aggregate::Options::default()
+        },
+    )?;
+    let pids = targets(&opts.pids, opts.children);
+    for &pid in &pids {
+        // Its interpreter and tracing libraries first, so its first records have their frames.
+        c.discover(pid)?;
+    }
+    c.flush_discovered();
+    for &pid in &pids {
+        c.add_target(pid)?;
+    }
+    let time = SystemTime::now();
+    let mut threads: BTreeSet<(u32, u32)> = pids
+        .iter()
+        .flat_map(|&pid| threads_of(pid).into_iter().map(move |tid| (pid, tid)))
+        .collect();
+    c.programs.dump_blocked_threads()?;
+    let start = Instant::now();
+    let mut last_pass = start;
+    let mut waiter = c.waiter(&pids);
+    loop {
+        c.tick();
+        let seen: BTreeSet<(u32, u32)> = c.agg.threads_seen().collect();
+        // A thread that exited meanwhile is not waited for.
+        threads.retain(|&(pid, tid)| {
+            seen.contains(&(pid, tid))
+                || std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+        });
+        if threads.iter().all(|t| seen.contains(t)) || start.elapsed() >= DUMP_WAIT {
+            break;
+        }
+        if last_pass.elapsed() >= PASS_EVERY {
+            last_pass = Instant::now();
+            c.programs.dump_blocked_threads()?;
+        }
+        waiter.wait(Duration::from_millis(10));
+    }
+    let mut meta = c.meta(
+        pids.iter()
+            .map(|p| format!("pid {p}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        time,
+        start.elapsed(),
+        0,
+    );
+    meta.events.off_cpu = true;
+    let Stopped {
+        agg,
+        mut symbolizer,
+        python,
+        ..
+    } = c.stop();
+    let profile = agg.into_profile(&mut symbolizer, &python, meta);
+    Ok(assemble(&profile, &threads, time))
+}
+
+/// The first event of each thread in `profile`, and the threads of `listed` without one.
+fn assemble(profile: &Profile, listed: &BTreeSet<(u32, u32)>, time: SystemTime) -> Dump {
+    // (pid, tid) → (time of its first event, the sample).
+    let mut first: BTreeMap<(u32, u32), (u64, &Sample)> = BTreeMap::new();
+    for s in &profile.samples {
+        let Some(t) = profile.threads.get(s.thread as usize) else {
+            continue;
+        };
+        let when = s.times.iter().map(|t| t.unix_ns).min().unwrap_or(u64::MAX);
+        let key = (t.pid, t.tid);
+        if first.get(&key).is_none_or(|&(w, _)| when < w) {
+            first.insert(key, (when, s));
+        }
+    }
+    let mut processes: BTreeMap<u32, ProcessDump> = BTreeMap::new();
+    let keys: BTreeSet<(u32, u32)> = first.keys().chain(listed.iter()).copied().collect();
+    for (pid, tid) in keys {
+        let entry = processes.entry(pid).or_insert_with(|| ProcessDump {
+            pid,
+            name: profile
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .map(|p| p.name.clone())
+                .or_else(|| preflight::check_pid(pid).ok().map(|s| s.comm))
+                .unwrap_or_default(),
+            threads: Vec::new(),
+        });
+        let thread = match first.get(&(pid, tid)) {
+            Some(&(_, s)) => thread_of(profile, s, tid),
+            None => ThreadDump {
+                tid,
+                name: std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+                    .map(|n| n.trim_end().to_string())
+                    .unwrap_or_default(),
+                state: State::Unknown,
+                frames: Vec::new(),
+                span: None,
+            },
+        };
+        entry.threads.push(thread);
+    }
+    Dump {
+        time,
+        processes: processes.into_values().collect(),
+    }
+}
+
+/// A thread's dump from its sample.
+fn thread_of(profile: &Profile, s: &Sample, tid: u32) -> ThreadDump {
+    let name = profile
+        .threads
+        .get(s.thread as usize)
+        .map(|t| t.name.clone())
+        .unwrap_or_default();
+    // An off-CPU sample's root frame is its reason's pseudo-frame: the state says it.
+    let skip = usize::from(s.off_cpu.is_some()).min(s.frames.len());
+    let frames = s.frames[skip..]
+        .iter()
+        .rev()
+        .filter_map(|&i| profile.frames.get(i as usize))
+        .cloned()
+        .collect();
+    ThreadDump {
+        tid,
+        name,
+        state: s.off_cpu.map_or(State::Running, State::Blocked),
+        frames,
+        span: profile.span_of(s).copied(),
+    }
+}
+
+/// The span lines of a thread: OpenTelemetry's span, OSProfiler's trace point.
+fn span_lines(span: &SpanContext) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let (Some(trace), Some(id)) = (span.trace_id, span.span_id) {
+        let name = span
+            .span_name
+            .map(|n| format!(" \"{}\"", n.as_str()))
+            .unwrap_or_default();
+        lines.push(format!(
+            "span{name}: trace {} span {}",
+            hex(&trace),
+            hex(&id)
+        ));
+    }
+    if let Some(osp) = &span.osprofiler {
+        let name = span
+            .osprofiler_name
+            .map(|n| format!(" \"{}\"", n.as_str()))
+            .unwrap_or_default();
+        lines.push(format!(
+            "osprofiler point{name}: base {} point {}",
+            uuid(&osp.base_id),
+            uuid(&osp.trace_id)
+        ));
+    }
+    lines
+}
+
+/// The dump as text: per thread a heading, its span, then its frames innermost first.
+pub fn render_text(dump: &Dump) -> String {
+    let mut out = String::new();
+    let when = humantime::format_rfc3339_millis(dump.time);
+    for p in &dump.processes {
+        out.push_str(&format!(
+            "Process {} ({}): {} threads at {when}\n",
+            p.pid,
+            p.name,
+            p.threads.len()
+        ));
+        for t in &p.threads {
+            let state = match t.state {
+                State::Running => "running".to_string(),
+                State::Blocked(reason) => format!("blocked: {}", reason.name()),
+                State::Unknown => format!(
+                    "state unknown: neither sampled nor found blocked within {}",
+                    humantime::format_duration(DUMP_WAIT)
+                ),
+            };
+            out.push_str(&format!("\nThread {} \"{}\" {state}\n", t.tid, t.name));
+            for line in t.span.iter().flat_map(span_lines) {
+                out.push_str(&format!("    {line}\n"));
+            }
+            for f in &t.frames {
+                out.push_str(&format!("    {}\n", f.display_name()));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn kind_name(kind: FrameKind) -> &'static str {
+    match kind {
+        FrameKind::Native => "native",
+        FrameKind::Kernel => "kernel",
+        FrameKind::Python => "python",
+        FrameKind::Inlined => "inlined",
+    }
+}
+
+/// The dump as JSON (docs/dump.md describes it).
+pub fn render_json(dump: &Dump) -> Value {
+    let processes: Vec<Value> = dump
+        .processes
+        .iter()
+        .map(|p| {
+            let threads: Vec<Value> = p
+                .threads
+                .iter()
+                .map(|t| {
+                    let otel = t.span.and_then(|s| {
+                        Some(json!({
+                            "trace_id": hex(&s.trace_id?),
+                            "span_id": hex(&s.span_id?),
+                            "name": s.span_name.map(|n| n.as_str().to_string()),
+                        }))
+                    });
+                    let osp = t.span.and_then(|s| {
+                        let o = s.osprofiler?;
+                        Some(json!({
+                            "base_id": uuid(&o.base_id),
+                            "trace_id": uuid(&o.trace_id),
+                            "parent_id": o.parent_id.as_ref().map(uuid),
+                            "name": s.osprofiler_name.map(|n| n.as_str().to_string()),
+                        }))
+                    });
+                    let frames: Vec<Value> = t
+                        .frames
+                        .iter()
+                        .map(|f| {
+                            json!({
+                                "kind": kind_name(f.kind),
+                                "function": f.function,
+                                "name": f.display_name(),
+                                "file": f.file,
+                                "line": f.line,
+                                "module": f.module,
+                                "address": f.address,
+                            })
+                        })
+                        .collect();
+                    json!({
+                        "tid": t.tid,
+                        "name": t.name,
+                        "state": t.state.name(),
+                        "span": otel,
+                        "osprofiler": osp,
+                        "frames": frames,
+                    })
+                })
+                .collect();
+            json!({"pid": p.pid, "name": p.name, "threads": threads})
+        })
+        .collect();
+    json!({
+        "time": humantime::format_rfc3339_millis(dump.time).to_string(),
+        "processes": processes,
+    })
+}
