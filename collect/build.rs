@@ -125,7 +125,8 @@ fn main() {
     for (unit, task_reads) in &builds {
         let name = unit.file_name().unwrap().to_str().unwrap();
         let object = out_dir.join(if *task_reads {
-            name.replace(".bpf.c", ".task.o").replace(".task.c", ".task.o")
+            name.replace(".bpf.c", ".task.o")
+                .replace(".task.c", ".task.o")
         } else {
             name.replace(".bpf.c", ".o")
         });

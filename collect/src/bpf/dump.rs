@@ -35,7 +35,9 @@ impl Programs {
                 .load("task", &btf)
                 .map_err(aya_err("load the task iterator (kernel 6.8 or later)"))?;
         }
-        let link = program.attach().map_err(aya_err("attach the task iterator"))?;
+        let link = program
+            .attach()
+            .map_err(aya_err("attach the task iterator"))?;
         let link = program
             .take_link(link)
             .map_err(aya_err("take the task iterator's link"))?;
