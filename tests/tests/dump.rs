@@ -73,7 +73,7 @@ fn start(python: &Path, libs: &Path, container: bool) -> (Background, Value, Opt
 }
 
 /// The thread of `threads` with id `tid`.
-fn thread<'a>(threads: &'a [Value], tid: u64) -> &'a Value {
+fn thread(threads: &[Value], tid: u64) -> &Value {
     threads
         .iter()
         .find(|t| t["tid"].as_u64() == Some(tid))
