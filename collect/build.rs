@@ -3,7 +3,10 @@
 //! linker (`bpftool gen object`) links the units into the one object `spanprof.bpf.o` that
 //! `src/bpf.rs` loads. The linker resolves the units' `extern` maps, settings and functions
 //! against their one definition (maps.bpf.c; python_walk.bpf.c, span_read.bpf.c and
-//! user_stack.bpf.c for the global functions), so every program shares the same maps.
+//! user_stack.bpf.c for the global functions), so every program shares the same maps. Those
+//! three are compiled a second time with `SPANPROF_TASK_READS`, with `*.task.c` (`spanprof
+//! dump`'s task iterator): their functions then read another process's memory and are renamed
+//! `*_task` (profiler-ebpf/src/helpers.h).
 //!
 //! clang is taken from `$SPANPROF_CLANG`, else `clang-19`, else `clang`; bpftool from
 //! `$SPANPROF_BPFTOOL`, else `bpftool`, else `/usr/sbin/bpftool` (Debian installs it there, out of

@@ -435,3 +435,85 @@ pub fn render_json(dump: &Dump) -> Value {
         "processes": processes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spanprof_profile::format::fixture;
+    use spanprof_profile::profile::Timed;
+
+    /// A sample of `thread` (an index of the fixture's threads: 0 is tid 100, 1 tid 101) at
+    /// `unix_ns`, blocked for `reason` or on-CPU, with the fixture's `main;compute` stack
+    /// (under the reason's pseudo-frame, `pseudo`, when blocked).
+    fn sample(
+        base: &Sample,
+        thread: u32,
+        unix_ns: u64,
+        reason: Option<OffCpuReason>,
+        pseudo: u32,
+    ) -> Sample {
+        let mut s = base.clone();
+        s.thread = thread;
+        s.off_cpu = reason;
+        s.frames = match reason {
+            Some(_) => vec![pseudo, 0, 1],
+            None => vec![0, 1],
+        };
+        s.times = vec![Timed { unix_ns, value: 1 }];
+        s.span = None;
+        s
+    }
+
+    #[test]
+    fn each_thread_is_shown_at_its_first_event_and_a_listed_one_without_any_as_unknown() {
+        let mut p = fixture::profile();
+        let mut pseudo = p.frames[0].clone();
+        pseudo.function = Some(OffCpuReason::Lock.frame_name());
+        p.frames.push(pseudo);
+        let pseudo = p.frames.len() as u32 - 1;
+        let base = p.samples[0].clone();
+        p.samples = vec![
+            // tid 100: blocked first (the iterator's record), sampled running later.
+            sample(&base, 0, 200, None, pseudo),
+            sample(&base, 0, 100, Some(OffCpuReason::Lock), pseudo),
+            // tid 101: sampled running first, found blocked by a later pass.
+            sample(&base, 1, 50, None, pseudo),
+            sample(&base, 1, 300, Some(OffCpuReason::Sleep), pseudo),
+        ];
+        // tid 4242 was listed (a thread of pid 100 then) and never seen.
+        let listed: BTreeSet<(u32, u32)> = [(100, 100), (100, 101), (100, 4242)].into();
+        let dump = assemble(&p, &listed, SystemTime::UNIX_EPOCH);
+        assert_eq!(dump.processes.len(), 1);
+        let threads = &dump.processes[0].threads;
+        let shown: Vec<(u32, State, Vec<String>)> = threads
+            .iter()
+            .map(|t| {
+                let names = t.frames.iter().map(Frame::display_name).collect();
+                (t.tid, t.state, names)
+            })
+            .collect();
+        let stack = vec!["compute".to_string(), "main".to_string()];
+        assert_eq!(
+            shown,
+            vec![
+                (100, State::Blocked(OffCpuReason::Lock), stack.clone()),
+                (101, State::Running, stack),
+                (4242, State::Unknown, Vec::new()),
+            ]
+        );
+        assert_eq!(threads[0].name, "app");
+        let text = render_text(&dump);
+        assert!(
+            text.contains("Thread 100 \"app\" blocked: lock\n    compute\n    main\n"),
+            "{text}"
+        );
+        assert!(text.contains("Thread 4242 \"\" state unknown"), "{text}");
+        let json = render_json(&dump);
+        let t = &json["processes"][0]["threads"];
+        assert_eq!(t[0]["state"], "lock");
+        assert_eq!(t[1]["state"], "running");
+        assert_eq!(t[2]["state"], "unknown");
+        assert_eq!(t[0]["frames"][0]["function"], "compute");
+        assert_eq!(t[0]["frames"][0]["kind"], "native");
+    }
+}

@@ -39,7 +39,7 @@
 //!
 //! This crate is the `spanprof` binary: the command line (`main.rs`, `cli.rs`), the three
 //! drivers of the collector ([`session`] with [`command`], [`daemon`], [`verify`]), the OTLP
-//! [`export`]er and the session [`summary`].
+//! [`export`]er, the session [`summary`], and [`dump`] (every thread's stack, state and span now).
 //!
 //! # Design constraints
 //! The per-sample path (BPF program and `spanprof_pipeline::aggregate::Aggregator::record`) is
@@ -49,7 +49,8 @@
 //! # Minimum kernel
 //! Linux 5.17 (`bpf_loop`, which the Python and span walks run in; also `bpf_task_pt_regs` from
 //! 5.15, task storage, `tp_btf`, the BPF ring buffer, `CAP_BPF`/`CAP_PERFMON` from 5.8) with BTF
-//! (`CONFIG_DEBUG_INFO_BTF=y`) for CO-RE relocation. Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
+//! (`CONFIG_DEBUG_INFO_BTF=y`) for CO-RE relocation; [`dump`] needs 6.8 (a trusted task
+//! argument of global BPF functions). Developed and tested on 6.18. Needs `CAP_BPF` and `CAP_PERFMON`
 //! (or root / `CAP_SYS_ADMIN`); reading other users' processes' memory maps needs
 //! `CAP_SYS_PTRACE`, and kernel symbols need `CAP_SYSLOG`.
 
