@@ -19,7 +19,7 @@ pub const DEFAULT_STACK_COPY: u32 = 16384;
 
 /// Bytes of a sample record besides its stack copy, at most (header, frames, Python frames,
 /// span context).
-const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeader>()
+pub const SAMPLE_RECORD_MAX: u32 = (std::mem::size_of::<profiler_common::SampleHeader>()
     + 2 * MAX_STACK_DEPTH * 8
     + MAX_PY_FRAMES * PY_FRAME_SIZE
     + std::mem::size_of::<profiler_common::SpanRecord>()) as u32;

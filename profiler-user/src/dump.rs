@@ -26,6 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 use serde_json::{json, Value};
+use spanprof_collect::options::{DEFAULT_RING_BUFFER_BYTES, DEFAULT_STACK_COPY};
 use spanprof_collect::{self as collect, Collector, EventSet, Stopped};
 use spanprof_pipeline::aggregate;
 use spanprof_profile::profile::{
@@ -159,17 +160,31 @@ fn targets(pids: &[u32], children: bool) -> Vec<u32> {
     all.into_iter().collect()
 }
 
+/// The ring buffer of a dump of `threads` threads: room for a record of each, so that one pass
+/// of the iterator (which user space cannot drain meanwhile) loses none; at least the default,
+/// at most 1 GiB (about 48,000 threads).
+fn ring_buffer_size(threads: usize) -> u32 {
+    let record = u64::from(collect::options::SAMPLE_RECORD_MAX + DEFAULT_STACK_COPY);
+    let want = (threads as u64 + 16)
+        .saturating_mul(record)
+        .next_power_of_two();
+    want.clamp(u64::from(DEFAULT_RING_BUFFER_BYTES), 1 << 30) as u32
+}
+
 /// Takes the dump.
 pub fn run(opts: &Options) -> Result<Dump> {
     collect::preflight()?;
     for &pid in &opts.pids {
         preflight::check_pid(pid)?;
     }
+    let pids = targets(&opts.pids, opts.children);
+    let listed: usize = pids.iter().map(|&p| threads_of(p).len()).sum();
     let sampling = collect::Options {
         frequency: DUMP_FREQUENCY,
         events: EventSet::parse(["cpu"]).expect("cpu is an event"),
         spans: opts.spans,
         follow_children: false,
+        ring_buffer_size: ring_buffer_size(listed),
         ..collect::Options::default()
     };
     let mut c = Collector::load(
@@ -179,7 +194,6 @@ pub fn run(opts: &Options) -> Result<Dump> {
             ..aggregate::Options::default()
         },
     )?;
-    let pids = targets(&opts.pids, opts.children);
     for &pid in &pids {
         // Its interpreter and tracing libraries first, so its first records have their frames.
         c.discover(pid)?;
@@ -214,6 +228,13 @@ pub fn run(opts: &Options) -> Result<Dump> {
         }
         waiter.wait(Duration::from_millis(10));
     }
+    let lost = c.programs.lost_samples();
+    if lost > 0 {
+        eprintln!(
+            "spanprof: warning: {lost} records were lost (the ring buffer was full): a thread \
+             without one is shown at a later pass, or as unknown"
+        );
+    }
     let mut meta = c.meta(
         pids.iter()
             .map(|p| format!("pid {p}"))
@@ -221,7 +242,7 @@ pub fn run(opts: &Options) -> Result<Dump> {
             .join(", "),
         time,
         start.elapsed(),
-        0,
+        lost,
     );
     meta.events.off_cpu = true;
     let Stopped {
@@ -462,6 +483,20 @@ mod tests {
         s.times = vec![Timed { unix_ns, value: 1 }];
         s.span = None;
         s
+    }
+
+    #[test]
+    fn the_ring_buffer_holds_a_record_of_every_thread_within_bounds() {
+        let record = (collect::options::SAMPLE_RECORD_MAX + DEFAULT_STACK_COPY) as usize;
+        assert_eq!(ring_buffer_size(1), DEFAULT_RING_BUFFER_BYTES);
+        for threads in [1_000, 5_000, 40_000] {
+            let size = ring_buffer_size(threads) as usize;
+            assert!(
+                size.is_power_of_two() && size >= threads * record,
+                "{threads}: {size}"
+            );
+        }
+        assert_eq!(ring_buffer_size(10_000_000), 1 << 30);
     }
 
     #[test]

@@ -288,6 +288,69 @@ fn dump_of_a_native_process_shows_where_it_sleeps() {
     assert!(frames.iter().all(|f| f["kind"] != "python"), "{dump:#}");
 }
 
+/// `--children`: the processes the target started are dumped too, each with its threads.
+#[test]
+fn dump_with_children_shows_the_processes_the_target_started() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", "sleep 600 & sleep 600 & wait"]);
+    let shell = Background::spawn(cmd);
+    let pid = shell.pid();
+    // Both children asleep (found by their parent in /proc).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let children = loop {
+        let kids: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|k| k.parse().ok())
+            .collect();
+        let asleep = kids.iter().all(|k| {
+            std::fs::read_to_string(format!("/proc/{k}/wchan"))
+                .is_ok_and(|w| w.contains("nanosleep"))
+        });
+        if kids.len() == 2 && asleep {
+            break kids;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the shell's children did not start: {kids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = run_spanprof(["dump", "--pid", &pid.to_string(), "--children", "--json"]);
+    out.assert_success();
+    let dump: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    let processes = dump["processes"].as_array().expect("processes");
+    let mut pids: Vec<u64> = processes.iter().filter_map(|p| p["pid"].as_u64()).collect();
+    pids.sort_unstable();
+    let mut want: Vec<u64> = children.iter().map(|&k| u64::from(k)).collect();
+    want.push(u64::from(pid));
+    want.sort_unstable();
+    assert_eq!(pids, want, "{dump:#}");
+    for p in processes {
+        let state = &p["threads"][0]["state"];
+        if p["pid"].as_u64() == Some(u64::from(pid)) {
+            assert!(
+                state != "unknown" && state != "running",
+                "the shell waits: {dump:#}"
+            );
+        } else {
+            assert_eq!(state, "sleep", "{dump:#}");
+        }
+    }
+    // Without --children, the shell alone.
+    let out = run_spanprof(["dump", "--pid", &pid.to_string(), "--json"]);
+    out.assert_success();
+    let dump: Value = serde_json::from_str(&out.stdout).expect("JSON");
+    assert_eq!(
+        dump["processes"].as_array().map(Vec::len),
+        Some(1),
+        "{dump:#}"
+    );
+}
+
 /// A pid that does not exist: an error that names it, exit status 1.
 #[test]
 fn dump_of_a_missing_pid_fails_and_says_so() {
