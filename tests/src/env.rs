@@ -44,6 +44,24 @@ pub(crate) fn path_from_env(var: &str, fallback: &str) -> PathBuf {
     }
 }
 
+/// `target/dist` (or `$SPANPROF_DIST`): the tarball and package `cargo xtask dist` made; the
+/// file of it whose name ends in `suffix` (a missing one fails the test).
+pub fn dist_file(suffix: &str) -> PathBuf {
+    let dir = path_from_env("SPANPROF_DIST", "target/dist");
+    let found = std::fs::read_dir(&dir).ok().and_then(|entries| {
+        entries
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_str().is_some_and(|n| n.ends_with(suffix)))
+    });
+    found.unwrap_or_else(|| {
+        missing_prerequisite(
+            &format!("a *{suffix} in {}", dir.display()),
+            "run `cargo xtask dist`",
+        )
+    })
+}
+
 /// True when the effective uid is 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.

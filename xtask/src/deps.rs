@@ -72,6 +72,11 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("fish", "runs the fish completions spanprof generates"),
     ("man-db", "renders the manual pages spanprof generates (man -l)"),
     (
+        "libcap2-bin",
+        "setcap, which the package test copies into the rootfs for the postinst (cargo xtask dist)",
+    ),
+    ("binutils", "objcopy and objdump: cargo xtask dist strips the binary, reads its glibc needs"),
+    (
         "golang-github-google-pprof-dev",
         "the source of Google's pprof (the pprof bundled with Go 1.19 misreads local build ids)",
     ),

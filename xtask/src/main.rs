@@ -15,6 +15,7 @@ mod bench;
 mod bench_headline;
 mod cache;
 mod deps;
+mod dist;
 mod doc_check;
 mod fuzz;
 mod rootfs;
@@ -35,6 +36,10 @@ tasks:
   deps       install missing build and test prerequisites (Debian packages with
              apt-get when root; Python venv in target/venv with protobuf,
              grpcio-tools and py-spy)
+  dist       build the release tarball and the Debian package into target/dist/
+             (binary, manual pages, completions, systemd unit and configuration;
+             the package's postinst gives the binary to a group spanprof with the
+             profiling capabilities)
   workloads  build the C test workloads into target/workloads/
   rootfs     make the Debian sid root file system of the container and chroot
              tests in target/sid-rootfs (debootstrap; CPython 3.13, 3.14, 3.15,
@@ -153,6 +158,7 @@ fn dispatch(args: &[String]) -> Result<()> {
             }
             doc_check::run(&root, &build_release(&root)?)
         }
+        Some("dist") => dist::build(&root, &build_release(&root)?).map(|_| ()),
         Some("demo") => demo(&root),
         Some("golden") => golden(&root),
         Some("bench") => bench(&root, &args[1..]),
@@ -284,6 +290,16 @@ fn test(root: &Path) -> Result<()> {
         failures.push("documentation check");
     }
 
+    // The release tarball and Debian package, which tests/tests/dist.rs installs and runs.
+    let dist = match dist::build(root, &bin) {
+        Ok(d) => Some(d),
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            failures.push("cargo xtask dist");
+            None
+        }
+    };
+
     step("testing: cargo test --workspace --release --no-fail-fast");
     if !is_root() {
         eprintln!("xtask: warning: not root: the integration tests that load eBPF will fail");
@@ -298,6 +314,7 @@ fn test(root: &Path) -> Result<()> {
         ])
         .arg(&target_dir)
         .env("SPANPROF_BIN", &bin)
+        .env("SPANPROF_DIST", dist.unwrap_or_default())
         .env("SPANPROF_WORKLOADS", &workloads)
         .env("SPANPROF_PYTHON", &env.python)
         .env("SPANPROF_PYSPY", &env.py_spy)
