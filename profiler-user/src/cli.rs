@@ -49,6 +49,9 @@ pub(crate) enum Cmd {
     /// Every thread of running processes now: its stack (Python, native, kernel), whether it
     /// runs or why it waits (sleep, lock, io, gil), and its span.
     Dump(DumpArgs),
+    /// A live view of running processes, refreshed every second: functions by self and total
+    /// share over a sliding window, and the span names; q quits.
+    Top(TopArgs),
     /// Profile the host (or selected processes) continuously, exporting OTLP profiles.
     Daemon(DaemonArgs),
     /// Check that profiling works here: calibrated workloads (or a target) profiled and
@@ -243,6 +246,30 @@ pub(crate) struct ProfileArgs {
     /// Command to run and profile, after `--`.
     #[arg(last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  spanprof top --pid 1234\n  \
+                  spanprof top --pid 1234 --window 1m --plain\n\n\
+                  Keys: q (or Esc, Ctrl-C) quits, p pauses, s sorts by self or total share, n \
+                  shows every function or the Python ones. Not on a terminal (or with \
+                  --plain): the top 10 lines every second.")]
+pub(crate) struct TopArgs {
+    /// Processes to watch, comma-separated.
+    #[arg(short, long, value_name = "PID[,PID…]", required = true)]
+    pub(crate) pid: String,
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long, default_value_t = collect::options::DEFAULT_FREQUENCY, value_name = "HZ")]
+    pub(crate) frequency: u64,
+    /// The sliding window the shares are of, in whole seconds (e.g. 10s, 1m).
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub(crate) window: String,
+    /// Plain lines every second, even on a terminal.
+    #[arg(long)]
+    pub(crate) plain: bool,
+    /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
+    #[arg(long)]
+    pub(crate) no_spans: bool,
 }
 
 #[derive(Debug, clap::Args)]

@@ -70,4 +70,5 @@ pub mod dump;
 pub mod export;
 pub mod session;
 pub mod summary;
+pub mod top;
 pub mod verify;

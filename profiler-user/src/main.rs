@@ -932,6 +932,40 @@ fn report_line(
     )
 }
 
+/// `spanprof top`: until q, Ctrl-C or the targets' exit.
+fn top(args: cli::TopArgs) -> Result<u8, Failure> {
+    if !(1..=10_000).contains(&args.frequency) {
+        return Err(Failure(
+            EXIT_USAGE,
+            format!(
+                "invalid frequency {} for --frequency: expected 1 to 10000 Hz",
+                args.frequency
+            ),
+        ));
+    }
+    let opts = spanprof::top::Options {
+        pids: cli::parse_pids(&args.pid)?,
+        frequency: args.frequency,
+        window: humantime::parse_duration(&args.window)
+            .ok()
+            .filter(|w| w.as_secs() >= 1)
+            .ok_or_else(|| {
+                Failure(
+                    EXIT_USAGE,
+                    format!(
+                        "invalid --window '{}': expected 1s or more, e.g. 10s, 1m",
+                        args.window
+                    ),
+                )
+            })?,
+        spans: !args.no_spans,
+        plain: args.plain,
+    };
+    collect::signals::install_session_handlers();
+    spanprof::top::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))?;
+    Ok(0)
+}
+
 /// `spanprof dump`: text or JSON on stdout.
 fn dump(args: cli::DumpArgs) -> Result<u8, Failure> {
     let opts = spanprof::dump::Options {
@@ -971,6 +1005,7 @@ fn main() -> ExitCode {
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),
         Cmd::Verify(args) => verify(args),
         Cmd::Dump(args) => dump(args),
+        Cmd::Top(args) => top(args),
         Cmd::Completions { shell } => manual::completions(shell),
         Cmd::Man { dir } => manual::man_pages(dir.as_deref()),
         Cmd::VerifyWorkload { kind, out, seconds } => {

@@ -71,6 +71,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("zsh", "loads the zsh completions spanprof generates"),
     ("fish", "runs the fish completions spanprof generates"),
     ("man-db", "renders the manual pages spanprof generates (man -l)"),
+    ("tmux", "the terminal `spanprof top` is tested in (send-keys, capture-pane)"),
     (
         "libcap2-bin",
         "setcap, which the package test copies into the rootfs for the postinst (cargo xtask dist)",

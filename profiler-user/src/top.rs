@@ -1,0 +1,459 @@
+//! `spanprof top`: a live view of where the targets spend their CPU time, refreshed every
+//! second: functions by self and total share over a sliding window, and a line per span name.
+//!
+//! # Overview
+//! The collector runs as in a session (on-CPU samples); every second the samples of that second
+//! are taken as a window (`Aggregator::take_window`), symbolized into a `Profile`, and reduced
+//! to per-function and per-span counts ([`Second`]). The view sums the last [`Options::window`]
+//! of them. In a terminal it is drawn with ratatui (keys below); otherwise a block of plain
+//! lines is printed every second.
+//!
+//! Functions: where the window holds Python frames, the Python view (a sample's innermost
+//! Python function is its self; a sample without Python frames counts as
+//! `[no python frames]`); `n` switches to every frame (native, inlined, Python). Kernel frames
+//! are left out.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Paragraph, Row, Table};
+use spanprof_collect::{self as collect, signals, Collector, EventSet};
+use spanprof_pipeline::aggregate;
+use spanprof_profile::profile::{FrameKind, Profile};
+
+use crate::preflight;
+
+/// How a sample without Python frames is named in the Python view.
+pub const NO_PYTHON: &str = "[no python frames]";
+
+/// What `top` watches, and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The processes.
+    pub pids: Vec<u32>,
+    /// Samples per second on each CPU.
+    pub frequency: u64,
+    /// The sliding window the shares are of.
+    pub window: Duration,
+    /// Read span contexts.
+    pub spans: bool,
+    /// Plain lines even on a terminal.
+    pub plain: bool,
+}
+
+/// One second's counts.
+#[derive(Debug, Default, Clone)]
+pub struct Second {
+    samples: u64,
+    /// By function (Python view): (self, total).
+    python: HashMap<String, (u64, u64)>,
+    /// By function (every frame): (self, total).
+    all: HashMap<String, (u64, u64)>,
+    /// Samples with Python frames.
+    with_python: u64,
+    /// By span name (the OpenTelemetry span's, else the OSProfiler point's).
+    spans: HashMap<String, u64>,
+}
+
+impl Second {
+    /// The counts of `profile` (one second's samples).
+    pub fn of(profile: &Profile) -> Second {
+        let mut s = Second::default();
+        for sample in &profile.samples {
+            let n = sample.count;
+            if n == 0 {
+                continue;
+            }
+            s.samples += n;
+            let frames: Vec<_> = sample
+                .frames
+                .iter()
+                .filter_map(|&i| profile.frames.get(i as usize))
+                .filter(|f| f.kind != FrameKind::Kernel)
+                .collect();
+            let python: Vec<String> = frames
+                .iter()
+                .filter(|f| f.kind == FrameKind::Python)
+                .map(|f| f.display_name())
+                .collect();
+            if !python.is_empty() {
+                s.with_python += n;
+            }
+            let all: Vec<String> = frames.iter().map(|f| f.display_name()).collect();
+            let python = if python.is_empty() {
+                vec![NO_PYTHON.to_string()]
+            } else {
+                python
+            };
+            add(&mut s.python, &python, n);
+            add(&mut s.all, &all, n);
+            if let Some(span) = profile.span_of(sample) {
+                let name = span
+                    .span_name
+                    .or(span.osprofiler_name)
+                    .map(|n| n.as_str().to_string())
+                    .unwrap_or_else(|| "[span without a name]".to_string());
+                *s.spans.entry(name).or_default() += n;
+            }
+        }
+        s
+    }
+}
+
+/// Adds a stack of names (root first) to `by`: its last is self, each distinct one total.
+fn add(by: &mut HashMap<String, (u64, u64)>, stack: &[String], n: u64) {
+    let mut seen = HashSet::new();
+    for name in stack {
+        if seen.insert(name.as_str()) {
+            by.entry(name.clone()).or_default().1 += n;
+        }
+    }
+    if let Some(leaf) = stack.last() {
+        by.entry(leaf.clone()).or_default().0 += n;
+    }
+}
+
+/// How the functions are sorted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sort {
+    /// By self share.
+    SelfShare,
+    /// By total share.
+    Total,
+}
+
+/// The view: the last seconds, and the viewer's choices.
+#[derive(Debug)]
+pub struct View {
+    seconds: VecDeque<Second>,
+    keep: usize,
+    /// Sort order.
+    pub sort: Sort,
+    /// Every frame rather than the Python view.
+    pub native: bool,
+    /// Not refreshed while paused.
+    pub paused: bool,
+}
+
+/// One function's line: self and total shares in percent, and its name.
+pub type FunctionLine = (f64, f64, String);
+
+impl View {
+    /// A view of the last `window` (whole seconds, at least one).
+    pub fn new(window: Duration) -> View {
+        View {
+            seconds: VecDeque::new(),
+            keep: (window.as_secs().max(1)) as usize,
+            sort: Sort::SelfShare,
+            native: false,
+            paused: false,
+        }
+    }
+
+    /// Adds a second, dropping the oldest beyond the window.
+    pub fn push(&mut self, s: Second) {
+        self.seconds.push_back(s);
+        while self.seconds.len() > self.keep {
+            self.seconds.pop_front();
+        }
+    }
+
+    /// Samples in the window.
+    pub fn samples(&self) -> u64 {
+        self.seconds.iter().map(|s| s.samples).sum()
+    }
+
+    /// Whether the Python view is shown: asked for, and the window has Python frames.
+    pub fn python_view(&self) -> bool {
+        !self.native && self.seconds.iter().any(|s| s.with_python > 0)
+    }
+
+    /// The functions, sorted, at most `limit`.
+    pub fn functions(&self, limit: usize) -> Vec<FunctionLine> {
+        let python = self.python_view();
+        let mut sum: HashMap<&str, (u64, u64)> = HashMap::new();
+        for s in &self.seconds {
+            for (name, &(own, total)) in if python { &s.python } else { &s.all } {
+                let e = sum.entry(name.as_str()).or_default();
+                e.0 += own;
+                e.1 += total;
+            }
+        }
+        let all = self.samples().max(1) as f64;
+        let mut lines: Vec<FunctionLine> = sum
+            .into_iter()
+            .map(|(name, (own, total))| {
+                (
+                    100.0 * own as f64 / all,
+                    100.0 * total as f64 / all,
+                    name.to_string(),
+                )
+            })
+            .collect();
+        let key = |l: &FunctionLine| match self.sort {
+            Sort::SelfShare => (l.0, l.1),
+            Sort::Total => (l.1, l.0),
+        };
+        lines.sort_by(|a, b| {
+            key(b)
+                .partial_cmp(&key(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.2.cmp(&b.2))
+        });
+        lines.truncate(limit);
+        lines
+    }
+
+    /// The span names: (samples, share of the window's samples in percent, name), most first.
+    pub fn spans(&self, limit: usize) -> Vec<(u64, f64, String)> {
+        let mut sum: HashMap<&str, u64> = HashMap::new();
+        for s in &self.seconds {
+            for (name, &n) in &s.spans {
+                *sum.entry(name.as_str()).or_default() += n;
+            }
+        }
+        let all = self.samples().max(1) as f64;
+        let mut lines: Vec<(u64, f64, String)> = sum
+            .into_iter()
+            .map(|(name, n)| (n, 100.0 * n as f64 / all, name.to_string()))
+            .collect();
+        lines.sort_by(|a, b| b.0.cmp(&a.0).then(a.2.cmp(&b.2)));
+        lines.truncate(limit);
+        lines
+    }
+
+    /// The heading: what, how long, how many samples, the keys.
+    fn heading(&self, what: &str, frequency: u64) -> String {
+        format!(
+            "spanprof top: {what} at {frequency} Hz, last {} s: {} samples{}{}",
+            self.seconds.len(),
+            self.samples(),
+            if self.python_view() {
+                ", Python functions"
+            } else {
+                ", every function"
+            },
+            if self.paused { " (paused)" } else { "" }
+        )
+    }
+
+    /// The view as plain lines (not a terminal).
+    pub fn plain(&self, what: &str, frequency: u64, limit: usize) -> String {
+        let mut out = format!(
+            "{}\n  %self  %total  function\n",
+            self.heading(what, frequency)
+        );
+        for (own, total, name) in self.functions(limit) {
+            out.push_str(&format!("{own:7.1} {total:7.1}  {name}\n"));
+        }
+        let spans = self.spans(limit);
+        if !spans.is_empty() {
+            out.push_str("  samples   %cpu  span\n");
+            for (n, share, name) in spans {
+                out.push_str(&format!("{n:9} {share:6.1}  {name}\n"));
+            }
+        }
+        out
+    }
+
+    fn draw(&self, frame: &mut ratatui::Frame<'_>, what: &str, frequency: u64) {
+        let spans = self.spans(5);
+        // The spans under the heading, then as many functions as fit.
+        let [head, foot, body] = Layout::vertical([
+            Constraint::Length(2),
+            Constraint::Length(if spans.is_empty() {
+                0
+            } else {
+                spans.len() as u16 + 2
+            }),
+            Constraint::Min(3),
+        ])
+        .areas(frame.area());
+        let keys = format!(
+            "keys: q quit  p {}  s sort by {}  n {}",
+            if self.paused { "resume" } else { "pause" },
+            match self.sort {
+                Sort::SelfShare => "total",
+                Sort::Total => "self",
+            },
+            if self.native {
+                "Python functions"
+            } else {
+                "every function"
+            }
+        );
+        frame.render_widget(
+            Paragraph::new(vec![
+                Line::from(self.heading(what, frequency)),
+                Line::from(keys),
+            ]),
+            head,
+        );
+        let bold = Style::default().add_modifier(Modifier::BOLD);
+        let rows: Vec<Row> = self
+            .functions(body.height.saturating_sub(1) as usize)
+            .into_iter()
+            .map(|(own, total, name)| {
+                Row::new(vec![format!("{own:6.1}"), format!("{total:6.1}"), name])
+            })
+            .collect();
+        let (own_title, total_title) = match self.sort {
+            Sort::SelfShare => ("%SELF*", "%TOTAL"),
+            Sort::Total => ("%SELF", "%TOTAL*"),
+        };
+        frame.render_widget(
+            Table::new(
+                rows,
+                [
+                    Constraint::Length(7),
+                    Constraint::Length(8),
+                    Constraint::Fill(1),
+                ],
+            )
+            .header(Row::new(vec![own_title, total_title, "FUNCTION"]).style(bold)),
+            body,
+        );
+        if !spans.is_empty() {
+            let rows: Vec<Row> = spans
+                .into_iter()
+                .map(|(n, share, name)| Row::new(vec![n.to_string(), format!("{share:6.1}"), name]))
+                .collect();
+            frame.render_widget(
+                Table::new(
+                    rows,
+                    [
+                        Constraint::Length(9),
+                        Constraint::Length(7),
+                        Constraint::Fill(1),
+                    ],
+                )
+                .header(Row::new(vec!["SAMPLES", "%CPU", "SPAN"]).style(bold)),
+                foot,
+            );
+        }
+    }
+}
+
+/// Watches until `q` (or Ctrl-C, or the targets exit).
+pub fn run(opts: &Options) -> Result<()> {
+    collect::preflight()?;
+    let mut what = Vec::new();
+    for &pid in &opts.pids {
+        let stat = preflight::check_pid(pid)?;
+        what.push(format!("pid {pid} ({})", stat.comm));
+    }
+    let what = what.join(", ");
+    let sampling = collect::Options {
+        frequency: opts.frequency,
+        events: EventSet::parse(["cpu"]).expect("cpu is an event"),
+        spans: opts.spans,
+        ..collect::Options::default()
+    };
+    let mut c = Collector::load(
+        &sampling,
+        aggregate::Options {
+            kernel: false,
+            lines: false,
+            ..aggregate::Options::default()
+        },
+    )?;
+    for &pid in &opts.pids {
+        c.discover(pid)?;
+        c.flush_discovered();
+        c.add_target(pid)?;
+    }
+    let tui = !opts.plain && std::io::stdout().is_terminal();
+    let mut terminal = tui.then(ratatui::init);
+    let result = watch(&mut c, opts, &what, terminal.as_mut());
+    if terminal.is_some() {
+        ratatui::restore();
+    }
+    result
+}
+
+/// The loop: tick, a window every second, keys.
+fn watch(
+    c: &mut Collector,
+    opts: &Options,
+    what: &str,
+    mut terminal: Option<&mut ratatui::DefaultTerminal>,
+) -> Result<()> {
+    let mut view = View::new(opts.window);
+    let mut waiter = c.waiter(&opts.pids);
+    let mut second = Instant::now();
+    let mut redraw = true;
+    loop {
+        waiter.wait(Duration::from_millis(50));
+        c.tick();
+        if second.elapsed() >= Duration::from_secs(1) {
+            second = Instant::now();
+            let window = c.agg.take_window();
+            let meta = c.meta(
+                what.to_string(),
+                SystemTime::now(),
+                Duration::from_secs(1),
+                0,
+            );
+            let profile = window.into_profile(&mut c.symbolizer, &c.python, meta);
+            if !view.paused {
+                view.push(Second::of(&profile));
+                redraw = true;
+            }
+            if terminal.is_none() && !view.paused {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", view.plain(what, opts.frequency, 10))
+                    .and_then(|()| out.flush())
+                    .context("writing to standard output")?;
+            }
+        }
+        if let Some(t) = terminal.as_deref_mut() {
+            while event::poll(Duration::ZERO).context("reading the terminal")? {
+                if let Event::Key(key) = event::read().context("reading the terminal")? {
+                    if key.kind != KeyEventKind::Press {
+                        continue;
+                    }
+                    match key.code {
+                        KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                        KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {
+                            return Ok(())
+                        }
+                        KeyCode::Char('p') => view.paused = !view.paused,
+                        KeyCode::Char('s') => {
+                            view.sort = match view.sort {
+                                Sort::SelfShare => Sort::Total,
+                                Sort::Total => Sort::SelfShare,
+                            }
+                        }
+                        KeyCode::Char('n') => view.native = !view.native,
+                        _ => continue,
+                    }
+                    redraw = true;
+                }
+            }
+            if redraw {
+                t.draw(|f| view.draw(f, what, opts.frequency))
+                    .context("drawing the view")?;
+                redraw = false;
+            }
+        }
+        if signals::stop_signal().is_some() {
+            return Ok(());
+        }
+        let gone = waiter.exited();
+        for pid in gone {
+            c.programs.remove_target(pid);
+        }
+        if !c.programs.has_targets() {
+            if terminal.is_none() {
+                println!("spanprof top: the targets exited");
+            }
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! `spanprof top` against a Python process whose one busy thread runs `spin` inside the
+//! OpenTelemetry span "spin-span" (`tests/workloads/py_dump.py`): in a tmux terminal the view
+//! shows `spin` first and the span's line after three seconds, and `q` exits with status 0;
+//! with `--plain`, the same as lines every second, and SIGINT ends it with status 0.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use spanprof_tests::{
+    profiling_lock, pyenv_python, require_root, require_span_libs, span_libs, spanprof_bin,
+    spanprof_command, start_py_workload_with_libs, Background, TempDir, RUN_TIMEOUT,
+};
+
+/// The workload, once its GIL holder has run a while (its truth file is not needed here).
+fn busy_workload(tmp: &TempDir) -> Background {
+    let (python, libs) = (pyenv_python(11), span_libs(11));
+    require_span_libs(&python, &libs);
+    let truth = tmp.join("truth.json");
+    let workload = start_py_workload_with_libs(
+        &python,
+        &libs,
+        "py_dump.py",
+        &[truth.to_str().expect("UTF-8")],
+    );
+    // The process's CPU time: the GIL holder's, once it holds it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", workload.pid()))
+            .expect("the workload runs");
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .expect("stat")
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        if ticks >= 50 {
+            return workload;
+        }
+        assert!(Instant::now() < deadline, "the workload did not get busy");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The `i`-th number of a line of the view (a share in percent), or -1.
+fn share(line: &str, i: usize) -> f64 {
+    line.split_whitespace()
+        .filter_map(|w| w.parse::<f64>().ok())
+        .nth(i)
+        .unwrap_or(-1.0)
+}
+
+/// tmux on a socket of its own, killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket]);
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let out = self.cmd().args(args).output().expect("run tmux");
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "top"])
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd().arg("kill-server").output();
+    }
+}
+
+#[test]
+fn top_in_a_terminal_shows_the_hottest_function_first_and_its_span_and_q_exits_0() {
+    require_root();
+    let bin = spanprof_bin();
+    if Command::new("tmux").arg("-V").output().is_err() {
+        spanprof_tests::missing_prerequisite("tmux", "apt-get install tmux (cargo xtask deps)");
+    }
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("top-tmux");
+    let workload = busy_workload(&tmp);
+    let status = tmp.join("status");
+    let tmux = Tmux {
+        socket: format!("spanprof-top-{}", std::process::id()),
+    };
+    let shell = format!(
+        "{} top --pid {}; echo $? > {}; sleep 600",
+        bin.display(),
+        workload.pid(),
+        status.display()
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "160",
+        "-y",
+        "40",
+        &shell,
+    ]);
+    // Three seconds of samples, then the view as it stands.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let screen = loop {
+        let screen = tmux.screen();
+        if screen.contains("last 3 s") {
+            break screen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 3-second view within 30 s:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let lines: Vec<&str> = screen.lines().collect();
+    let header = lines
+        .iter()
+        .position(|l| l.contains("FUNCTION"))
+        .unwrap_or_else(|| panic!("no function table:\n{screen}"));
+    let first = lines.get(header + 1).copied().unwrap_or_default();
+    assert!(
+        first.contains("spin (py_dump.py)"),
+        "the hottest function first: {first:?}\n{screen}"
+    );
+    // Its share: the GIL holder's samples, nearly all (the waiting thread runs a little).
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.trim_end().ends_with("spin-span") && share(l, 1) >= 90.0),
+        "the span's line, with its share:\n{screen}"
+    );
+    tmux.run(&["send-keys", "-t", "top", "q"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !status.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "q did not end top:\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let code = std::fs::read_to_string(&status).expect("status");
+    assert_eq!(code.trim(), "0", "top's exit status");
+}
+
+#[test]
+fn top_not_on_a_terminal_prints_the_view_every_second_and_ends_at_sigint() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("top-plain");
+    let workload = busy_workload(&tmp);
+    let top = Background::spawn(spanprof_command([
+        "top",
+        "--pid",
+        &workload.pid().to_string(),
+        "--window",
+        "2s",
+    ]));
+    // Its stdout is a pipe: plain lines. Three views, then SIGINT.
+    std::thread::sleep(Duration::from_millis(3500));
+    top.signal(libc::SIGINT);
+    let out = top.finish(RUN_TIMEOUT);
+    out.assert_success();
+    let views: Vec<&str> = out.stdout.split("spanprof top: ").skip(1).collect();
+    assert!(views.len() >= 2, "a view every second:\n{}", out.stdout);
+    let last = views.last().unwrap();
+    assert!(last.contains("last 2 s"), "the window is 2 s:\n{last}");
+    let first_function = last.lines().nth(2).unwrap_or_default();
+    assert!(
+        share(first_function, 0) >= 90.0 && first_function.ends_with("spin (py_dump.py)"),
+        "the hottest function first: {first_function:?}\n{last}"
+    );
+    assert!(
+        last.lines().any(|l| l.ends_with("spin-span")),
+        "a line for the span:\n{last}"
+    );
+}
