@@ -457,3 +457,74 @@ fn watch(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spanprof_profile::format::fixture;
+    use spanprof_profile::profile::{SpanContext, SpanName};
+
+    fn rounded(lines: Vec<FunctionLine>) -> Vec<(String, f64, f64)> {
+        lines
+            .into_iter()
+            .map(|(own, total, name)| {
+                (
+                    name,
+                    (own * 10.0).round() / 10.0,
+                    (total * 10.0).round() / 10.0,
+                )
+            })
+            .collect()
+    }
+
+    /// The fixture: `main;compute` 5 + 3 (compute at two addresses) + 2 (a kernel frame under
+    /// it, left out), `main;[unknown] (libfoo.so+0x1234)` 1.
+    #[test]
+    fn shares_are_of_the_window_s_samples_sorted_by_self_or_total() {
+        let mut p = fixture::profile();
+        p.spans = vec![SpanContext {
+            span_name: SpanName::new("GET /x"),
+            ..SpanContext::default()
+        }];
+        p.samples[0].span = Some(0);
+        let mut view = View::new(Duration::from_secs(2));
+        view.push(Second::of(&p));
+        assert!(!view.python_view(), "no Python frames: every function");
+        let unknown = "[unknown] (libfoo.so+0x1234)".to_string();
+        assert_eq!(
+            rounded(view.functions(10)),
+            vec![
+                ("compute".to_string(), 90.9, 90.9),
+                (unknown.clone(), 9.1, 9.1),
+                ("main".to_string(), 0.0, 100.0),
+            ]
+        );
+        view.sort = Sort::Total;
+        assert_eq!(view.functions(1)[0].2, "main");
+        assert_eq!(view.spans(5), vec![(5, 500.0 / 11.0, "GET /x".to_string())]);
+
+        // A second in which `compute` at its first address is a Python function: the Python
+        // view, over both seconds (22 samples).
+        p.frames[1].kind = FrameKind::Python;
+        p.frames[1].file = None;
+        view.push(Second::of(&p));
+        view.sort = Sort::SelfShare;
+        assert!(view.python_view());
+        let lines = rounded(view.functions(10));
+        // compute: 7 samples of the second second (5 + 2); the first second had no Python
+        // frames: all 11 count as none, and so do the second's other 4.
+        assert_eq!(lines[0], (NO_PYTHON.to_string(), 68.2, 68.2));
+        assert_eq!(lines[1], ("compute".to_string(), 31.8, 31.8));
+        view.native = true;
+        assert!(!view.python_view());
+        // A third second pushes the first out of the 2-second window.
+        view.push(Second::of(&p));
+        assert_eq!(view.samples(), 22);
+        let text = view.plain("pid 100 (app)", 99, 3);
+        assert!(
+            text.starts_with("spanprof top: pid 100 (app) at 99 Hz, last 2 s: 22 samples"),
+            "{text}"
+        );
+        assert!(text.contains("GET /x"), "{text}");
+    }
+}
