@@ -250,14 +250,21 @@ pub(crate) struct ProfileArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  spanprof top --pid 1234\n  \
-                  spanprof top --pid 1234 --window 1m --plain\n\n\
+                  spanprof top --pid 1234 --window 1m --plain\n  \
+                  spanprof top -- python3 app.py\n\n\
                   Keys: q (or Esc, Ctrl-C) quits, p pauses, s sorts by self or total share, n \
                   shows every function or the Python ones. Not on a terminal (or with \
                   --plain): the top 10 lines every second.")]
 pub(crate) struct TopArgs {
     /// Processes to watch, comma-separated.
-    #[arg(short, long, value_name = "PID[,PID…]", required = true)]
-    pub(crate) pid: String,
+    #[arg(
+        short,
+        long,
+        value_name = "PID[,PID…]",
+        conflicts_with = "command",
+        required_unless_present = "command"
+    )]
+    pub(crate) pid: Option<String>,
     /// Samples per second on each CPU.
     #[arg(short = 'F', long, default_value_t = collect::options::DEFAULT_FREQUENCY, value_name = "HZ")]
     pub(crate) frequency: u64,
@@ -270,6 +277,10 @@ pub(crate) struct TopArgs {
     /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
     #[arg(long)]
     pub(crate) no_spans: bool,
+    /// Command to run and watch, with its children, after `--`; in the terminal view its
+    /// output is discarded (--plain keeps it); it is stopped (SIGTERM) when the view quits.
+    #[arg(last = true, value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -73,6 +73,16 @@ fn read_retrying(fd: i32, buf: &mut [u8]) -> isize {
 impl GatedCommand {
     /// Forks `argv` and holds the child before `exec`.
     pub fn spawn(argv: &[OsString]) -> Result<GatedCommand> {
+        Self::spawn_with_output(argv, None)
+    }
+
+    /// [`GatedCommand::spawn`] with the command's stdout and stderr going to `output` (a file
+    /// it is given: `spanprof top`'s terminal view is not the command's).
+    pub fn spawn_with_output(
+        argv: &[OsString],
+        output: Option<&std::fs::File>,
+    ) -> Result<GatedCommand> {
+        let output_fd = output.map_or(-1, |f| f.as_raw_fd());
         let name = argv
             .first()
             .context("no command given")?
@@ -88,7 +98,7 @@ impl GatedCommand {
         let (gate_r, gate_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
         // SAFETY: between fork and exec/_exit the child only calls functions that are
-        // async-signal-safe (close, read, signal, sigprocmask, prctl, write, _exit) or, for execvp,
+        // async-signal-safe (close, read, dup2, signal, sigprocmask, prctl, write, _exit) or, for execvp,
         // safe in glibc (stack buffers only), on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -113,6 +123,10 @@ impl GatedCommand {
                 // Rust ignores SIGPIPE; the command gets the default, and an empty signal mask,
                 // as from a shell. (SIGINT/SIGTERM: exec resets spanprof's handlers to the
                 // default and keeps a disposition spanprof inherited as ignored.)
+                if output_fd >= 0 {
+                    libc::dup2(output_fd, 1);
+                    libc::dup2(output_fd, 2);
+                }
                 libc::signal(libc::SIGPIPE, libc::SIG_DFL);
                 let mut empty: libc::sigset_t = std::mem::zeroed();
                 libc::sigemptyset(&mut empty);

@@ -944,7 +944,11 @@ fn top(args: cli::TopArgs) -> Result<u8, Failure> {
         ));
     }
     let opts = spanprof::top::Options {
-        pids: cli::parse_pids(&args.pid)?,
+        pids: match &args.pid {
+            Some(p) => cli::parse_pids(p)?,
+            None => Vec::new(),
+        },
+        command: args.command,
         frequency: args.frequency,
         window: humantime::parse_duration(&args.window)
             .ok()
@@ -962,8 +966,13 @@ fn top(args: cli::TopArgs) -> Result<u8, Failure> {
         plain: args.plain,
     };
     collect::signals::install_session_handlers();
-    spanprof::top::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))?;
-    Ok(0)
+    match spanprof::top::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))? {
+        Some(status) => {
+            eprintln!("spanprof top: the command exited ({status})");
+            Ok(session::exit_code(status) as u8)
+        }
+        None => Ok(0),
+    }
 }
 
 /// `spanprof dump`: text or JSON on stdout.

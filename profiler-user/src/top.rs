@@ -37,6 +37,9 @@ pub const NO_PYTHON: &str = "[no python frames]";
 pub struct Options {
     /// The processes.
     pub pids: Vec<u32>,
+    /// Or a command to run (its children are followed); its output is discarded in the
+    /// terminal view.
+    pub command: Vec<std::ffi::OsString>,
     /// Samples per second on each CPU.
     pub frequency: u64,
     /// The sliding window the shares are of.
@@ -340,19 +343,31 @@ impl View {
     }
 }
 
-/// Watches until `q` (or Ctrl-C, or the targets exit).
-pub fn run(opts: &Options) -> Result<()> {
+/// Watches until `q` (or Ctrl-C, or the targets exit); with a command, returns its exit
+/// status once it has exited (`None`: it was stopped with the view, SIGTERM, or still runs).
+pub fn run(opts: &Options) -> Result<Option<std::process::ExitStatus>> {
     collect::preflight()?;
     let mut what = Vec::new();
     for &pid in &opts.pids {
         let stat = preflight::check_pid(pid)?;
         what.push(format!("pid {pid} ({})", stat.comm));
     }
+    let command = !opts.command.is_empty();
+    if command {
+        what.push(
+            opts.command
+                .iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+    }
     let what = what.join(", ");
     let sampling = collect::Options {
         frequency: opts.frequency,
         events: EventSet::parse(["cpu"]).expect("cpu is an event"),
         spans: opts.spans,
+        follow_children: command,
         ..collect::Options::default()
     };
     let mut c = Collector::load(
@@ -363,29 +378,58 @@ pub fn run(opts: &Options) -> Result<()> {
             ..aggregate::Options::default()
         },
     )?;
-    for &pid in &opts.pids {
+    let mut pids = opts.pids.clone();
+    for &pid in &pids {
         c.discover(pid)?;
         c.flush_discovered();
         c.add_target(pid)?;
     }
     let tui = !opts.plain && std::io::stdout().is_terminal();
+    let mut child = None;
+    if command {
+        let null = tui
+            .then(|| std::fs::OpenOptions::new().write(true).open("/dev/null"))
+            .transpose()
+            .context("opening /dev/null for the command's output")?;
+        let mut cmd =
+            crate::command::GatedCommand::spawn_with_output(&opts.command, null.as_ref())?;
+        c.add_target(cmd.pid())?;
+        cmd.release()?;
+        pids.push(cmd.pid());
+        child = Some(cmd);
+    }
     let mut terminal = tui.then(ratatui::init);
-    let result = watch(&mut c, opts, &what, terminal.as_mut());
+    let result = watch(&mut c, opts, &pids, &what, terminal.as_mut());
     if terminal.is_some() {
         ratatui::restore();
     }
-    result
+    let Some(mut cmd) = child else {
+        return result.map(|_| None);
+    };
+    let exited = result?;
+    if !exited {
+        // Quit with the view: the command was started for it, and stops with it.
+        if cmd.wait(false)?.is_none() {
+            cmd.signal(libc::SIGTERM);
+            cmd.wait(true)?;
+            return Ok(None);
+        }
+    }
+    // Its exit was seen in the kernel: it is a zombie at once, or about to be.
+    cmd.wait(true)
 }
 
-/// The loop: tick, a window every second, keys.
+/// The loop: tick, a window every second, keys. True when it ended because the targets
+/// exited.
 fn watch(
     c: &mut Collector,
     opts: &Options,
+    pids: &[u32],
     what: &str,
     mut terminal: Option<&mut ratatui::DefaultTerminal>,
-) -> Result<()> {
+) -> Result<bool> {
     let mut view = View::new(opts.window);
-    let mut waiter = c.waiter(&opts.pids);
+    let mut waiter = c.waiter(pids);
     let mut second = Instant::now();
     let mut redraw = true;
     loop {
@@ -419,9 +463,9 @@ fn watch(
                         continue;
                     }
                     match key.code {
-                        KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                        KeyCode::Char('q') | KeyCode::Esc => return Ok(false),
                         KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {
-                            return Ok(())
+                            return Ok(false)
                         }
                         KeyCode::Char('p') => view.paused = !view.paused,
                         KeyCode::Char('s') => {
@@ -443,7 +487,7 @@ fn watch(
             }
         }
         if signals::stop_signal().is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let gone = waiter.exited();
         for pid in gone {
@@ -453,7 +497,7 @@ fn watch(
             if terminal.is_none() {
                 println!("spanprof top: the targets exited");
             }
-            return Ok(());
+            return Ok(true);
         }
     }
 }

@@ -191,3 +191,26 @@ fn top_not_on_a_terminal_prints_the_view_every_second_and_ends_at_sigint() {
         "a line for the span:\n{last}"
     );
 }
+
+/// `top -- CMD` runs the command (its output kept with `--plain`) and ends with its exit status.
+#[test]
+fn top_of_a_command_ends_with_it_and_its_exit_status() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let out = spanprof_tests::run_spanprof([
+        "top",
+        "--plain",
+        "--",
+        "sh",
+        "-c",
+        "echo from-the-command; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", out.stderr);
+    assert!(out.stdout.contains("from-the-command"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("the command exited (exit status: 3)"),
+        "{}",
+        out.stderr
+    );
+}
