@@ -242,9 +242,14 @@ impl Default for Options {
     }
 }
 
-/// `$SPANPROF_BTF_PATH`, else [`crate::bpf::DEFAULT_BTF_PATH`].
+/// `$SPANPROF_BTF_PATH`, else [`crate::bpf::DEFAULT_BTF_PATH`]. Not taken from the environment
+/// of a process given privileges its user lacks (AT_SECURE: the binary's file capabilities):
+/// the programs' field offsets come from this file.
 pub fn default_btf_path() -> PathBuf {
+    // SAFETY: getauxval reads the auxiliary vector; it has no preconditions.
+    let secure = unsafe { libc::getauxval(libc::AT_SECURE) != 0 };
     std::env::var_os("SPANPROF_BTF_PATH")
+        .filter(|_| !secure)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(crate::bpf::DEFAULT_BTF_PATH))
 }

@@ -4,8 +4,10 @@
  * (target_pids) that is off its CPU, the record an off-CPU sample would be: its kernel stack,
  * its user registers and stack copy, its Python frames and span context, read from its process's
  * memory with bpf_copy_from_user_task (helpers.h: this unit is built with SPANPROF_TASK_READS
- * only). A thread on a CPU, or runnable, is left to the timer sampler: its saved registers are
- * not where it is now.
+ * only). A thread that is runnable (preempted, waiting for a CPU) gets a timer sample's record
+ * instead: its saved registers are as stable. A thread on a CPU is left to the timer sampler:
+ * its saved registers are not where it is now. The reads race with the thread only if it runs
+ * meanwhile (then its record mixes two moments, as a sample of a running thread may).
  *
  * Bounds: one hash lookup per task of the system, then for a target's blocked thread one
  * bpf_get_task_stack and send_sample's bounded work, in the iterator's own scratch.
@@ -29,16 +31,16 @@ int dump_threads(struct bpf_iter__task *ctx)
 	if (tgid == 0 || !bpf_map_lookup_elem(&target_pids, &tgid))
 		return 0;
 	state = task->__state;
-	if (state == 0 || (state & TASK_DEAD) || task->on_cpu)
+	if ((state & TASK_DEAD) || task->on_cpu)
 		return 0;
 	w = get_scratch(0);
 	if (!w)
 		return 0;
 	s = begin_sample(w, ((__u64)tgid << 32) | (__u32)task->pid, 0);
 	bpf_probe_read_kernel_str(s->comm, sizeof(s->comm), task->comm);
-	s->event = SPANPROF_EVENT_OFFCPU;
-	/* Not an interval: a weight of 1 ns, the records' count is the number of threads. */
-	s->weight = 1;
+	/* Blocked: not an interval, a weight of 1 ns (the records' count is the threads'). */
+	s->event = state ? SPANPROF_EVENT_OFFCPU : SPANPROF_EVENT_CPU;
+	s->weight = state ? 1 : 0;
 	s->offcpu_flags = BPF_CORE_READ_BITFIELD_PROBED(task, in_iowait) ? SPANPROF_OFFCPU_IOWAIT : 0;
 	regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
 	if (regs) {

@@ -10,7 +10,7 @@
 
 /*
  * Whose memory the walks read. A sampling program runs in the sampled thread: it reads its own
- * process's memory (bpf_probe_read_user). `spanprof dump`'s task iterator (dump.bpf.c) runs in
+ * process's memory (bpf_probe_read_user). `spanprof dump`'s task iterator (dump.task.c) runs in
  * spanprof's thread and reads another process's: build.rs compiles python_walk.bpf.c,
  * span_read.bpf.c and user_stack.bpf.c a second time with SPANPROF_TASK_READS, where every
  * function that reads takes the thread's task as one more argument (TASK_P, passed on with

@@ -278,7 +278,7 @@ static __always_inline __u8 hex_value(__u64 c)
  * The UUID text (8-4-4-4-12 hex digits) at `at` in w->buf of the scratch of `slot`, into the
  * OSProfiler id `which` (UUID_*) of w->span, which garbage leaves as it was (an id read before it
  * stays whole). 0, or SPAN_FAULT. A global function, checked once: inlined, its loop was checked
- * again for every id and every buffer it was called with, 96 times over in span_published( TASK_A).
+ * again for every id and every buffer it was called with, 96 times over in span_published().
  */
 __attribute__((noinline)) int uuid_at(__u32 slot, __u32 at, __u32 which)
 {
@@ -386,7 +386,7 @@ static __always_inline int tls_addr(__u32 kind, __s64 offset, __u64 module, __u6
  * 16 hex digits at `at` (garbage digits give garbage, never a fault). Branch-free,
  * by hex_value: any byte that is not a digit gives some nibble (kept to 4 bits, so it never
  * spills into the next digit). A branch per digit let the verifier on 6.18.44 walk its paths
- * apart: span_published( TASK_A) went over the 1,000,000-instruction limit and no program loaded. The
+ * apart: span_published() went over the 1,000,000-instruction limit and no program loaded. The
  * digits are in w->win of the scratch of `slot`. A global function, checked once.
  */
 __attribute__((noinline)) __u64 hex64_at(__u32 slot, __u32 at)

@@ -76,8 +76,9 @@ impl GatedCommand {
         Self::spawn_with_output(argv, None)
     }
 
-    /// [`GatedCommand::spawn`] with the command's stdout and stderr going to `output` (a file
-    /// it is given: `spanprof top`'s terminal view is not the command's).
+    /// [`GatedCommand::spawn`] with the command's stdin, stdout and stderr on `output` (a file
+    /// opened for reading and writing, such as /dev/null: `spanprof top`'s terminal view, and
+    /// its keys, are not the command's).
     pub fn spawn_with_output(
         argv: &[OsString],
         output: Option<&std::fs::File>,
@@ -124,6 +125,7 @@ impl GatedCommand {
                 // as from a shell. (SIGINT/SIGTERM: exec resets spanprof's handlers to the
                 // default and keeps a disposition spanprof inherited as ignored.)
                 if output_fd >= 0 {
+                    libc::dup2(output_fd, 0);
                     libc::dup2(output_fd, 1);
                     libc::dup2(output_fd, 2);
                 }

@@ -10,7 +10,8 @@
 //!    the kernel and a copy of its stack, its Python frames and span, read from the process's
 //!    memory with `bpf_copy_from_user_task`. The pipeline names its wait (sleep, lock, io, gil…)
 //!    as it names a session's off-CPU samples.
-//! 2. a thread on a CPU (or runnable) gets its stack from the timer sampler's next sample of it.
+//! 2. a runnable thread (preempted) gets a timer sample's record from the iterator, read the same
+//!    way; a thread on a CPU gets its stack from the timer sampler's next sample of it.
 //!
 //! Each thread's first event from the moment the targets were set wins: the iterator's record,
 //! or the sampler's. A thread neither sampled nor found blocked within [`DUMP_WAIT`] (one that
@@ -18,8 +19,9 @@
 //! again every [`PASS_EVERY`] while one is missing.
 //!
 //! # Design constraints
-//! Nothing stops the process: a blocked thread's stack and objects are read while it stays
-//! blocked (the reads race with nothing that runs it), a running one's as a timer sample's are.
+//! Nothing stops the process: a blocked thread's stack and objects are read where it waits (a
+//! thread that wakes during the reads has a record that mixes two moments, as a timer sample of
+//! a running thread may), a running one's as a timer sample's are.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime};
@@ -57,7 +59,7 @@ pub struct Options {
 /// Where a thread was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
-    /// On a CPU, or runnable: its stack is a timer sample's.
+    /// On a CPU, or runnable: its stack is a timer sample's (the iterator's, for a runnable one).
     Running,
     /// Blocked, for this reason.
     Blocked(OffCpuReason),

@@ -1,6 +1,7 @@
 //! The `spanprof` command line: each subcommand's driver ([`cli`] has the flags).
 
 mod cli;
+mod live;
 mod manual;
 mod usage;
 
@@ -932,65 +933,6 @@ fn report_line(
     )
 }
 
-/// `spanprof top`: until q, Ctrl-C or the targets' exit.
-fn top(args: cli::TopArgs) -> Result<u8, Failure> {
-    if !(1..=10_000).contains(&args.frequency) {
-        return Err(Failure(
-            EXIT_USAGE,
-            format!(
-                "invalid frequency {} for --frequency: expected 1 to 10000 Hz",
-                args.frequency
-            ),
-        ));
-    }
-    let opts = spanprof::top::Options {
-        pids: match &args.pid {
-            Some(p) => cli::parse_pids(p)?,
-            None => Vec::new(),
-        },
-        command: args.command,
-        frequency: args.frequency,
-        window: humantime::parse_duration(&args.window)
-            .ok()
-            .filter(|w| w.as_secs() >= 1)
-            .ok_or_else(|| {
-                Failure(
-                    EXIT_USAGE,
-                    format!(
-                        "invalid --window '{}': expected 1s or more, e.g. 10s, 1m",
-                        args.window
-                    ),
-                )
-            })?,
-        spans: !args.no_spans,
-        plain: args.plain,
-    };
-    collect::signals::install_session_handlers();
-    match spanprof::top::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))? {
-        Some(status) => {
-            eprintln!("spanprof top: the command exited ({status})");
-            Ok(session::exit_code(status) as u8)
-        }
-        None => Ok(0),
-    }
-}
-
-/// `spanprof dump`: text or JSON on stdout.
-fn dump(args: cli::DumpArgs) -> Result<u8, Failure> {
-    let opts = spanprof::dump::Options {
-        pids: cli::parse_pids(&args.pid)?,
-        children: args.children,
-        spans: !args.no_spans,
-    };
-    let dump = spanprof::dump::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))?;
-    if args.json {
-        println!("{}", spanprof::dump::render_json(&dump));
-    } else {
-        print!("{}", spanprof::dump::render_text(&dump));
-    }
-    Ok(0)
-}
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -1003,6 +945,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    if let Some(Failure(code, msg)) = live::privileges(&cli.command) {
+        eprintln!("error: {msg}");
+        return ExitCode::from(code);
+    }
     let result = match cli.command {
         Cmd::Profile(args) => profile(args),
         Cmd::Report(args) => report(args),
@@ -1013,8 +959,8 @@ fn main() -> ExitCode {
             .map(|()| 0)
             .map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}"))),
         Cmd::Verify(args) => verify(args),
-        Cmd::Dump(args) => dump(args),
-        Cmd::Top(args) => top(args),
+        Cmd::Dump(args) => live::dump(args),
+        Cmd::Top(args) => live::top(args),
         Cmd::Completions { shell } => manual::completions(shell),
         Cmd::Man { dir } => manual::man_pages(dir.as_deref()),
         Cmd::VerifyWorkload { kind, out, seconds } => {

@@ -257,7 +257,7 @@ impl View {
         }
         let spans = self.spans(limit);
         if !spans.is_empty() {
-            out.push_str("  samples   %cpu  span\n");
+            out.push_str("  samples %samples  span\n");
             for (n, share, name) in spans {
                 out.push_str(&format!("{n:9} {share:6.1}  {name}\n"));
             }
@@ -336,7 +336,7 @@ impl View {
                         Constraint::Fill(1),
                     ],
                 )
-                .header(Row::new(vec!["SAMPLES", "%CPU", "SPAN"]).style(bold)),
+                .header(Row::new(vec!["SAMPLES", "%SAMPLES", "SPAN"]).style(bold)),
                 foot,
             );
         }
@@ -388,7 +388,12 @@ pub fn run(opts: &Options) -> Result<Option<std::process::ExitStatus>> {
     let mut child = None;
     if command {
         let null = tui
-            .then(|| std::fs::OpenOptions::new().write(true).open("/dev/null"))
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open("/dev/null")
+            })
             .transpose()
             .context("opening /dev/null for the command's output")?;
         let mut cmd =
@@ -406,17 +411,32 @@ pub fn run(opts: &Options) -> Result<Option<std::process::ExitStatus>> {
     let Some(mut cmd) = child else {
         return result.map(|_| None);
     };
-    let exited = result?;
-    if !exited {
-        // Quit with the view: the command was started for it, and stops with it.
-        if cmd.wait(false)?.is_none() {
-            cmd.signal(libc::SIGTERM);
-            cmd.wait(true)?;
-            return Ok(None);
-        }
+    if !matches!(result, Ok(true)) && cmd.wait(false)?.is_none() {
+        // Quit with the view (or failed): the command was started for it, and stops with it.
+        stop(&mut cmd)?;
+        return result.map(|_| None);
     }
     // Its exit was seen in the kernel: it is a zombie at once, or about to be.
-    cmd.wait(true)
+    let status = cmd.wait(true)?;
+    result.map(|_| status)
+}
+
+/// How long a command has after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Stops the command: SIGTERM, then SIGKILL after [`STOP_GRACE`]; reaps it.
+fn stop(cmd: &mut crate::command::GatedCommand) -> Result<()> {
+    cmd.signal(libc::SIGTERM);
+    let start = Instant::now();
+    while cmd.wait(false)?.is_none() {
+        if start.elapsed() >= STOP_GRACE {
+            cmd.signal(libc::SIGKILL);
+            cmd.wait(true)?;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// The loop: tick, a window every second, keys. True when it ended because the targets

@@ -133,7 +133,7 @@ fn the_package_installs_in_a_fresh_sid_rootfs_and_runs_there() {
     ] {
         assert!(o.path(file).is_file(), "{file} is not installed");
     }
-    let unit = std::fs::read_to_string(o.path("/lib/systemd/system/spanprof.service"))
+    let unit = std::fs::read_to_string(o.path("/usr/lib/systemd/system/spanprof.service"))
         .expect("the unit is installed");
     assert!(
         unit.lines()
@@ -169,7 +169,10 @@ fn with_setcap_the_postinst_gives_the_binary_its_capabilities() {
         if !Path::new(host).exists() {
             spanprof_tests::missing_prerequisite(host, "apt-get install libcap2-bin");
         }
-        std::fs::copy(host, o.path(inside)).expect("copy setcap in");
+        // The rootfs's own, where it has one.
+        if !o.path(inside).exists() {
+            std::fs::copy(host, o.path(inside)).expect("copy setcap in");
+        }
     }
     let stderr = o.install(&deb);
     assert!(!stderr.contains("setcap"), "no complaint: {stderr}");
@@ -191,6 +194,37 @@ fn with_setcap_the_postinst_gives_the_binary_its_capabilities() {
         caps.trim_end().ends_with("=ep"),
         "effective and permitted: {caps:?}"
     );
+
+    // A member of the group (nobody, with the group spanprof) runs it with those capabilities;
+    // the subcommands that read the files they are given give them up, and the daemon is
+    // refused.
+    let gid = gid_of(&o, "spanprof").expect("the group spanprof");
+    let user = format!("--userspec=65534:{gid}");
+    let as_member = |args: &[&str]| {
+        let out = Command::new("/usr/sbin/chroot")
+            .arg(&user)
+            .arg(&o.merged)
+            .arg("/usr/bin/spanprof")
+            .args(args)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .expect("run chroot");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = as_member(&["--version"]);
+    assert_eq!(code, Some(0), "the group may run it: {err}");
+    let (code, err) = as_member(&["report", "/etc/shadow"]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.to_lowercase().contains("permission denied"),
+        "report reads /etc/shadow as its user, without CAP_DAC_READ_SEARCH: {err}"
+    );
+    let (code, err) = as_member(&["daemon"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("spanprof daemon runs as root"), "{err}");
 }
 
 #[test]

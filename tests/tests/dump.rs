@@ -17,9 +17,9 @@ use spanprof_tests::{
 
 const WORKLOAD: &str = "py_dump.py";
 
-/// CPU time the GIL holder must have used before the dump: it has held the GIL for that long,
-/// so the GIL thread is waiting for it.
-const HOLDER_CPU_TICKS: u64 = 20;
+/// CPU time the GIL holder must have used before the dump (1.2 s): it has held the GIL for that
+/// long, so the GIL thread, whose sleep ends after 1 s, is waiting for it.
+const HOLDER_CPU_TICKS: u64 = 120;
 
 /// A thread's user + system CPU time in clock ticks, from /proc.
 fn cpu_ticks(pid: u32, tid: u64) -> Option<u64> {

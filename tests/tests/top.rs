@@ -172,8 +172,9 @@ fn top_not_on_a_terminal_prints_the_view_every_second_and_ends_at_sigint() {
         "--window",
         "2s",
     ]));
-    // Its stdout is a pipe: plain lines. Three views, then SIGINT.
-    std::thread::sleep(Duration::from_millis(3500));
+    // Its stdout is a pipe: plain lines. A view a second (after a load that can take a second
+    // on a busy machine), then SIGINT.
+    std::thread::sleep(Duration::from_secs(5));
     top.signal(libc::SIGINT);
     let out = top.finish(RUN_TIMEOUT);
     out.assert_success();

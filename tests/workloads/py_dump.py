@@ -3,15 +3,19 @@
 - sleeper: in `sleeper_wait`, in time.sleep, inside the OpenTelemetry span "sleep-span";
 - locker: in `lock_wait`, waiting for a lock nobody releases, inside the OSProfiler trace point
   "lock-point";
-- gil: in `gil_wanter`, a pure-Python loop that waits for the GIL, which
+- gil: in `gil_wanter`, waiting for the GIL as its time.sleep(1.0) returns, which
 - spinner: holds, in `spin`, inside the OpenTelemetry span "spin-span": a C call (sum over
   itertools.repeat) that never checks for a GIL drop request.
+
+The switch interval is 1000 s: a thread waiting for the GIL asks for it once every 1000 s, and
+does not wake every 5 ms (as it would by default), so it stays blocked in the kernel.
 
 Usage: python3 py_dump.py TRUTH_FILE. Writes the truth as one JSON object to TRUTH_FILE
 ({"sleeper": {"tid", "trace_id", "span_id", "name"}, "locker": {"tid", "base_id", "trace_id",
 "name"}, "gil": {"tid"}, "spinner": {"tid", "trace_id", "span_id", "name"}, "main": TID}),
 then prints `ready PID` to stderr and releases the spinner. The GIL is taken for good within
-milliseconds: the process then answers nothing but SIGKILL.
+milliseconds, and the GIL thread waits for it from 1 s on: the process then answers nothing
+but SIGKILL.
 """
 import itertools
 import json
@@ -69,6 +73,9 @@ def locker():
 
 
 def gil_wanter():
+    # Returns from the sleep while the spinner holds the GIL (it takes it within ms of `go`,
+    # which comes right after this thread is ready).
+    time.sleep(1.0)
     n = 0
     while True:
         n += 1
@@ -98,11 +105,12 @@ def spinner():
         spin()
 
 
-for target in (sleeper, locker, gil, spinner):
+for target in (sleeper, locker, spinner, gil):
     threading.Thread(target=target, name=target.__name__, daemon=True).start()
     ready.acquire()
 with open(sys.argv[1], "w") as f:
     json.dump(truth, f)
 print(f"ready {os.getpid()}", file=sys.stderr, flush=True)
+sys.setswitchinterval(1000)
 go.set()
 time.sleep(3600)

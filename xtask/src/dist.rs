@@ -9,7 +9,7 @@
 //!   `lib/systemd/system/spanprof.service` (its `ExecStart` names `/usr/local/bin/spanprof`, where
 //!   the tarball's INSTALL puts it), README.md and INSTALL;
 //! - `spanprof_VERSION_amd64.deb` (`dpkg-deb`): the binary in `/usr/bin` (the unit's `ExecStart`
-//!   rewritten to it), the configuration a conffile, and a postinst that makes a system group
+//!   rewritten to it), the unit in `/usr/lib/systemd/system`, the configuration a conffile, and a postinst that makes a system group
 //!   `spanprof` and gives the binary to it, mode 0750, with the capabilities to profile any
 //!   process (`setcap`, from libcap2-bin, which the package recommends): members of the group
 //!   profile without sudo. The unit is installed, not enabled.
@@ -183,8 +183,11 @@ if [ \"$1\" = configure ]; then
     if ! getent group spanprof >/dev/null; then
         groupadd --system spanprof
     fi
-    chown root:spanprof /usr/bin/spanprof
-    chmod 0750 /usr/bin/spanprof
+    # An owner and mode the administrator set (dpkg-statoverride) stay as they are.
+    if ! dpkg-statoverride --list /usr/bin/spanprof >/dev/null 2>&1; then
+        chown root:spanprof /usr/bin/spanprof
+        chmod 0750 /usr/bin/spanprof
+    fi
     if command -v setcap >/dev/null 2>&1; then
         if ! setcap {CAPABILITIES} /usr/bin/spanprof; then
             echo \"spanprof: setcap failed (a file system without capabilities?): only root can profile\" >&2
@@ -233,10 +236,7 @@ pub fn build(root: &Path, bin: &Path) -> Result<PathBuf> {
     let usr = pkg.join("usr");
     stage(root, bin, &usr, "/usr/bin/spanprof", true)?;
     // The tarball's layout, moved where Debian puts each part.
-    fs::create_dir_all(pkg.join("lib"))?;
     fs::rename(usr.join("etc"), pkg.join("etc"))?;
-    fs::rename(usr.join("lib/systemd"), pkg.join("lib/systemd"))?;
-    fs::remove_dir(usr.join("lib"))?;
     fs::rename(
         usr.join("share/zsh/site-functions"),
         usr.join("share/zsh/vendor-completions"),
