@@ -152,7 +152,7 @@ pub enum ThreadState {
 }
 
 /// The thread ids of process `pid` (empty when it is gone).
-fn threads_of(pid: u32) -> Vec<u32> {
+pub fn threads_of(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|dir| {
             dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())

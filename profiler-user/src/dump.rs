@@ -28,7 +28,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 use serde_json::{json, Value};
+use spanprof_collect::bpf::threads_of;
 use spanprof_collect::options::{DEFAULT_RING_BUFFER_BYTES, DEFAULT_STACK_COPY};
+use spanprof_collect::target_cpu::parse_stat_times;
 use spanprof_collect::{self as collect, Collector, EventSet, Stopped};
 use spanprof_pipeline::aggregate;
 use spanprof_profile::profile::{
@@ -114,18 +116,6 @@ pub struct Dump {
     pub processes: Vec<ProcessDump>,
 }
 
-/// The thread ids of process `pid` (empty when it is gone).
-fn threads_of(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let mut tids: Vec<u32> = dir
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    tids
-}
-
 /// `pids` and, with `children`, every process descended from them (from each process's parent
 /// in `/proc/PID/stat`).
 fn targets(pids: &[u32], children: bool) -> Vec<u32> {
@@ -142,12 +132,8 @@ fn targets(pids: &[u32], children: bool) -> Vec<u32> {
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
                 continue;
             };
-            // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-            if let Some(ppid) = ppid {
-                kids.entry(ppid).or_default().push(pid);
+            if let Some(times) = parse_stat_times(&stat) {
+                kids.entry(times.ppid).or_default().push(pid);
             }
         }
     }

@@ -494,6 +494,15 @@ pub fn assert_error(out: &RunOutput, code: i32, needles: &[&str]) {
     }
 }
 
+/// The CPU time (utime + stime, clock ticks) of `/proc/…/stat` at `path`: a process's (all its
+/// threads) or, under `task/TID/`, one thread's; `None` when it cannot be read.
+pub fn stat_cpu_ticks(path: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After `comm)`: state is field 3, utime 14, stime 15.
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use serde_json::Value;
 use spanprof_tests::rootfs::{rootfs, start_confined_py_with_env, Confinement, RootfsDir};
 use spanprof_tests::{
     profiling_lock, pyenv_python, require_root, require_span_libs, run_spanprof, span_libs,
-    spanprof_bin, start_py_workload_with_libs, Background, TempDir,
+    spanprof_bin, start_py_workload_with_libs, stat_cpu_ticks, Background, TempDir,
 };
 
 const WORKLOAD: &str = "py_dump.py";
@@ -20,14 +20,6 @@ const WORKLOAD: &str = "py_dump.py";
 /// CPU time the GIL holder must have used before the dump (1.2 s): it has held the GIL for that
 /// long, so the GIL thread, whose sleep ends after 1 s, is waiting for it.
 const HOLDER_CPU_TICKS: u64 = 120;
-
-/// A thread's user + system CPU time in clock ticks, from /proc.
-fn cpu_ticks(pid: u32, tid: u64) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    // After `comm)`: state is field 3, utime 14, stime 15.
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
 
 /// The workload started (in the rootfs for `container`), its truth, and its rootfs directory.
 fn start(python: &Path, libs: &Path, container: bool) -> (Background, Value, Option<RootfsDir>) {
@@ -61,7 +53,9 @@ fn start(python: &Path, libs: &Path, container: bool) -> (Background, Value, Opt
     // Wait until the holder has had the GIL a while (it takes it within milliseconds).
     let holder = truth["spinner"]["tid"].as_u64().expect("spinner tid");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while cpu_ticks(workload.pid(), holder).unwrap_or(0) < HOLDER_CPU_TICKS {
+    while stat_cpu_ticks(&format!("/proc/{}/task/{holder}/stat", workload.pid())).unwrap_or(0)
+        < HOLDER_CPU_TICKS
+    {
         assert!(
             Instant::now() < deadline,
             "the GIL holder did not run: {}",

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use spanprof_tests::{
     profiling_lock, pyenv_python, require_root, require_span_libs, span_libs, spanprof_bin,
-    spanprof_command, start_py_workload_with_libs, Background, TempDir, RUN_TIMEOUT,
+    spanprof_command, start_py_workload_with_libs, stat_cpu_ticks, Background, TempDir,
+    RUN_TIMEOUT,
 };
 
 /// The workload, once its GIL holder has run a while (its truth file is not needed here).
@@ -25,15 +26,8 @@ fn busy_workload(tmp: &TempDir) -> Background {
     // The process's CPU time: the GIL holder's, once it holds it.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", workload.pid()))
-            .expect("the workload runs");
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .expect("stat")
-            .1
-            .split_whitespace()
-            .collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        let ticks =
+            stat_cpu_ticks(&format!("/proc/{}/stat", workload.pid())).expect("the workload runs");
         if ticks >= 50 {
             return workload;
         }
