@@ -199,7 +199,25 @@ fn diff_names_the_slowed_function_first_and_fails() {
     let delta = first["self_delta"].as_f64().unwrap();
     // 25% -> 40%: 15 points, give or take the sampling.
     assert!((0.10..0.20).contains(&delta), "render_output grew {delta}");
-    assert_eq!(doc["shrank"][0]["name"], "compute_scores", "{doc}");
+    // compute_scores (50% -> 40%) and parse_input (25% -> 20%) lose the share
+    // render_output gains. Their order is not asserted: on a loaded machine the
+    // two drift apart by a few points (CI once measured 49.5 -> 44.5 and
+    // 25.5 -> 18.0), more than the 5 points between their expected drops.
+    let shrank: Vec<&str> = doc["shrank"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        shrank.contains(&"compute_scores") && shrank.contains(&"parse_input"),
+        "shrank most: {shrank:?}\n{doc}"
+    );
+    for f in doc["shrank"].as_array().unwrap().iter().take(2) {
+        let d = f["self_delta"].as_f64().unwrap();
+        assert!((-0.15..-0.02).contains(&d), "{} shrank {d}", f["name"]);
+    }
 }
 
 #[test]
