@@ -27,7 +27,7 @@ pub mod options;
 pub mod signals;
 pub mod tick;
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 use symbolizer::Symbolizer;
@@ -39,7 +39,7 @@ use crate::target_cpu::TargetCpu;
 use discover::Probes;
 pub use options::{EventError, EventSet, Invalid, Memory, Options, Unwind};
 use spanprof_pipeline::aggregate::{self, Aggregator};
-pub use tick::{Waiter, TICK};
+pub use tick::{Waiter, QUIET_TICK, TICK};
 
 /// A loaded collection: the programs, what finds processes, the aggregate, the symbolizer.
 #[derive(Debug)]
@@ -60,6 +60,8 @@ pub struct Collector {
     options: Options,
     /// CPU and kernel time at the last [`Collector::mark`].
     mark: (Duration, Option<KernelTime>),
+    /// Until when the loop wakes every [`TICK`] rather than every [`tick::QUIET_TICK`].
+    lively_until: Instant,
 }
 
 /// Checks that the programs can be loaded here: capabilities, pid namespace.
@@ -98,6 +100,7 @@ impl Collector {
             target_cpu: TargetCpu::new(options.follow_children),
             options: options.clone(),
             mark: (Duration::ZERO, None),
+            lively_until: Instant::now() + tick::QUIET_AFTER,
             programs,
         };
         collector.mark();

@@ -9,8 +9,23 @@ use profiler_common::{Record, MAX_STACK_COPY, PY_NONE, USTACK_COPY_OK};
 
 use super::Collector;
 
-/// How often a collection wakes up when no sample arrives.
+/// How often a collection wakes up when no sample arrives, while it is lively (see
+/// [`QUIET_TICK`]).
 pub const TICK: Duration = Duration::from_millis(50);
+
+/// How often a quiet collection wakes up: no process new to it, exec'd or mapping new code for
+/// [`QUIET_AFTER`]. The kernel still wakes it at once for what cannot wait (a process's first
+/// samples, an exec, a long off-CPU wait, a ring buffer filling up, a target's exit); what is
+/// left is the drain of samples from processes whose modules are read already. At 99 Hz on one
+/// busy thread a tick drains 10 samples rather than 5: a wake-up, a poll and a look at the
+/// span objects cost the same for either. (Not longer: a tracing library imported mid-session
+/// is looked for at each tick, so its first spans are read within about this long.)
+pub const QUIET_TICK: Duration = Duration::from_millis(100);
+
+/// How long a collection stays lively after a process appeared, exec'd or mapped new code: its
+/// libraries are often still being loaded, or it is a short-lived child whose addresses are
+/// best normalized while it runs.
+pub const QUIET_AFTER: Duration = Duration::from_secs(1);
 
 /// How often a long drain stops to look for new interpreters.
 const DETECT_DURING_DRAIN: Duration = Duration::from_millis(10);
@@ -33,8 +48,10 @@ impl Collector {
             python,
             copy,
             symbolizer,
+            lively_until,
             ..
         } = self;
+        let mut lively = false;
         agg.next_drain();
         symbolizer.next_drain();
         let mut looked = Instant::now();
@@ -53,7 +70,7 @@ impl Collector {
                     } else {
                         sample.user_stack().first().copied().unwrap_or(0)
                     };
-                    symbolizer.seen(h.pid, ip);
+                    lively |= symbolizer.seen(h.pid, ip);
                     // Discovery: a process new to the collection (or whose kernel entry was
                     // lost) is looked at for an interpreter before its frames are named.
                     if agg.accepts(h.pid) {
@@ -67,6 +84,7 @@ impl Collector {
                     agg.record(&sample, python)
                 }
                 Some(Record::Exec(e)) => {
+                    lively = true;
                     python.exec(e.pid);
                     agg.exec(e.pid, e.time_ns);
                     symbolizer.exec(e.pid);
@@ -85,6 +103,9 @@ impl Collector {
                 looked = Instant::now();
             }
         }
+        if lively {
+            *lively_until = Instant::now() + QUIET_AFTER;
+        }
         python.detect_pending(programs);
         // A process whose stacks the copy cut short gets the largest copy from the next sample
         // on (its children too, in the kernel): deep C recursion, e.g. CPython 3.8-3.10's.
@@ -98,13 +119,19 @@ impl Collector {
         }
     }
 
-    /// How long the loop may wait for samples: [`TICK`], or less when a process that just
-    /// exec'd is due to be looked at again for its interpreter (its own samples do not wake
-    /// the loop).
+    /// How long the loop may wait for samples: [`TICK`] while lively, [`QUIET_TICK`] once
+    /// quiet, or less when a process that just exec'd is due to be looked at again for its
+    /// interpreter (its own samples do not wake the loop).
     pub fn max_wait(&self) -> Duration {
+        let now = Instant::now();
+        let tick = if now < self.lively_until {
+            TICK
+        } else {
+            QUIET_TICK
+        };
         match self.python.next_due() {
-            Some(due) => due.saturating_duration_since(Instant::now()).min(TICK),
-            None => TICK,
+            Some(due) => due.saturating_duration_since(now).min(tick),
+            None => tick,
         }
     }
 

@@ -43,6 +43,7 @@ struct uprobe_task {
 struct mm_struct {
 	unsigned long start_code;
 	unsigned long end_code;
+	unsigned long start_stack; /* the main thread's initial stack pointer (argc) */
 } __attribute__((preserve_access_index));
 
 struct task_struct {

@@ -6,8 +6,8 @@
  * the span context, then one bpf_ringbuf_output of only the parts captured.
  *
  * Bounds: one bpf_get_stack of at most SPANPROF_MAX_STACK_DEPTH frames, or a stack copy of at
- * most SPANPROF_MAX_STACK_COPY bytes (one read, or one read per page when the whole size is not
- * mapped) with at most a few return addresses put back (user_stack.bpf.c); the Python walk
+ * most SPANPROF_MAX_STACK_COPY bytes (one read for the main thread's stack, else one read per
+ * page) with at most a few return addresses put back (user_stack.bpf.c); the Python walk
  * (python_walk.bpf.c) and the span readers (span_read.bpf.c), each bounded on its own; one
  * record.
  */

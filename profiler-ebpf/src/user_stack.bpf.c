@@ -3,8 +3,8 @@
  * The copy of a sampled thread's user stack for --unwind dwarf (declared in send_sample.h), a
  * global BPF function verified once on its own in each sampling program. No program of its own.
  *
- * Bounds: at most SPANPROF_MAX_STACK_COPY bytes (one read, or one read per page when the whole
- * size is not mapped), then at most URETPROBE_FIXUPS return addresses put back.
+ * Bounds: at most SPANPROF_MAX_STACK_COPY bytes (one read for the main thread's stack, else one
+ * read per page), then at most URETPROBE_FIXUPS return addresses put back.
  */
 #include "send_sample.h"
 
@@ -12,9 +12,19 @@
 #define URETPROBE_FIXUPS 8
 
 /*
- * See send_sample.h. One read when the whole size is mapped; at the top of a stack (the main
- * thread's, whose last page is followed by nothing) page by page, up to the first unreadable
- * page.
+ * Bytes of the main thread's stack copied above its initial stack pointer (mm->start_stack,
+ * where argc is): _start's own frame is within a few words of it, and argv, envp and the auxv
+ * above it are mapped.
+ */
+#define MAIN_STACK_SLACK 256
+
+/*
+ * See send_sample.h. The main thread's stack ends at its initial stack pointer (plus
+ * MAIN_STACK_SLACK): a sample within the copy size of it copies just that, in one read, and the
+ * copy is marked as reaching the top. Any other stack is copied page by page up to the first
+ * unreadable page: a thread's stack is mapped with its thread's TLS above it and often nothing
+ * readable after that, and one read across the end would copy up to the fault, clear the whole
+ * destination, then be done again page by page.
  */
 int copy_user_stack(__u32 at, __u64 off TASK_GP)
 {
@@ -26,7 +36,8 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 	struct spanprof_sample *s;
 	struct return_instance *ri;
 	const __u32 *size;
-	__u64 slot, ret, sp, want, done = 0, len;
+	__u64 slot, ret, sp, want, done = 0, len, top;
+	int whole = 0;
 	__u32 tgid;
 	__u8 *dst;
 	int i;
@@ -55,7 +66,14 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 	if (off > sizeof(s->stack) + sizeof(s->py) + sizeof(s->span))
 		return 0;
 	dst = (__u8 *)s->stack + off;
-	if (want && user_read(dst, want, (const void *)sp) == 0) {
+	top = BPF_CORE_READ(task, mm, start_stack);
+	if (top && sp < top && top - sp + MAIN_STACK_SLACK <= want) {
+		want = (top - sp + MAIN_STACK_SLACK) & ~7ULL;
+		whole = 1;
+	}
+	if (want > SPANPROF_MAX_STACK_COPY) /* for the verifier: it was no more than that */
+		want = SPANPROF_MAX_STACK_COPY;
+	if (whole && user_read(dst, want, (const void *)sp) == 0) {
 		done = want;
 	} else {
 		len = 4096 - (sp & 4095);
@@ -77,7 +95,7 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 		return 0;
 	}
 	s->ustack_copy_status =
-		SPANPROF_USTACK_COPY_OK | (done < want ? SPANPROF_USTACK_COPY_SHORT : 0);
+		SPANPROF_USTACK_COPY_OK | (done < want || whole ? SPANPROF_USTACK_COPY_SHORT : 0);
 	s->ustack_copy_len = done;
 	/*
 	 * A function with a pending uretprobe (--event heap's on the allocation functions) returns

@@ -2,7 +2,8 @@
 //! [collector](crate::collect) ticked until a stop condition, and the profile built.
 //!
 //! The loop waits on the ring buffer's file descriptor and the targets' pidfds (at most
-//! [`TICK`]), has the collector drain every record into its aggregate and normalize addresses
+//! [`TICK`], or [`collect::QUIET_TICK`] once no process is new: see
+//! [`Collector::max_wait`]), has the collector drain every record into its aggregate and normalize addresses
 //! of new stacks while their processes live, and checks the stop conditions: duration over,
 //! Ctrl-C/SIGTERM, the command exited, or every target process exited.
 
@@ -320,7 +321,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         let remaining = opts
             .duration
             .map(|d| d.saturating_sub(start.elapsed()))
-            .unwrap_or(TICK);
+            .unwrap_or(Duration::MAX);
         waiter.wait(remaining.min(c.max_wait()));
         c.tick();
         // One bpf() call a second is enough for the live count; the final one is exact.

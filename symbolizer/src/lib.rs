@@ -469,12 +469,18 @@ impl Symbolizer {
     /// its memory map is read (and its modules opened) now, while it most likely lives, when
     /// none was yet or the one kept does not hold `ip` (libraries the dynamic loader mapped
     /// since, dlopen) or is stale (an exec), at most once per drain. Cheap otherwise: one
-    /// lookup, no allocation.
-    pub fn seen(&mut self, pid: u32, ip: u64) {
+    /// lookup, no allocation. Returns whether the map was read.
+    pub fn seen(&mut self, pid: u32, ip: u64) -> bool {
         let drains = self.drains;
         if let Some(p) = self.procs.get(&pid) {
-            if p.read_in == drains || ip == 0 || (!p.stale && p.range(ip).is_some()) {
-                return;
+            // (An address in anonymous executable memory (the vDSO, JIT code) known from the
+            // map read last is no reason to read it again: a loop calling clock_gettime had
+            // the map read at every drain.)
+            if p.read_in == drains
+                || ip == 0
+                || (!p.stale && (p.range(ip).is_some() || p.in_anonymous(ip).is_some()))
+            {
+                return false;
             }
         }
         let read = self.read_ranges(pid);
@@ -486,6 +492,7 @@ impl Symbolizer {
             p.gone = false;
             p.stale = false;
         }
+        true
     }
 
     /// Process `pid` exec'd: its map is read again before its next addresses are normalized.

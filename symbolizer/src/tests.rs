@@ -249,6 +249,29 @@ fn a_memory_map_is_read_again_only_when_stale_or_short_of_an_address() {
 }
 
 #[test]
+fn a_sample_in_anonymous_code_known_does_not_read_the_map_again() {
+    let pid = std::process::id();
+    let page = anonymous_exec_page();
+    let addr = page as u64 + 16;
+    let mut s = Symbolizer::new();
+    // A first sample reads the map; one in code of that map, in a later drain, does not,
+    // whether the code is a module's or anonymous (the vDSO, JIT code).
+    assert!(s.seen(pid, addr));
+    s.next_drain();
+    assert!(!s.seen(pid, addr + 8));
+    let own = marker_function_for_symbolizer_test as *const () as u64;
+    assert!(!s.seen(pid, own));
+    assert_eq!(s.stats().maps_read, 1);
+    // SAFETY: mapped above, nothing refers to it.
+    unsafe { libc::munmap(page, 4096) };
+    // An address outside every range read: read again, once per drain.
+    s.next_drain();
+    assert!(s.seen(pid, 0x10));
+    assert!(!s.seen(pid, 0x10));
+    assert_eq!(s.stats().maps_read, 2);
+}
+
+#[test]
 fn unmapped_address_is_unknown_not_error() {
     let pid = std::process::id();
     let mut s = Symbolizer::new();

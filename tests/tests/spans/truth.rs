@@ -29,8 +29,9 @@ pub(super) struct SpanTruth {
     grace: bool,
 }
 
-/// spanprof looks for newly imported tracing libraries every 50 ms: spans entered this soon
-/// after the import may be partly read before the library is found.
+/// spanprof looks for newly imported tracing libraries at every tick (50 ms, 100 ms once the
+/// collection is quiet): spans entered this soon after the import may be partly read before the
+/// library is found.
 const LATE_GRACE_S: f64 = 0.2;
 
 /// Reads the workload's ground truth: `span_work_N` → its span. Fails unless the file is
