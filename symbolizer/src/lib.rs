@@ -229,6 +229,8 @@ struct Proc {
     gone: bool,
     /// The drain ([`Symbolizer::next_drain`]) in which its map was last read (or tried).
     read_in: u64,
+    /// The drain in which [`Symbolizer::normalize`] last read its map (or tried).
+    normalized_in: u64,
     /// It exec'd since its map was last read ([`Symbolizer::exec`]).
     stale: bool,
     /// It exited ([`Symbolizer::exited`]) when this many symbolizations had begun
@@ -522,13 +524,16 @@ impl Symbolizer {
         // a new library at new addresses, and rarely another at the addresses of one it
         // unmapped. (Read again at every call, it was half of a session's CPU per sample.)
         let drains = self.drains;
-        // (Read in this drain already: not again, as in `seen`; junk addresses of a broken
-        // frame-pointer walk would make it read at every call.) A library unmapped and another
-        // mapped at its addresses within that second is named after the first: see
+        // (Read by this function in this drain already: not again, junk addresses of a
+        // broken frame-pointer walk would make it read at every call. A read by `seen` in this
+        // drain does not count: it may have been made at the process's first sample, in the
+        // dynamic loader, before the libraries that the drain's later samples are in were
+        // mapped; a short-lived child would then exit with them unnamed.) A library unmapped
+        // and another mapped at its addresses within that second is named after the first: see
         // ARCHITECTURE.md, Known limits.
         let known = self.procs.get(&pid).is_some_and(|p| {
             !p.stale
-                && (p.read_in == drains
+                && (p.normalized_in == drains
                     || (drains.saturating_sub(p.read_in) < MAP_REFRESH_DRAINS
                         && addrs
                             .iter()
@@ -537,14 +542,16 @@ impl Symbolizer {
         let read = if known {
             Ok(())
         } else {
-            self.read_ranges(pid).map(|(ranges, anonymous)| {
+            let read = self.read_ranges(pid).map(|(ranges, anonymous)| {
                 let proc_ = self.procs.entry(pid).or_default();
                 proc_.ranges = ranges;
                 proc_.anonymous = anonymous;
                 proc_.gone = false;
                 proc_.read_in = drains;
                 proc_.stale = false;
-            })
+            });
+            self.procs.entry(pid).or_default().normalized_in = drains;
+            read
         };
         let proc_ = self.procs.entry(pid).or_default();
         for &addr in addrs.iter() {

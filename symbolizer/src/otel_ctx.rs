@@ -171,14 +171,26 @@ fn parse_elf<'d, R: ReadRef<'d>>(data: R) -> Option<TlsSymbol> {
 impl ModuleCache {
     /// Looks for `otel_thread_ctx_v1` in the modules process `pid` maps (files parsed once per
     /// cache), and resolves its access through `mem`. `Ok(None)`: not published.
+    ///
+    /// `unchanged_since` is the caller's memory of the last look: when that found nothing and
+    /// the process maps the same files at the same addresses now, nothing is opened again (a
+    /// look opens every mapped file: a Python process maps dozens, and was looked at every
+    /// second, a fifth of the daemon's CPU).
     pub fn find_thread_ctx<M: ProcessMemory>(
         &mut self,
         pid: u32,
         mem: &M,
+        unchanged_since: &mut u64,
     ) -> Result<Option<ThreadCtxVar>, CtxError> {
         let Ok(maps) = read_maps(pid) else {
             return Ok(None);
         };
+        let files = files_mapped(&maps);
+        if files == *unchanged_since {
+            return Ok(None);
+        }
+        // Until this look has found nothing, the next one looks again.
+        *unchanged_since = 0;
         let mut seen: Vec<&str> = Vec::new();
         for m in &maps {
             if seen.contains(&m.path.as_str()) {
@@ -212,8 +224,19 @@ impl ModuleCache {
                 access,
             }));
         }
+        *unchanged_since = files;
         Ok(None)
     }
+}
+
+/// A fingerprint of the files a process maps and where (never 0).
+fn files_mapped(maps: &[crate::mapped::Mapping]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for m in maps {
+        (m.start, m.offset, m.dev, m.inode, &m.path).hash(&mut h);
+    }
+    h.finish().max(1)
 }
 
 /// Why [`tls_access`] failed.

@@ -272,6 +272,29 @@ fn a_sample_in_anonymous_code_known_does_not_read_the_map_again() {
 }
 
 #[test]
+fn code_mapped_after_a_first_sample_is_named_from_the_same_drain() {
+    let pid = std::process::id();
+    let own = marker_function_for_symbolizer_test as *const () as u64;
+    let mut s = Symbolizer::new();
+    // A first sample (in the dynamic loader, say) has the map read...
+    assert!(s.seen(pid, own));
+    // ... before a library is mapped, which later samples of the same drain are in.
+    let page = anonymous_exec_page();
+    let addr = page as u64 + 16;
+    s.normalize(pid, &mut vec![own, addr]);
+    // SAFETY: mapped above, nothing refers to it.
+    unsafe { libc::munmap(page, 4096) };
+    assert_eq!(s.stats().maps_read, 2);
+    assert!(matches!(
+        s.user.get(&(pid, addr)),
+        Some(Location::Anonymous { .. })
+    ));
+    // At most one read of its own per drain.
+    s.normalize(pid, &mut vec![0x10]);
+    assert_eq!(s.stats().maps_read, 2);
+}
+
+#[test]
 fn unmapped_address_is_unknown_not_error() {
     let pid = std::process::id();
     let mut s = Symbolizer::new();

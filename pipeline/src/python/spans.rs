@@ -56,6 +56,9 @@ pub(super) struct Published {
     pub(super) next: Instant,
     /// Between two looks while none is found.
     every: Duration,
+    /// The files mapped at the last look, which found nothing (see
+    /// `ModuleCache::find_thread_ctx`): unchanged, they are not opened again.
+    unchanged_since: u64,
     /// Whether the wait doubles after each look that finds none (processes not read as
     /// Python: looking at every one host-wide each second would cost the daemon).
     backoff: bool,
@@ -68,6 +71,7 @@ impl Published {
             process_ctx: None,
             next: Instant::now(),
             every: CTX_LOOK_EVERY,
+            unchanged_since: 0,
             backoff,
         }
     }
@@ -86,7 +90,7 @@ impl Published {
         let pid = mem.pid();
         self.next = now + self.every;
         if self.thread_ctx.is_none() {
-            if let Ok(Some(var)) = modules.find_thread_ctx(pid, mem) {
+            if let Ok(Some(var)) = modules.find_thread_ctx(pid, mem, &mut self.unchanged_since) {
                 self.thread_ctx = Some(var);
                 self.every = CTX_LOOK_EVERY;
                 changed = true;
