@@ -13,10 +13,13 @@ use super::Collector;
 /// [`QUIET_TICK`]).
 pub const TICK: Duration = Duration::from_millis(50);
 
-/// How often a quiet collection wakes up: no process new to it, exec'd or mapping new code for
-/// [`QUIET_AFTER`]. The kernel still wakes it at once for what cannot wait (a process's first
-/// samples, an exec, a long off-CPU wait, a ring buffer filling up, a target's exit); what is
-/// left is the drain of samples from processes whose modules are read already. At 99 Hz on one
+/// How often a quiet collection wakes up: no process new to it, exec'd or with a sample in code
+/// its map did not hold (what [`symbolizer::Symbolizer::seen`] reads the map again for: new
+/// code found only in callers' frames does not count) for [`QUIET_AFTER`]. The kernel still
+/// wakes it at once for what cannot wait (a process's first samples, an exec, a long off-CPU
+/// wait, a ring buffer filling up), and so does a session's target's exit (its pidfd; a child's
+/// exit does not wake it); what is left is the drain of samples from processes whose modules
+/// are read already. At 99 Hz on one
 /// busy thread a tick drains 10 samples rather than 5: a wake-up, a poll and a look at the
 /// span objects cost the same for either. (Not longer: a tracing library imported mid-session
 /// is looked for at each tick, so its first spans are read within about this long.)
@@ -121,7 +124,7 @@ impl Collector {
 
     /// How long the loop may wait for samples: [`TICK`] while lively, [`QUIET_TICK`] once
     /// quiet, or less when a process that just exec'd is due to be looked at again for its
-    /// interpreter (its own samples do not wake the loop).
+    /// interpreter (its own samples do not wake the loop), or the off-CPU read-ahead is due.
     pub fn max_wait(&self) -> Duration {
         let now = Instant::now();
         let tick = if now < self.lively_until {
@@ -129,10 +132,11 @@ impl Collector {
         } else {
             QUIET_TICK
         };
-        match self.python.next_due() {
-            Some(due) => due.saturating_duration_since(now).min(tick),
-            None => tick,
-        }
+        [self.python.next_due(), self.python.next_read_ahead()]
+            .into_iter()
+            .flatten()
+            .map(|due| due.saturating_duration_since(now))
+            .fold(tick, Duration::min)
     }
 
     /// A waiter on this collection's ring buffer and on the exit of `pids`.

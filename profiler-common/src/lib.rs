@@ -206,8 +206,9 @@ pub const USTACK_COPY_OK: u32 = 1;
 pub const USTACK_COPY_FAULT: u32 = 2;
 /// [`SampleHeader::ustack_copy_status`]: the thread had no user registers.
 pub const USTACK_COPY_NO_REGS: u32 = 3;
-/// Flag in [`SampleHeader::ustack_copy_status`]: the copy stopped at an unreadable page (the top
-/// of the stack) before the size asked.
+/// Flag in [`SampleHeader::ustack_copy_status`]: the copy reached the top of the stack: it
+/// stopped at an unreadable page before the size asked, or, for a main thread, at its initial
+/// stack pointer (plus 256 bytes): nothing above it is a frame.
 pub const USTACK_COPY_SHORT: u32 = 0x100;
 
 /// The fixed part of one on-CPU sample record (`struct spanprof_sample` up to `stack`).

@@ -38,7 +38,10 @@ typedef uint64_t __u64;
 #define SPANPROF_USTACK_COPY_OK 1     /* ustack_copy_len bytes from user_sp */
 #define SPANPROF_USTACK_COPY_FAULT 2  /* the page at user_sp could not be read */
 #define SPANPROF_USTACK_COPY_NO_REGS 3 /* no user registers (a kernel thread) */
-/* Flag: the copy stopped at an unreadable page before stack_copy_bytes (the stack's top). */
+/*
+ * Flag: the copy reached the stack's top: an unreadable page before stack_copy_bytes, or a main
+ * thread's initial stack pointer (mm->start_stack) plus 256 bytes.
+ */
 #define SPANPROF_USTACK_COPY_SHORT 0x100
 
 /*

@@ -71,7 +71,13 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 		want = (top - sp + MAIN_STACK_SLACK) & ~7ULL;
 		whole = 1;
 	}
-	if (want > SPANPROF_MAX_STACK_COPY) /* for the verifier: it was no more than that */
+	/*
+	 * For the verifier: it was no more than that, but a kernel before 6.8 does not learn a
+	 * bound from the comparison of two registers above, and clang would drop a check it can
+	 * prove redundant.
+	 */
+	asm volatile("" : "+r"(want));
+	if (want > SPANPROF_MAX_STACK_COPY)
 		want = SPANPROF_MAX_STACK_COPY;
 	if (whole && user_read(dst, want, (const void *)sp) == 0) {
 		done = want;

@@ -18,7 +18,7 @@
 //!    `Aggregator` interns stacks and counts them per thread, and has new addresses
 //!    normalized while processes are alive; `python` finds CPython processes, hands their
 //!    offsets to the BPF walker, names Python frames during the drain, and finds the tracing
-//!    libraries' objects for the span reader (every 50 ms, as modules are imported). Counts
+//!    libraries' objects for the span reader (every drain, 50 or 100 ms, as modules are imported). Counts
 //!    are kept per span context too.
 //!    The `Aggregator` runs the pipeline's resolve stage (unwinding, Python naming: the live
 //!    reads) and its count stage (interning and counting, reading nothing live).

@@ -26,8 +26,8 @@ use crate::preflight;
 use crate::profile::Profile;
 
 /// How often an off-CPU session names the code objects on its Python threads' stacks ahead of
-/// their samples ([`spanprof_pipeline::python::Python::set_read_ahead`]; the loop's 50 ms tick
-/// makes it 200-250 ms): a last wait that spans one of these reads keeps its names when its
+/// their samples ([`spanprof_pipeline::python::Python::set_read_ahead`]; the loop wakes for
+/// it, a few ms late at most): a last wait that spans one of these reads keeps its names when its
 /// process exits at once.
 const READ_AHEAD_EVERY: Duration = Duration::from_millis(200);
 

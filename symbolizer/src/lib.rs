@@ -304,7 +304,7 @@ pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 20;
 /// What it keeps is bounded for a long-running caller (the daemon) whatever the number of
 /// distinct programs that come and go:
 /// - per process, its executable mappings (read at its first addresses, again while it lives
-///   when new ones fall outside them, after an exec or once a second) and their module files,
+///   when new ones fall outside them, after an exec or every 20 drains, 1–2 s) and their module files,
 ///   open; [`Symbolizer::forget_exited`] drops a process one call after it found it gone (its
 ///   last samples may still be on their way),
 ///   with its addresses, and closes the module files nothing refers to any more;
@@ -959,7 +959,7 @@ impl Job {
 }
 
 /// How many drains the memory map read last names the addresses of a process that maps
-/// nothing new (at the collector's 50 ms tick, a second).
+/// nothing new (at the collector's tick of 50 ms, 100 ms once quiet: 1–2 s).
 const MAP_REFRESH_DRAINS: u64 = 20;
 
 /// How long kernel symbols are kept: code loaded since (modules, BPF programs) may be named

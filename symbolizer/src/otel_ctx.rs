@@ -172,10 +172,11 @@ impl ModuleCache {
     /// Looks for `otel_thread_ctx_v1` in the modules process `pid` maps (files parsed once per
     /// cache), and resolves its access through `mem`. `Ok(None)`: not published.
     ///
-    /// `unchanged_since` is the caller's memory of the last look: when that found nothing and
-    /// the process maps the same files at the same addresses now, nothing is opened again (a
-    /// look opens every mapped file: a Python process maps dozens, and was looked at every
-    /// second, a fifth of the daemon's CPU).
+    /// `unchanged_since` is the caller's memory of the last look: when that opened every file
+    /// and found nothing, and the process maps the same files at the same addresses now,
+    /// nothing is opened again (a look opens every mapped file: a Python process maps dozens,
+    /// and is looked at every second, which a perf profile of the daemon beside two Python
+    /// processes showed as its largest cost after symbolizing).
     pub fn find_thread_ctx<M: ProcessMemory>(
         &mut self,
         pid: u32,
@@ -189,8 +190,9 @@ impl ModuleCache {
         if files == *unchanged_since {
             return Ok(None);
         }
-        // Until this look has found nothing, the next one looks again.
+        // Until this look has found nothing in every file, the next one looks again.
         *unchanged_since = 0;
+        let mut all_read = true;
         let mut seen: Vec<&str> = Vec::new();
         for m in &maps {
             if seen.contains(&m.path.as_str()) {
@@ -198,9 +200,13 @@ impl ModuleCache {
             }
             seen.push(&m.path);
             let Ok((file, _)) = open_mapped(pid, m) else {
+                all_read = false;
                 continue;
             };
-            let Ok(meta) = file.metadata() else { continue };
+            let Ok(meta) = file.metadata() else {
+                all_read = false;
+                continue;
+            };
             let Some(sym) = self
                 .parsed
                 .entry((meta.dev(), meta.ino()))
@@ -224,7 +230,9 @@ impl ModuleCache {
                 access,
             }));
         }
-        *unchanged_since = files;
+        if all_read {
+            *unchanged_since = files;
+        }
         Ok(None)
     }
 }

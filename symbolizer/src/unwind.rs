@@ -37,7 +37,7 @@ use sections::Sections;
 /// A return address at most this far past an entry point is in `_start`'s first call.
 const ENTRY_CALL: u64 = 32;
 /// After a failed unwind, a process's maps are read again at most once in this many drains
-/// (about a second).
+/// (1–2 s at the collector's tick of 50–100 ms).
 const FAILED_REFRESH_DRAINS: u64 = 20;
 /// A read this far above the stack copy is no stack frame (8 MiB: glibc's default stack).
 const MAX_STACK_SIZE: u64 = 8 << 20;
@@ -153,7 +153,8 @@ pub struct StackCopy<'a> {
     pub bp: u64,
     /// The stack from `sp` upwards.
     pub bytes: &'a [u8],
-    /// The copy ended at the top of the stack (an unreadable page), not at the size asked.
+    /// The copy ended at the top of the stack (an unreadable page, or a main thread's initial
+    /// stack pointer), not at the size asked.
     pub reached_top: bool,
 }
 

@@ -187,7 +187,7 @@ fn otlp_file_of_a_traced_workload() {
         let fns = functions(s);
         let n = otlp::sample_weight(s);
         // The first span of each thread starts as the process starts, before spanprof has
-        // found OpenTelemetry's objects (its modules are looked for every 50 ms): left out.
+        // found OpenTelemetry's objects (its modules are looked for every drain): left out.
         if fns.iter().any(|f| first_spans.contains(f)) {
             continue;
         }

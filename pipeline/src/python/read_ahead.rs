@@ -23,6 +23,12 @@ impl Python {
         self.read_ahead = every.map(|e| (e, Instant::now() + e));
     }
 
+    /// When the next read-ahead is due, if any: the loop wakes for it (a quiet loop's tick is
+    /// longer than 50 ms).
+    pub fn next_read_ahead(&self) -> Option<Instant> {
+        self.read_ahead.map(|(_, next)| next)
+    }
+
     /// When due (see [`Python::set_read_ahead`]), names the code objects on the threads' stacks
     /// of every Python process found, [`READ_AHEAD_FRAMES`] frames at most in all; the
     /// processes are taken in turn, starting after the last one read the time before.

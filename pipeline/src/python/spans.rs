@@ -22,7 +22,7 @@ use symbolizer::python::objects::{
 use symbolizer::python::offsets::PyOffsets;
 
 /// How often a Python process is looked at for tracing libraries it imported since (at most one
-/// look per drain, every 50 ms): the spans of a library imported mid-session are read from
+/// look per drain, every 50 ms, 100 ms once the collection is quiet): the spans of a library imported mid-session are read from
 /// about this long after the import. A look that finds no new module costs four small reads.
 const SPAN_LOOK_EVERY: Duration = Duration::from_millis(50);
 

@@ -51,12 +51,11 @@ use crate::collect::{EventError, EventSet, Invalid, Options, Unwind};
 use crate::export::{ExporterConfig, Protocol};
 
 /// The default `limits.symbol_cache_bytes`: 256 MiB as [`symbolizer::parse_cost`] estimates
-/// it, which counts three bytes per byte of a module's symbol and DWARF sections, far above
-/// what parsing them holds: CPython 3.12's libpython (23 MB of DWARF, estimated at 69 MB) and
-/// libc's debug file kept between windows held 13 MB more anonymous memory than dropping them
-/// did (25.6 MB against 12.2 MB), with the same peak. At the former 64 MiB, libpython alone
-/// was over the bound: both were parsed again for every window, half the daemon's CPU beside
-/// two busy Python processes (0.88% of a core against 0.52%).
+/// it, three bytes per byte of a module's symbol and DWARF sections, far above what parsing
+/// them holds. At the former 64 MiB, pyenv's CPython 3.12 libpython alone (23 MB of such
+/// sections, estimated at 69 MB) was over the bound: it and libc's debug file were parsed
+/// again for every window, most of the daemon's CPU beside busy Python processes (the daemon
+/// block of BENCHMARKS.md is measured with this default).
 pub const SYMBOL_CACHE_BYTES: u64 = 256 << 20;
 
 /// The file as written (every field optional).

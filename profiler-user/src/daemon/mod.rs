@@ -7,7 +7,7 @@
 //!   BPF programs are loaded once, with children followed in the kernel. Every second a scan of
 //!   `/proc` adds the processes that came into [scope](config::Scope) (the whole host by
 //!   default); processes leave the target set in the kernel when they exit. The ring buffer is
-//!   drained every 50 ms into the window's [`Aggregator`](crate::aggregate::Aggregator), bounded
+//!   drained every 50 ms (100 ms once quiet: `collect::QUIET_TICK`) into the window's [`Aggregator`](crate::aggregate::Aggregator), bounded
 //!   by `max_stacks` and `max_processes` (what does not fit is counted in
 //!   `spanprof_samples_dropped_total`).
 //! - **Windows**: at the end of each window the aggregate is symbolized into a

@@ -597,7 +597,7 @@ const WANTED: [&str; 5] = [
 
 /// A library's modules are in `sys.modules` from the start of their import, its objects only
 /// once it ran: after the modules appear, their objects are looked for at every look for this
-/// many looks (5 s at spanprof's 50 ms), then every [`RETRY_EVERY`] looks (a library that
+/// many looks (5–10 s at spanprof's 50–100 ms tick), then every [`RETRY_EVERY`] looks (a library that
 /// never binds them, or reads that keep racing with the process).
 const EAGER_LOOKS: u32 = 100;
 const RETRY_EVERY: u32 = 20;

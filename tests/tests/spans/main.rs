@@ -35,7 +35,7 @@
 //! - `otel_late_*`: spanprof attaches while the process has not imported OpenTelemetry; the
 //!   process then imports it and runs spans as in `otel_threads`: their samples carry their ids
 //!   (spans entered within 200 ms of the import are not checked: spanprof looks for newly
-//!   imported libraries every 50 ms);
+//!   imported libraries every drain, 50 or 100 ms);
 //! - `published_otel_asyncio_*`: `otel_asyncio` with the publisher: its per-thread record is
 //!   taken only while the Python context it was published in runs, so the thresholds hold;
 //! - `native_thread_context_from_two_threads`: a C program (no Python) publishing OTEP 4947 thread contexts
