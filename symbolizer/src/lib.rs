@@ -529,7 +529,7 @@ impl Symbolizer {
         // drain does not count: it may have been made at the process's first sample, in the
         // dynamic loader, before the libraries that the drain's later samples are in were
         // mapped; a short-lived child would then exit with them unnamed.) A library unmapped
-        // and another mapped at its addresses within that second is named after the first: see
+        // and another mapped at its addresses within those 1–2 s is named after the first: see
         // ARCHITECTURE.md, Known limits.
         let known = self.procs.get(&pid).is_some_and(|p| {
             !p.stale

@@ -369,7 +369,7 @@ impl Unwinders {
         // loader at start-up; or code that is no module's: JIT), or a failure (a library
         // replaced by another at the same place): read the maps again, once per drain at most:
         // they then hold what was mapped before every sample drained.
-        // (After a failure, at most once a second: code that fails every time, JIT or without
+        // (After a failure, at most once in FAILED_REFRESH_DRAINS drains, 1–2 s: code that fails every time, JIT or without
         // tables, would make every drain read the maps.)
         if unknown || matches!(status, UnwindStatus::Failed(_)) {
             let due = self.procs.get(&pid).is_none_or(|p| {

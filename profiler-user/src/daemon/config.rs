@@ -54,7 +54,7 @@ use crate::export::{ExporterConfig, Protocol};
 /// it, three bytes per byte of a module's symbol and DWARF sections, far above what parsing
 /// them holds. At the former 64 MiB, pyenv's CPython 3.12 libpython alone (23 MB of such
 /// sections, estimated at 69 MB) was over the bound: it and libc's debug file were parsed
-/// again for every window, most of the daemon's CPU beside busy Python processes (the daemon
+/// again for every window, about two fifths of the daemon's CPU beside busy Python processes (the daemon
 /// block of BENCHMARKS.md is measured with this default).
 pub const SYMBOL_CACHE_BYTES: u64 = 256 << 20;
 
