@@ -245,6 +245,11 @@ impl Proc {
         (addr < r.end).then_some(r)
     }
 
+    /// Whether the map read last holds `addr`: in a module, or in anonymous code.
+    fn holds(&self, addr: u64) -> bool {
+        self.range(addr).is_some() || self.in_anonymous(addr).is_some()
+    }
+
     fn in_anonymous(&self, addr: u64) -> Option<&mapped::AnonymousRange> {
         let i = self.anonymous.partition_point(|r| r.start <= addr);
         let r = self.anonymous.get(i.checked_sub(1)?)?;
@@ -478,10 +483,7 @@ impl Symbolizer {
             // (An address in anonymous executable memory (the vDSO, JIT code) known from the
             // map read last is no reason to read it again: a loop calling clock_gettime had
             // the map read at every drain.)
-            if p.read_in == drains
-                || ip == 0
-                || (!p.stale && (p.range(ip).is_some() || p.in_anonymous(ip).is_some()))
-            {
+            if p.read_in == drains || ip == 0 || (!p.stale && p.holds(ip)) {
                 return false;
             }
         }
@@ -535,9 +537,7 @@ impl Symbolizer {
             !p.stale
                 && (p.normalized_in == drains
                     || (drains.saturating_sub(p.read_in) < MAP_REFRESH_DRAINS
-                        && addrs
-                            .iter()
-                            .all(|&a| p.range(a).is_some() || p.in_anonymous(a).is_some())))
+                        && addrs.iter().all(|&a| p.holds(a))))
         });
         let read = if known {
             Ok(())
