@@ -1,6 +1,7 @@
 //! `spanprof top` against a Python process whose one busy thread runs `spin` inside the
 //! OpenTelemetry span "spin-span" (`tests/workloads/py_dump.py`): in a tmux terminal the view
-//! shows `spin` first and the span's line after three seconds, and `q` exits with status 0;
+//! shows `spin` first and the span's line after three seconds, `s` sorts by total share and back,
+//! `p` pauses and resumes it, and `q` exits with status 0;
 //! with `--plain`, the same as lines every second, and SIGTERM ends it with status 0.
 
 use std::process::Command;
@@ -77,6 +78,91 @@ impl Drop for Tmux {
     }
 }
 
+/// The screen once it holds `want` (the view redraws at a key at once, or within a second).
+fn screen_with(tmux: &Tmux, want: &dyn Fn(&str) -> bool, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let screen = tmux.screen();
+        if want(&screen) {
+            return screen;
+        }
+        assert!(Instant::now() < deadline, "{what}:\n{screen}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The (self, total) shares of the function rows, in screen order.
+fn rows(screen: &str) -> Vec<(f64, f64)> {
+    screen
+        .lines()
+        .skip_while(|l| !l.contains("FUNCTION"))
+        .skip(1)
+        .take_while(|l| share(l, 1) >= 0.0)
+        .map(|l| (share(l, 0), share(l, 1)))
+        .collect()
+}
+
+/// The heading's sample count ("…: N samples, …").
+fn heading_samples(screen: &str) -> u64 {
+    let head = screen.lines().next().unwrap_or_default();
+    head.split(": ")
+        .nth(2)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no sample count in the heading {head:?}"))
+}
+
+/// `s` sorts by total share and back, `p` pauses the view (its figures stay) and resumes it.
+fn check_keys(tmux: &Tmux) {
+    let sorted = |screen: &str, by_total: bool| {
+        let r = rows(screen);
+        r.len() >= 2
+            && r.windows(2).all(|w| {
+                if by_total {
+                    w[0].1 >= w[1].1
+                } else {
+                    w[0].0 >= w[1].0
+                }
+            })
+    };
+    tmux.run(&["send-keys", "-t", "top", "s"]);
+    let screen = screen_with(
+        tmux,
+        &|s| s.contains("%TOTAL*") && s.contains("s sort by self"),
+        "s did not sort by total share",
+    );
+    assert!(sorted(&screen, true), "rows by total share:\n{screen}");
+    tmux.run(&["send-keys", "-t", "top", "s"]);
+    let screen = screen_with(
+        tmux,
+        &|s| s.contains("%SELF*") && s.contains("s sort by total"),
+        "s did not sort by self share again",
+    );
+    assert!(sorted(&screen, false), "rows by self share:\n{screen}");
+
+    tmux.run(&["send-keys", "-t", "top", "p"]);
+    let paused = screen_with(
+        tmux,
+        &|s| s.contains("(paused)") && s.contains("p resume"),
+        "p did not pause",
+    );
+    // Two seconds of samples are taken and not shown: the heading's count stays.
+    std::thread::sleep(Duration::from_millis(2200));
+    let still = tmux.screen();
+    assert_eq!(
+        heading_samples(&still),
+        heading_samples(&paused),
+        "the paused view changed:\n{paused}\n{still}"
+    );
+    tmux.run(&["send-keys", "-t", "top", "p"]);
+    let before = heading_samples(&paused);
+    screen_with(
+        tmux,
+        &|s| !s.contains("(paused)") && heading_samples(s) != before,
+        "p did not resume the view",
+    );
+}
+
 #[test]
 fn top_in_a_terminal_shows_the_hottest_function_first_and_its_span_and_q_exits_0() {
     require_root();
@@ -138,6 +224,7 @@ fn top_in_a_terminal_shows_the_hottest_function_first_and_its_span_and_q_exits_0
             .any(|l| l.trim_end().ends_with("spin-span") && share(l, 1) >= 90.0),
         "the span's line, with its share:\n{screen}"
     );
+    check_keys(&tmux);
     tmux.run(&["send-keys", "-t", "top", "q"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !status.exists() {

@@ -10,6 +10,10 @@
 //! state; the short run less its samples at that price is the session's fixed cost (start-up,
 //! loading, attaching, symbolizing and writing the output). Each figure is the median of the
 //! per-round figures.
+//!
+//! Each round then runs three more long spanprof sessions, with `--no-spans`, `--unwind fp` and
+//! both (their order rotated), whose in-kernel time per sample, less the full program's, prices
+//! the span context lookup and the user stack copy on this target.
 
 use std::path::Path;
 
@@ -73,7 +77,21 @@ struct SessionRound {
     setup_ms: f64,
     /// Instructions verified in its sampling program.
     verified_insns: Option<u64>,
+    /// The in-kernel counters of long spanprof runs with parts of the program left out
+    /// ([`PARTS`]).
+    parts: [Option<BpfWindow>; PARTS.len()],
 }
+
+/// Long spanprof runs with a part of the sampling program's work left out, for the in-kernel
+/// figure's breakdown: (flags, what the run leaves out).
+const PARTS: [(&[&str], &str); 3] = [
+    (&["--no-spans"], "the span context lookup"),
+    (
+        &["--unwind", "fp"],
+        "the user stack copy (frame pointers followed instead)",
+    ),
+    (&["--no-spans", "--unwind", "fp"], "both"),
+];
 
 /// The three profilers on the shallow target, short and long sessions; the markdown of the
 /// figures.
@@ -127,6 +145,11 @@ pub(super) fn session(
                 run(which)?;
             }
         }
+        for j in 0..PARTS.len() {
+            let k = (i + j) % PARTS.len();
+            let run = run_spanprof(spanprof, &target, work[1], HZ, PARTS[k].0, &sp_out)?;
+            r.parts[k] = run.bpf;
+        }
         Ok(r)
     })?;
     std::fs::write(
@@ -173,6 +196,18 @@ pub(super) fn session(
         .map_or("n/a".to_string(), |n| n.to_string());
     let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.bpf).collect();
     let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+    let mut breakdown = String::new();
+    for (k, (flags, what)) in PARTS.iter().enumerate() {
+        let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.parts[k]).collect();
+        let part = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+        breakdown.push_str(&format!(
+            "| `{}`: leaves out {what} | {:.2} µs ({} samples) | {:+.2} µs |\n",
+            flags.join(" "),
+            part.net_ns / 1000.0,
+            part.target_samples,
+            (bpf.net_ns - part.net_ns) / 1000.0,
+        ));
+    }
     let cell = |f: (f64, f64, f64, usize), unit: &str, digits: usize| {
         if f.3 == 0 {
             "n/a".to_string()
@@ -195,7 +230,12 @@ pub(super) fn session(
          | spanprof's own CPU per sample in its sampling loop, as it reports it (median, long sessions) | {loop_us:.1} µs | n/a | n/a | |\n\
          | spanprof's own CPU before its first sample (loading, verifying, attaching), as it reports it (median, short sessions) | {setup_ms:.1} ms | n/a | n/a | |\n\
          | instructions the kernel's verifier checked in the sampling program `on_cpu_sample` (`verified_insns` of its fdinfo) | {verified} | n/a | n/a | |\n\
-         | **in-kernel time per target sample, shallow Python stack** (BPF statistics, net of the runs for other processes; long sessions, {} samples) | **{:.2} µs** | n/a | n/a | ≤ 6 µs |\n",
+         | **in-kernel time per target sample, shallow Python stack** (BPF statistics, net of the runs for other processes; long sessions, {} samples) | **{:.2} µs** | n/a | n/a | ≤ 6 µs |\n\n\
+         What the in-kernel time is made of: further long spanprof sessions of each round, with \
+         a part of the sampling program's work left out (same figure, all rounds pooled).\n\n\
+         | spanprof run | in-kernel time per target sample | the part it leaves out costs |\n\
+         |---|---|---|\n\
+         {breakdown}",
         cfg.py_work,
         machine(),
         work[0],
