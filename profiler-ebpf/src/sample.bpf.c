@@ -5,9 +5,9 @@
  * kernel stack, then what send_sample.h adds (user stack or stack copy, Python frames, span
  * context), sent as one ring buffer record.
  *
- * Bounds: one hash lookup to filter, one bpf_get_stack for the kernel stack, then send_sample's
- * bounded work. A perf_event program does not run inside another on its CPU: it has the CPU's
- * SCRATCH_CPU scratch to itself.
+ * Bounds: one hash lookup to filter, one bpf_get_stack for the kernel stack (none for a sample
+ * taken in user mode), then send_sample's bounded work. A perf_event program does not run inside
+ * another on its CPU: it has the CPU's SCRATCH_CPU scratch to itself.
  */
 #include "send_sample.h"
 
@@ -27,8 +27,16 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 		return 0;
 	s = begin_sample(w, id, SCRATCH_CPU);
 
-	/* A sample taken in user mode has no kernel stack: 0 frames, or -EFAULT; neither is an error. */
-	n = bpf_get_stack(ctx, s->stack, SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), 0);
+	/*
+	 * A sample taken in user mode (privilege level 3 in the code segment selector) has no
+	 * kernel stack, and bpf_get_stack is not asked to find none: the call cost 1.5-2.4 µs of a
+	 * sample at 99 Hz (measured with a program that stops before it and one that stops after
+	 * it). In kernel mode, 0 frames or -EFAULT are not errors either.
+	 */
+	if ((ctx->regs.cs & 3) == 3)
+		n = 0;
+	else
+		n = bpf_get_stack(ctx, s->stack, SPANPROF_MAX_STACK_DEPTH * sizeof(__u64), 0);
 	if (n < 0 && n != -EFAULT)
 		count_error(SPANPROF_ERR_KSTACK);
 	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));

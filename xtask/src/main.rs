@@ -23,7 +23,7 @@ mod run;
 mod workloads;
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
 
@@ -217,6 +217,46 @@ fn build_release_in(root: &Path, target_dir: Option<&Path>) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// `cargo install --locked --path profiler-user` as README's Install section has it, into
+/// `target/install`; the installed binary must give the built one's `--version`.
+fn cargo_install(root: &Path, target_dir: &Path, bin: &Path) -> Result<()> {
+    step("installing: cargo install --locked --path profiler-user (README's Install)");
+    let install_root = root.join("target/install");
+    cargo(root)
+        .args([
+            "install",
+            "--locked",
+            "--force",
+            "--path",
+            "profiler-user",
+            "--root",
+        ])
+        .arg(&install_root)
+        .arg("--target-dir")
+        .arg(target_dir)
+        .run()?;
+    let version = |b: &Path| -> Result<String> {
+        let out = Command::new(b)
+            .arg("--version")
+            .output()
+            .with_context(|| format!("running {} --version", b.display()))?;
+        if !out.status.success() {
+            bail!("{} --version failed: {}", b.display(), out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let installed = install_root.join("bin/spanprof");
+    let (got, want) = (version(&installed)?, version(bin)?);
+    if got != want || !got.starts_with("spanprof ") {
+        bail!(
+            "{} --version says {got:?}, the build {want:?}",
+            installed.display()
+        );
+    }
+    println!("xtask: {} runs: {got}", installed.display());
+    Ok(())
+}
+
 /// Everything CI runs. Lints and tests all run even when an earlier one
 /// failed, so one CI log shows every problem; the task fails if any did.
 fn test(root: &Path) -> Result<()> {
@@ -299,6 +339,13 @@ fn test(root: &Path) -> Result<()> {
             None
         }
     };
+
+    // README's install line, into a root of its own (its build is the one above: same target
+    // directory, same profile), and the binary it installs runs.
+    if let Err(err) = cargo_install(root, &target_dir, &bin) {
+        eprintln!("xtask: {err:#}");
+        failures.push("cargo install --locked --path profiler-user");
+    }
 
     step("testing: cargo test --workspace --release --no-fail-fast");
     if !is_root() {
