@@ -208,6 +208,11 @@ struct scratch {
 	 * found its name), or 0: a second attribute of it is looked up without reading them again.
 	 */
 	__u64 attrs_obj;
+	/* The stack copy's page loop (copy_page_step): from, where in s.stack, bytes wanted, done. */
+	__u64 cp_sp;
+	__u64 cp_off;
+	__u64 cp_want;
+	__u64 cp_done;
 };
 
 /*

@@ -31,7 +31,9 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx)
 	 * A sample taken in user mode (privilege level 3 in the code segment selector) has no
 	 * kernel stack, and bpf_get_stack is not asked to find none: the call cost 1.5-2.4 µs of a
 	 * sample at 99 Hz (measured with a program that stops before it and one that stops after
-	 * it). In kernel mode, 0 frames or -EFAULT are not errors either.
+	 * it). In kernel mode, 0 frames or -EFAULT are not errors either. NB: `cs` of the uapi
+	 * pt_regs (linux/bpf_perf_event.h) is a whole word, as the context's access rules want;
+	 * a vmlinux.h's pt_regs (6.9+) has a 2-byte `cs` the verifier would refuse to load.
 	 */
 	if ((ctx->regs.cs & 3) == 3)
 		n = 0;

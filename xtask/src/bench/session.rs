@@ -11,9 +11,10 @@
 //! loading, attaching, symbolizing and writing the output). Each figure is the median of the
 //! per-round figures.
 //!
-//! Each round then runs three more long spanprof sessions, with `--no-spans`, `--unwind fp` and
-//! both (their order rotated), whose in-kernel time per sample, less the full program's, prices
-//! the span context lookup and the user stack copy on this target.
+//! Each round then runs four more long spanprof sessions, their order rotated: the whole
+//! program, `--no-spans`, `--unwind fp` and both. The whole program's in-kernel time per sample
+//! less each other's, round by round, prices the span context lookup, and the user stack copy
+//! less the kernel's frame-pointer walk that replaces it, on this target.
 
 use std::path::Path;
 
@@ -82,13 +83,15 @@ struct SessionRound {
     parts: [Option<BpfWindow>; PARTS.len()],
 }
 
-/// Long spanprof runs with a part of the sampling program's work left out, for the in-kernel
-/// figure's breakdown: (flags, what the run leaves out).
-const PARTS: [(&[&str], &str); 3] = [
-    (&["--no-spans"], "the span context lookup"),
+/// Long spanprof runs for the in-kernel figure's breakdown, their order rotated from round to
+/// round: the whole program (the reference, first), then runs with a part of its work left out
+/// or swapped: (flags, what the run changes).
+const PARTS: [(&[&str], &str); 4] = [
+    (&[], "the whole program (the reference of this table)"),
+    (&["--no-spans"], "no span context lookup"),
     (
         &["--unwind", "fp"],
-        "the user stack copy (frame pointers followed instead)",
+        "no user stack copy; the kernel follows frame pointers instead",
     ),
     (&["--no-spans", "--unwind", "fp"], "both"),
 ];
@@ -196,16 +199,33 @@ pub(super) fn session(
         .map_or("n/a".to_string(), |n| n.to_string());
     let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.bpf).collect();
     let bpf = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+    // Each run's figure in each round; then the reference less the run, round by round.
+    let net_us =
+        |w: &Option<BpfWindow>| w.and_then(|w| bpf_figures(&[w])).map(|f| f.net_ns / 1000.0);
     let mut breakdown = String::new();
     for (k, (flags, what)) in PARTS.iter().enumerate() {
         let windows: Vec<BpfWindow> = results.iter().filter_map(|r| r.parts[k]).collect();
         let part = bpf_figures(&windows).context("no in-kernel statistics were read")?;
+        let paired: Vec<f64> = results
+            .iter()
+            .filter_map(|r| Some(net_us(&r.parts[0])? - net_us(&r.parts[k])?))
+            .collect();
+        let (lo, hi) = paired
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+                (lo.min(v), hi.max(v))
+            });
+        let difference = if k == 0 || paired.is_empty() {
+            String::new()
+        } else {
+            format!("{:+.2} µs ({lo:+.2} to {hi:+.2})", median(paired))
+        };
         breakdown.push_str(&format!(
-            "| `{}`: leaves out {what} | {:.2} µs ({} samples) | {:+.2} µs |\n",
+            "| `spanprof profile{}{}`: {what} | {:.2} µs ({} samples) | {difference} |\n",
+            if flags.is_empty() { "" } else { " " },
             flags.join(" "),
             part.net_ns / 1000.0,
             part.target_samples,
-            (bpf.net_ns - part.net_ns) / 1000.0,
         ));
     }
     let cell = |f: (f64, f64, f64, usize), unit: &str, digits: usize| {
@@ -231,9 +251,10 @@ pub(super) fn session(
          | spanprof's own CPU before its first sample (loading, verifying, attaching), as it reports it (median, short sessions) | {setup_ms:.1} ms | n/a | n/a | |\n\
          | instructions the kernel's verifier checked in the sampling program `on_cpu_sample` (`verified_insns` of its fdinfo) | {verified} | n/a | n/a | |\n\
          | **in-kernel time per target sample, shallow Python stack** (BPF statistics, net of the runs for other processes; long sessions, {} samples) | **{:.2} µs** | n/a | n/a | ≤ 6 µs |\n\n\
-         What the in-kernel time is made of: further long spanprof sessions of each round, with \
-         a part of the sampling program's work left out (same figure, all rounds pooled).\n\n\
-         | spanprof run | in-kernel time per target sample | the part it leaves out costs |\n\
+         What the in-kernel time is made of: four more long spanprof sessions in each round, \
+         their order rotated, the first with the whole program (same figure, all rounds pooled; \
+         the difference is the median, with its range, of the per-round differences).\n\n\
+         | spanprof run | in-kernel time per target sample | the whole program less this run |\n\
          |---|---|---|\n\
          {breakdown}",
         cfg.py_work,
