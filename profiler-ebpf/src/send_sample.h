@@ -26,9 +26,10 @@
 /*
  * --unwind dwarf: the thread's user registers, and its stack from the user sp upwards into the
  * record at byte `off` of the stacks of the sample in the scratch of `slot` (right after the
- * span context). A global function (user_stack.bpf.c), verified once on its own: inlined, its
- * loop that puts back return addresses was checked again for every length the page-by-page copy
- * could end with, two thirds of the verifier's work on each sampling program. Returns 0.
+ * span context). A global function (user_stack.bpf.c), verified once on its own: inlined, it
+ * was checked again on every path of the sampling program that reached it (its loop that puts
+ * back return addresses, once for every length the copy could end with: two thirds of the
+ * verifier's work on each sampling program). Returns 0.
  */
 int copy_user_stack(__u32 slot, __u64 off TASK_GP);
 

@@ -44,7 +44,12 @@ static long copy_page_step(__u64 i, void *ctx)
 	len = 4096 - ((w->cp_sp + done) & 4095);
 	if (len > want - done)
 		len = want - done;
-	/* For the verifier: the destination ends within s.ustack plus a page (ustack_slack). */
+	/*
+	 * For the verifier: the destination ends within s.ustack plus a page (ustack_slack). A
+	 * kernel before 6.8 learns no bound from the comparison of two registers above, and clang
+	 * would drop a check it can prove redundant.
+	 */
+	asm volatile("" : "+r"(len));
 	if (len == 0 || len > 4096)
 		return 1;
 	if (user_read((__u8 *)w->s.stack + off + done, len, (const void *)(w->cp_sp + done)))
@@ -122,13 +127,13 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 	if (whole && user_read(dst, want, (const void *)sp) == 0) {
 		done = want;
 	} else {
-		__u32 slot = at;
+		__u32 loop_slot = at;
 
 		w->cp_sp = sp;
 		w->cp_off = off;
 		w->cp_want = want;
 		w->cp_done = 0;
-		bpf_loop_task(COPY_PAGES, copy_page_step, &slot, 0);
+		bpf_loop_task(COPY_PAGES, copy_page_step, &loop_slot, 0);
 		done = w->cp_done;
 		if (done > want)
 			done = want;
@@ -145,8 +150,8 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 	 * A function with a pending uretprobe (--event heap's on the allocation functions) returns
 	 * to the uprobes trampoline, not to its caller: put the caller back, or the unwinder stops
 	 * there (realloc(NULL) calling malloc showed [unknown] (?+0x7fffffffdfff)). The length is
-	 * read back from the record, so the verifier checks this loop once, not once for every
-	 * length the page-by-page copy could end with (that was half of its work here).
+	 * read back from the record, so the verifier checks this loop once, not once for each path
+	 * that set it (the one-read copy, the page loop, the comparisons with `want`).
 	 */
 	done = *(volatile __u32 *)&s->ustack_copy_len;
 	ri = BPF_CORE_READ(task, utask, return_instances);
