@@ -761,7 +761,7 @@ fn table(
          {warm} s of warm-up. Medians of {n} interleaved rounds (lowest–highest).\n\n\
          | figure | spanprof daemon | perf record -F {HZ} -a -g | goal |\n\
          |---|---|---|---|\n\
-         | **own CPU, % of one core** (utime + stime of `/proc/PID/stat` over the interval, 10 ms ticks) | **{d_cpu}** | {p_cpu} | ≤ 1% |\n\
+         | **own CPU, % of one core** (utime + stime of `/proc/PID/stat` over the interval, 10 ms ticks) | **{d_cpu}** | {p_cpu} | ≤ 0.5% |\n\
          | the same from its threads' run time (`/proc/PID/task/*/schedstat`, ns; daemon: {d_gone}; perf: {p_gone}) | {d_sched} | {p_sched} | |\n\
          | own CPU as the daemon reports it (`spanprof_cpu_seconds_total`), % of one core | {d_metric} | n/a | |\n\
          | in-kernel time of its BPF programs, % of one core (BPF statistics; paid by the interrupted processes) | {kernel_row} | n/a (not measured: perf copies stacks in the interrupt) | |\n\
