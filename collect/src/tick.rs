@@ -19,9 +19,8 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// wakes it at once for what cannot wait (a process's first samples, an exec, a long off-CPU
 /// wait, a ring buffer filling up), and so does a session's target's exit (its pidfd; a child's
 /// exit does not wake it); what is left is the drain of samples from processes whose modules
-/// are read already. At 99 Hz on one
-/// busy thread a tick drains 10 samples rather than 5: a wake-up, a poll and a look at the
-/// span objects cost the same for either. (Not longer: a tracing library imported mid-session
+/// are read already. At 99 Hz on one busy thread a tick drains 10 samples rather than 5: a
+/// wake-up, a poll and a look at the span objects cost the same for either. (Not longer: a tracing library imported mid-session
 /// is looked for at each tick, so its first spans are read within about this long.)
 pub const QUIET_TICK: Duration = Duration::from_millis(100);
 

@@ -309,10 +309,10 @@ pub const DEFAULT_CACHE_LIMIT: u64 = 64 << 20;
 /// What it keeps is bounded for a long-running caller (the daemon) whatever the number of
 /// distinct programs that come and go:
 /// - per process, its executable mappings (read at its first addresses, again while it lives
-///   when new ones fall outside them, after an exec or every 20 drains, 1–2 s) and their module files,
-///   open; [`Symbolizer::forget_exited`] drops a process one call after it found it gone (its
-///   last samples may still be on their way),
-///   with its addresses, and closes the module files nothing refers to any more;
+///   when new ones fall outside them, after an exec or every 20 drains, 1–2 s) and their module
+///   files, open; [`Symbolizer::forget_exited`] drops a process one call after it found it gone
+///   (its last samples may still be on their way), with its addresses, and closes the module
+///   files nothing refers to any more;
 /// - per module, its parsed symbols (blazesym's), made when it is first symbolized and kept
 ///   for the next calls while their estimated total stays within
 ///   [`Symbolizer::set_cache_limit`], dropping the least recently used first (during a call

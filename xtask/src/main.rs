@@ -23,7 +23,7 @@ mod run;
 mod workloads;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
@@ -236,10 +236,7 @@ fn cargo_install(root: &Path, target_dir: &Path, bin: &Path) -> Result<()> {
         .arg(target_dir)
         .run()?;
     let version = |b: &Path| -> Result<String> {
-        let out = Command::new(b)
-            .arg("--version")
-            .output()
-            .with_context(|| format!("running {} --version", b.display()))?;
+        let out = Cmd::new(b).arg("--version").quiet().output()?;
         if !out.status.success() {
             bail!("{} --version failed: {}", b.display(), out.status);
         }

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::measure::{machine, mb, median, rounds, version, wait_ready, NamedProg};
+use super::measure::{lowest_highest, machine, mb, median, rounds, version, wait_ready, NamedProg};
 
 /// What to run and how long.
 #[derive(Debug, Clone)]
@@ -691,8 +691,7 @@ pub fn run(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) -> Result
 
 /// "median (lowest–highest)" of `values`, each printed by `fmt`.
 fn spread(values: &[f64], fmt: impl Fn(f64) -> String) -> String {
-    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = lowest_highest(values);
     format!("{} ({}–{})", fmt(median(values.to_vec())), fmt(lo), fmt(hi))
 }
 

@@ -246,6 +246,13 @@ pub(super) fn run_alone(target: &Target, amount: u64) -> Result<TargetRun> {
     t.wait(released)
 }
 
+/// The lowest and highest of `values` (infinities when there are none).
+pub(crate) fn lowest_highest(values: &[f64]) -> (f64, f64) {
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;

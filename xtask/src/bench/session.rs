@@ -20,7 +20,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::measure::{bpf_figures, machine, median, rounds, secs, BpfWindow, HZ};
+use super::measure::{bpf_figures, lowest_highest, machine, median, rounds, secs, BpfWindow, HZ};
 use super::profilers::{run_perf, run_pyspy, run_spanprof, OtherRun, SpanprofRun};
 use super::python::{stack_target, PY_FILE};
 use super::Config;
@@ -169,11 +169,7 @@ pub(super) fn session(
                 split(short, long).map(part)
             })
             .collect();
-        let (lo, hi) = all
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-                (lo.min(v), hi.max(v))
-            });
+        let (lo, hi) = lowest_highest(&all);
         (median(all.clone()), lo, hi, all.len())
     };
     let fixed = |r: (f64, f64)| r.0;
@@ -210,11 +206,7 @@ pub(super) fn session(
             .iter()
             .filter_map(|r| Some(net_us(&r.parts[0])? - net_us(&r.parts[k])?))
             .collect();
-        let (lo, hi) = paired
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-                (lo.min(v), hi.max(v))
-            });
+        let (lo, hi) = lowest_highest(&paired);
         let difference = if k == 0 || paired.is_empty() {
             String::new()
         } else {

@@ -8,8 +8,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use super::measure::{
-    bpf_figures, folded_stacks, machine, median, percent, rounds, version, BpfFigures, BpfWindow,
-    Target, HZ,
+    bpf_figures, folded_stacks, lowest_highest, machine, median, percent, rounds, version,
+    BpfFigures, BpfWindow, Target, HZ,
 };
 use super::profilers::{run_spanprof, SpanCounts, SpanprofRun};
 use super::python::{HIGH_HZ, PY_DEPTH, PY_FILE};
@@ -229,11 +229,7 @@ pub(super) fn spans(root: &Path, spanprof: &Path, out_dir: &Path, cfg: &Config) 
                 Some((a.net_ns - b.net_ns) / 1000.0)
             })
             .collect();
-        let (lo, hi) = paired
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &d| {
-                (lo.min(d), hi.max(d))
-            });
+        let (lo, hi) = lowest_highest(&paired);
         let us = |ns: f64| ns / 1000.0;
         let diff = us(with.bpf.net_ns - without.bpf.net_ns);
         let col = [
