@@ -48,6 +48,10 @@ pub struct MergeFacts {
     pub markers: bool,
     /// The interpreter keeps frame pointers.
     pub native_trusted: bool,
+    /// The module holding the interpreter, as the process's maps (and so its native frames)
+    /// name it: its frames are [`Frame::interpreter`]. `None` in a recording older than
+    /// version 4: then the module of an address in the loop ([`interpreter_modules`]).
+    pub interpreter: Option<String>,
 }
 
 /// What the Python side knew at the end of a window: the input of assembly that
@@ -83,6 +87,9 @@ impl<'a> PythonFacts<'a> {
                         eval_ranges: m.eval_ranges.to_vec(),
                         markers: m.markers,
                         native_trusted: m.native_trusted,
+                        interpreter: python
+                            .interpreter_module(pid)
+                            .map(|p| p.display().to_string()),
                     },
                 );
             }
@@ -164,6 +171,7 @@ pub fn assemble(
         .filter(|(_, s)| s.unknown_reason.as_deref() == Some(symbolizer::OUTSIDE_MAPPINGS))
         .map(|(&k, _)| k)
         .collect();
+    let interpreters = interpreter_modules(&python, user_addrs, &user_symbols);
     // The frames of each user address, root first: its function, then those inlined into it
     // (`chains[start..end]`).
     let mut chains: Vec<u32> = Vec::with_capacity(user_addrs.len());
@@ -173,8 +181,11 @@ pub fn assemble(
         .map(|(&k, mut s)| {
             let inlined = std::mem::take(&mut s.inlined);
             let (module, address, ids) = (s.module.clone(), s.address, s.ids.clone());
+            let interpreter = module
+                .as_deref()
+                .is_some_and(|m| interpreters.get(&k.0).is_some_and(|i| i == m));
             let start = chains.len() as u32;
-            chains.push(frames.intern(s, FrameKind::Native));
+            chains.push(frames.intern(s, FrameKind::Native, interpreter));
             for f in inlined {
                 chains.push(frames.insert(Frame {
                     kind: FrameKind::Inlined,
@@ -187,6 +198,7 @@ pub fn assemble(
                     unknown_reason: None,
                     ids: ids.clone(),
                     start_line: None,
+                    interpreter,
                 }));
             }
             (k, (start, chains.len() as u32))
@@ -199,7 +211,7 @@ pub fn assemble(
     let kernel_frame: FxHashMap<u64, u32> = kernel_addrs
         .iter()
         .zip(kernel_symbols)
-        .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel)))
+        .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel, false)))
         .collect();
 
     let mut thread_ids: Vec<(u32, u32)> = count.threads.keys().copied().collect();
@@ -389,16 +401,7 @@ pub fn assemble(
         let same = (a.thread, &a.frames, a.span, a.unwind, a.off_cpu)
             == (b.thread, &b.frames, b.span, b.unwind, b.off_cpu);
         if same {
-            a.count = a.count.saturating_add(b.count);
-            a.off_cpu_ns = a.off_cpu_ns.saturating_add(b.off_cpu_ns);
-            a.alloc.objects = a.alloc.objects.saturating_add(b.alloc.objects);
-            a.alloc.bytes = a.alloc.bytes.saturating_add(b.alloc.bytes);
-            a.inuse.objects = a.inuse.objects.saturating_add(b.inuse.objects);
-            a.inuse.bytes = a.inuse.bytes.saturating_add(b.inuse.bytes);
-            a.times.append(&mut b.times);
-            a.times.sort_unstable();
-            a.inuse_times.append(&mut b.inuse_times);
-            a.inuse_times.sort_unstable();
+            a.absorb(b);
         }
         same
     });
@@ -439,7 +442,33 @@ fn python_frame_of(functions: &[PyFunction], token: u64) -> Frame {
         unknown_reason: None,
         ids: None,
         start_line: f.start_line,
+        interpreter: false,
     }
+}
+
+/// The module of each Python process's interpreter, as its native frames name it: the one the
+/// Python side found, else (a recording older than version 4) the module of an address of the
+/// process in the interpreter loop.
+fn interpreter_modules(
+    python: &PythonFacts<'_>,
+    user_addrs: &[(u32, u64)],
+    user_symbols: &[Symbol],
+) -> FxHashMap<u32, String> {
+    let mut modules: FxHashMap<u32, String> = python
+        .merge
+        .iter()
+        .filter_map(|(&pid, m)| Some((pid, m.interpreter.clone()?)))
+        .collect();
+    for (&(pid, addr), sym) in user_addrs.iter().zip(user_symbols) {
+        if modules.contains_key(&pid) {
+            continue;
+        }
+        let in_loop = python.merge_info(pid).is_some_and(|m| m.is_eval(addr));
+        if let (true, Some(module)) = (in_loop, &sym.module) {
+            modules.insert(pid, module.clone());
+        }
+    }
+    modules
 }
 
 fn comm_string(comm: &[u8; TASK_COMM_LEN]) -> String {
@@ -453,7 +482,7 @@ struct FrameTable {
 }
 
 impl FrameTable {
-    fn intern(&mut self, sym: Symbol, kind: FrameKind) -> u32 {
+    fn intern(&mut self, sym: Symbol, kind: FrameKind, interpreter: bool) -> u32 {
         let frame = Frame {
             kind,
             function: sym.function,
@@ -465,6 +494,7 @@ impl FrameTable {
             // NB: kernel symbols have none.
             ids: sym.ids,
             start_line: None,
+            interpreter,
         };
         self.insert(frame)
     }
@@ -490,6 +520,7 @@ impl FrameTable {
             unknown_reason: None,
             ids: None,
             start_line: None,
+            interpreter: false,
         })
     }
 }

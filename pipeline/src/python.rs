@@ -778,10 +778,12 @@ impl Python {
         })
     }
 
-    /// The module holding `pid`'s interpreter (as its maps name it), once found.
+    /// The module holding `pid`'s interpreter (as its maps name it), once found (also after
+    /// the process exited).
     pub fn interpreter_module(&self, pid: u32) -> Option<&std::path::Path> {
         match self.procs.get(&pid) {
             Some(Proc::Ready(ready)) => Some(ready.merge.arenas.module()),
+            Some(Proc::Exited(merge)) => Some(merge.arenas.module()),
             _ => None,
         }
     }

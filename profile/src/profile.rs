@@ -9,8 +9,10 @@ use std::time::{Duration, SystemTime};
 use symbolizer::unwind::UnwindStatus;
 
 pub use span::*;
+pub use view::*;
 
 mod span;
+mod view;
 
 /// What kind of code a frame belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +59,11 @@ pub struct Frame {
     /// The first line of the function (a Python function's `co_firstlineno`), when known:
     /// pprof's and OTLP's `start_line`.
     pub start_line: Option<u32>,
+    /// A native frame (or one inlined into it) of the CPython interpreter of a Python process:
+    /// its module is the file that runs the interpreter loop (`libpython3.X.so`, or the
+    /// `python3.X` executable it is linked into). The Python view leaves these out of samples
+    /// with Python frames ([`View`]).
+    pub interpreter: bool,
 }
 
 impl Frame {
@@ -156,6 +163,23 @@ pub struct Sample {
     /// `--event heap`: the sampled allocations of this sample still in use at the end, with
     /// when they were made and their size (unscaled), when timestamps were kept.
     pub inuse_times: Vec<Timed>,
+}
+
+impl Sample {
+    /// Adds `other`'s counts, times and memory to this sample's (a sample of the same stack,
+    /// thread, span, unwinding and reason); `other`'s event times are moved out.
+    pub fn absorb(&mut self, other: &mut Sample) {
+        self.count = self.count.saturating_add(other.count);
+        self.off_cpu_ns = self.off_cpu_ns.saturating_add(other.off_cpu_ns);
+        self.alloc.objects = self.alloc.objects.saturating_add(other.alloc.objects);
+        self.alloc.bytes = self.alloc.bytes.saturating_add(other.alloc.bytes);
+        self.inuse.objects = self.inuse.objects.saturating_add(other.inuse.objects);
+        self.inuse.bytes = self.inuse.bytes.saturating_add(other.inuse.bytes);
+        self.times.append(&mut other.times);
+        self.times.sort_unstable();
+        self.inuse_times.append(&mut other.inuse_times);
+        self.inuse_times.sort_unstable();
+    }
 }
 
 /// One event of a [`Sample`] and when it happened.
@@ -596,6 +620,7 @@ impl Profile {
                 unknown_reason: None,
                 ids: None,
                 start_line: None,
+                interpreter: false,
             };
             *ids.entry(frame).or_insert_with_key(|frame| {
                 frames.push(frame.clone());

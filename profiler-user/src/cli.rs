@@ -11,7 +11,7 @@ use spanprof::export::{ExporterConfig, Protocol};
 use spanprof_analysis::filter::{self, Filter};
 use spanprof_collect::{self as collect, EventError, EventSet, Invalid, Unwind};
 use spanprof_profile::format::Format;
-use spanprof_profile::profile::GroupBy;
+use spanprof_profile::profile::{GroupBy, View};
 
 /// Exit status for bad command-line input.
 pub(crate) const EXIT_USAGE: u8 = 2;
@@ -191,6 +191,8 @@ pub(crate) struct ProfileArgs {
     /// Keep only Python frames (native and kernel frames are dropped).
     #[arg(long)]
     pub(crate) python_only: bool,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
     /// Do not fetch debug files from the servers of DEBUGINFOD_URLS (fetched by default when it
     /// is set, for stripped modules whose addresses have no name here).
     #[arg(long)]
@@ -274,6 +276,8 @@ pub(crate) struct TopArgs {
     /// Plain lines every second, even on a terminal.
     #[arg(long)]
     pub(crate) plain: bool,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
     /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
     #[arg(long)]
     pub(crate) no_spans: bool,
@@ -299,6 +303,8 @@ pub(crate) struct DumpArgs {
     /// Print JSON (described in docs/dump.md) instead of text.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
     /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
     #[arg(long)]
     pub(crate) no_spans: bool,
@@ -376,6 +382,39 @@ impl PrivacyArgs {
     }
 }
 
+/// Which frames stacks show (`profile`, `replay`, `report`, `diff`, `check`, `top`, `dump`).
+#[derive(Debug, clap::Args)]
+pub(crate) struct ViewArgs {
+    /// Which frames stacks show: `python` (in a stack with Python frames, the interpreter's own
+    /// C functions are left out and their time is the self time of the function that called
+    /// them; C extensions, other libraries and the kernel stay) or `full` (every frame). pprof
+    /// and OTLP files keep every frame either way.
+    #[arg(long, value_enum, default_value = "python", value_name = "VIEW")]
+    pub(crate) view: ViewName,
+    /// Every frame, the interpreter's own included: the same as --view full.
+    #[arg(long, conflicts_with = "view")]
+    pub(crate) native: bool,
+}
+
+/// The values of `--view`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ViewName {
+    /// Python's own: the interpreter's frames left out of stacks with Python frames.
+    Python,
+    /// Every frame.
+    Full,
+}
+
+impl ViewArgs {
+    /// The view asked for.
+    pub(crate) fn view(&self) -> View {
+        match (self.native, self.view) {
+            (true, _) | (false, ViewName::Full) => View::Full,
+            (false, ViewName::Python) => View::Python,
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 #[command(after_help = "Examples:\n  \
                   spanprof report run.pb.gz\n  \
@@ -410,6 +449,8 @@ pub(crate) struct ReportArgs {
     /// Functions in the table (0: all of them).
     #[arg(long, default_value_t = 20, value_name = "N")]
     pub(crate) top: usize,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
     #[command(flatten)]
     pub(crate) privacy: PrivacyArgs,
 }
@@ -446,6 +487,8 @@ pub(crate) struct DiffArgs {
     /// (e.g. 5%).
     #[arg(long, value_name = "PERCENT")]
     pub(crate) fail_on_regression: Option<String>,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -477,6 +520,8 @@ pub(crate) struct CheckArgs {
     /// may take at most this long on average, as their samples show (e.g. 'GET /servers=30ms').
     #[arg(long = "span-max", value_name = "NAME=DURATION")]
     pub(crate) span_max: Vec<String>,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -503,6 +548,8 @@ pub(crate) struct ReplayArgs {
     /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
+    #[command(flatten)]
+    pub(crate) view: ViewArgs,
     #[command(flatten)]
     pub(crate) privacy: PrivacyArgs,
 }

@@ -56,6 +56,8 @@ pub struct Options {
     pub children: bool,
     /// Read span contexts.
     pub spans: bool,
+    /// The frames the stacks show.
+    pub view: spanprof_profile::profile::View,
 }
 
 /// Where a thread was.
@@ -239,7 +241,9 @@ pub fn run(opts: &Options) -> Result<Dump> {
         python,
         ..
     } = c.stop();
-    let profile = agg.into_profile(&mut symbolizer, &python, meta);
+    let profile = agg
+        .into_profile(&mut symbolizer, &python, meta)
+        .into_view(opts.view);
     Ok(assemble(&profile, &threads, time))
 }
 

@@ -39,6 +39,7 @@ pub(crate) fn top(args: cli::TopArgs) -> Result<u8, Failure> {
             })?,
         spans: !args.no_spans,
         plain: args.plain,
+        view: args.view.view(),
     };
     collect::signals::install_session_handlers();
     match spanprof::top::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))? {
@@ -56,6 +57,7 @@ pub(crate) fn dump(args: cli::DumpArgs) -> Result<u8, Failure> {
         pids: cli::parse_pids(&args.pid)?,
         children: args.children,
         spans: !args.no_spans,
+        view: args.view.view(),
     };
     let dump = spanprof::dump::run(&opts).map_err(|e| Failure(EXIT_FAILURE, format!("{e:#}")))?;
     if args.json {

@@ -17,7 +17,7 @@ use spanprof_analysis::filter::Filter;
 use spanprof_collect as collect;
 use spanprof_pipeline::aggregate;
 use spanprof_profile::format::{self, Format};
-use spanprof_profile::profile::{GroupBy, Profile};
+use spanprof_profile::profile::{GroupBy, Profile, View};
 use spanprof_profile::write::PendingOutput;
 
 use cli::{
@@ -31,16 +31,26 @@ use spanprof_profile::wording;
 
 /// Largest profile file `report`, `diff` and `check` read.
 const MAX_INPUT_BYTES: u64 = 1 << 30;
-/// Renders `profile` (grouped first if asked) into each pending output, printing `wrote …` or
+/// Renders `profile` (grouped first if asked) into each pending output, in `view` but for
+/// the formats that keep every frame ([`Format::keeps_every_frame`]), printing `wrote …` or
 /// the error per output; returns [`EXIT_FAILURE`] when one could not be written.
 fn write_outputs(
     profile: &Profile,
+    view: View,
     group: Option<GroupBy>,
     outputs: Vec<(PendingOutput, Format)>,
 ) -> u8 {
-    let grouped = group.map(|g| profile.grouped(g));
-    let profile = grouped.as_ref().unwrap_or(profile);
-    commit_outputs(outputs, |format| Ok(format::render(profile, format)?))
+    let viewed = profile.in_view(view);
+    let grouped = group.map(|g| (profile.grouped(g), viewed.grouped(g)));
+    commit_outputs(outputs, |format| {
+        let shown = match (&grouped, format.keeps_every_frame()) {
+            (Some((full, _)), true) => full,
+            (Some((_, viewed)), false) => viewed,
+            (None, true) => profile,
+            (None, false) => &viewed,
+        };
+        Ok(format::render(shown, format)?)
+    })
 }
 
 fn profile(args: ProfileArgs) -> Result<u8, Failure> {
@@ -186,14 +196,23 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     {
         eprintln!("{warning}");
     }
-    eprint!("{}", summary::render(profile, &outcome.errors));
+    let view = args.view.view();
+    eprint!(
+        "{}",
+        summary::render(&profile.in_view(view), &outcome.errors)
+    );
     if let Some(line) = outcome
         .off_cpu_unseen
         .and_then(|u| u.line(profile.meta.events.wall))
     {
         eprintln!("{line}");
     }
-    let mut status = write_outputs(profile, group, pending.into_iter().zip(formats).collect());
+    let mut status = write_outputs(
+        profile,
+        view,
+        group,
+        pending.into_iter().zip(formats).collect(),
+    );
     if let Some(config) = exporter {
         let grouped = group.map(|g| profile.grouped(g));
         if !send_otlp(grouped.as_ref().unwrap_or(profile), config) {
@@ -259,10 +278,12 @@ fn replay(args: ReplayArgs) -> Result<u8, Failure> {
     for (to, &from) in errors.iter_mut().zip(&replayed.errors) {
         *to = from;
     }
-    eprint!("{}", summary::render(profile, &errors));
+    let view = args.view.view();
+    eprint!("{}", summary::render(&profile.in_view(view), &errors));
     let pending = pending_outputs(&args.output)?;
     Ok(write_outputs(
         profile,
+        view,
         group,
         pending.into_iter().zip(formats).collect(),
     ))
@@ -649,8 +670,14 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
     let mut read = read_filtered(&args.profile, &filter)?;
     privacy.apply(&mut read.profile);
     let profile = &read.profile;
-    let grouped = group.map(|g| profile.grouped(g));
-    let shown = grouped.as_ref().unwrap_or(profile);
+    let view = args.view.view();
+    let viewed = profile.in_view(view);
+    let grouped = group.map(|g| (profile.grouped(g), viewed.grouped(g)));
+    // The table and the formats written in a view; pprof and OTLP keep every frame.
+    let (full, shown) = match &grouped {
+        Some((full, viewed)) => (full, viewed),
+        None => (profile, &*viewed),
+    };
     let functions = spanprof_analysis::Functions::of(shown);
     // A memory profile has no span times.
     let named = span_times(shown).unwrap_or_default();
@@ -662,6 +689,7 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
             ReportFormat::Json => {
                 spanprof_analysis::report_json(shown, &functions, &named, args.top).into_bytes()
             }
+            ReportFormat::Profile(f) if f.keeps_every_frame() => format::render(full, f)?,
             ReportFormat::Profile(f) => format::render(shown, f)?,
         })
     };
@@ -741,8 +769,9 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
         })
         .collect::<Result<_, _>>()?;
     let filter = args.filter.parse()?;
-    let base = read_filtered(&args.base, &filter)?.profile;
-    let new = read_filtered(&args.new, &filter)?.profile;
+    let view = args.view.view();
+    let base = read_filtered(&args.base, &filter)?.profile.into_view(view);
+    let new = read_filtered(&args.new, &filter)?.profile.into_view(view);
     let d = Diff::of(&base, &new).map_err(|e| Failure(EXIT_FAILURE, e))?;
     let (base_name, new_name) = (
         args.base.display().to_string(),
@@ -797,7 +826,9 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
         ));
     }
     let filter = args.filter.parse()?;
-    let profile = read_filtered(&args.profile, &filter)?.profile;
+    let profile = read_filtered(&args.profile, &filter)?
+        .profile
+        .into_view(args.view.view());
     let functions = Functions::of(&profile);
     if functions.total == 0 {
         return Err(Failure(

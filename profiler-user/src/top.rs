@@ -8,10 +8,10 @@
 //! of them. In a terminal it is drawn with ratatui (keys below); otherwise a block of plain
 //! lines is printed every second.
 //!
-//! Functions: where the window holds Python frames, the Python view (a sample's innermost
-//! Python function is its self; a sample without Python frames counts as
-//! `[no python frames]`); `n` switches to every frame (native, inlined, Python). Kernel frames
-//! are left out.
+//! Functions: the Python view by default (`--view`, [`profile::View`]: in a sample with Python
+//! frames, the interpreter's own native frames are left out, their time the self time of the
+//! function that called them; native code outside the interpreter stays); `n` switches to
+//! every frame. Kernel frames are left out.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{IsTerminal, Write};
@@ -25,12 +25,9 @@ use ratatui::text::Line;
 use ratatui::widgets::{Paragraph, Row, Table};
 use spanprof_collect::{self as collect, signals, Collector, EventSet};
 use spanprof_pipeline::aggregate;
-use spanprof_profile::profile::{FrameKind, Profile};
+use spanprof_profile::profile::{self, FrameKind, Profile};
 
 use crate::preflight;
-
-/// How a sample without Python frames is named in the Python view.
-pub const NO_PYTHON: &str = "[no python frames]";
 
 /// What `top` watches, and how.
 #[derive(Debug, Clone)]
@@ -48,6 +45,8 @@ pub struct Options {
     pub spans: bool,
     /// Plain lines even on a terminal.
     pub plain: bool,
+    /// The frames shown at first (`n` switches).
+    pub view: profile::View,
 }
 
 /// One second's counts.
@@ -58,8 +57,6 @@ pub struct Second {
     python: HashMap<String, (u64, u64)>,
     /// By function (every frame): (self, total).
     all: HashMap<String, (u64, u64)>,
-    /// Samples with Python frames.
-    with_python: u64,
     /// By span name (the OpenTelemetry span's, else the OSProfiler point's).
     spans: HashMap<String, u64>,
 }
@@ -68,34 +65,27 @@ impl Second {
     /// The counts of `profile` (one second's samples).
     pub fn of(profile: &Profile) -> Second {
         let mut s = Second::default();
+        // A sample's names (root first), kernel frames left out.
+        let names = |profile: &Profile, sample: &profile::Sample| -> Vec<String> {
+            sample
+                .frames
+                .iter()
+                .filter_map(|&i| profile.frames.get(i as usize))
+                .filter(|f| f.kind != FrameKind::Kernel)
+                .map(|f| f.display_name())
+                .collect()
+        };
+        let viewed = profile.in_view(profile::View::Python);
+        for sample in viewed.samples.iter().filter(|s| s.count > 0) {
+            add(&mut s.python, &names(&viewed, sample), sample.count);
+        }
         for sample in &profile.samples {
             let n = sample.count;
             if n == 0 {
                 continue;
             }
             s.samples += n;
-            let frames: Vec<_> = sample
-                .frames
-                .iter()
-                .filter_map(|&i| profile.frames.get(i as usize))
-                .filter(|f| f.kind != FrameKind::Kernel)
-                .collect();
-            let python: Vec<String> = frames
-                .iter()
-                .filter(|f| f.kind == FrameKind::Python)
-                .map(|f| f.display_name())
-                .collect();
-            if !python.is_empty() {
-                s.with_python += n;
-            }
-            let all: Vec<String> = frames.iter().map(|f| f.display_name()).collect();
-            let python = if python.is_empty() {
-                vec![NO_PYTHON.to_string()]
-            } else {
-                python
-            };
-            add(&mut s.python, &python, n);
-            add(&mut s.all, &all, n);
+            add(&mut s.all, &names(profile, sample), n);
             if let Some(span) = profile.span_of(sample) {
                 let name = span
                     .span_name
@@ -138,7 +128,7 @@ pub struct View {
     keep: usize,
     /// Sort order.
     pub sort: Sort,
-    /// Every frame rather than the Python view.
+    /// Every frame rather than the Python view (`n`).
     pub native: bool,
     /// Not refreshed while paused.
     pub paused: bool,
@@ -172,9 +162,9 @@ impl View {
         self.seconds.iter().map(|s| s.samples).sum()
     }
 
-    /// Whether the Python view is shown: asked for, and the window has Python frames.
+    /// Whether the Python view is shown.
     pub fn python_view(&self) -> bool {
-        !self.native && self.seconds.iter().any(|s| s.with_python > 0)
+        !self.native
     }
 
     /// The functions, sorted, at most `limit`.
@@ -238,9 +228,9 @@ impl View {
             self.seconds.len(),
             self.samples(),
             if self.python_view() {
-                ", Python functions"
+                ", Python view"
             } else {
-                ", every function"
+                ", every frame"
             },
             if self.paused { " (paused)" } else { "" }
         )
@@ -286,9 +276,9 @@ impl View {
                 Sort::Total => "self",
             },
             if self.native {
-                "Python functions"
+                "Python view"
             } else {
-                "every function"
+                "every frame"
             }
         );
         frame.render_widget(
@@ -449,6 +439,7 @@ fn watch(
     mut terminal: Option<&mut ratatui::DefaultTerminal>,
 ) -> Result<bool> {
     let mut view = View::new(opts.window);
+    view.native = opts.view == profile::View::Full;
     let mut waiter = c.waiter(pids);
     let mut second = Instant::now();
     let mut redraw = true;
@@ -553,40 +544,45 @@ mod tests {
         p.samples[0].span = Some(0);
         let mut view = View::new(Duration::from_secs(2));
         view.push(Second::of(&p));
-        assert!(!view.python_view(), "no Python frames: every function");
+        assert!(view.python_view(), "the Python view by default");
         let unknown = "[unknown] (libfoo.so+0x1234)".to_string();
-        assert_eq!(
-            rounded(view.functions(10)),
-            vec![
-                ("compute".to_string(), 90.9, 90.9),
-                (unknown.clone(), 9.1, 9.1),
-                ("main".to_string(), 0.0, 100.0),
-            ]
-        );
+        // No Python frame: the Python view is every frame.
+        let every = vec![
+            ("compute".to_string(), 90.9, 90.9),
+            (unknown.clone(), 9.1, 9.1),
+            ("main".to_string(), 0.0, 100.0),
+        ];
+        assert_eq!(rounded(view.functions(10)), every);
         view.sort = Sort::Total;
         assert_eq!(view.functions(1)[0].2, "main");
         assert_eq!(view.spans(5), vec![(5, 500.0 / 11.0, "GET /x".to_string())]);
 
-        // A second in which `compute` at its first address is a Python function: the Python
-        // view, over both seconds (22 samples).
-        p.frames[1].kind = FrameKind::Python;
-        p.frames[1].file = None;
+        // A second in which `main` is a Python function and `compute` the interpreter's: in
+        // the Python view, compute's time is main's own (over both seconds, 22 samples).
+        p.frames[0].kind = FrameKind::Python;
+        p.frames[0].file = None;
+        p.frames[1].interpreter = true;
+        p.frames[4].interpreter = true;
         view.push(Second::of(&p));
         view.sort = Sort::SelfShare;
-        assert!(view.python_view());
         let lines = rounded(view.functions(10));
-        // compute: 7 samples of the second second (5 + 2); the first second had no Python
-        // frames: all 11 count as none, and so do the second's other 4.
-        assert_eq!(lines[0], (NO_PYTHON.to_string(), 68.2, 68.2));
-        assert_eq!(lines[1], ("compute".to_string(), 31.8, 31.8));
+        // main: the second second's 10 samples in compute; compute: the first second's 10.
+        assert_eq!(lines[0], ("main".to_string(), 45.5, 100.0));
+        assert_eq!(lines[1], ("compute".to_string(), 45.5, 45.5));
         view.native = true;
         assert!(!view.python_view());
+        assert_eq!(
+            rounded(view.functions(1))[0],
+            ("compute".to_string(), 90.9, 90.9)
+        );
         // A third second pushes the first out of the 2-second window.
         view.push(Second::of(&p));
         assert_eq!(view.samples(), 22);
         let text = view.plain("pid 100 (app)", 99, 3);
         assert!(
-            text.starts_with("spanprof top: pid 100 (app) at 99 Hz, last 2 s: 22 samples"),
+            text.starts_with(
+                "spanprof top: pid 100 (app) at 99 Hz, last 2 s: 22 samples, every frame"
+            ),
             "{text}"
         );
         assert!(text.contains("GET /x"), "{text}");

@@ -1,7 +1,7 @@
 //! Recordings of a session (`spanprof profile --record FILE`), which `spanprof replay` runs
 //! the count and assemble stages from, without root or BPF.
 //!
-//! # Format (version 3)
+//! # Format (version 4)
 //! A gzip stream of:
 //! - the header: [`MAGIC`], the format version (varint), the version of spanprof that wrote it
 //!   (a string), and the [`Options`] counting and assembly depend on (a flags byte: kernel,
@@ -44,8 +44,9 @@ use super::Options;
 pub const MAGIC: &[u8; 19] = b"spanprof recording\n";
 /// The version of the format this build writes (and the newest it reads): 2 added the
 /// functions inlined at a user address to its symbol, 3 its module file's ids (GNU build id,
-/// `htlhash`) and a Python function's first line.
-pub const FORMAT_VERSION: u32 = 3;
+/// `htlhash`) and a Python function's first line, 4 the module of a Python process's
+/// interpreter.
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Bytes of a recording, uncompressed, at most (written and read).

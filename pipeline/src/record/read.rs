@@ -519,12 +519,14 @@ impl<R: BufRead> Reader<R> {
                     Ok((start, start.wrapping_add(d.var()?)))
                 })
                 .collect::<Result<_>>()?;
+            let interpreter = if version >= 4 { d.opt_str()? } else { None };
             merge.insert(
                 pid,
                 MergeFacts {
                     eval_ranges,
                     markers,
                     native_trusted,
+                    interpreter,
                 },
             );
         }

@@ -169,6 +169,7 @@ fn session(opts: Options, samples: &[Resolved<'_>], build: bool) -> (Option<Prof
                     eval_ranges: vec![(0x5000, 0x6000)],
                     markers: true,
                     native_trusted: false,
+                    interpreter: Some("/usr/lib/libpython3.12.so.1.0".into()),
                 },
             )]
             .into(),
@@ -351,7 +352,7 @@ fn other_files_and_versions_are_refused_with_what_was_expected() {
         err.0,
         format!(
             "a recording of format version 7 (written by spanprof 9.9.9); this spanprof ({}) \
-             reads versions 1 to 3: replay it with the spanprof that recorded it",
+             reads versions 1 to 4: replay it with the spanprof that recorded it",
             env!("CARGO_PKG_VERSION")
         )
     );

@@ -366,6 +366,8 @@ fn python_facts(e: &mut Enc, strings: &mut StrTable, p: &PythonFacts<'_>) {
             e.var(start);
             e.var(end.wrapping_sub(start));
         }
+        // Since version 4.
+        e.opt_str(m.interpreter.as_deref());
     }
     e.var(p.versions.len() as u64);
     for (&pid, v) in &p.versions {

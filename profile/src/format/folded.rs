@@ -177,6 +177,7 @@ fn folded_frame(name: &str) -> Frame {
         unknown_reason: None,
         ids: None,
         start_line: None,
+        interpreter: false,
     };
     if let Some(kernel) = name.strip_suffix("_[k]") {
         return Frame {

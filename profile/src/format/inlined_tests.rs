@@ -17,6 +17,7 @@ fn with_inlined() -> Profile {
         unknown_reason: None,
         ids: None,
         start_line: None,
+        interpreter: false,
     };
     let first = profile.frames.len() as u32;
     profile.frames.extend([

@@ -183,6 +183,13 @@ impl Format {
         }
     }
 
+    /// Whether the format keeps every frame whatever the view ([`crate::profile::View`]): pprof
+    /// and OTLP do, marking the interpreter's, so that one file serves every view; folded
+    /// stacks, SVG and speedscope are written in the view asked for.
+    pub fn keeps_every_frame(self) -> bool {
+        matches!(self, Format::Pprof | Format::Otlp)
+    }
+
     /// The canonical file extension, without the leading dot (e.g. `pb.gz`), for default output
     /// file names.
     pub fn extension(self) -> &'static str {
@@ -318,6 +325,7 @@ pub mod fixture {
             unknown_reason: None,
             ids: None,
             start_line: None,
+            interpreter: false,
         }
     }
 
@@ -353,6 +361,7 @@ pub mod fixture {
                     unknown_reason: Some("no symbol".to_string()),
                     ids: None,
                     start_line: None,
+                    interpreter: false,
                 },
                 Frame {
                     kind: FrameKind::Kernel,
@@ -364,6 +373,7 @@ pub mod fixture {
                     unknown_reason: None,
                     ids: None,
                     start_line: None,
+                    interpreter: false,
                 },
                 native("compute", 0x1210, 43),
             ],
@@ -530,6 +540,7 @@ pub mod fixture {
                 unknown_reason: None,
                 ids: None,
                 start_line: None,
+                interpreter: false,
             });
         }
         let blocked = |frames: Vec<u32>, thread, ns, reason, span| Sample {

@@ -34,6 +34,7 @@ use shapes::{
 };
 use split::split_matches_truth_and_py_spy;
 use threads::{threads_carry_their_own_stacks, threads_started_later_carry_their_own_stacks};
+use view::{python_view_of_a_pyenv_interpreter, python_view_of_sid_3_14_in_a_container};
 
 mod churn;
 mod common;
@@ -43,6 +44,7 @@ mod reshaped;
 mod shapes;
 mod split;
 mod threads;
+mod view;
 
 /// Runs the checks of one test for each interpreter version, one test per version.
 macro_rules! per_version {
@@ -207,3 +209,21 @@ per_version!(closure_frames_are_on_their_own_lines:
     closure_frames_are_on_their_own_lines_3_12 => 12,
     closure_frames_are_on_their_own_lines_3_13 => 13,
 );
+
+// ---------------------------------------------------------------------------
+// 8. The Python view: the user's code first, native libraries under it
+// ---------------------------------------------------------------------------
+
+per_version!(python_view_of_a_pyenv_interpreter:
+    python_view_puts_python_first_3_8 => 8,
+    python_view_puts_python_first_3_9 => 9,
+    python_view_puts_python_first_3_10 => 10,
+    python_view_puts_python_first_3_11 => 11,
+    python_view_puts_python_first_3_12 => 12,
+    python_view_puts_python_first_3_13 => 13,
+);
+
+#[test]
+fn python_view_puts_python_first_sid_3_14_in_a_container() {
+    python_view_of_sid_3_14_in_a_container();
+}

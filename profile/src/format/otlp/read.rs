@@ -25,7 +25,7 @@ use prost::Message;
 use symbolizer::build_id::ModuleIds;
 use symbolizer::unwind::UnwindStatus;
 
-use crate::format::otlp::write::{BUILD_ID_GNU, BUILD_ID_HTLHASH};
+use crate::format::otlp::write::{BUILD_ID_GNU, BUILD_ID_HTLHASH, INTERPRETER};
 use crate::format::pprof::read::MAX_LINES;
 use crate::format::ReadError;
 use crate::profile::parse_uuid;
@@ -42,10 +42,11 @@ fn damaged(msg: impl Into<String>) -> ReadError {
     ReadError::Damaged(msg.into())
 }
 
-/// An attribute's value as spanprof writes them: a string or an integer.
+/// An attribute's value as spanprof writes them: a string, an integer or a boolean.
 enum Attr<'a> {
     Str(&'a str),
     Int(i64),
+    Bool(bool),
     Other,
 }
 
@@ -68,6 +69,7 @@ impl<'a> Dict<'a> {
         let value = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
             Some(Any::StringValue(s)) => Attr::Str(s),
             Some(Any::IntValue(n)) => Attr::Int(*n),
+            Some(Any::BoolValue(b)) => Attr::Bool(*b),
             _ => Attr::Other,
         };
         Ok((self.string(kv.key_strindex)?, value))
@@ -90,25 +92,29 @@ impl<'a> Dict<'a> {
                 };
             }
         }
-        let (module, ids) = match loc.mapping_index {
-            0 => (None, None),
+        let (module, ids, interpreter) = match loc.mapping_index {
+            0 => (None, None, false),
             m => {
                 let mapping = usize::try_from(m)
                     .ok()
                     .and_then(|i| self.0.mapping_table.get(i))
                     .ok_or_else(|| damaged(format!("mapping index {m} out of range")))?;
                 let mut ids = ModuleIds::default();
+                let mut interpreter = false;
                 for &a in &mapping.attribute_indices {
                     match self.attribute(a)? {
                         (BUILD_ID_GNU, Attr::Str(id)) => ids.gnu = Some(id.into()),
                         (BUILD_ID_HTLHASH, Attr::Str(id)) => ids.htlhash = Some(id.into()),
+                        (INTERPRETER, Attr::Bool(true)) => interpreter = true,
                         _ => {}
                     }
                 }
-                let ids = (!ids.is_empty() && kind == FrameKind::Native).then(|| Arc::new(ids));
+                let native = kind == FrameKind::Native;
+                let ids = (!ids.is_empty() && native).then(|| Arc::new(ids));
                 (
                     Some(self.string(mapping.filename_strindex)?.to_string()),
                     ids,
+                    interpreter && native,
                 )
             }
         };
@@ -122,6 +128,7 @@ impl<'a> Dict<'a> {
             unknown_reason: None,
             ids: ids.clone(),
             start_line,
+            interpreter,
         };
         if loc.lines.is_empty() {
             return Ok(vec![frame(kind, None, None, None, None)]);

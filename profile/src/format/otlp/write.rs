@@ -36,7 +36,9 @@
 //! - **Mappings**, one per module file, have its path and, for native code, the attributes
 //!   `process.executable.build_id.gnu` (when the file has a GNU build id) and
 //!   `process.executable.build_id.htlhash` (every file read), as the profiles specification
-//!   asks, for back ends that symbolize by build id.
+//!   asks, for back ends that symbolize by build id; a module that holds a Python interpreter
+//!   also has `spanprof.python.interpreter` = `true` ([`INTERPRETER`]: its frames are those
+//!   the Python view leaves out).
 //! - **Locations** have the attribute `profile.frame.type` (`native`, `kernel` or `cpython`),
 //!   their module's mapping (kernel frames all in `[kernel.kallsyms]`, Python frames in none),
 //!   the address normalized to it (file offset; 0 for Python frames), and one line (a line
@@ -66,6 +68,9 @@ pub const SCOPE_NAME: &str = "spanprof";
 pub const BUILD_ID_GNU: &str = "process.executable.build_id.gnu";
 /// A mapping's attribute: the `htlhash` of its file (see `symbolizer::build_id`).
 pub const BUILD_ID_HTLHASH: &str = "process.executable.build_id.htlhash";
+/// A mapping's attribute, `true` on a module that holds a Python interpreter: its native frames
+/// are those the Python view leaves out ([`crate::profile::View`]).
+pub const INTERPRETER: &str = "spanprof.python.interpreter";
 
 /// The semantic conventions the attribute names follow.
 pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.37.0";
@@ -161,7 +166,7 @@ impl<K: Eq + Hash, V: Default> Table<K, V> {
 struct Dict {
     strings: Table<String, String>,
     /// By module path and file ids.
-    mappings: Table<(String, Option<Arc<ModuleIds>>), Mapping>,
+    mappings: Table<(String, Option<Arc<ModuleIds>>, bool), Mapping>,
     functions: Table<(i32, i32, i64), Function>,
     /// By the frames of a group ([`Profile::inline_groups`]).
     locations: Table<Box<[u32]>, Location>,
@@ -175,6 +180,7 @@ struct Dict {
 enum AttrKey {
     Str(String),
     Int(i64),
+    Bool(bool),
 }
 
 impl Dict {
@@ -236,6 +242,11 @@ impl Dict {
                     _ => None,
                 };
                 let mut attribute_indices = Vec::new();
+                let interpreter = frame.interpreter
+                    && matches!(frame.kind, FrameKind::Native | FrameKind::Inlined);
+                if interpreter {
+                    attribute_indices.push(self.attribute(INTERPRETER, AttrKey::Bool(true)));
+                }
                 if let Some(ids) = &ids {
                     if let Some(gnu) = &ids.gnu {
                         attribute_indices
@@ -247,7 +258,7 @@ impl Dict {
                     }
                 }
                 self.mappings
-                    .intern((module.to_string(), ids), |_| Mapping {
+                    .intern((module.to_string(), ids, interpreter), |_| Mapping {
                         filename_strindex: name,
                         attribute_indices,
                         ..Mapping::default()
@@ -327,6 +338,7 @@ fn any_value(v: AttrKey) -> AnyValue {
         value: Some(match v {
             AttrKey::Str(s) => any_value::Value::StringValue(s),
             AttrKey::Int(i) => any_value::Value::IntValue(i),
+            AttrKey::Bool(b) => any_value::Value::BoolValue(b),
         }),
     }
 }

@@ -70,9 +70,9 @@ use symbolizer::unwind::UnwindStatus;
 
 use crate::format::pprof::{
     Shape, ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE, BRANCH_COMMENT, COMMIT_COMMENT, CPU_TYPE,
-    DROPPED_COMMENT, HOST_COMMENT, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE, KERNEL_MAPPING,
-    LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT, PYTHON_MAPPING,
-    SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
+    DROPPED_COMMENT, HOST_COMMENT, INTERPRETER_COMMENT, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE,
+    KERNEL_MAPPING, LOST_COMMENT, OFF_CPU_REASON_LABEL, OFF_CPU_TYPE, PROCESS_COMMENT,
+    PYTHON_MAPPING, SAMPLES_TYPE, TARGET_COMMENT, UNWIND_LABEL, UNWIND_REASON_LABEL,
 };
 use crate::format::ReadError;
 use crate::profile::OffCpuReason;
@@ -243,7 +243,18 @@ impl Reader<'_> {
             dropped_labels,
         };
 
-        let (frames, frame_of_location) = self.frames()?;
+        let (mut frames, frame_of_location) = self.frames()?;
+        // The interpreter's frames, by their module (a mapping's file).
+        let interpreters: Vec<&str> = comments
+            .iter()
+            .filter_map(|c| c.strip_prefix(INTERPRETER_COMMENT))
+            .collect();
+        for f in &mut frames {
+            f.interpreter = matches!(f.kind, FrameKind::Native | FrameKind::Inlined)
+                && f.module
+                    .as_deref()
+                    .is_some_and(|m| interpreters.contains(&m));
+        }
         let mut threads: Vec<Thread> = Vec::new();
         let mut thread_ids: HashMap<Thread, u32> = HashMap::new();
         let mut spans: Vec<SpanContext> = Vec::new();
@@ -493,6 +504,7 @@ impl Reader<'_> {
                     unknown_reason: Some(NOT_NAMED_IN_FILE.to_string()),
                     ids: ids.clone(),
                     start_line: None,
+                    interpreter: false,
                 };
                 of_location.insert(loc.id, vec![intern(frame)]);
                 continue;
@@ -519,6 +531,7 @@ impl Reader<'_> {
                     unknown_reason: None,
                     ids: ids.clone(),
                     start_line: u32::try_from(start_line).ok().filter(|&l| l != 0),
+                    interpreter: false,
                 };
                 // The writer names unknown frames `[unknown] (module+0x…)`: the same frame
                 // without a function gives that name back.

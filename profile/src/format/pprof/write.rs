@@ -83,8 +83,10 @@
 //!   plain name (no `_[k]`; the mapping says they are kernel code). A Python function's
 //!   `start_line` is its `co_firstlineno` (its `def`), 0 where unknown.
 //! - `time_nanos` is the session start (Unix time), `duration_nanos` its length. Comments record
-//!   the target (`target: …`), when non-zero the number of lost samples (`lost samples: N`), and
-//!   each process (`process: PID (name)`); `spanprof report` reads them back.
+//!   the target (`target: …`), when non-zero the number of lost samples (`lost samples: N`),
+//!   each process (`process: PID (name)`), and each module that holds a Python interpreter
+//!   (`python interpreter: PATH`, the `filename` of its mappings: the frames the Python view
+//!   leaves out, [`crate::profile::View`]); `spanprof report` reads them back.
 //! - `string_table[0]` is `""`; strings are added in first-use order, so output is deterministic.
 
 use std::{
@@ -120,6 +122,10 @@ pub const HOST_COMMENT: &str = "host: ";
 pub const COMMIT_COMMENT: &str = "commit: ";
 /// Prefix of the comment that names its branch.
 pub const BRANCH_COMMENT: &str = "branch: ";
+/// Prefix of the comment that names a module holding a Python interpreter, whose native
+/// frames the Python view leaves out ([`crate::profile::View`]): `python interpreter: PATH`, the
+/// `filename` of its mappings.
+pub const INTERPRETER_COMMENT: &str = "python interpreter: ";
 /// Prefix of the comment that lists the labels `--drop-label` left out, comma-separated, so
 /// that a profile read back and written again leaves them out too.
 pub const DROPPED_COMMENT: &str = "dropped labels: ";
@@ -408,6 +414,9 @@ pub fn build(profile: &Profile) -> Result<PprofProfile, OutputError> {
             "{DROPPED_COMMENT}{}",
             meta.dropped_labels.join(", ")
         )));
+    }
+    for module in profile.interpreter_modules() {
+        comment.push(b.strings.intern(&format!("{INTERPRETER_COMMENT}{module}")));
     }
 
     // The target's executable is the first mapping, which pprof prints as the profile's

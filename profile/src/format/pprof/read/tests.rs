@@ -24,6 +24,7 @@ fn python_profile() -> Profile {
             unknown_reason: None,
             ids: None,
             start_line: None,
+            interpreter: false,
         });
     }
     profile.frames.push(Frame {
@@ -36,6 +37,7 @@ fn python_profile() -> Profile {
         unknown_reason: None,
         ids: None,
         start_line: None,
+        interpreter: false,
     });
     profile.samples[0].frames.extend([6, 5]);
     profile.samples[1].frames.insert(0, 7);

@@ -637,6 +637,7 @@ fn python_frames_have_their_own_mapping() {
         unknown_reason: None,
         ids: None,
         start_line: None,
+        interpreter: false,
     });
     profile.samples[0].frames.push(5);
     let p = build(&profile).unwrap();
