@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use spanprof_tests::{
-    args, assert_error, assert_private_output, chromium_command, profiling_lock, python,
-    require_profiling, run_spanprof, run_with_timeout, spanprof_bin, spanprof_command,
-    workload_path, workspace_root, RunOutput, TempDir, RUN_TIMEOUT,
+    args, assert_error, assert_private_output, chromium_command, profiling_lock,
+    py_workload_source, pyenv_python, python, require_profiling, run_spanprof, run_with_timeout,
+    spanprof_bin, spanprof_command, workload_path, workspace_root, RunOutput, TempDir, RUN_TIMEOUT,
 };
 
 /// Exit status of `check` and `diff` when a budget is exceeded.
@@ -218,6 +218,70 @@ fn diff_names_the_slowed_function_first_and_fails() {
         let d = f["self_delta"].as_f64().unwrap();
         assert!((-0.15..-0.02).contains(&d), "{} shrank {d}", f["name"]);
     }
+}
+
+/// A Python program's CI diff (`py_steps.py` under pyenv's 3.11, its `render_output` step
+/// given twice the work: 25% -> 40% of the time): in the Python view the one regression is
+/// that Python function, and every function that grew past the threshold is a Python one (in
+/// the full view the interpreter's string code the step runs, `PyUnicode_New`, grew past 3
+/// points too).
+#[test]
+fn diff_of_a_python_program_names_the_slowed_python_function() {
+    require_profiling();
+    let python = pyenv_python(11);
+    let dir = TempDir::new("ci-py");
+    let run = |name: &str, extra: &[&str]| {
+        let mut a = args![
+            "profile",
+            "-F",
+            "499",
+            "-o",
+            dir.join(&format!("{name}.pb.gz")),
+            "--",
+            &python,
+            py_workload_source("py_steps.py"),
+            "6000",
+        ];
+        a.extend(extra.iter().map(std::ffi::OsString::from));
+        run_spanprof(a).assert_success();
+    };
+    {
+        let _lock = profiling_lock();
+        run("fast", &[]);
+        run("slow", &["--slow", "render_output"]);
+    }
+    let json = dir.join("diff.json");
+    let out = run_spanprof(args![
+        "diff",
+        dir.join("fast.pb.gz"),
+        dir.join("slow.pb.gz"),
+        "-o",
+        &json,
+        "--fail-on-regression",
+        "3%",
+    ]);
+    assert_eq!(out.code(), BUDGET, "a regression exits 3\n{out}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        doc["grew"][0]["name"], "render_output (py_steps.py)",
+        "the first function that grew\n{doc}\n{out}"
+    );
+    let regressions: Vec<&str> = doc["regressions"]
+        .as_array()
+        .expect("regressions")
+        .iter()
+        .filter(|r| r["significant"] == true)
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert_eq!(
+        regressions.first().copied(),
+        Some("render_output (py_steps.py)"),
+        "{doc}\n{out}"
+    );
+    assert!(
+        regressions.iter().all(|n| n.ends_with(".py)")),
+        "a regression that is not a Python function: {regressions:?}\n{out}"
+    );
 }
 
 #[test]
