@@ -230,6 +230,10 @@ pub(crate) struct ProfileArgs {
     /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
+    /// speedscope outputs: one profile per thread, rather than one per thread name without
+    /// its number (`Thread-12 (handle)` and `Thread-13 (handle)` are one `handle` profile).
+    #[arg(long)]
+    pub(crate) speedscope_per_thread: bool,
     /// No progress bar or progress lines.
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -438,6 +442,10 @@ pub(crate) struct ReportArgs {
     /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
+    /// speedscope outputs: one profile per thread, rather than one per thread name without
+    /// its number (`Thread-12 (handle)` and `Thread-13 (handle)` are one `handle` profile).
+    #[arg(long)]
+    pub(crate) speedscope_per_thread: bool,
     /// Output file; repeat for several formats. `.txt` and `.json` get the table of
     /// functions, the other extensions the profile (see `spanprof profile --help`).
     #[arg(short, long = "output", value_name = "FILE")]
@@ -548,6 +556,10 @@ pub(crate) struct ReplayArgs {
     /// there is one) or its process (`process`: `[process PID (NAME)]`).
     #[arg(long, value_name = "GROUP")]
     pub(crate) group_by: Option<String>,
+    /// speedscope outputs: one profile per thread, rather than one per thread name without
+    /// its number (`Thread-12 (handle)` and `Thread-13 (handle)` are one `handle` profile).
+    #[arg(long)]
+    pub(crate) speedscope_per_thread: bool,
     #[command(flatten)]
     pub(crate) view: ViewArgs,
     #[command(flatten)]

@@ -16,6 +16,7 @@ use spanprof::session::{self, Ending, Options, Target};
 use spanprof_analysis::filter::Filter;
 use spanprof_collect as collect;
 use spanprof_pipeline::aggregate;
+use spanprof_profile::format::speedscope::Threads;
 use spanprof_profile::format::{self, Format};
 use spanprof_profile::profile::{GroupBy, Profile, View};
 use spanprof_profile::write::PendingOutput;
@@ -31,17 +32,40 @@ use spanprof_profile::wording;
 
 /// Largest profile file `report`, `diff` and `check` read.
 const MAX_INPUT_BYTES: u64 = 1 << 30;
-/// Renders `profile` (grouped first if asked) into each pending output, in `view` but for
-/// the formats that keep every frame ([`Format::keeps_every_frame`]), printing `wrote …` or
-/// the error per output; returns [`EXIT_FAILURE`] when one could not be written.
-fn write_outputs(
-    profile: &Profile,
+/// How the profile outputs are shaped, besides their format.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// The frames shown (but by the formats that keep every frame).
     view: View,
+    /// A synthetic root frame per span, thread or process.
     group: Option<GroupBy>,
-    outputs: Vec<(PendingOutput, Format)>,
-) -> u8 {
-    let viewed = profile.in_view(view);
-    let grouped = group.map(|g| (profile.grouped(g), viewed.grouped(g)));
+    /// speedscope: a profile per thread rather than per thread name.
+    speedscope: Threads,
+}
+
+/// `--speedscope-per-thread`, as speedscope's threads.
+fn speedscope_threads(per_thread: bool) -> Threads {
+    if per_thread {
+        Threads::PerThread
+    } else {
+        Threads::ByName
+    }
+}
+
+/// Renders `profile` in `format` (speedscope's threads grouped as `speedscope` says).
+fn render(profile: &Profile, format: Format, speedscope: Threads) -> Result<Vec<u8>> {
+    Ok(match format {
+        Format::Speedscope => format::speedscope::render_threads(profile, speedscope)?,
+        other => format::render(profile, other)?,
+    })
+}
+
+/// Renders `profile` (grouped first if asked) into each pending output, in the view of `shape`
+/// but for the formats that keep every frame ([`Format::keeps_every_frame`]), printing
+/// `wrote …` or the error per output; returns [`EXIT_FAILURE`] when one could not be written.
+fn write_outputs(profile: &Profile, shape: Shape, outputs: Vec<(PendingOutput, Format)>) -> u8 {
+    let viewed = profile.in_view(shape.view);
+    let grouped = shape.group.map(|g| (profile.grouped(g), viewed.grouped(g)));
     commit_outputs(outputs, |format| {
         let shown = match (&grouped, format.keeps_every_frame()) {
             (Some((full, _)), true) => full,
@@ -49,7 +73,7 @@ fn write_outputs(
             (None, true) => profile,
             (None, false) => &viewed,
         };
-        Ok(format::render(shown, format)?)
+        render(shown, format, shape.speedscope)
     })
 }
 
@@ -207,12 +231,12 @@ fn profile(args: ProfileArgs) -> Result<u8, Failure> {
     {
         eprintln!("{line}");
     }
-    let mut status = write_outputs(
-        profile,
+    let shape = Shape {
         view,
         group,
-        pending.into_iter().zip(formats).collect(),
-    );
+        speedscope: speedscope_threads(args.speedscope_per_thread),
+    };
+    let mut status = write_outputs(profile, shape, pending.into_iter().zip(formats).collect());
     if let Some(config) = exporter {
         let grouped = group.map(|g| profile.grouped(g));
         if !send_otlp(grouped.as_ref().unwrap_or(profile), config) {
@@ -281,10 +305,14 @@ fn replay(args: ReplayArgs) -> Result<u8, Failure> {
     let view = args.view.view();
     eprint!("{}", summary::render(&profile.in_view(view), &errors));
     let pending = pending_outputs(&args.output)?;
-    Ok(write_outputs(
-        profile,
+    let shape = Shape {
         view,
         group,
+        speedscope: speedscope_threads(args.speedscope_per_thread),
+    };
+    Ok(write_outputs(
+        profile,
+        shape,
         pending.into_iter().zip(formats).collect(),
     ))
 }
@@ -690,7 +718,9 @@ fn report(args: ReportArgs) -> Result<u8, Failure> {
                 spanprof_analysis::report_json(shown, &functions, &named, args.top).into_bytes()
             }
             ReportFormat::Profile(f) if f.keeps_every_frame() => format::render(full, f)?,
-            ReportFormat::Profile(f) => format::render(shown, f)?,
+            ReportFormat::Profile(f) => {
+                render(shown, f, speedscope_threads(args.speedscope_per_thread))?
+            }
         })
     };
     let line = report_line(profile, &filter, &args.profile, &read.before, read.spans);

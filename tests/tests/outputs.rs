@@ -435,6 +435,7 @@ fn speedscope_time_order_is_a_timeline_of_each_thread() {
         "-F",
         "499",
         "--no-kernel",
+        "--speedscope-per-thread",
         "-o",
         &out,
         "--",

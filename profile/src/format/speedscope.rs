@@ -7,15 +7,19 @@
 //!   [`Frame::display_name`](crate::profile::Frame::display_name) (kernel frames end in `_[k]`),
 //!   `file` the source file when known, and `line` only when every merged frame has the same line
 //!   (speedscope shows it as the function's location, not a sample's).
-//! - `profiles`: one `sampled` profile per thread that has samples, in thread-table order, named
-//!   `comm (tid N)`. `samples` are arrays of frame indexes, root first (speedscope builds its call
+//! - `profiles`: one `sampled` profile per group of threads that has samples, in thread-table
+//!   order: the threads of a process whose names are one once their numbers are left out
+//!   ([`thread_group`]: the 1,285 `Thread-N (process_request_thread)` of a thread-per-request
+//!   server are one profile), named `comm (tid N)` for a thread alone, `process_request_thread
+//!   (pid P, 1285 threads)` for several; [`Threads::PerThread`] (`--speedscope-per-thread`)
+//!   makes one per thread. `samples` are arrays of frame indexes, root first (speedscope builds its call
 //!   tree from the first element down); `weights` are nanoseconds: CPU time,
 //!   `count * 1e9 / frequency`, plus off-CPU time (an off-CPU sample, under its `[off-cpu:
 //!   REASON]` root frame, weighs the time its thread was blocked), with `unit` `nanoseconds`,
 //!   `startValue` 0 and `endValue` the sum of the weights. When the session kept each event's
 //!   time ([`Sample::times`](crate::profile::Sample::times): `spanprof profile` does for a
 //!   speedscope output), a thread's samples are its events in time order, consecutive events
-//!   of one stack merged, so the "time order" view is a timeline of the thread (its on-CPU
+//!   of one stack merged, so the "time order" view is a timeline of the thread or group (its on-CPU
 //!   time, and its blocked time with `offcpu`/`wall`; each event weighs its share of its
 //!   stack's weight, so totals do not change); otherwise (a profile read back from pprof or
 //!   folded) they are aggregated, one per distinct stack, in profile order. A memory profile (`--event alloc`,
@@ -47,7 +51,7 @@ pub struct File {
     pub schema: String,
     /// Frames shared by all profiles.
     pub shared: Shared,
-    /// One profile per thread.
+    /// One profile per group of threads (or per thread).
     pub profiles: Vec<SampledProfile>,
     /// Name of the profile group: the target.
     pub name: String,
@@ -84,7 +88,7 @@ pub struct SampledProfile {
     /// Always `sampled`.
     #[serde(rename = "type")]
     pub kind: String,
-    /// `comm (tid N)`.
+    /// `comm (tid N)`, or `GROUP (pid P, N threads)`.
     pub name: String,
     /// Unit of the weights: `nanoseconds`, or `bytes` for a memory profile.
     pub unit: String,
@@ -98,14 +102,75 @@ pub struct SampledProfile {
     pub weights: Vec<u64>,
 }
 
-/// Renders the profile as speedscope JSON.
-pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
-    serde_json::to_vec(&build(profile)?).map_err(OutputError::Json)
+/// Which threads one speedscope profile holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Threads {
+    /// The threads of a process with one name once its number is left out
+    /// ([`thread_group`]): a pool's or a thread-per-request server's threads are one profile.
+    #[default]
+    ByName,
+    /// Each thread its own profile.
+    PerThread,
 }
 
-/// Builds the speedscope file for the profile.
+/// Renders the profile as speedscope JSON, one profile per group of threads of a name.
+pub fn render(profile: &Profile) -> Result<Vec<u8>, OutputError> {
+    render_threads(profile, Threads::ByName)
+}
+
+/// Renders the profile as speedscope JSON, its threads grouped as `threads` says.
+pub fn render_threads(profile: &Profile, threads: Threads) -> Result<Vec<u8>, OutputError> {
+    serde_json::to_vec(&build_threads(profile, threads)?).map_err(OutputError::Json)
+}
+
+/// What threads of one name are called once their number is left out, as a user thinks of
+/// them: `Thread-12 (process_request_thread)` (Python 3.10+'s name of a thread running
+/// `process_request_thread`) is `process_request_thread`, `ThreadPoolExecutor-0_3` and
+/// `worker-7` are `ThreadPoolExecutor` and `worker`. A name that is all digits and
+/// separators stays whole.
+pub fn thread_group(name: &str) -> &str {
+    if let Some(target) = name
+        .strip_prefix("Thread-")
+        .and_then(|rest| rest.split_once(" ("))
+        .filter(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|(_, t)| t.strip_suffix(')'))
+        .filter(|t| !t.is_empty())
+    {
+        return target;
+    }
+    let trimmed = name.trim_end_matches(|c: char| c.is_ascii_digit() || "-_:#. ".contains(c));
+    if trimmed.is_empty() {
+        name
+    } else {
+        trimmed
+    }
+}
+
+/// Builds the speedscope file for the profile, one profile per group of threads of a name.
 pub fn build(profile: &Profile) -> Result<File, OutputError> {
+    build_threads(profile, Threads::ByName)
+}
+
+/// Builds the speedscope file for the profile, its threads grouped as `threads` says.
+pub fn build_threads(profile: &Profile, threads: Threads) -> Result<File, OutputError> {
     validate(profile)?;
+    // The group of each thread, and each group's threads, in thread-table order.
+    let mut group_of: Vec<usize> = Vec::with_capacity(profile.threads.len());
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut group_ids: HashMap<(u32, &str), usize> = HashMap::new();
+    for (i, t) in profile.threads.iter().enumerate() {
+        let g = match threads {
+            Threads::PerThread => groups.len(),
+            Threads::ByName => *group_ids
+                .entry((t.pid, thread_group(&t.name)))
+                .or_insert(groups.len()),
+        };
+        if g == groups.len() {
+            groups.push(Vec::new());
+        }
+        groups[g].push(i);
+        group_of.push(g);
+    }
     let period = profile.meta.period_ns();
     let in_bytes = profile.meta.events.in_bytes();
 
@@ -119,10 +184,10 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
 
     // Samples per thread, in thread-table order; with event times (time-weighted profiles
     // of a session that kept them), each thread's events in time order.
-    let mut per_thread: Vec<(Vec<Vec<usize>>, Vec<u64>)> =
-        vec![(Vec::new(), Vec::new()); profile.threads.len()];
-    let mut timed: Vec<Vec<(u64, usize, u64)>> = vec![Vec::new(); profile.threads.len()];
-    let mut untimed = vec![in_bytes; profile.threads.len()];
+    let mut per_group: Vec<(Vec<Vec<usize>>, Vec<u64>)> =
+        vec![(Vec::new(), Vec::new()); groups.len()];
+    let mut timed: Vec<Vec<(u64, usize, u64)>> = vec![Vec::new(); groups.len()];
+    let mut untimed = vec![in_bytes; groups.len()];
     for sample in &profile.samples {
         // NB: the same as `Profile::weight` when off-CPU time or memory is in the profile; an
         // on-CPU profile's weights are nanoseconds here too (its off_cpu_ns are 0).
@@ -161,8 +226,8 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
                 })
             })
             .collect();
-        let thread = sample.thread as usize;
-        let (samples, weights) = &mut per_thread[thread];
+        let thread = group_of[sample.thread as usize];
+        let (samples, weights) = &mut per_group[thread];
         if sample.times.is_empty() {
             untimed[thread] = true;
         } else if !untimed[thread] {
@@ -197,7 +262,7 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
             continue;
         }
         events.sort_unstable();
-        let (stacks, _) = &per_thread[thread];
+        let (stacks, _) = &per_group[thread];
         let mut samples: Vec<Vec<usize>> = Vec::new();
         let mut weights: Vec<u64> = Vec::new();
         let mut last = None;
@@ -216,7 +281,7 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
             }
             last = Some(stack);
         }
-        per_thread[thread] = (samples, weights);
+        per_group[thread] = (samples, weights);
     }
     for (frame, conflict) in frames.iter_mut().zip(line_conflict) {
         if conflict {
@@ -227,7 +292,7 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
     let mut profiles = Vec::new();
     let mut active_profile_index = 0;
     let mut heaviest = 0;
-    for (thread, (samples, weights)) in profile.threads.iter().zip(per_thread) {
+    for (members, (samples, weights)) in groups.iter().zip(per_group) {
         if samples.is_empty() {
             continue;
         }
@@ -238,7 +303,21 @@ pub fn build(profile: &Profile) -> Result<File, OutputError> {
         }
         profiles.push(SampledProfile {
             kind: "sampled".to_string(),
-            name: format!("{} (tid {})", thread.name, thread.tid),
+            name: match members.as_slice() {
+                [one] => {
+                    let t = &profile.threads[*one];
+                    format!("{} (tid {})", t.name, t.tid)
+                }
+                _ => {
+                    let t = &profile.threads[members[0]];
+                    format!(
+                        "{} (pid {}, {} threads)",
+                        thread_group(&t.name),
+                        t.pid,
+                        members.len()
+                    )
+                }
+            },
             unit: if in_bytes { "bytes" } else { "nanoseconds" }.to_string(),
             start_value: 0,
             end_value,
@@ -451,5 +530,40 @@ mod tests {
         let wall = build(&fixture::wall()).unwrap();
         assert_eq!(wall.name, "wall-clock time of pid 100 (app)");
         assert_eq!(wall.profiles, file.profiles);
+    }
+
+    #[test]
+    fn thread_groups_are_names_without_their_numbers() {
+        for (name, group) in [
+            ("Thread-12 (process_request_thread)", "process_request_thread"),
+            ("Thread-3", "Thread"),
+            ("ThreadPoolExecutor-0_3", "ThreadPoolExecutor"),
+            ("worker-7", "worker"),
+            ("MainThread", "MainThread"),
+            ("python3.11", "python"),
+            ("1234", "1234"),
+            ("Thread-x (run)", "Thread-x (run)"),
+        ] {
+            assert_eq!(thread_group(name), group, "{name}");
+        }
+    }
+
+    /// Threads of one name apart from their numbers are one profile; `PerThread` keeps each.
+    #[test]
+    fn threads_of_one_name_are_one_profile() {
+        let mut p = fixture::profile();
+        p.threads[0].name = "Thread-1 (handle)".into();
+        p.threads[1].name = "Thread-2 (handle)".into();
+        let file = build(&p).unwrap();
+        assert_eq!(file.profiles.len(), 1);
+        assert_eq!(file.profiles[0].name, "handle (pid 100, 2 threads)");
+        // Every sample's weight is there: 11 samples of 10 ms.
+        assert_eq!(file.profiles[0].end_value, 110_000_000);
+        let apart = build_threads(&p, Threads::PerThread).unwrap();
+        assert_eq!(apart.profiles.len(), 2);
+        assert_eq!(apart.profiles[1].name, "Thread-2 (handle) (tid 101)");
+        // Another process's threads of that name are another profile.
+        p.threads[1].pid = 200;
+        assert_eq!(build(&p).unwrap().profiles.len(), 2);
     }
 }
