@@ -400,12 +400,11 @@ pub(crate) struct ViewArgs {
     pub(crate) native: bool,
 }
 
-/// The values of `--view`.
+/// The values of `--view` (no doc comments on the values: clap would then print every flag's
+/// help in its long layout, which the documentation check reads defaults from).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum ViewName {
-    /// Python's own: the interpreter's frames left out of stacks with Python frames.
     Python,
-    /// Every frame.
     Full,
 }
 

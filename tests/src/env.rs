@@ -44,6 +44,19 @@ pub(crate) fn path_from_env(var: &str, fallback: &str) -> PathBuf {
     }
 }
 
+/// `target/demo` (or `$SPANPROF_DEMO`): what `cargo xtask demo`'s run in `cargo xtask test`
+/// wrote; the file `name` of it (a missing one fails the test).
+pub fn demo_file(name: &str) -> PathBuf {
+    let file = path_from_env("SPANPROF_DEMO", "target/demo").join(name);
+    if !file.is_file() {
+        missing_prerequisite(
+            &format!("the demo's {}", file.display()),
+            "`cargo xtask test` runs the demo into target/demo before the tests",
+        );
+    }
+    file
+}
+
 /// `target/dist` (or `$SPANPROF_DIST`): the tarball and package `cargo xtask dist` made; the
 /// file of it whose name ends in `suffix` (a missing one fails the test).
 pub fn dist_file(suffix: &str) -> PathBuf {

@@ -509,7 +509,7 @@ const SPAN_LIBS_PROBE: &str = "import opentelemetry.sdk.trace, opentelemetry.tra
 
 /// The pyenv build of CPython 3.`minor`, the highest patch release, found as the tests find it
 /// (`PYENV_ROOT`, else `/root/.pyenv`).
-fn pyenv_python(minor: u8) -> Option<PathBuf> {
+pub(crate) fn pyenv_python(minor: u8) -> Option<PathBuf> {
     let root = std::env::var_os("PYENV_ROOT")
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from("/root/.pyenv"), PathBuf::from);

@@ -14,6 +14,7 @@
 mod bench;
 mod bench_headline;
 mod cache;
+mod demo;
 mod deps;
 mod dist;
 mod doc_check;
@@ -66,8 +67,9 @@ tasks:
              seconds each) with `spanprof profile --record`, check that each replay
              writes what the session wrote, and replace the committed recordings
              and expected outputs (needs root; see docs/development.md)
-  demo       deps, workloads, release build, then profile the cpu_split workload
-             for 5 s into demo.svg and demo.pb.gz (needs root)
+  demo       deps, release build, then profile a small Python service traced
+             with OpenTelemetry (examples/demo/service.py) into demo.svg (a tower
+             per endpoint) and demo.pb.gz, and print its report (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
         [--unwind-seconds S] [--alloc-units UNITS] [--daemon-seconds S]
         [--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session]
@@ -344,6 +346,13 @@ fn test(root: &Path) -> Result<()> {
         failures.push("cargo install --locked --path profiler-user");
     }
 
+    // README's first command, whose files tests/tests/demo.rs checks.
+    let demo_dir = root.join("target/demo");
+    if let Err(err) = demo::run(root, &bin, &env, &demo_dir) {
+        eprintln!("xtask: {err:#}");
+        failures.push("the demo");
+    }
+
     step("testing: cargo test --workspace --release --no-fail-fast");
     if !is_root() {
         eprintln!("xtask: warning: not root: the integration tests that load eBPF will fail");
@@ -366,6 +375,7 @@ fn test(root: &Path) -> Result<()> {
         .env("SPANPROF_SPAN_LIBS", &env.span_libs)
         .env("SPANPROF_GOOGLE_PPROF", &env.google_pprof)
         .env("SPANPROF_ROOTFS", &rootfs)
+        .env("SPANPROF_DEMO", &demo_dir)
         .run()
     {
         eprintln!("xtask: {err:#}");
@@ -444,30 +454,19 @@ fn golden(root: &Path) -> Result<()> {
 }
 
 fn demo(root: &Path) -> Result<()> {
-    deps::ensure(root)?;
-    let workloads = workloads::build(root)?;
+    let env = deps::ensure(root)?;
     let bin = build_release(root)?;
     if !is_root() {
         eprintln!("xtask: warning: not root: spanprof needs CAP_BPF and CAP_PERFMON");
     }
-    let svg = root.join("demo.svg");
-    let pprof = root.join("demo.pb.gz");
-    step("profiling the cpu_split demo workload for 5 s");
-    Cmd::new(&bin)
-        .current_dir(root)
-        .args(["profile", "--duration", "5s", "-o"])
-        .arg(&svg)
-        .arg("-o")
-        .arg(&pprof)
-        .arg("--")
-        .arg(workloads.join("cpu_split"))
-        .arg("5")
-        .run()
-        .context("the demo profile failed")?;
+    let d = demo::run(root, &bin, &env, root)?;
+    eprint!("{}", d.summary);
+    print!("{}", d.report);
     step(&format!(
-        "demo written:\n  flamegraph: {}\n  pprof:      {}",
-        svg.display(),
-        pprof.display()
+        "demo written:\n  flamegraph, a tower per endpoint: {}\n  pprof (spanprof report, go \
+         tool pprof): {}",
+        d.svg.display(),
+        d.pprof.display()
     ));
     Ok(())
 }

@@ -535,7 +535,10 @@ mod tests {
     #[test]
     fn thread_groups_are_names_without_their_numbers() {
         for (name, group) in [
-            ("Thread-12 (process_request_thread)", "process_request_thread"),
+            (
+                "Thread-12 (process_request_thread)",
+                "process_request_thread",
+            ),
             ("Thread-3", "Thread"),
             ("ThreadPoolExecutor-0_3", "ThreadPoolExecutor"),
             ("worker-7", "worker"),
