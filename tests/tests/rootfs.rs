@@ -49,7 +49,8 @@ fn split_in_rootfs(minor: u8, how: Confinement) -> Vec<String> {
         "3s",
         499,
         &[&folded, &pprof],
-        &["--stats", stats.to_str().expect("UTF-8")],
+        // Every frame: the checks below follow the native stack through the interpreter.
+        &["--stats", stats.to_str().expect("UTF-8"), "--view", "full"],
     );
     let result = workload.finish(std::time::Duration::from_secs(30));
     result.assert_success();

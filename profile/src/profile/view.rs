@@ -8,8 +8,10 @@
 //! Python view leaves them out of every sample that has a Python frame, so their time is the
 //! self time of the frame that called them: the Python function, or the C extension function
 //! (`zlib.compress`, a `_json` encoder) that called back into the interpreter. So do the
-//! [`RUNTIME_HELPERS`] the interpreter (or a Python frame) calls. Native code outside the
-//! interpreter (extension modules, libc, libz, libssl) and kernel frames stay.
+//! [`RUNTIME_HELPERS`] the interpreter (or a Python frame) calls. Between two Python frames,
+//! the interpreter's C code that called the inner one back (`sorted(key=f)`: `builtin_sorted`,
+//! `list_sort_impl`) stays, but not the [`CALL_GLUE`] of a plain Python call. Native code
+//! outside the interpreter (extension modules, libc, libz, libssl) and kernel frames stay.
 //! Samples without a Python frame (native threads, native processes, an interpreter starting
 //! up) keep every frame.
 
@@ -23,6 +25,46 @@ use super::{FrameKind, Profile, Sample};
 /// a thread-local variable (the thread state of CPython 3.12+, in a `libpython3.X.so`). The
 /// Python view leaves them out with the interpreter's frames.
 pub const RUNTIME_HELPERS: &[&str] = &["__tls_get_addr"];
+
+/// The interpreter's functions that carry a call from one function to the next (the loop's
+/// own entry points, vectorcall, `PyObject_Call`…), by the start of their names: between two
+/// Python frames they are a Python-to-Python call (every call of 3.8–3.10 goes through them),
+/// not C code that called Python back.
+pub const CALL_GLUE: &[&str] = &[
+    "_PyEval_",
+    "PyEval_",
+    "_PyFunction_",
+    "function_code_fastcall",
+    "function_call",
+    "call_function",
+    "do_call_core",
+    "fast_function",
+    "_PyObject_Vectorcall",
+    "PyObject_Vectorcall",
+    "_PyObject_FastCall",
+    "_PyObject_Call",
+    "PyObject_Call",
+    "_PyObject_MakeTpCall",
+    "object_vacall",
+    "PyVectorcall_",
+    "_PyVectorcall_",
+    "method_vectorcall",
+    "cfunction_",
+    "_PyCFunction_",
+    "PyCFunction_",
+    "vectorcall_",
+    "slot_tp_call",
+    "call_unbound",
+];
+
+/// Whether an interpreter frame between two Python frames is C code that called the inner one
+/// back, shown in the Python view: a named function that is not [`CALL_GLUE`] (an unnamed
+/// address of a stripped interpreter cannot be told from glue, and goes).
+fn is_c_caller(f: &super::Frame) -> bool {
+    f.function
+        .as_deref()
+        .is_some_and(|n| !CALL_GLUE.iter().any(|g| n.starts_with(g)))
+}
 
 /// Which frames a profile's stacks show (`--view`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -65,9 +107,7 @@ impl Profile {
         if view == View::Full || !self.frames.iter().any(|f| f.interpreter) {
             return Cow::Borrowed(self);
         }
-        let is = |id: u32, test: &dyn Fn(&super::Frame) -> bool| {
-            self.frames.get(id as usize).is_some_and(test)
-        };
+        let frame = |id: u32| self.frames.get(id as usize);
         let mut out = Profile {
             samples: Vec::with_capacity(self.samples.len()),
             ..self.clone_without_samples()
@@ -76,15 +116,18 @@ impl Profile {
         let mut seen: HashMap<SampleKey, usize> = HashMap::with_capacity(self.samples.len());
         for sample in &self.samples {
             let mut sample = sample.clone();
-            let has_python = sample
-                .frames
-                .iter()
-                .any(|&id| is(id, &|f| f.kind == FrameKind::Python));
-            if has_python {
+            let is_python = |id: &u32| frame(*id).is_some_and(|f| f.kind == FrameKind::Python);
+            if let (Some(first), Some(last)) = (
+                sample.frames.iter().position(is_python),
+                sample.frames.iter().rposition(is_python),
+            ) {
                 // Root first: a frame's caller is the frame kept or dropped before it.
                 let mut caller_is_python = false;
+                let mut i = 0;
                 sample.frames.retain(|&id| {
-                    let Some(f) = self.frames.get(id as usize) else {
+                    let at = i;
+                    i += 1;
+                    let Some(f) = frame(id) else {
                         return true;
                     };
                     let helper = caller_is_python
@@ -92,7 +135,12 @@ impl Profile {
                             .as_deref()
                             .is_some_and(|n| RUNTIME_HELPERS.contains(&n));
                     caller_is_python = f.kind == FrameKind::Python || f.interpreter || helper;
-                    !(f.interpreter || helper)
+                    if helper {
+                        return false;
+                    }
+                    // Between two Python frames, the interpreter's C code that called the
+                    // inner one back (`builtin_sorted`, `map_next`) stays; its call glue goes.
+                    !f.interpreter || (first < at && at < last && is_c_caller(f))
                 });
             }
             match seen.entry(SampleKey::of(&sample)) {
@@ -171,5 +219,84 @@ impl SampleKey {
             unwind: s.unwind,
             off_cpu: s.off_cpu,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::fixture;
+    use crate::profile::Frame;
+
+    fn frame(kind: FrameKind, name: &str, module: &str, interpreter: bool) -> Frame {
+        Frame {
+            kind,
+            function: Some(name.to_string()),
+            module: (!module.is_empty()).then(|| module.to_string()),
+            address: name.len() as u64,
+            file: None,
+            line: None,
+            unknown_reason: None,
+            ids: None,
+            start_line: None,
+            interpreter,
+        }
+    }
+
+    /// Samples of a Python process: the interpreter's frames go from those with Python frames
+    /// (its call glue between two Python frames too), its C code calling Python back stays,
+    /// native code outside it stays, and samples without Python frames are whole.
+    #[test]
+    fn the_python_view_leaves_the_interpreter_out_of_python_stacks() {
+        use FrameKind::{Native, Python};
+        const LIB: &str = "/usr/lib/libpython3.11.so.1.0";
+        let mut p = fixture::profile();
+        p.frames = vec![
+            frame(Native, "main", "/usr/bin/python3.11", false), // 0
+            frame(Native, "Py_RunMain", LIB, true),              // 1
+            frame(Python, "<module>", "", false),                // 2
+            frame(Native, "_PyFunction_Vectorcall", LIB, true),  // 3
+            frame(Python, "f", "", false),                       // 4
+            frame(Native, "long_mul", LIB, true),                // 5
+            frame(Native, "builtin_sorted", LIB, true),          // 6
+            frame(Python, "key", "", false),                     // 7
+            frame(Native, "zlib_compress", "/x/zlib.so", false), // 8
+            frame(Native, "PyBytes_FromSize", LIB, true),        // 9
+            frame(Native, "__tls_get_addr", "/lib/ld.so", false), // 10
+        ];
+        let stacks: [&[u32]; 5] = [
+            &[0, 1, 2, 3, 4, 5],
+            &[0, 1, 2, 3, 4, 6, 3, 7],
+            &[0, 1, 2, 4, 8, 9],
+            &[0, 2, 4, 10],
+            &[0, 1, 5],
+        ];
+        let template = p.samples[0].clone();
+        p.samples = stacks
+            .iter()
+            .map(|s| Sample {
+                frames: s.to_vec(),
+                count: 1,
+                ..template.clone()
+            })
+            .collect();
+        assert!(matches!(p.in_view(View::Full), Cow::Borrowed(_)));
+        let viewed = p.in_view(View::Python);
+        let got: Vec<(Vec<u32>, u64)> = viewed
+            .samples
+            .iter()
+            .map(|s| (s.frames.clone(), s.count))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                // long_mul and __tls_get_addr are f's own time: one sample of 2.
+                (vec![0, 2, 4], 2),
+                (vec![0, 2, 4, 6, 7], 1),
+                (vec![0, 2, 4, 8], 1),
+                (vec![0, 1, 5], 1),
+            ]
+        );
+        assert_eq!(p.interpreter_modules(), vec![LIB]);
     }
 }
