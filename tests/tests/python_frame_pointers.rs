@@ -39,7 +39,8 @@ fn profile_shapes() -> Vec<FoldedStack> {
     let tmp = TempDir::new("py-fp");
     let folded = tmp.join("shapes.folded");
     let workload = start_py_workload(&python, "py_shapes.py", &["4.5"]);
-    let out = profile_pid(workload.pid(), "3s", 199, &[&folded], &[]);
+    // Every frame: the checks follow the native stack through the interpreter.
+    let out = profile_pid(workload.pid(), "3s", 199, &[&folded], &["--view", "full"]);
     drop(workload);
     out.assert_success();
     read_folded(&folded)
