@@ -17,6 +17,13 @@
 use spanprof_pipeline::{offcpu, python};
 use spanprof_profile::{profile, resource, write};
 
+// Prints that never panic (`profiler_common::stderr_lossy!`): a closed stderr or stdout must
+// not end a session before it writes its outputs.
+#[allow(unused_macros)]
+macro_rules! eprintln { ($($a:tt)*) => { profiler_common::stderr_line_lossy!($($a)*) } }
+#[allow(unused_macros)]
+macro_rules! eprint { ($($a:tt)*) => { profiler_common::stderr_lossy!($($a)*) } }
+
 pub mod bpf;
 pub mod preflight;
 pub mod probe_site;

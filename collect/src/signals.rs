@@ -8,7 +8,7 @@ static STOP: AtomicI32 = AtomicI32::new(0);
 /// SIGHUP came (the daemon reads its configuration again).
 static RELOAD: AtomicBool = AtomicBool::new(false);
 
-/// The signal (SIGINT, SIGTERM) that asked to stop, if one did.
+/// The signal (SIGINT, SIGTERM, and in a session SIGHUP) that asked to stop, if one did.
 pub fn stop_signal() -> Option<i32> {
     match STOP.load(Ordering::Relaxed) {
         0 => None,
@@ -58,14 +58,14 @@ fn install(sig: libc::c_int, handler: extern "C" fn(libc::c_int), keep_ignored: 
     }
 }
 
-/// Makes SIGINT and SIGTERM end a session (the outputs are still written). Installed once,
-/// before anything is created that must be cleaned up; a second Ctrl-C ends spanprof at once
-/// (removing its temporary files), so a user can always get out.
+/// Makes SIGINT, SIGTERM and SIGHUP (the terminal closed) end a session (the outputs are still
+/// written). Installed once, before anything is created that must be cleaned up; a second
+/// one ends spanprof at once (removing its temporary files), so a user can always get out.
 ///
 /// A signal spanprof was started with ignored (`nohup`, `&` in a script) stays ignored, for
 /// spanprof and, through `exec`, for the command; caught ones are reset to the default by `exec`.
 pub fn install_session_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         install(sig, on_session_signal, true);
     }
 }

@@ -882,5 +882,43 @@ unsafe impl aya::Pod for LiveAlloc {}
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for AllocKey {}
 
+/// `write!` to stderr that never panics, for the crates of the binary, which shadow `eprint!`
+/// with it: a session whose stderr was closed (`spanprof … 2>&1 | head`, a terminal gone) goes
+/// on and writes its outputs, and the lines are lost (`eprint!` would panic on `EPIPE`).
+#[macro_export]
+macro_rules! stderr_lossy {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// [`stderr_lossy!`] with a newline: the binary's `eprintln!`.
+#[macro_export]
+macro_rules! stderr_line_lossy {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `write!` to stdout that never panics (a `spanprof dump | head`): the binary's `print!`.
+#[macro_export]
+macro_rules! stdout_lossy {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::write!(::std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`stdout_lossy!`] with a newline: the binary's `println!`.
+#[macro_export]
+macro_rules! stdout_line_lossy {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stdout(), $($arg)*);
+    }};
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,16 @@
 //! The `spanprof` command line: each subcommand's driver ([`cli`] has the flags).
 
+// Prints that never panic (`profiler_common::stderr_lossy!`): a closed stderr or stdout must
+// not end a session before it writes its outputs.
+#[allow(unused_macros)]
+macro_rules! eprintln { ($($a:tt)*) => { profiler_common::stderr_line_lossy!($($a)*) } }
+#[allow(unused_macros)]
+macro_rules! eprint { ($($a:tt)*) => { profiler_common::stderr_lossy!($($a)*) } }
+#[allow(unused_macros)]
+macro_rules! println { ($($a:tt)*) => { profiler_common::stdout_line_lossy!($($a)*) } }
+#[allow(unused_macros)]
+macro_rules! print { ($($a:tt)*) => { profiler_common::stdout_lossy!($($a)*) } }
+
 mod cli;
 mod live;
 mod manual;

@@ -111,7 +111,7 @@ fn in_terminal_foreground() -> bool {
 impl Outcome {
     /// Waits for the command (command mode) and returns its status. Call it after the outputs
     /// are written: the command may outlive `--duration`, and spanprof waits for it, as `time`
-    /// does. A SIGTERM to spanprof, before or during the wait, is passed on to the command, and
+    /// does. A SIGTERM or SIGHUP to spanprof, before or during the wait, is passed on to the command, and
     /// so is a SIGINT that did not come from the terminal the command shares.
     pub fn wait_command(&mut self) -> Result<Option<ExitStatus>> {
         let Some(cmd) = self.command.as_mut() else {
@@ -130,7 +130,9 @@ impl Outcome {
                 return Ok(Some(status));
             }
             let sig = signals::stop_signal().unwrap_or(0);
-            let pass = sig == libc::SIGTERM || (sig == libc::SIGINT && !in_terminal_foreground());
+            let pass = sig == libc::SIGTERM
+                || sig == libc::SIGHUP
+                || (sig == libc::SIGINT && !in_terminal_foreground());
             if pass && !passed_on {
                 cmd.signal(sig);
                 passed_on = true;

@@ -120,3 +120,90 @@ fn sigterm_while_waiting_for_a_command_that_outlives_the_session_is_passed_on() 
     assert_eq!(result.code(), 128 + libc::SIGTERM, "{result}");
     assert!(folded_total(&read_folded(&out)) > 0);
 }
+
+/// The pprof file of a session ended early: decoded by the independent decoder, with samples.
+fn samples_in(pprof: &std::path::Path) -> u64 {
+    let decoded = spanprof_tests::decode_pprof(pprof);
+    decoded["totals"]["samples"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no totals.samples in {decoded}"))
+}
+
+/// `spanprof profile … 2>&1 | head -1`: the reader of stderr goes after the first line, and
+/// the session still writes its profile and exits 0 (a write to the closed pipe once panicked,
+/// exit 101, no file).
+#[test]
+fn a_closed_stderr_does_not_stop_the_session() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let dir = TempDir::new("epipe");
+    let workload = Workload::start("cpu_split", 30.0);
+    let pprof = dir.join("piped.pb.gz");
+    let script = format!(
+        "'{}' profile --pid {} --duration 2s -F 199 -o '{}' 2>&1 | head -1; \
+         echo \"spanprof exited ${{PIPESTATUS[0]}}\"",
+        spanprof_bin().display(),
+        workload.pid(),
+        pprof.display()
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .stderr(Stdio::piped())
+        .output()
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("spanprof: profiling pid"),
+        "head's line:\n{stdout}"
+    );
+    assert!(stdout.contains("spanprof exited 0"), "{stdout}");
+    assert!(samples_in(&pprof) > 0, "{stdout}");
+}
+
+/// SIGHUP (the terminal of the session closed) ends the session as SIGTERM does: the outputs
+/// are written with the samples taken so far, and spanprof exits 0.
+#[test]
+fn sighup_ends_the_session_and_writes_the_outputs() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let dir = TempDir::new("sighup");
+    let workload = Workload::start("cpu_split", 60.0);
+    let pprof = dir.join("hup.pb.gz");
+    let folded = dir.join("hup.folded");
+    let mut cmd = spanprof_command(["profile", "-F", "199", "--pid"]);
+    cmd.arg(workload.pid().to_string())
+        .arg("-o")
+        .arg(&pprof)
+        .arg("-o")
+        .arg(&folded);
+    // NB: spanprof keeps a SIGHUP it was started with ignored (`nohup`): here it starts with
+    // the default, as under a terminal.
+    // SAFETY: signal is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut run = Background::spawn(cmd);
+    run.wait_for_stderr("spanprof: profiling", Duration::from_secs(20));
+    // A third of a second of the workload's CPU time sampled, however loaded the machine.
+    let stat = format!("/proc/{}/stat", workload.pid());
+    let ticks = |s: &str| spanprof_tests::stat_cpu_ticks(s).expect("the workload's CPU time");
+    let start = ticks(&stat);
+    let tick_hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    while ticks(&stat) < start + tick_hz / 3 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    run.signal(libc::SIGHUP);
+    let result = run.finish(Duration::from_secs(30));
+    result.assert_success();
+    assert!(result.stderr.contains("interrupted"), "{result}");
+    let total = folded_total(&read_folded(&folded));
+    assert!(total > 0, "no samples in the folded file\n{result}");
+    assert_eq!(
+        samples_in(&pprof),
+        total,
+        "pprof and folded disagree\n{result}"
+    );
+}
