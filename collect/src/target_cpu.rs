@@ -320,6 +320,36 @@ fn reaped_children_ns() -> u64 {
     ns(ru.ru_utime) + ns(ru.ru_stime)
 }
 
+/// `pids` and every process descended from them now (from each process's parent in
+/// `/proc/PID/stat`), sorted: the workers a pre-fork server (gunicorn, uwsgi, celery) started
+/// before a session that follows children (`--pid … --children`) or a `dump --children`.
+pub fn with_descendants(pids: &[u32]) -> Vec<u32> {
+    let mut all: std::collections::BTreeSet<u32> = pids.iter().copied().collect();
+    let mut kids: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            if let Some(times) = parse_stat_times(&stat) {
+                kids.entry(times.ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut queue: Vec<u32> = pids.to_vec();
+    while let Some(p) = queue.pop() {
+        for &k in kids.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if all.insert(k) {
+                queue.push(k);
+            }
+        }
+    }
+    all.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

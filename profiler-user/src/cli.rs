@@ -200,7 +200,8 @@ pub(crate) struct ProfileArgs {
     /// Do not read span contexts (OpenTelemetry, OSProfiler) of Python threads.
     #[arg(long)]
     pub(crate) no_spans: bool,
-    /// With --pid, also profile processes the targets start (always on for a command).
+    /// With --pid, also profile the processes the targets started before (a pre-fork server's
+    /// workers) and start during the session (always on for a command).
     #[arg(long)]
     pub(crate) children: bool,
     /// Size of the kernel-to-user sample ring buffer in bytes (a power of two, ≥ 4096).

@@ -30,7 +30,6 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use spanprof_collect::bpf::threads_of;
 use spanprof_collect::options::{DEFAULT_RING_BUFFER_BYTES, DEFAULT_STACK_COPY};
-use spanprof_collect::target_cpu::parse_stat_times;
 use spanprof_collect::{self as collect, Collector, EventSet, Stopped};
 use spanprof_pipeline::aggregate;
 use spanprof_profile::profile::{
@@ -118,36 +117,16 @@ pub struct Dump {
     pub processes: Vec<ProcessDump>,
 }
 
-/// `pids` and, with `children`, every process descended from them (from each process's parent
-/// in `/proc/PID/stat`).
+/// `pids` and, with `children`, every process descended from them.
 fn targets(pids: &[u32], children: bool) -> Vec<u32> {
-    let mut all: BTreeSet<u32> = pids.iter().copied().collect();
-    if !children {
-        return all.into_iter().collect();
+    if children {
+        collect::target_cpu::with_descendants(pids)
+    } else {
+        let mut all = pids.to_vec();
+        all.sort_unstable();
+        all.dedup();
+        all
     }
-    let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            if let Some(times) = parse_stat_times(&stat) {
-                kids.entry(times.ppid).or_default().push(pid);
-            }
-        }
-    }
-    let mut queue: Vec<u32> = pids.to_vec();
-    while let Some(p) = queue.pop() {
-        for &k in kids.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
-            if all.insert(k) {
-                queue.push(k);
-            }
-        }
-    }
-    all.into_iter().collect()
 }
 
 /// The ring buffer of a dump of `threads` threads: room for a record of each, so that one pass

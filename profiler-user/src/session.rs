@@ -256,18 +256,48 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let mut pids = Vec::new();
     match &opts.target {
         Target::Pids(p) => {
-            for &pid in p {
+            // With --children, the processes the targets started before the session too (a
+            // pre-fork server's workers): the kernel adds only those forked from now on.
+            let all = if sampling.follow_children {
+                collect::target_cpu::with_descendants(p)
+            } else {
+                p.clone()
+            };
+            let descendants: Vec<u32> = all.iter().copied().filter(|d| !p.contains(d)).collect();
+            for &pid in &all {
+                let given = p.contains(&pid);
                 // Before the pid is a target, so its first samples have their Python frames
                 // (found after, the 6-8 ms the look takes were sampled without them).
-                c.discover(pid)?;
-                c.flush_discovered();
-                c.add_target(pid)?;
+                let added = c
+                    .discover(pid)
+                    .map(|()| c.flush_discovered())
+                    .and_then(|()| c.add_target(pid).map_err(anyhow::Error::from));
+                match added {
+                    Ok(()) => pids.push(pid),
+                    Err(e) if given => return Err(e),
+                    // A descendant that exited since it was listed, or cannot be read.
+                    Err(e) => {
+                        if opts.progress {
+                            eprintln!("spanprof: warning: descendant {pid} not profiled: {e:#}");
+                        }
+                        continue;
+                    }
+                }
                 // Threads asleep now: their time until they wake is counted from here.
                 if events.off_cpu() {
                     c.programs.start_blocked_threads(pid);
                 }
             }
-            pids.clone_from(p);
+            if !descendants.is_empty() && opts.progress {
+                let shown: Vec<String> = descendants.iter().take(20).map(u32::to_string).collect();
+                eprintln!(
+                    "spanprof: --children: also {} process{} the targets started before: {}{}",
+                    descendants.len(),
+                    if descendants.len() == 1 { "" } else { "es" },
+                    shown.join(", "),
+                    if descendants.len() > 20 { ", …" } else { "" }
+                );
+            }
         }
         Target::Command(argv) => {
             let mut cmd = GatedCommand::spawn(argv)?;

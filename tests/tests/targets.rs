@@ -156,3 +156,93 @@ fn without_children_flag_a_child_is_not_profiled() {
         "the session ended before the child's work did\n{out}"
     );
 }
+
+/// CPU ticks (utime + stime) of a process now.
+fn ticks(pid: u32) -> u64 {
+    spanprof_tests::stat_cpu_ticks(&format!("/proc/{pid}/stat")).expect("the worker's stat")
+}
+
+/// A pre-fork server (`py_prefork.py`: a master that forked two workers before the session,
+/// one busy all the time and one half the time): `--pid MASTER --children` profiles both
+/// workers, each with its share of the samples within ±5 points of its share of their CPU
+/// time (read from /proc over the session).
+#[test]
+fn children_forked_before_the_session_are_profiled() {
+    require_profiling();
+    let _lock = profiling_lock();
+    let tmp = TempDir::new("prefork");
+    let pprof = tmp.join("out.pb.gz");
+    let python = spanprof_tests::pyenv_python(11);
+    let mut master = Background::spawn({
+        let mut cmd = std::process::Command::new(&python);
+        cmd.arg(spanprof_tests::py_workload_source("py_prefork.py"))
+            .arg("30");
+        cmd
+    });
+    let line = master.wait_for_stderr("workers ", Duration::from_secs(30));
+    let workers: Vec<u32> = line
+        .trim()
+        .rsplit("workers ")
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.parse().expect("a worker pid"))
+        .collect();
+    assert_eq!(workers.len(), 2, "{line:?}");
+    let before: Vec<u64> = workers.iter().map(|&w| ticks(w)).collect();
+    let out = run_spanprof(args![
+        "profile",
+        "--pid",
+        master.pid().to_string(),
+        "--children",
+        "--duration",
+        "3s",
+        "-F",
+        "199",
+        "-o",
+        &pprof,
+    ]);
+    let after: Vec<u64> = workers.iter().map(|&w| ticks(w)).collect();
+    master.signal(libc::SIGKILL);
+    for &w in &workers {
+        // SAFETY: kill(2) on the workers this test started.
+        unsafe { libc::kill(w as i32, libc::SIGKILL) };
+    }
+    out.assert_success();
+    assert!(
+        out.stderr.contains("--children: also 2 processes"),
+        "the start line names the workers\n{out}"
+    );
+    let prof = decode_pprof(&pprof);
+    let mut per_pid: BTreeMap<u64, u64> = BTreeMap::new();
+    for sample in prof["samples"].as_array().expect("samples") {
+        *per_pid.entry(num_label(sample, "process.id")).or_default() +=
+            sample["values"][0].as_u64().expect("value");
+    }
+    let cpu: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let cpu_total = cpu.iter().sum::<u64>().max(1) as f64;
+    let sampled: Vec<u64> = workers
+        .iter()
+        .map(|&w| per_pid.get(&u64::from(w)).copied().unwrap_or(0))
+        .collect();
+    let sampled_total = sampled.iter().sum::<u64>().max(1) as f64;
+    // As many samples as the workers' CPU time stands for at 199 Hz, give or take: the count
+    // follows their CPU time, not the clock.
+    // SAFETY: sysconf only reads a constant.
+    let tick_hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let expected = cpu_total * 199.0 / tick_hz;
+    assert!(
+        sampled_total >= 0.7 * expected,
+        "{sampled_total} samples of the workers, for {expected:.0} their CPU time stands for\n{out}"
+    );
+    for (i, &w) in workers.iter().enumerate() {
+        let truth = 100.0 * cpu[i] as f64 / cpu_total;
+        let share = 100.0 * sampled[i] as f64 / sampled_total;
+        assert!(
+            (share - truth).abs() <= 5.0,
+            "worker {w}: {} samples, {share:.1}% of the workers' samples; {truth:.1}% of their \
+             CPU time ({cpu:?} ticks)\nsamples per pid: {per_pid:?}\n{out}",
+            sampled[i]
+        );
+    }
+}
