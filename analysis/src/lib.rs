@@ -36,7 +36,9 @@
 //! name, or against the name before its first ` (` (so `handle` matches `handle (app.py)`).
 //!
 //! `--span-max 'NAME=DURATION'` bounds the mean time of the spans of each name its glob
-//! matches ([`span_times`]: the time their own samples stand for).
+//! matches ([`span_times`]: the time their own samples stand for). A mean of fewer than
+//! [`MIN_PERIODS_PER_SPAN`] sampling periods is no time ([`SpanTime::timed`]): `report` does
+//! not give it and `check` refuses to judge it.
 //!
 //! Everything here is deterministic: rows are sorted by weight, then by name.
 //!
@@ -74,5 +76,5 @@ pub use diff::{
 pub use pattern::Pattern;
 pub use report::{event_names, report_json, report_text, run_line};
 pub use shares::{FunctionWeight, Functions, Unit};
-pub use spans::{span_name_and_id, span_times, SpanTime};
+pub use spans::{rate_for, span_name_and_id, span_times, SpanTime, MIN_PERIODS_PER_SPAN};
 pub use text::{duration_text, percent_text, points_text};

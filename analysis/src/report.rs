@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::shares::{FunctionWeight, Functions, Unit};
-use super::spans::SpanTime;
+use super::spans::{SpanTime, MIN_PERIODS_PER_SPAN};
 use super::text::{duration_text, percent_text};
 use crate::profile::Profile;
 
@@ -108,18 +108,32 @@ pub fn report_text(
         let _ = writeln!(s, "spans by name (time in their samples, mean per span):");
         let _ = writeln!(s, "{:>7} {:>10} {:>10}  name", "spans", "mean", "total");
         let shown = limit(top, spans.len());
+        let period = profile.meta.period_ns();
         for t in &spans[..shown] {
+            let mean = if t.timed(period) {
+                duration_text(t.mean_ns())
+            } else {
+                "n/a".to_string()
+            };
             let _ = writeln!(
                 s,
                 "{:>7} {:>10} {:>10}  {}",
                 t.spans,
-                duration_text(t.mean_ns()),
+                mean,
                 duration_text(t.total_ns),
                 t.name
             );
         }
         if shown < spans.len() {
             let _ = writeln!(s, "({} more span names)", spans.len() - shown);
+        }
+        if spans[..shown].iter().any(|t| !t.timed(period)) {
+            let _ = writeln!(
+                s,
+                "(n/a: fewer than {MIN_PERIODS_PER_SPAN} samples a span at {} Hz: spans this \
+                 short cannot be timed at this rate)",
+                profile.meta.frequency
+            );
         }
     }
     s
@@ -172,8 +186,9 @@ pub(super) fn run_json(profile: &Profile, functions: &Functions) -> serde_json::
 
 /// The top `top` functions (0: all) as one JSON document: `{"profile": {…}, "functions":
 /// [{"name", "self", "total", "self_share", "total_share"}…], "spans": [{"name", "spans",
-/// "total_ns", "mean_ns"}…]}`, weights in the profile's `unit`, shares as fractions, every
-/// span name.
+/// "total_ns", "mean_ns", "samples_per_span"}…]}`, weights in the profile's `unit`, shares as
+/// fractions, every span name; `mean_ns` is null when the spans are too short to time at the
+/// profile's rate ([`SpanTime::timed`]).
 pub fn report_json(
     profile: &Profile,
     functions: &Functions,
@@ -192,6 +207,7 @@ pub fn report_json(
             })
         })
         .collect();
+    let period = profile.meta.period_ns();
     let spans: Vec<serde_json::Value> = spans
         .iter()
         .map(|t| {
@@ -199,7 +215,8 @@ pub fn report_json(
                 "name": t.name,
                 "spans": t.spans,
                 "total_ns": t.total_ns,
-                "mean_ns": t.mean_ns(),
+                "mean_ns": t.timed(period).then(|| t.mean_ns()),
+                "samples_per_span": t.periods(period),
             })
         })
         .collect();

@@ -15,10 +15,41 @@ pub struct SpanTime {
     pub total_ns: u64,
 }
 
+/// Sampling periods a span must take on average for its mean to be a time: a span gets whole
+/// samples (or none, and is then not counted), so spans a period or two long read as a period
+/// or two whatever they take (spans of 3.5 ms at 99 Hz read 11-12 ms).
+pub const MIN_PERIODS_PER_SPAN: u64 = 5;
+
 impl SpanTime {
     /// Mean nanoseconds per span.
     pub fn mean_ns(&self) -> u64 {
         self.total_ns / self.spans.max(1)
+    }
+
+    /// Whether the mean is a time at this sampling period ([`MIN_PERIODS_PER_SPAN`]).
+    pub fn timed(&self, period_ns: u64) -> bool {
+        self.mean_ns() >= MIN_PERIODS_PER_SPAN.saturating_mul(period_ns)
+    }
+
+    /// The mean in samples per span, at this period.
+    pub fn periods(&self, period_ns: u64) -> f64 {
+        self.mean_ns() as f64 / period_ns.max(1) as f64
+    }
+}
+
+/// The sampling rate that times spans of `ns` nanoseconds ([`MIN_PERIODS_PER_SPAN`] samples a
+/// span), in Hz, rounded up to a round figure.
+pub fn rate_for(ns: u64) -> u64 {
+    let hz = (MIN_PERIODS_PER_SPAN as f64 * 1e9 / ns.max(1) as f64).ceil() as u64;
+    // 1, 2 or 5 times a power of ten, as a user would type it.
+    let mut step = 1u64;
+    loop {
+        for m in [1, 2, 5] {
+            if m * step >= hz {
+                return m * step;
+            }
+        }
+        step = step.saturating_mul(10);
     }
 }
 

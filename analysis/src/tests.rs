@@ -264,7 +264,7 @@ fn span_times_and_budgets() {
         SpanTime {
             name: "GET /servers".into(),
             spans: 4,
-            total_ns: 160_000_000,
+            total_ns: 240_000_000,
         },
         SpanTime {
             name: "GET /flavors".into(),
@@ -274,17 +274,20 @@ fn span_times_and_budgets() {
     ];
     let m = SpanBudget::parse("GET /*=30ms").unwrap().measure(&fake);
     assert_eq!(m.len(), 2);
-    assert!(m[0].1 && !m[1].1, "40 ms over, 10 ms within");
+    assert!(m[0].1 && !m[1].1, "60 ms over, 10 ms within");
     assert!(span_times(&fixture::memory(), |_| None).is_err());
     let text = report_text(&profile, &Functions::of(&profile), &fake, 1);
     assert!(
-        text.contains("      4    40.0 ms   160.0 ms  GET /servers"),
+        text.contains("      4    60.0 ms   240.0 ms  GET /servers"),
         "{text}"
     );
     assert!(text.contains("(1 more span names)"), "{text}");
     let json: serde_json::Value =
         serde_json::from_str(&report_json(&profile, &Functions::of(&profile), &fake, 0)).unwrap();
-    assert_eq!(json["spans"][1]["mean_ns"], 10_000_000);
+    assert_eq!(json["spans"][0]["mean_ns"], 60_000_000);
+    // 10 ms a span at 100 Hz: one sample each, no time.
+    assert_eq!(json["spans"][1]["mean_ns"], serde_json::Value::Null);
+    assert_eq!(json["spans"][1]["samples_per_span"], 1.0);
 }
 
 #[test]
@@ -298,4 +301,36 @@ fn percents() {
     assert_eq!(percent_text(0.0025), "0.25");
     assert_eq!(points_text(0.15), "+15.0");
     assert_eq!(points_text(-0.004), "-0.40");
+}
+
+/// A mean of fewer than MIN_PERIODS_PER_SPAN periods is no time: `report` says n/a, and the
+/// rate that would time spans of a budget is a round figure.
+#[test]
+fn short_spans_are_not_timed() {
+    let period = 10_101_010; // 99 Hz
+    let short = SpanTime {
+        name: "GET /x".into(),
+        spans: 100,
+        total_ns: 100 * 11_000_000,
+    };
+    let long = SpanTime {
+        name: "GET /y".into(),
+        spans: 10,
+        total_ns: 10 * 60_000_000,
+    };
+    assert!(!short.timed(period));
+    assert!(long.timed(period));
+    assert!((short.periods(period) - 1.089).abs() < 0.01);
+    assert_eq!(rate_for(5_000_000), 1000);
+    assert_eq!(rate_for(30_000_000), 200);
+    assert_eq!(rate_for(1_000_000), 5000);
+    let mut profile = fixture::profile();
+    profile.meta.frequency = 99;
+    let text = report_text(&profile, &Functions::of(&profile), &[short, long], 10);
+    assert!(text.contains("n/a"), "{text}");
+    assert!(text.contains("60.0 ms"), "{text}");
+    assert!(
+        text.contains("fewer than 5 samples a span at 99 Hz"),
+        "{text}"
+    );
 }

@@ -885,7 +885,7 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
         args.profile.display(),
         analysis::run_line(&profile)
     );
-    let mut crossed = 0;
+    let (mut crossed, mut untimed) = (0, 0);
     for b in &budgets {
         let r = analysis::measure(&profile, &functions, b);
         let matched = if r.matched == 0 {
@@ -942,8 +942,25 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
                 );
                 out.push_str(&format!("  ok    {option}: matches no span name\n"));
             }
+            let period = profile.meta.period_ns();
             for (t, over) in found {
                 checked += 1;
+                if !t.timed(period) {
+                    // Whole samples per span: a mean of a period or two is not a time.
+                    untimed += 1;
+                    out.push_str(&format!(
+                        "  ???   {option}: {}: cannot be timed at {} Hz: {:.1} samples a span \
+                         ({} each; {} are needed); profile at {} Hz or more for spans of {}\n",
+                        t.name,
+                        profile.meta.frequency,
+                        t.periods(period),
+                        analysis::duration_text(period),
+                        analysis::MIN_PERIODS_PER_SPAN,
+                        analysis::rate_for(b.max_ns.min(t.mean_ns())),
+                        analysis::duration_text(b.max_ns.min(t.mean_ns())),
+                    ));
+                    continue;
+                }
                 let what = format!(
                     "{}: {} on average over {} span{} ({} in all), budget {}",
                     t.name,
@@ -966,6 +983,13 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
     if crossed > 0 {
         eprintln!("spanprof check: {crossed} of {checked} budgets exceeded");
         return Ok(EXIT_BUDGET);
+    }
+    if untimed > 0 {
+        eprintln!(
+            "spanprof check: {untimed} of {checked} span budgets cannot be checked at the \
+             profile's rate: not passed"
+        );
+        return Ok(EXIT_FAILURE);
     }
     Ok(0)
 }

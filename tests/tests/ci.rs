@@ -572,8 +572,9 @@ fn check_budgets_on_crafted_profiles() {
 }
 
 /// `check --span-max` on a crafted profile whose span times are known: three `GET /servers`
-/// spans of 2, 4 and 6 samples at 100 Hz (20, 40 and 60 ms, a mean of 40 ms), one `POST
-/// /servers` span of 10 samples (100 ms), and samples outside any span, which count for none.
+/// spans of 4, 8 and 12 samples at 100 Hz (40, 80 and 120 ms, a mean of 80 ms), one `POST
+/// /servers` span of 20 samples (200 ms), three `GET /health` spans of one sample each (a
+/// mean of one period: no time), and samples outside any span, which count for none.
 #[test]
 fn span_budgets_on_crafted_profiles() {
     let tmp = TempDir::new("ci-span-budgets");
@@ -591,25 +592,28 @@ fn span_budgets_on_crafted_profiles() {
         serde_json::json!([
             [
                 ["main", "handle", "list_servers"],
-                2,
+                4,
                 span(1, "GET /servers")
             ],
             [
                 ["main", "handle", "list_servers"],
-                3,
+                6,
                 span(2, "GET /servers")
             ],
-            [["main", "handle", "db_query"], 1, span(2, "GET /servers")],
+            [["main", "handle", "db_query"], 2, span(2, "GET /servers")],
             [
                 ["main", "handle", "list_servers"],
-                6,
+                12,
                 span(3, "GET /servers")
             ],
             [
                 ["main", "handle", "create_server"],
-                10,
+                20,
                 span(4, "POST /servers")
             ],
+            [["main", "handle", "health"], 1, span(5, "GET /health")],
+            [["main", "handle", "health"], 1, span(6, "GET /health")],
+            [["main", "handle", "health"], 1, span(7, "GET /health")],
             [["main", "idle"], 50]
         ]),
     );
@@ -619,15 +623,22 @@ fn span_budgets_on_crafted_profiles() {
         run_spanprof(a)
     };
     for (budgets, code) in [
-        (&["--span-max", "GET /servers=40ms"][..], 0),
-        (&["--span-max", "GET /servers=39ms"][..], BUDGET),
-        (&["--span-max", "* /servers=100ms"][..], 0),
-        (&["--span-max", "* /servers=99ms"][..], BUDGET),
+        (&["--span-max", "GET /servers=80ms"][..], 0),
+        (&["--span-max", "GET /servers=79ms"][..], BUDGET),
+        (&["--span-max", "* /servers=200ms"][..], 0),
+        (&["--span-max", "* /servers=199ms"][..], BUDGET),
         (
-            &["--span-max", "GET *=45ms", "--span-max", "POST *=95ms"][..],
+            &[
+                "--span-max",
+                "GET /servers=90ms",
+                "--span-max",
+                "POST *=190ms",
+            ][..],
             BUDGET,
         ),
         (&["--span-max", "DELETE *=1ms"][..], 0),
+        // One sample a span: no mean to judge, not a pass.
+        (&["--span-max", "GET /health=50ms"][..], FAILURE),
     ] {
         let out = check(budgets);
         assert_eq!(out.code(), code, "{budgets:?}\n{out}");
@@ -641,20 +652,40 @@ fn span_budgets_on_crafted_profiles() {
         .lines()
         .find(|l| l.trim_start().starts_with("OVER"))
         .unwrap_or_else(|| panic!("no OVER line\n{over}"));
-    for needle in ["GET /servers", "40.0 ms", "30.0 ms", "3 spans"] {
+    for needle in ["GET /servers", "80.0 ms", "30.0 ms", "3 spans"] {
         assert!(line.contains(needle), "{needle:?} not in {line:?}\n{over}");
     }
-    // report's table of span names has the same figures.
+    // Spans too short for the rate: said, with the rate that would time them.
+    let short = check(&["--span-max", "GET /health=50ms"]);
+    let line = short
+        .stdout
+        .lines()
+        .find(|l| l.contains("GET /health"))
+        .unwrap_or_else(|| panic!("no GET /health line\n{short}"));
+    for needle in [
+        "cannot be timed at 100 Hz",
+        "1.0 samples a span",
+        "500 Hz or more",
+    ] {
+        assert!(line.contains(needle), "{needle:?} not in {line:?}\n{short}");
+    }
+    assert!(short.stderr.contains("cannot be checked"), "{short}");
+    // report's table of span names has the same figures, and no mean for GET /health.
     let out = run_spanprof(args!["report", &file, "--format", "json"]);
     out.assert_success();
     let json: Value = serde_json::from_str(&out.stdout).expect("report JSON");
     let spans = json["spans"].as_array().expect("spans array");
-    let get = spans
-        .iter()
-        .find(|s| s["name"] == "GET /servers")
-        .unwrap_or_else(|| panic!("no GET /servers in {spans:?}"));
+    let row = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {spans:?}"))
+            .clone()
+    };
+    let get = row("GET /servers");
     assert_eq!(get["spans"], 3, "{get}");
-    assert_eq!(get["mean_ns"], 40_000_000, "{get}");
+    assert_eq!(get["mean_ns"], 80_000_000, "{get}");
+    assert_eq!(row("GET /health")["mean_ns"], Value::Null);
 }
 
 #[test]
@@ -889,5 +920,64 @@ fn folded_and_otlp_files_are_read_by_report_check_and_diff() {
         &run_spanprof(args!["report", &bad]),
         FAILURE,
         &["bad.folded", "line 2", "no count"],
+    );
+}
+
+/// Real OpenTelemetry spans of a known 3.5 ms of CPU each (`py_short_spans.py`, pyenv's 3.11
+/// and the SDK): at 99 Hz each sampled span reads a period or more, so `check --span-max
+/// 'short=5ms'` says it cannot time them and exits 1, never 3 on a wrong figure; at 1999 Hz
+/// (7 samples a span) it times them within 1.5 ms of what the workload measured and passes.
+#[test]
+fn span_budgets_refuse_spans_too_short_for_the_rate() {
+    require_profiling();
+    let python = pyenv_python(11);
+    let libs = spanprof_tests::span_libs(11);
+    spanprof_tests::require_span_libs(&python, &libs);
+    let dir = TempDir::new("ci-short-spans");
+    let run = |hz: &str| {
+        let pprof = dir.join(&format!("short-{hz}.pb.gz"));
+        let mut cmd = spanprof_command(args![
+            "profile",
+            "-F",
+            hz,
+            "-o",
+            &pprof,
+            "--",
+            &python,
+            py_workload_source("py_short_spans.py"),
+            "2",
+        ]);
+        cmd.env("PYTHONPATH", &libs);
+        let out = {
+            let _lock = profiling_lock();
+            run_with_timeout(cmd, RUN_TIMEOUT)
+        };
+        out.assert_success();
+        let truth: Value = serde_json::from_str(out.stdout.trim()).expect("the workload's JSON");
+        (pprof, truth["mean_ns"].as_u64().expect("mean_ns"))
+    };
+    let (slow, _) = run("99");
+    let out = run_spanprof(args!["check", &slow, "--span-max", "short=5ms"]);
+    assert_eq!(out.code(), FAILURE, "{out}");
+    assert!(
+        out.stdout.contains("cannot be timed at 99 Hz") && out.stdout.contains("1000 Hz or more"),
+        "{out}"
+    );
+    let (fast, truth_ns) = run("1999");
+    let out = run_spanprof(args!["check", &fast, "--span-max", "short=5ms"]);
+    assert_eq!(out.code(), 0, "{out}");
+    let report = run_spanprof(args!["report", &fast, "--format", "json"]);
+    report.assert_success();
+    let json: Value = serde_json::from_str(&report.stdout).unwrap();
+    let short = json["spans"]
+        .as_array()
+        .and_then(|s| s.iter().find(|t| t["name"] == "short"))
+        .unwrap_or_else(|| panic!("no short spans\n{report}"));
+    let mean = short["mean_ns"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no mean: {short}"));
+    assert!(
+        mean.abs_diff(truth_ns) <= 1_500_000,
+        "short spans read {mean} ns at 1999 Hz, the workload measured {truth_ns}\n{out}"
     );
 }
