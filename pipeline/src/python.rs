@@ -269,6 +269,14 @@ impl ThreadNames {
         }
     }
 
+    /// Sets the name of thread `tid` (read by the kernel with a sample).
+    fn set(&mut self, tid: u32, name: &str) {
+        if self.names.get(&tid).map(String::as_str) != Some(name) {
+            self.names.insert(tid, name.to_string());
+        }
+        self.misses.remove(&tid);
+    }
+
     /// The Python name of thread `tid`, reading the names again when it is due (see the type).
     /// Allocation-free when nothing is read.
     fn get(&mut self, tid: u32) -> Option<&str> {
@@ -587,7 +595,8 @@ impl Python {
         for (pid, value) in std::mem::take(&mut self.span_writes) {
             match programs.set_spans(pid, &value) {
                 Ok(()) => {
-                    if matches!(self.procs.get(&pid), Some(Proc::Ready(_))) {
+                    // An entry for thread names alone reads no span.
+                    if value.reads_spans() && matches!(self.procs.get(&pid), Some(Proc::Ready(_))) {
                         self.with_spans.insert(pid);
                     }
                 }
@@ -840,6 +849,14 @@ impl Python {
         match self.procs.get_mut(&pid) {
             Some(Proc::Ready(ready)) => ready.threads.get(tid),
             _ => None,
+        }
+    }
+
+    /// Sets the `threading.Thread` name of a thread of a Python process, as the kernel read it
+    /// with a sample (allocates only when the name changed).
+    pub fn set_thread_name(&mut self, pid: u32, tid: u32, name: &str) {
+        if let Some(Proc::Ready(ready)) = self.procs.get_mut(&pid) {
+            ready.threads.set(tid, name);
         }
     }
 

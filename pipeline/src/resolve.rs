@@ -253,6 +253,14 @@ impl Resolver {
         }
         let span = match sample.span() {
             Some(record) => {
+                // The thread's name as the kernel read it with the sample (at its first, then
+                // once a second): the name of a thread that may be gone by the drain.
+                if let Some(name) = record
+                    .thread_name()
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                {
+                    python.set_thread_name(rec.pid, rec.tid, name);
+                }
                 if record.flags & SPAN_PUBLISHED != 0 {
                     python_flags |= PY_FLAG_PUBLISHED_SPAN;
                 }

@@ -380,6 +380,10 @@ pub const SPAN_OTEL_NAME: u32 = 16;
 /// [`SpanRecord::flags`]: `osp_name` holds the current OSProfiler trace point's name. Only with
 /// [`SPAN_OSP`] ids read from the interpreter, likewise.
 pub const SPAN_OSP_NAME: u32 = 32;
+/// [`SpanRecord::flags`]: `thread_name` holds the thread's `threading.Thread` name, read at its
+/// first sample (and again a second later at the earliest). It may come alone: a record whose
+/// flags are only this has no span context.
+pub const SPAN_THREAD_NAME: u32 = 64;
 /// Bytes of a name a [`SpanRecord`] keeps (`SPANPROF_SPAN_NAME_MAX`): a longer name keeps its
 /// first bytes; a str that is not compact ASCII gives no name at all.
 pub const SPAN_NAME_MAX: usize = 64;
@@ -413,12 +417,16 @@ pub struct SpanRecord {
     pub otel_name_len: u8,
     /// Bytes of `osp_name` used, with [`SPAN_OSP_NAME`].
     pub osp_name_len: u8,
+    /// Bytes of `thread_name` used, with [`SPAN_THREAD_NAME`].
+    pub thread_name_len: u8,
     /// Zero.
-    pub _pad: u16,
+    pub _pad: u8,
     /// The OpenTelemetry SDK span's `_name` (ASCII, as read: user space checks it again).
     pub otel_name: [u8; SPAN_NAME_MAX],
     /// OSProfiler's `_Profiler._name[-1]`: the name of the current trace point.
     pub osp_name: [u8; SPAN_NAME_MAX],
+    /// The thread's `threading.Thread` name (`_name` of `threading._active[get_ident()]`).
+    pub thread_name: [u8; SPAN_NAME_MAX],
 }
 
 impl SpanRecord {
@@ -438,6 +446,20 @@ impl SpanRecord {
             &self.osp_name,
             self.osp_name_len,
         )
+    }
+
+    /// The thread's `threading` name bytes, if the record has them.
+    pub fn thread_name(&self) -> Option<&[u8]> {
+        Self::name(
+            self.flags & SPAN_THREAD_NAME != 0,
+            &self.thread_name,
+            self.thread_name_len,
+        )
+    }
+
+    /// Whether the record holds a span context (ids), not only a thread name.
+    pub fn has_context(&self) -> bool {
+        self.flags & (SPAN_OTEL | SPAN_OSP) != 0
     }
 
     fn name(set: bool, bytes: &[u8; SPAN_NAME_MAX], len: u8) -> Option<&[u8]> {
@@ -570,6 +592,18 @@ pub struct SpanProc {
     pub green_type: u64,
     /// `&PyDict_Type`.
     pub dict_type: u64,
+    /// `threading._active` (0 until found): the Thread objects by `get_ident()`, which is
+    /// `pthread_self()`, the thread's FS base; their `_name` ([`SpanProc::name_attr`]) names
+    /// the threads ([`SPAN_THREAD_NAME`]).
+    pub threading_active: u64,
+}
+
+impl SpanProc {
+    /// Whether it has something to read a span context from (a tracing library's objects, or
+    /// a thread context the process publishes), not only thread names.
+    pub fn reads_spans(&self) -> bool {
+        self.otel_var != 0 || self.osp_local != 0 || self.tls_kind != TLS_NONE
+    }
 }
 
 /// One Python frame of a sample (`struct spanprof_py_frame`).

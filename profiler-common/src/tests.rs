@@ -105,9 +105,11 @@ fn c_asserts() -> String {
             flags,
             otel_name_len,
             osp_name_len,
+            thread_name_len,
             _pad,
             otel_name,
-            osp_name
+            osp_name,
+            thread_name
         ),
     ));
     structs.push((
@@ -160,7 +162,8 @@ fn c_asserts() -> String {
             green_tls_offset,
             green_tls_module,
             green_type,
-            dict_type
+            dict_type,
+            threading_active
         ),
     ));
     structs.push((
@@ -647,9 +650,9 @@ fn records_of_every_kind_are_told_apart() {
 
 #[test]
 fn from_bytes_reads_the_span_after_every_frame() {
-    // 1 kernel, 1 user frame, 1 Python frame (3 words), then a span record (26 words).
+    // 1 kernel, 1 user frame, 1 Python frame (3 words), then a span record (34 words).
     let mut frames = vec![1, 2, 0x1000, 0x2000, 7];
-    let mut span = [0u64; 26];
+    let mut span = [0u64; 34];
     span[0] = u64::from_ne_bytes([0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6]);
     // flags, otel_name_len 3, osp_name_len 0; then otel_name.
     span[9] = u64::from(SPAN_OTEL | SPAN_OTEL_NAME) | 3 << 32;

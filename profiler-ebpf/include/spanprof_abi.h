@@ -188,6 +188,8 @@ struct spanprof_py_frame {
 #define SPANPROF_SPAN_PUBLISHED 8  /* from the thread context record the process publishes */
 #define SPANPROF_SPAN_OTEL_NAME 16 /* otel_name: the OpenTelemetry span's name (with SPAN_OTEL) */
 #define SPANPROF_SPAN_OSP_NAME 32  /* osp_name: the current trace point's name (with SPAN_OSP) */
+/* thread_name: the thread's threading.Thread name (alone, no span context: not a span) */
+#define SPANPROF_SPAN_THREAD_NAME 64
 
 /*
  * Bytes of a span or trace point name kept: a longer name keeps its first bytes. Names are read
@@ -208,11 +210,14 @@ struct spanprof_span {
 	__u32 flags;	      /* SPANPROF_SPAN_* */
 	__u8 otel_name_len;   /* bytes of otel_name used (SPANPROF_SPAN_OTEL_NAME), 1 to NAME_MAX */
 	__u8 osp_name_len;    /* bytes of osp_name used (SPANPROF_SPAN_OSP_NAME) */
-	__u16 _pad;
+	__u8 thread_name_len; /* bytes of thread_name used (SPANPROF_SPAN_THREAD_NAME) */
+	__u8 _pad;
 	/* OpenTelemetry SDK: the current span's `_name`; not NUL-terminated, zeros past the length. */
 	__u8 otel_name[SPANPROF_SPAN_NAME_MAX];
 	/* OSProfiler: `_Profiler._name[-1]`, the name given to the current trace point's start(). */
 	__u8 osp_name[SPANPROF_SPAN_NAME_MAX];
+	/* threading: `threading._active[pthread_self()]._name`, read at a thread's first sample. */
+	__u8 thread_name[SPANPROF_SPAN_NAME_MAX];
 };
 
 /*
@@ -521,6 +526,11 @@ struct spanprof_span_proc {
 	__u64 green_tls_module;
 	__u64 green_type; /* &PyGreenlet_Type */
 	__u64 dict_type;  /* &PyDict_Type: which field of a gevent entry is the dict */
+	/*
+	 * threading's `_active` dict (0 until found): Thread objects keyed by get_ident(), which is
+	 * pthread_self(), the thread's FS base. Their `_name` (name_attr) is a thread's name.
+	 */
+	__u64 threading_active;
 };
 
 /* Limits of the two block reads of a frame walk step (frame, then code object). */

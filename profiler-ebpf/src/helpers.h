@@ -44,6 +44,7 @@ struct loop_ctx {
 #define span_published span_published_task
 #define span_otel span_otel_task
 #define span_osp span_osp_task
+#define span_thread_name span_thread_name_task
 #define read_span read_span_task
 #define copy_user_stack copy_user_stack_task
 #define keys_find keys_find_task

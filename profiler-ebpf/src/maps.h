@@ -124,6 +124,17 @@ SPANPROF_MAP struct {
 	__type(value, struct py_tstate);
 } py_threads SEC(".maps");
 
+/*
+ * When a thread's threading name was read last (bpf_ktime_get_ns()), by tid: it is read at the
+ * thread's first sample, then at most once per THREAD_NAME_EVERY_NS (span_read.bpf.c).
+ */
+SPANPROF_MAP struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* tid */
+	__type(value, __u64);
+} thread_named SEC(".maps");
+
 /* Bytes read at once by the span reading: a dict keys header, a str up to a UUID's end. */
 #define SPAN_BUF 96
 /* One read of a type object, from tp_basicsize through tp_dictoffset. */

@@ -818,6 +818,67 @@ __attribute__((noinline)) int span_name(__u32 slot, __u32 osp TASK_GP)
 	return err;
 }
 
+/*
+ * The sampled thread's threading name: the `_name` of threading._active[get_ident()], where
+ * get_ident() is pthread_self(), the thread's FS base (glibc, x86_64), and an int's hash is its
+ * value (below 2**61), so the dict is probed by hash. Read while the thread is stopped, so a
+ * request thread that lives a millisecond is named too; the Thread object, its name and the
+ * str are checked as every span object is (an exact compact ASCII str, bounded lookups).
+ */
+__attribute__((noinline)) int span_thread_name(__u32 slot TASK_GP)
+{
+	struct scratch *w = get_scratch(slot);
+	struct task_struct *cur = sampled_task();
+	__u64 ident, v;
+	int err;
+
+	if (!w)
+		return 0;
+	ident = BPF_CORE_READ(cur, thread.fsbase);
+	v = dict_get_by_hash(w, w->scfg.threading_active, ident TASK_A);
+	if (!v) /* not a threading thread (a C thread, or one not started yet) */
+		return w->q.status;
+	v = getattr(w, v, w->scfg.name_attr, w->scfg.name_attr_hash TASK_A);
+	if (!v)
+		return w->q.status;
+	err = read_name(w, v, w->span.thread_name, &w->span.thread_name_len TASK_A);
+	if (!err && w->span.thread_name_len)
+		w->span.flags |= SPANPROF_SPAN_THREAD_NAME;
+	return err;
+}
+
+/*
+ * Whether the thread's name is to be read at this sample: at its first, then at most once per
+ * THREAD_NAME_EVERY_NS (a renamed thread); after a read that found no name, again after
+ * THREAD_NAME_RETRY_NS (a thread sampled before threading registered it). Always in a dump.
+ */
+#define THREAD_NAME_EVERY_NS 1000000000ULL
+#define THREAD_NAME_RETRY_NS 2000000ULL
+
+static __always_inline int thread_name_due(struct scratch *w)
+{
+#ifdef SPANPROF_TASK_READS
+	return 1;
+#else
+	__u32 tid = w->s.tid;
+	__u64 *last = bpf_map_lookup_elem(&thread_named, &tid);
+
+	return !last || w->s.time_ns - *last >= THREAD_NAME_EVERY_NS;
+#endif
+}
+
+static __always_inline void thread_name_read(struct scratch *w)
+{
+#ifndef SPANPROF_TASK_READS
+	__u32 tid = w->s.tid;
+	__u64 at = w->s.time_ns;
+
+	if (!(w->span.flags & SPANPROF_SPAN_THREAD_NAME))
+		at -= THREAD_NAME_EVERY_NS - THREAD_NAME_RETRY_NS;
+	bpf_map_update_elem(&thread_named, &tid, &at, BPF_ANY);
+#endif
+}
+
 /* The id readers (span_read.h says why they are global functions). */
 __attribute__((noinline)) int span_published(__u32 slot TASK_GP)
 {
@@ -878,6 +939,11 @@ int read_span(__u32 slot, __u64 off TASK_GP)
 	if (w->scfg.name_attr && (w->span.flags & SPANPROF_SPAN_OSP) && w->name_obj[1] &&
 	    span_name(w->slot, 1 TASK_A))
 		bad = 1;
+	if (w->scfg.threading_active && w->scfg.name_attr && w->tstate && thread_name_due(w)) {
+		if (span_thread_name(w->slot TASK_A))
+			bad = 1;
+		thread_name_read(w);
+	}
 	if (bad)
 		count_error(SPANPROF_ERR_SPAN_READ);
 	if (!w->span.flags || off > sizeof(w->s.stack) + sizeof(w->s.py))

@@ -5,7 +5,8 @@
  * the four readers it calls, global BPF functions defined in span_read.bpf.c (linked into the
  * object by libbpf's static linker) and verified by the kernel once each, on their own.
  *
- * Bounds: at most five reader calls per sample (span_name twice), each of bounded work (see span_read.bpf.c);
+ * Bounds: at most six reader calls per sample (span_name twice; span_thread_name at a thread's
+ * first sample and then at most once a second), each of bounded work (see span_read.bpf.c);
  * a reader that meets a failed read or garbage makes the sample count SPANPROF_ERR_SPAN_READ.
  */
 #ifndef SPANPROF_SPAN_READ_H
@@ -26,6 +27,8 @@ int span_otel(__u32 slot TASK_GP);
 int span_osp(__u32 slot TASK_GP);
 /* The name of the span whose ids span_otel (osp == 0) or span_osp (osp == 1) read. */
 int span_name(__u32 slot, __u32 osp TASK_GP);
+/* The sampled thread's threading name: threading._active[pthread_self()]._name. */
+int span_thread_name(__u32 slot TASK_GP);
 
 /*
  * Reads the span context of the thread sampled in the scratch of `slot` (its PyThreadState in

@@ -282,6 +282,9 @@ impl Spans {
             v.name_attr_hash = n.attr.hash;
             v.str_type = n.str_type;
         }
+        if let Some(active) = self.finder.threading_active {
+            v.threading_active = active;
+        }
         Some(v)
     }
 

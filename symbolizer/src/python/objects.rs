@@ -572,8 +572,9 @@ pub struct OspObjects {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NameObjects {
     /// The interned `_name`: the attribute of an OpenTelemetry SDK span (`ReadableSpan`) that
-    /// holds its name, and of OSProfiler's `_Profiler` that holds its deque of trace point
-    /// names. One object: every identifier a code object uses is interned in one table.
+    /// holds its name, of OSProfiler's `_Profiler` that holds its deque of trace point names,
+    /// and of a `threading.Thread` that holds its name. One object: every identifier a code
+    /// object uses is interned in one table.
     pub attr: Key,
     /// `&PyUnicode_Type`, the type of `attr`: a name must be an exact str.
     pub str_type: u64,
@@ -587,12 +588,15 @@ const OSP_PROFILER: &str = "osprofiler.profiler";
 /// The SDK, for span names only: spans of the API alone (NonRecordingSpan) have none, and the
 /// SDK may be imported after the API.
 const OTEL_SDK_TRACE: &str = "opentelemetry.sdk.trace";
-const WANTED: [&str; 5] = [
+/// For thread names: `threading._active` and the `_name` of `Thread.__init__`.
+const THREADING: &str = "threading";
+const WANTED: [&str; 6] = [
     OTEL_CONTEXT,
     OTEL_PROPAGATION,
     OTEL_SPAN,
     OSP_PROFILER,
     OTEL_SDK_TRACE,
+    THREADING,
 ];
 
 /// A library's modules are in `sys.modules` from the start of their import, its objects only
@@ -611,7 +615,7 @@ pub struct SpanFinder {
     /// The keys object of `sys.modules` scanned last, and how many entries it had.
     scanned: (u64, u64),
     /// Module objects found, by [`WANTED`] index.
-    modules: [u64; 5],
+    modules: [u64; 6],
     /// Looks since a library's module was seen without its objects being found.
     unresolved_looks: u32,
     /// The `sys.modules` dict read last (0: none yet), and the looks since it was read: the
@@ -622,23 +626,30 @@ pub struct SpanFinder {
     pub otel: Option<OtelObjects>,
     /// Found so far.
     pub osp: Option<OspObjects>,
-    /// Found so far (from the SDK or from OSProfiler, whichever comes first).
+    /// Found so far (from the SDK, OSProfiler or threading, whichever comes first).
     pub names: Option<NameObjects>,
+    /// `threading._active`, found so far: the Thread objects by `get_ident()`, for thread names.
+    pub threading_active: Option<u64>,
 }
 
 impl SpanFinder {
     /// Looks at `sys.modules` again (only its new entries) and at the modules found; true when
     /// something new was found. `runtime` is `_PyRuntime`'s address.
     pub fn look<M: ProcessMemory>(&mut self, o: &Objects<'_, M>, runtime: u64) -> bool {
-        if self.otel.is_some() && self.osp.is_some() && self.names.is_some() {
+        if self.otel.is_some()
+            && self.osp.is_some()
+            && self.names.is_some()
+            && self.threading_active.is_some()
+        {
             return false;
         }
-        let before = (self.otel, self.osp, self.names);
+        let before = (self.otel, self.osp, self.names, self.threading_active);
         // New modules, or a module found whose objects were not (a look in the middle of its
         // import, or a read that raced with the process).
         let unresolved = (self.otel.is_none() && self.modules[..3].iter().any(|&m| m != 0))
             || (self.osp.is_none() && self.modules[3] != 0)
-            || (self.names.is_none() && (self.modules[3] != 0 || self.modules[4] != 0));
+            || (self.names.is_none() && self.modules[3..].iter().any(|&m| m != 0))
+            || (self.threading_active.is_none() && self.modules[5] != 0);
         let retry = unresolved
             && (self.unresolved_looks < EAGER_LOOKS
                 || self.unresolved_looks.is_multiple_of(RETRY_EVERY));
@@ -655,8 +666,26 @@ impl SpanFinder {
             if self.names.is_none() {
                 self.names = self.find_names(o).ok().flatten();
             }
+            if self.threading_active.is_none() {
+                self.threading_active = self.find_threading_active(o).ok().flatten();
+            }
         }
-        before != (self.otel, self.osp, self.names)
+        before != (self.otel, self.osp, self.names, self.threading_active)
+    }
+
+    /// `threading._active`: a dict bound once at the module's import, never replaced.
+    fn find_threading_active<M: ProcessMemory>(&self, o: &Objects<'_, M>) -> Result<Option<u64>> {
+        let module = self.modules[5];
+        if module == 0 {
+            return Ok(None);
+        }
+        let Some((_, active)) = o.dict_get(o.module_dict(module)?, "_active")? else {
+            return Ok(None);
+        };
+        if o.type_name(active)? != "dict" {
+            return Err(ObjectError::Invalid("threading._active is not a dict"));
+        }
+        Ok(Some(active))
     }
 
     /// Reads the entries of `sys.modules` added since the last scan; true if there were any.
@@ -757,11 +786,13 @@ impl SpanFinder {
     }
 
     /// The interned `_name`, from the code that sets it: the SDK's `ReadableSpan.__init__`
-    /// (`self._name = name`) or OSProfiler's `_Profiler.start` (`self._name.append(name)`).
+    /// (`self._name = name`), OSProfiler's `_Profiler.start` (`self._name.append(name)`) or
+    /// threading's `Thread.__init__` (`self._name = …`).
     fn find_names<M: ProcessMemory>(&self, o: &Objects<'_, M>) -> Result<Option<NameObjects>> {
         let places = [
             (self.modules[4], "ReadableSpan", "__init__"),
             (self.modules[3], "_Profiler", "start"),
+            (self.modules[5], "Thread", "__init__"),
         ];
         for (module, class, method) in places {
             if module == 0 {

@@ -33,7 +33,10 @@ use shapes::{
     generators_coroutines_callbacks_and_syscalls,
 };
 use split::split_matches_truth_and_py_spy;
-use threads::{threads_carry_their_own_stacks, threads_started_later_carry_their_own_stacks};
+use threads::{
+    thread_per_request_threads_carry_their_names, threads_carry_their_own_stacks,
+    threads_started_later_carry_their_own_stacks,
+};
 use view::{python_view_of_a_pyenv_interpreter, python_view_of_sid_3_14_in_a_container};
 
 mod churn;
@@ -227,3 +230,13 @@ per_version!(python_view_of_a_pyenv_interpreter:
 fn python_view_puts_python_first_sid_3_14_in_a_container() {
     python_view_of_sid_3_14_in_a_container();
 }
+
+// ---------------------------------------------------------------------------
+// 9. Short-lived threads named: a thread-per-request server
+// ---------------------------------------------------------------------------
+
+per_version!(thread_per_request_threads_carry_their_names:
+    thread_per_request_threads_carry_their_names_3_8 => 8,
+    thread_per_request_threads_carry_their_names_3_11 => 11,
+    thread_per_request_threads_carry_their_names_3_13 => 13,
+);

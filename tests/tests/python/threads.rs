@@ -142,3 +142,102 @@ fn check_threads(interp: &Interp, delay: Option<&str>) {
     }
     assert_no_problems(&problems, interp, &stacks, &out);
 }
+
+/// A thread-per-request server (`py_thread_server.py`: http.server's ThreadingHTTPServer
+/// under a client loop of 1500 requests, each in a thread that lives about a millisecond of
+/// CPU) profiled from its start: at least 95% of the request threads' samples with Python
+/// frames carry the thread's own `threading` name (the workload records each request thread's
+/// native id and name; the kernel reads the name with the thread's first samples), and the
+/// speedscope file groups them into few profiles. Prints the share of all their samples.
+pub(super) fn thread_per_request_threads_carry_their_names(interp: &Interp) {
+    require_python_profiling();
+    let tmp = TempDir::new("py-thread-server");
+    let pprof = tmp.join("server.pb.gz");
+    let speedscope = tmp.join("server.speedscope.json");
+    let out = {
+        let _lock = profiling_lock();
+        spanprof_tests::run_spanprof(spanprof_tests::args![
+            "profile",
+            "-F",
+            "499",
+            "-o",
+            &pprof,
+            "-o",
+            &speedscope,
+            "--",
+            &interp.path,
+            spanprof_tests::py_workload_source("py_thread_server.py"),
+            "1500",
+        ])
+    };
+    out.assert_success();
+    let truth = last_json_line(&out.stdout);
+    let names: BTreeMap<i64, String> = truth["threads"]
+        .as_object()
+        .expect("threads")
+        .iter()
+        .map(|(tid, name)| {
+            (
+                tid.parse().expect("a tid"),
+                name.as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(names.len() >= 1000, "{} request threads", names.len());
+    let prof = decode_pprof(&pprof);
+    let (mut python, mut named_python, mut all, mut named_all) = (0u64, 0u64, 0u64, 0u64);
+    let mut wrong = BTreeMap::new();
+    for sample in prof["samples"].as_array().expect("samples") {
+        let Some(tid) = spanprof_tests::sample_num_label(sample, "thread.id") else {
+            continue;
+        };
+        let Some(truth_name) = names.get(&tid) else {
+            continue;
+        };
+        let n = sample["values"][0].as_u64().expect("a count");
+        let labels = spanprof_tests::sample_str_labels(sample);
+        let name = labels.get("thread.name").map(String::as_str).unwrap_or("");
+        let has_python = sample_functions_have_python(sample);
+        all += n;
+        if has_python {
+            python += n;
+        }
+        if name == truth_name {
+            named_all += n;
+            if has_python {
+                named_python += n;
+            }
+        } else if name.starts_with("Thread-") {
+            *wrong
+                .entry(format!("{tid}: {name} for {truth_name}"))
+                .or_insert(0) += n;
+        }
+    }
+    println!(
+        "{}: request threads' samples named: {named_python} of {python} with Python frames, \
+         {named_all} of {all} in all",
+        interp.label
+    );
+    assert!(wrong.is_empty(), "another thread's name: {wrong:?}\n{out}");
+    assert!(
+        python >= 300 && named_python as f64 >= 0.95 * python as f64,
+        "{named_python} of {python} request-thread samples with Python frames have their \
+         thread's name ({named_all} of {all} in all)\n{out}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&speedscope).unwrap()).unwrap();
+    let profiles = doc["profiles"].as_array().expect("profiles");
+    assert!(
+        profiles.len() <= 10,
+        "{} speedscope profiles: {:?}",
+        profiles.len(),
+        profiles.iter().map(|p| &p["name"]).collect::<Vec<_>>()
+    );
+}
+
+/// Whether a decoded pprof sample has a Python frame (a location in the `[python]` mapping).
+fn sample_functions_have_python(sample: &serde_json::Value) -> bool {
+    sample["stack"]
+        .as_array()
+        .is_some_and(|frames| frames.iter().any(|f| f["mapping"] == "[python]"))
+}
