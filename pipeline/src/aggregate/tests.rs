@@ -316,9 +316,11 @@ fn span_record(flags: u32, otel: &[u8], osp: &[u8]) -> SpanRecord {
         flags,
         otel_name_len: otel.len() as u8,
         osp_name_len: osp.len() as u8,
+        thread_name_len: 0,
         _pad: 0,
         otel_name: [0; profiler_common::SPAN_NAME_MAX],
         osp_name: [0; profiler_common::SPAN_NAME_MAX],
+        thread_name: [0; profiler_common::SPAN_NAME_MAX],
     };
     r.otel_name[..otel.len()].copy_from_slice(otel);
     r.osp_name[..osp.len()].copy_from_slice(osp);
@@ -407,4 +409,15 @@ fn a_walk_that_read_nothing_is_unread_not_truncated() {
     let r = resolver.resolve(&sample(&words), &mut py);
     assert_eq!(r.python.len(), 2);
     assert_eq!(r.python_flags, PY_WITH_FRAMES | PY_FLAG_TRUNCATED);
+}
+
+/// A record that carries only a thread's name is no span context.
+#[test]
+fn a_thread_name_alone_is_no_span() {
+    let mut r = span_record(profiler_common::SPAN_THREAD_NAME, b"", b"");
+    r.thread_name[..5].copy_from_slice(b"req-1");
+    r.thread_name_len = 5;
+    assert_eq!(r.thread_name(), Some(&b"req-1"[..]));
+    assert!(!r.has_context());
+    assert!(crate::resolve::span_context(&r).is_empty());
 }

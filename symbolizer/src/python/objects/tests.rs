@@ -177,7 +177,7 @@ fn name_attribute_is_found_in_either_library() {
     assert_eq!(finder.find_names(&o).unwrap(), None, "no library yet");
     finder.modules[4] = 0x100_000;
     assert_eq!(finder.find_names(&o).unwrap(), want);
-    finder.modules = [0, 0, 0, 0x200_000, 0];
+    finder.modules = [0, 0, 0, 0x200_000, 0, 0];
     assert_eq!(finder.find_names(&o).unwrap(), want);
     // An SDK mid-import (no ReadableSpan yet: garbage for a module) does not hide OSProfiler.
     finder.modules[4] = 0x53_000;
@@ -187,7 +187,7 @@ fn name_attribute_is_found_in_either_library() {
     put_str(&mut mem, other, "_context", 98);
     put_module(&mut mem, 0x100_000, "ReadableSpan", "__init__", &[other]);
     let finder = SpanFinder {
-        modules: [0, 0, 0, 0, 0x100_000],
+        modules: [0, 0, 0, 0, 0x100_000, 0],
         ..SpanFinder::default()
     };
     assert_eq!(finder.find_names(&objects(&mem)).unwrap(), None);
