@@ -76,5 +76,7 @@ pub use diff::{
 pub use pattern::Pattern;
 pub use report::{event_names, report_json, report_text, run_line};
 pub use shares::{FunctionWeight, Functions, Unit};
-pub use spans::{rate_for, span_name_and_id, span_times, SpanTime, MIN_PERIODS_PER_SPAN};
+pub use spans::{
+    count_period, rate_for, span_name_and_id, span_times, SpanTime, MIN_PERIODS_PER_SPAN,
+};
 pub use text::{duration_text, percent_text, points_text};

@@ -108,7 +108,7 @@ pub fn report_text(
         let _ = writeln!(s, "spans by name (time in their samples, mean per span):");
         let _ = writeln!(s, "{:>7} {:>10} {:>10}  name", "spans", "mean", "total");
         let shown = limit(top, spans.len());
-        let period = profile.meta.period_ns();
+        let period = super::spans::count_period(profile);
         for t in &spans[..shown] {
             let mean = if t.timed(period) {
                 duration_text(t.mean_ns())
@@ -207,7 +207,7 @@ pub fn report_json(
             })
         })
         .collect();
-    let period = profile.meta.period_ns();
+    let period = super::spans::count_period(profile);
     let spans: Vec<serde_json::Value> = spans
         .iter()
         .map(|t| {

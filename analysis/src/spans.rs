@@ -26,7 +26,8 @@ impl SpanTime {
         self.total_ns / self.spans.max(1)
     }
 
-    /// Whether the mean is a time at this sampling period ([`MIN_PERIODS_PER_SPAN`]).
+    /// Whether the mean is a time at this sampling period ([`MIN_PERIODS_PER_SPAN`]); a period
+    /// of 0 ([`count_period`] of a profile whose weights are nanoseconds) times every mean.
     pub fn timed(&self, period_ns: u64) -> bool {
         self.mean_ns() >= MIN_PERIODS_PER_SPAN.saturating_mul(period_ns)
     }
@@ -37,10 +38,28 @@ impl SpanTime {
     }
 }
 
+/// The period a span's samples are counted in, for [`SpanTime::timed`]: an on-CPU profile's
+/// (a sample counts whole periods); 0 when the weights are nanoseconds (`offcpu`, `wall`: a
+/// blocked interval weighs its own length, or is sampled without bias).
+pub fn count_period(profile: &Profile) -> u64 {
+    if profile.meta.events.in_nanoseconds() {
+        0
+    } else {
+        profile.meta.period_ns()
+    }
+}
+
+/// The highest rate `spanprof profile -F` takes.
+const MAX_RATE: u64 = 10_000;
+
 /// The sampling rate that times spans of `ns` nanoseconds ([`MIN_PERIODS_PER_SPAN`] samples a
-/// span), in Hz, rounded up to a round figure.
+/// span), in Hz, rounded up to a round figure; at most 10,000 (spans shorter than 0.5 ms
+/// cannot be timed at any rate spanprof samples at).
 pub fn rate_for(ns: u64) -> u64 {
     let hz = (MIN_PERIODS_PER_SPAN as f64 * 1e9 / ns.max(1) as f64).ceil() as u64;
+    if hz >= MAX_RATE {
+        return MAX_RATE;
+    }
     // 1, 2 or 5 times a power of ten, as a user would type it.
     let mut step = 1u64;
     loop {

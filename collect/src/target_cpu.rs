@@ -25,8 +25,8 @@
 //! `--pid` target reaped by its shell, a double-forked daemon reparented to init) counts until
 //! its last read, at most one refresh old; a child of a parent that ignores `SIGCHLD` (reaped
 //! by the kernel without adding its time anywhere) likewise; a child that was not profiled
-//! (one running before a `--children` session began) is in its parent's `cutime + cstime`
-//! when waited for. A process never read at all (gone before its first read) is counted in
+//! (one that exited between [`with_descendants`] listing it and its being added) is in its
+//! parent's `cutime + cstime` when waited for. A process never read at all (gone before its first read) is counted in
 //! [`Measured::unreadable`]; when no process could be read, the caller falls back to the
 //! samples' estimate.
 //!

@@ -231,6 +231,8 @@ struct ThreadNames {
     runtime_addr: u64,
     /// Native thread id → its Python name (the last read).
     names: FxHashMap<u32, String>,
+    /// Native thread id → the name the kernel read with a sample, and when it came.
+    from_kernel: FxHashMap<u32, (String, Instant)>,
     /// Threads sampled but not found by the last read, and when.
     misses: FxHashMap<u32, Instant>,
     /// When `threading._active` may be read again for a new thread.
@@ -263,16 +265,30 @@ impl ThreadNames {
             objects,
             runtime_addr,
             names: FxHashMap::default(),
+            from_kernel: FxHashMap::default(),
             misses: FxHashMap::default(),
             next: now,
             refresh: now + THREAD_NAMES_REFRESH,
         }
     }
 
-    /// Sets the name of thread `tid` (read by the kernel with a sample).
+    /// Sets the name of thread `tid` (read by the kernel with a sample). It is kept apart from
+    /// the names read from user space, which a read of `threading._active` replaces: a thread
+    /// that ended is no longer there, but its samples may still be coming.
     fn set(&mut self, tid: u32, name: &str) {
-        if self.names.get(&tid).map(String::as_str) != Some(name) {
-            self.names.insert(tid, name.to_string());
+        let now = Instant::now();
+        match self.from_kernel.get_mut(&tid) {
+            Some((n, at)) if n == name => *at = now,
+            _ => {
+                if self.from_kernel.len() >= MAX_THREAD_MISSES {
+                    self.from_kernel
+                        .retain(|_, (_, at)| now.duration_since(*at) < THREAD_NAMES_REFRESH);
+                    if self.from_kernel.len() >= MAX_THREAD_MISSES {
+                        self.from_kernel.clear();
+                    }
+                }
+                self.from_kernel.insert(tid, (name.to_string(), now));
+            }
         }
         self.misses.remove(&tid);
     }
@@ -281,6 +297,11 @@ impl ThreadNames {
     /// Allocation-free when nothing is read.
     fn get(&mut self, tid: u32) -> Option<&str> {
         let now = Instant::now();
+        // The kernel's read is the newest: it is made at the thread's first samples and again
+        // at most once a second while it runs.
+        if self.from_kernel.contains_key(&tid) {
+            return self.from_kernel.get(&tid).map(|(n, _)| n.as_str());
+        }
         let unnamed = !self.names.contains_key(&tid)
             && self
                 .misses

@@ -268,8 +268,10 @@ impl Resolver {
             }
             None => SpanContext::default(),
         };
-        // A Python thread's `threading.Thread` name, read while it runs.
-        let thread_name = if frames.is_empty() {
+        // A Python thread's `threading.Thread` name: as the kernel read it (with this sample
+        // or an earlier one), else as read from the process while it runs.
+        let named = sample.span().is_some_and(|r| r.thread_name().is_some());
+        let thread_name = if frames.is_empty() && !named {
             None
         } else {
             python.thread_name(rec.pid, rec.tid)

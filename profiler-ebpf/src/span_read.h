@@ -6,7 +6,8 @@
  * object by libbpf's static linker) and verified by the kernel once each, on their own.
  *
  * Bounds: at most six reader calls per sample (span_name twice; span_thread_name at a thread's
- * first sample and then at most once a second), each of bounded work (see span_read.bpf.c);
+ * first sample, then at most once a second once it found a name, every 2 ms while it finds
+ * none), each of bounded work (see span_read.bpf.c);
  * a reader that meets a failed read or garbage makes the sample count SPANPROF_ERR_SPAN_READ.
  */
 #ifndef SPANPROF_SPAN_READ_H

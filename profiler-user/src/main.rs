@@ -810,9 +810,12 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
         })
         .collect::<Result<_, _>>()?;
     let filter = args.filter.parse()?;
-    let view = args.view.view();
-    let base = read_filtered(&args.base, &filter)?.profile.into_view(view);
-    let new = read_filtered(&args.new, &filter)?.profile.into_view(view);
+    let (base, new) = (
+        read_filtered(&args.base, &filter)?.profile,
+        read_filtered(&args.new, &filter)?.profile,
+    );
+    let view = comparable_view(args.view.view(), (&base, &args.base), (&new, &args.new));
+    let (base, new) = (base.into_view(view), new.into_view(view));
     let d = Diff::of(&base, &new).map_err(|e| Failure(EXIT_FAILURE, e))?;
     let (base_name, new_name) = (
         args.base.display().to_string(),
@@ -843,6 +846,31 @@ fn diff(args: DiffArgs) -> Result<u8, Failure> {
     let (verdict, failed) = analysis::verdict(&d, threshold);
     eprint!("{verdict}");
     Ok(if failed { EXIT_BUDGET } else { 0 })
+}
+
+/// The view two profiles compare in: `view`, unless it is the Python view and only one of them
+/// marks the interpreter's frames (a file from before the marks, or folded stacks, beside a new
+/// one), which would compare one's interpreter time as its Python functions' with the other's
+/// as the interpreter's: then every frame, with a warning.
+fn comparable_view(view: View, base: (&Profile, &Path), new: (&Profile, &Path)) -> View {
+    use spanprof_profile::profile::FrameKind;
+    let marked = |p: &Profile| p.frames.iter().any(|f| f.interpreter);
+    let python = |p: &Profile| p.frames.iter().any(|f| f.kind == FrameKind::Python);
+    let unmarked = [base, new]
+        .into_iter()
+        .find(|(p, _)| python(p) && !marked(p));
+    match unmarked {
+        Some((_, path)) if view == View::Python && (marked(base.0) || marked(new.0)) => {
+            eprintln!(
+                "spanprof diff: warning: {} does not mark the interpreter's frames (written by an \
+                 older spanprof, or folded stacks): both profiles are compared with every frame \
+                 (--view full)",
+                path.display()
+            );
+            View::Full
+        }
+        _ => view,
+    }
 }
 
 fn check(args: CheckArgs) -> Result<u8, Failure> {
@@ -885,7 +913,7 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
         args.profile.display(),
         analysis::run_line(&profile)
     );
-    let (mut crossed, mut untimed) = (0, 0);
+    let (mut crossed, mut untimed, mut span_checked) = (0, 0, 0);
     for b in &budgets {
         let r = analysis::measure(&profile, &functions, b);
         let matched = if r.matched == 0 {
@@ -942,9 +970,10 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
                 );
                 out.push_str(&format!("  ok    {option}: matches no span name\n"));
             }
-            let period = profile.meta.period_ns();
+            let period = analysis::count_period(&profile);
             for (t, over) in found {
                 checked += 1;
+                span_checked += 1;
                 if !t.timed(period) {
                     // Whole samples per span: a mean of a period or two is not a time.
                     untimed += 1;
@@ -986,8 +1015,8 @@ fn check(args: CheckArgs) -> Result<u8, Failure> {
     }
     if untimed > 0 {
         eprintln!(
-            "spanprof check: {untimed} of {checked} span budgets cannot be checked at the \
-             profile's rate: not passed"
+            "spanprof check: {untimed} of {span_checked} span budgets cannot be checked at \
+             the profile's rate: not passed"
         );
         return Ok(EXIT_FAILURE);
     }

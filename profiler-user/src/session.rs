@@ -263,7 +263,6 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             } else {
                 p.clone()
             };
-            let descendants: Vec<u32> = all.iter().copied().filter(|d| !p.contains(d)).collect();
             for &pid in &all {
                 let given = p.contains(&pid);
                 // Before the pid is a target, so its first samples have their Python frames
@@ -288,6 +287,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
                     c.programs.start_blocked_threads(pid);
                 }
             }
+            let descendants: Vec<u32> = pids.iter().copied().filter(|d| !p.contains(d)).collect();
             if !descendants.is_empty() && opts.progress {
                 let shown: Vec<String> = descendants.iter().take(20).map(u32::to_string).collect();
                 eprintln!(

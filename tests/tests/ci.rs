@@ -282,6 +282,26 @@ fn diff_of_a_python_program_names_the_slowed_python_function() {
         regressions.iter().all(|n| n.ends_with(".py)")),
         "a regression that is not a Python function: {regressions:?}\n{out}"
     );
+    // A baseline without the interpreter's marks (folded stacks of every frame): both are
+    // compared with every frame, and the user is told.
+    let folded = dir.join("fast.folded");
+    run_spanprof(args![
+        "report",
+        dir.join("fast.pb.gz"),
+        "--view",
+        "full",
+        "-o",
+        &folded
+    ])
+    .assert_success();
+    let out = run_spanprof(args!["diff", &folded, dir.join("slow.pb.gz")]);
+    out.assert_success();
+    assert!(
+        out.stderr
+            .contains("does not mark the interpreter's frames")
+            && out.stderr.contains("--view full"),
+        "{out}"
+    );
 }
 
 #[test]

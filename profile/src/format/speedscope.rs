@@ -19,9 +19,10 @@
 //!   `startValue` 0 and `endValue` the sum of the weights. When the session kept each event's
 //!   time ([`Sample::times`](crate::profile::Sample::times): `spanprof profile` does for a
 //!   speedscope output), a thread's samples are its events in time order, consecutive events
-//!   of one stack merged, so the "time order" view is a timeline of the thread or group (its on-CPU
+//!   of one stack merged, so the "time order" view is a timeline of the thread (its on-CPU
 //!   time, and its blocked time with `offcpu`/`wall`; each event weighs its share of its
-//!   stack's weight, so totals do not change); otherwise (a profile read back from pprof or
+//!   stack's weight, so totals do not change); a group's are its threads' events in time
+//!   order, which add up to more than the session when the threads ran at once; otherwise (a profile read back from pprof or
 //!   folded) they are aggregated, one per distinct stack, in profile order. A memory profile (`--event alloc`,
 //!   `heap`) has `unit` `bytes` and weighs each stack its [`Profile::weight`]: the bytes still in
 //!   use at the end when the heap is in it, else the bytes allocated.
@@ -126,8 +127,8 @@ pub fn render_threads(profile: &Profile, threads: Threads) -> Result<Vec<u8>, Ou
 /// What threads of one name are called once their number is left out, as a user thinks of
 /// them: `Thread-12 (process_request_thread)` (Python 3.10+'s name of a thread running
 /// `process_request_thread`) is `process_request_thread`, `ThreadPoolExecutor-0_3` and
-/// `worker-7` are `ThreadPoolExecutor` and `worker`. A name that is all digits and
-/// separators stays whole.
+/// `worker-7` are `ThreadPoolExecutor` and `worker` (a number is left out when a separator,
+/// `-`, `_`, `:`, `#` or a space, comes before it: `python3.11` stays whole).
 pub fn thread_group(name: &str) -> &str {
     if let Some(target) = name
         .strip_prefix("Thread-")
@@ -138,11 +139,16 @@ pub fn thread_group(name: &str) -> &str {
     {
         return target;
     }
-    let trimmed = name.trim_end_matches(|c: char| c.is_ascii_digit() || "-_:#. ".contains(c));
-    if trimmed.is_empty() {
-        name
-    } else {
-        trimmed
+    // Numbers at the end, each after a separator: `ThreadPoolExecutor-0_3`, not the version
+    // of `python3.11`.
+    let mut rest = name;
+    loop {
+        let digits = rest.len() - rest.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let head = &rest[..rest.len() - digits];
+        match head.strip_suffix(['-', '_', ':', '#', ' ']) {
+            Some(h) if digits > 0 && !h.is_empty() => rest = h,
+            _ => return rest,
+        }
     }
 }
 
@@ -543,7 +549,8 @@ mod tests {
             ("ThreadPoolExecutor-0_3", "ThreadPoolExecutor"),
             ("worker-7", "worker"),
             ("MainThread", "MainThread"),
-            ("python3.11", "python"),
+            ("python3.11", "python3.11"),
+            ("pool-1-thread-2", "pool-1-thread"),
             ("1234", "1234"),
             ("Thread-x (run)", "Thread-x (run)"),
         ] {

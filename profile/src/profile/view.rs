@@ -29,7 +29,9 @@ pub const RUNTIME_HELPERS: &[&str] = &["__tls_get_addr"];
 /// The interpreter's functions that carry a call from one function to the next (the loop's
 /// own entry points, vectorcall, `PyObject_Call`…), by the start of their names: between two
 /// Python frames they are a Python-to-Python call (every call of 3.8–3.10 goes through them),
-/// not C code that called Python back.
+/// not C code that called Python back. So are a class's special methods called through its
+/// type's slots (`type_call`, `slot_tp_init`: `C()` running `C.__init__`) and a generator
+/// resumed from C (`gen_iternext`, `gen_send_ex`: a `for` loop over it before 3.12).
 pub const CALL_GLUE: &[&str] = &[
     "_PyEval_",
     "PyEval_",
@@ -53,8 +55,13 @@ pub const CALL_GLUE: &[&str] = &[
     "_PyCFunction_",
     "PyCFunction_",
     "vectorcall_",
-    "slot_tp_call",
+    "slot_",
+    "type_call",
     "call_unbound",
+    "gen_iternext",
+    "gen_send",
+    "_PyGen_",
+    "PyIter_Send",
 ];
 
 /// Whether an interpreter frame between two Python frames is C code that called the inner one
