@@ -218,7 +218,7 @@ impl FoldedStack {
     }
 }
 
-/// Profiles a started `py_callbacks.py` (`--pid`, 2.5 s at 999 Hz), waits for it to end and
+/// Profiles a started `py_callbacks.py` (`--pid`, 2.5 s at 2999 Hz), waits for it to end and
 /// judges the profile with [`callback_problems`], and the Python version it ran by `label`:
 /// the problems, the stacks and spanprof's run.
 pub fn callback_session(
@@ -226,7 +226,10 @@ pub fn callback_session(
     folded: &Path,
     label: &str,
 ) -> (Vec<String>, Vec<FoldedStack>, crate::RunOutput) {
-    let out = crate::profile_pid(workload.pid(), "2500ms", 999, &[folded], &[]);
+    // 2999 Hz: ~7300 samples, where the split's binomial standard deviation is 0.6 points.
+    // At 999 Hz (~2400 samples, 1.0 point) a CI run on a loaded machine, which takes away the
+    // sampler's regular spacing, measured 3.4 points off; 10 runs alone were within 1.6.
+    let out = crate::profile_pid(workload.pid(), "2500ms", 2999, &[folded], &[]);
     let ran = workload.finish(Duration::from_secs(30));
     ran.assert_success();
     out.assert_success();
@@ -249,7 +252,8 @@ pub fn callback_session(
 /// loop lacks both Python frames and a marker, the summary counts every sample marked
 /// `[python frames not read: walk failed]`, and those are at most 5%; and the split of the
 /// samples between `run_map` and `run_sorted` is within ±3 points of the one the workload
-/// measured (`truth`, its JSON line). Prints the figures.
+/// measured (`truth`, its JSON line), or 4 binomial standard deviations if the samples are too
+/// few for 3 points to be that. Prints the figures.
 pub fn callback_problems(
     stacks: &[FoldedStack],
     stderr: &str,
@@ -279,7 +283,7 @@ pub fn callback_problems(
             ));
         }
     }
-    // ~2500 samples, most of them in the callbacks' C callers: 24-35% in the callbacks
+    // ~7300 samples, most of them in the callbacks' C callers: 24-35% in the callbacks
     // themselves (measured alone and in the full suite).
     if in_callbacks < total / 10 {
         problems.push(format!(
@@ -324,10 +328,13 @@ pub fn callback_problems(
     let share = 100.0 * map as f64 / (map + sorted).max(1) as f64;
     let want = 100.0 * truth["truth"]["run_map"].as_f64().unwrap_or(f64::NAN);
     let off = (share - want).abs();
-    if map + sorted < total / 2 || off.is_nan() || off > 3.0 {
+    let n = (map + sorted).max(1) as f64;
+    let sigma = (want * (100.0 - want) / n).sqrt();
+    let bound = (4.0 * sigma).max(3.0);
+    if map + sorted < total / 2 || off.is_nan() || off > bound {
         problems.push(format!(
             "run_map has {share:.1}% of the {} samples under run_map or run_sorted (of {total}), \
-             the workload measured {want:.1}% (want within 3 points)",
+             the workload measured {want:.1}% (want within {bound:.1} points)",
             map + sorted
         ));
     }
