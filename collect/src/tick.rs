@@ -123,7 +123,8 @@ impl Collector {
 
     /// How long the loop may wait for samples: [`TICK`] while lively, [`QUIET_TICK`] once
     /// quiet, or less when a process that just exec'd is due to be looked at again for its
-    /// interpreter (its own samples do not wake the loop), or the off-CPU read-ahead is due.
+    /// interpreter (its own samples do not wake the loop), the off-CPU read-ahead is due, or a
+    /// young Python process's quick look for the tracing libraries it imports.
     pub fn max_wait(&self) -> Duration {
         let now = Instant::now();
         let tick = if now < self.lively_until {
@@ -131,11 +132,15 @@ impl Collector {
         } else {
             QUIET_TICK
         };
-        [self.python.next_due(), self.python.next_read_ahead()]
-            .into_iter()
-            .flatten()
-            .map(|due| due.saturating_duration_since(now))
-            .fold(tick, Duration::min)
+        [
+            self.python.next_due(),
+            self.python.next_read_ahead(),
+            self.python.next_span_look(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|due| due.saturating_duration_since(now))
+        .fold(tick, Duration::min)
     }
 
     /// A waiter on this collection's ring buffer and on the exit of `pids`.

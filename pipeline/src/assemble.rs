@@ -15,7 +15,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use symbolizer::unwind::{FailedBy, UnwindStatus};
 use symbolizer::Symbol;
 
-use crate::count::{block_facts, Counter};
+use crate::count::{block_facts, Counter, SampleName};
 use crate::merge::{merge, Piece};
 use crate::offcpu::{classify, is_asyncio_idle};
 use crate::profile::{
@@ -214,24 +214,34 @@ pub fn assemble(
         .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel, false)))
         .collect();
 
-    let mut thread_ids: Vec<(u32, u32)> = count.threads.keys().copied().collect();
-    thread_ids.sort_unstable();
-    let thread_index: FxHashMap<(u32, u32), u32> = thread_ids
-        .iter()
-        .enumerate()
-        .map(|(i, &key)| (key, i as u32))
-        .collect();
-    let threads: Vec<Thread> = thread_ids
-        .iter()
-        .map(|&(pid, tid)| Thread {
-            pid,
-            tid,
-            name: count
+    // A thread per (pid, tid, name): a renamed thread's samples keep the name they had. A
+    // sample with only a `comm` gets the thread's latest Python name if it has one (sampled
+    // before the name was read).
+    let sample_thread = |pid: u32, tid: u32, name: u32| -> Thread {
+        let name = match &count.thread_names[name as usize] {
+            SampleName::Python(n) => n.to_string(),
+            SampleName::Comm(comm) => count
                 .python_thread_names
                 .get(&(pid, tid))
                 .cloned()
-                .unwrap_or_else(|| comm_string(&count.threads[&(pid, tid)])),
-        })
+                .unwrap_or_else(|| comm_string(comm)),
+        };
+        Thread { pid, tid, name }
+    };
+    let mut threads: Vec<Thread> = count
+        .counts
+        .keys()
+        .map(|&(pid, tid, name, ..)| (pid, tid, name))
+        .collect::<FxHashSet<_>>()
+        .into_iter()
+        .map(|(pid, tid, name)| sample_thread(pid, tid, name))
+        .collect();
+    threads.sort_unstable_by(|a, b| (a.pid, a.tid, &a.name).cmp(&(b.pid, b.tid, &b.name)));
+    threads.dedup();
+    let thread_index: FxHashMap<&Thread, u32> = threads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t, i as u32))
         .collect();
 
     let kernel_stacks = count.kernel.by_id();
@@ -260,7 +270,7 @@ pub fn assemble(
         v.sort_unstable();
         v
     };
-    for (&(pid, tid, kid, uid, pyid, span, mut unwind, off), counts) in &count.counts {
+    for (&(pid, tid, name, kid, uid, pyid, span, mut unwind, off), counts) in &count.counts {
         let mut ustack = user_stacks[&pid][uid as usize];
         // A walk by frame pointers through code that keeps none goes on with whatever the
         // register held: from the first address in no mapping on, the frames are garbage.
@@ -374,7 +384,7 @@ pub fn assemble(
         }
         samples.push(Sample {
             frames: stack,
-            thread: thread_index[&(pid, tid)],
+            thread: thread_index[&sample_thread(pid, tid, name)],
             count: counts.samples,
             off_cpu_ns: counts.off_cpu_ns,
             off_cpu: reason,

@@ -360,6 +360,8 @@ pub struct Python {
     procs: FxHashMap<u32, Proc>,
     /// The earliest `next` of the pending processes that wait for a time, not a sample.
     due: Option<Instant>,
+    /// The earliest quick look for tracing libraries (see `Spans::quick_look`).
+    span_due: Option<Instant>,
     functions: Vec<PyFunction>,
     function_ids: FxHashMap<PyFunction, u32>,
     /// Why processes that looked like Python could not be profiled as such, with their pids.
@@ -400,6 +402,7 @@ impl Python {
             spans,
             procs: FxHashMap::default(),
             due: None,
+            span_due: None,
             functions: vec![unknown()],
             function_ids: [(unknown(), UNKNOWN_FUNCTION)].into_iter().collect(),
             notes: BTreeMap::new(),
@@ -529,11 +532,15 @@ impl Python {
             })
             .min();
         let mut notes = Vec::new();
+        self.span_due = None;
         for (&pid, p) in &mut self.procs {
             if let Proc::Ready(r) = p {
                 if let Some(spans) = r.spans.as_mut() {
                     if let Some(value) = spans.look(now, &mut self.modules) {
                         self.span_writes.push((pid, value));
+                    }
+                    if let Some(next) = spans.quick_look() {
+                        self.span_due = Some(self.span_due.map_or(next, |due| due.min(next)));
                     }
                     if let Some(note) = spans.take_note() {
                         notes.push((pid, note));
@@ -570,6 +577,12 @@ impl Python {
     /// within a few ms.
     pub fn next_due(&self) -> Option<Instant> {
         self.due
+    }
+
+    /// When a young Python process is due to be looked at again for tracing libraries, sooner
+    /// than the collection's tick would (see `Spans::quick_look`).
+    pub fn next_span_look(&self) -> Option<Instant> {
+        self.span_due
     }
 
     /// Whether a pending look is due now: the drain stops for it between two records.
@@ -775,6 +788,7 @@ impl Python {
                     base,
                     mem,
                     process.runtime_addr,
+                    process.hash_secret_addr,
                     offsets,
                     objects,
                 ));

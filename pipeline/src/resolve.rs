@@ -254,7 +254,7 @@ impl Resolver {
         let span = match sample.span() {
             Some(record) => {
                 // The thread's name as the kernel read it with the sample (at its first, then
-                // once a second): the name of a thread that may be gone by the drain.
+                // every 50 ms): the name of a thread that may be gone by the drain.
                 if let Some(name) = record
                     .thread_name()
                     .and_then(|b| std::str::from_utf8(b).ok())

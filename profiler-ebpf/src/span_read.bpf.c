@@ -852,7 +852,7 @@ __attribute__((noinline)) int span_thread_name(__u32 slot TASK_GP)
  * THREAD_NAME_EVERY_NS (a renamed thread); after a read that found no name, again after
  * THREAD_NAME_RETRY_NS (a thread sampled before threading registered it). Always in a dump.
  */
-#define THREAD_NAME_EVERY_NS 1000000000ULL
+#define THREAD_NAME_EVERY_NS 50000000ULL
 #define THREAD_NAME_RETRY_NS 2000000ULL
 
 static __always_inline int thread_name_due(struct scratch *w)

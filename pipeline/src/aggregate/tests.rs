@@ -49,17 +49,40 @@ fn counts_per_thread_and_stack_and_queues_new_addresses_once() {
     assert_eq!(agg.count.counts.len(), 2, "two threads");
     // In the kernel, the user leaf is the return address of the system call.
     assert_eq!(
-        agg.count.counts[&(10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 11, 0, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         2
     );
     assert_eq!(agg.count.user[&10].by_id()[1], [0xfff, 0x1fff]);
     // In user mode the leaf is the interrupted instruction itself.
     assert_eq!(
-        agg.count.counts[&(10, 12, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 12, 0, EMPTY, 2, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
     assert_eq!(agg.count.user[&10].by_id()[2], [0x1000, 0x1fff]);
     assert_eq!(agg.count.pending[&10], vec![0xfff, 0x1fff, 0x1000, 0x1fff]);
+}
+
+#[test]
+fn a_renamed_thread_counts_each_name_apart() {
+    let mut agg = Aggregator::new(Options::default());
+    let mut py = Python::new(false, false);
+    let mut r = record(10, 11, &[], &[0x1000]);
+    agg.record(&sample(&r), &mut py);
+    // SAFETY: the buffer holds the header; SampleHeader is plain old data.
+    let h = unsafe { &mut *(r.as_mut_ptr() as *mut SampleHeader) };
+    h.comm[..4].copy_from_slice(b"next");
+    agg.record(&sample(&r), &mut py);
+    agg.record(&sample(&r), &mut py);
+    let names: Vec<_> = agg.count.thread_names.iter().collect();
+    let comm = |s: &[u8]| {
+        let mut c = [0u8; profiler_common::TASK_COMM_LEN];
+        c[..s.len()].copy_from_slice(s);
+        crate::count::SampleName::Comm(c)
+    };
+    assert_eq!(names, [&comm(b"test"), &comm(b"next")]);
+    let key = |name| (10, 11, name, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0);
+    assert_eq!(agg.count.counts[&key(0)].samples, 1);
+    assert_eq!(agg.count.counts[&key(1)].samples, 2);
 }
 
 #[test]
@@ -85,11 +108,11 @@ fn off_cpu_records_add_their_weight_under_their_facts() {
             iowait: false
         }
     );
-    let key = (10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, off);
+    let key = (10, 11, 0, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, off);
     assert_eq!(agg.count.counts[&key].off_cpu_ns, 20_000_000);
     assert_eq!(agg.count.counts[&key].samples, 0);
     // The timer sample of the same stack is counted apart.
-    let key = (10, 11, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0);
+    let key = (10, 11, 0, 1, 1, EMPTY, 0, UnwindStatus::Unchecked, 0);
     assert_eq!(agg.count.counts[&key].samples, 1);
     assert_eq!(agg.count.counts[&key].off_cpu_ns, 0);
     // A record without its user stack has no system call to go by.
@@ -116,11 +139,11 @@ fn a_reused_tid_under_another_pid_is_another_thread() {
     );
     assert_eq!(agg.count.threads.len(), 2);
     assert_eq!(
-        agg.count.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 11, 0, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
     assert_eq!(
-        agg.count.counts[&(20, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(20, 11, 0, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
 }
@@ -299,7 +322,7 @@ fn no_kernel_drops_kernel_stacks() {
     let mut py = Python::new(false, false);
     agg.record(&sample(&record(10, 11, &[0xffff_0010], &[0x1000])), &mut py);
     assert_eq!(
-        agg.count.counts[&(10, 11, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
+        agg.count.counts[&(10, 11, 0, EMPTY, 1, EMPTY, 0, UnwindStatus::Unchecked, 0)].samples,
         1
     );
     assert_eq!(agg.count.kernel.ids.len(), 1, "only the empty stack");

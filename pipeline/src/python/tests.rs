@@ -16,6 +16,7 @@ fn process(minor: u8) -> PythonProcess {
         runtime_addr: 0x7000,
         code_type_addr: None,
         unicode_type_addr: None,
+        hash_secret_addr: None,
         hamt_types: [None; 3],
         eval_ranges: vec![],
         debug_build: false,

@@ -69,6 +69,9 @@ pub struct PythonProcess {
     pub code_type_addr: Option<u64>,
     /// Run-time address of `PyUnicode_Type`, to validate strings, when exported.
     pub unicode_type_addr: Option<u64>,
+    /// Run-time address of `_Py_HashSecret` (exported), to hash a str that has not cached its
+    /// hash yet.
+    pub hash_secret_addr: Option<u64>,
     /// Run-time addresses of `_PyHamt_BitmapNode_Type`, `_PyHamt_ArrayNode_Type` and
     /// `_PyHamt_CollisionNode_Type`, when the symbol table has them (not in stripped builds).
     pub hamt_types: [Option<u64>; 3],
@@ -256,6 +259,7 @@ struct Symbols {
     py_version: Option<u64>,
     code_type: Option<u64>,
     unicode_type: Option<u64>,
+    hash_secret: Option<u64>,
     hamt_types: [Option<u64>; 3],
     /// Link-time `[start, end)` of the interpreter loop's parts.
     eval: Vec<(u64, u64)>,
@@ -286,6 +290,7 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Result<Option<Symbols>,
         "Py_Initialize",
         "_Py_RefTotal",
         "_Py_GetGlobalRefTotal",
+        "_Py_HashSecret",
     ];
     let found = inspector
         .lookup(&Source::Elf(elf), &names)
@@ -314,6 +319,7 @@ fn lookup_symbols(inspector: &Inspector, path: &Path) -> Result<Option<Symbols>,
             .and_then(|s| s.file_offset),
         code_type: first(2),
         unicode_type: first(3),
+        hash_secret: first(12),
         hamt_types: [first(6), first(7), first(8)],
         eval,
         eval_file_offset,
@@ -561,6 +567,7 @@ pub fn detect_with(pid: u32, seen: &mut NotPython) -> Result<PythonProcess, Dete
             runtime_addr: runtime.wrapping_add(load_bias),
             code_type_addr: syms.code_type.map(|a| a.wrapping_add(load_bias)),
             unicode_type_addr: syms.unicode_type.map(|a| a.wrapping_add(load_bias)),
+            hash_secret_addr: syms.hash_secret.map(|a| a.wrapping_add(load_bias)),
             hamt_types: hamt_types.map(|t| t.map(|a| a.wrapping_add(load_bias))),
             eval_ranges: eval
                 .iter()

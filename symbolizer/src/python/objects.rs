@@ -508,6 +508,57 @@ impl<M: ProcessMemory> Objects<'_, M> {
     }
 }
 
+/// CPython's hash of bytes (`_Py_HashBytes`, the hash of a str of kind 1): SipHash-1-3 (3.11 and
+/// later) or SipHash-2-4 (3.4–3.10, `sip13` false) keyed by `_Py_HashSecret`'s first 16 bytes; 0
+/// for no bytes, and never -1.
+pub fn py_hash_bytes(sip13: bool, key: [u64; 2], bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    if bytes.is_empty() {
+        return 0;
+    }
+    let h = if sip13 {
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(key[0], key[1]);
+        h.write(bytes);
+        h.finish()
+    } else {
+        let mut h = siphasher::sip::SipHasher24::new_with_keys(key[0], key[1]);
+        h.write(bytes);
+        h.finish()
+    };
+    if h as i64 == -1 {
+        -2i64 as u64
+    } else {
+        h
+    }
+}
+
+/// The hash CPython will give the ASCII str `obj` when it first hashes it, for a str that has
+/// not cached one yet (OpenTelemetry's span key, until the first span is set): computed with
+/// the process's `_Py_HashSecret` (at `secret`), by whichever of the two algorithms gives
+/// `known` (an ASCII str whose hash is cached, such as a dict key) its hash. An error when the
+/// str is not ASCII or neither algorithm agrees (a build with another hash function).
+pub fn computed_str_hash<M: ProcessMemory>(
+    o: &Objects<'_, M>,
+    secret: u64,
+    obj: u64,
+    known: u64,
+) -> Result<u64> {
+    let (text, known_text) = (o.str(obj)?, o.str(known)?);
+    if !text.is_ascii() || !known_text.is_ascii() {
+        return Err(ObjectError::Invalid("str hash of a str that is not ASCII"));
+    }
+    let known_hash = o.str_hash(known)?;
+    let key = [
+        o.mem.read_u64(secret)?,
+        o.mem.read_u64(secret.wrapping_add(8))?,
+    ];
+    [true, false]
+        .into_iter()
+        .find(|&sip13| py_hash_bytes(sip13, key, known_text.as_bytes()) == known_hash)
+        .map(|sip13| py_hash_bytes(sip13, key, text.as_bytes()))
+        .ok_or(ObjectError::Invalid("str hash function unknown"))
+}
+
 /// The HAMT hash of a ContextVar (Python/hamt.c `hamt_hash`): its 64-bit hash folded to 32.
 pub fn hamt_hash(hash: u64) -> u32 {
     let folded = (hash as u32 as i32) ^ ((hash >> 32) as u32 as i32);
@@ -630,9 +681,19 @@ pub struct SpanFinder {
     pub names: Option<NameObjects>,
     /// `threading._active`, found so far: the Thread objects by `get_ident()`, for thread names.
     pub threading_active: Option<u64>,
+    /// `_Py_HashSecret`'s address (0: unknown), to hash a str that has not cached its hash.
+    hash_secret: u64,
 }
 
 impl SpanFinder {
+    /// A finder for a process whose `_Py_HashSecret` is at `hash_secret` (0: unknown).
+    pub fn new(hash_secret: u64) -> Self {
+        SpanFinder {
+            hash_secret,
+            ..SpanFinder::default()
+        }
+    }
+
     /// Looks at `sys.modules` again (only its new entries) and at the modules found; true when
     /// something new was found. `runtime` is `_PyRuntime`'s address.
     pub fn look<M: ProcessMemory>(&mut self, o: &Objects<'_, M>, runtime: u64) -> bool {
@@ -758,12 +819,20 @@ impl SpanFinder {
             return Err(ObjectError::Invalid("current_context is not a ContextVar"));
         }
         let var_hash = hamt_hash(o.mem.read_u64(var.wrapping_add(o.obj.contextvar_hash))?);
-        let Some((_, key)) = o.dict_get(o.module_dict(prop)?, "_SPAN_KEY")? else {
+        let Some((key_name, key)) = o.dict_get(o.module_dict(prop)?, "_SPAN_KEY")? else {
             return Ok(None);
         };
         if !o.str(key)?.starts_with("current-span-") {
             return Err(ObjectError::Invalid("span key"));
         }
+        // The key is hashed when the first span is set: computed until then, so that the first
+        // span is read from its first sample.
+        let key_hash = match o.str_hash(key) {
+            Err(_) if self.hash_secret != 0 => {
+                computed_str_hash(o, self.hash_secret, key, key_name)?
+            }
+            cached => cached?,
+        };
         // The interned "_context": a key of INVALID_SPAN's attributes (a NonRecordingSpan).
         let Some((_, invalid)) = o.dict_get(o.module_dict(span)?, "INVALID_SPAN")? else {
             return Ok(None);
@@ -776,7 +845,7 @@ impl SpanFinder {
             var_hash,
             span_key: Key {
                 addr: key,
-                hash: o.str_hash(key)?,
+                hash: key_hash,
             },
             context_name: Key {
                 addr: name,

@@ -34,8 +34,8 @@ use shapes::{
 };
 use split::split_matches_truth_and_py_spy;
 use threads::{
-    thread_per_request_threads_carry_their_names, threads_carry_their_own_stacks,
-    threads_started_later_carry_their_own_stacks,
+    a_renamed_thread_keeps_each_name_on_its_samples, thread_per_request_threads_carry_their_names,
+    threads_carry_their_own_stacks, threads_started_later_carry_their_own_stacks,
 };
 use view::{python_view_of_a_pyenv_interpreter, python_view_of_sid_3_14_in_a_container};
 
@@ -239,4 +239,10 @@ per_version!(thread_per_request_threads_carry_their_names:
     thread_per_request_threads_carry_their_names_3_8 => 8,
     thread_per_request_threads_carry_their_names_3_11 => 11,
     thread_per_request_threads_carry_their_names_3_13 => 13,
+);
+
+per_version!(a_renamed_thread_keeps_each_name_on_its_samples:
+    a_renamed_thread_keeps_each_name_on_its_samples_3_8 => 8,
+    a_renamed_thread_keeps_each_name_on_its_samples_3_11 => 11,
+    a_renamed_thread_keeps_each_name_on_its_samples_3_13 => 13,
 );

@@ -241,3 +241,100 @@ fn sample_functions_have_python(sample: &serde_json::Value) -> bool {
         .as_array()
         .is_some_and(|frames| frames.iter().any(|f| f["mapping"] == "[python]"))
 }
+
+/// A thread renamed halfway (`first-half`, then `second-half`, each for 2 s of its CPU, at
+/// 999 Hz): of the samples taken in each half (told by the line of `work` that called `burn`,
+/// in a folded output grouped by thread), at least 95% carry that half's name (the kernel reads
+/// a name again at most every 50 ms: the first ~50 ms after the rename keep the old one); in
+/// pprof, both names are on the thread's own id, and at most 2% of its samples carry another.
+pub(super) fn a_renamed_thread_keeps_each_name_on_its_samples(interp: &Interp) {
+    require_python_profiling();
+    let tmp = TempDir::new("py-thread-rename");
+    let pprof = tmp.join("rename.pb.gz");
+    let folded = tmp.join("rename.folded");
+    let script = spanprof_tests::py_workload_source("py_thread_rename.py");
+    let out = {
+        let _lock = profiling_lock();
+        spanprof_tests::run_spanprof(spanprof_tests::args![
+            "profile",
+            "-F",
+            "999",
+            "-o",
+            &pprof,
+            "-o",
+            &folded,
+            "--group-by",
+            "thread",
+            "--",
+            &interp.path,
+            &script,
+            "2",
+        ])
+    };
+    out.assert_success();
+    let truth = last_json_line(&out.stdout);
+    let tid = truth["tid"].as_i64().expect("tid");
+    let mut problems = Vec::new();
+
+    // The line of each half's call of `burn`, from the workload itself.
+    let source = std::fs::read_to_string(&script).expect("the workload's source");
+    let line_of = |half: &str| {
+        1 + source
+            .lines()
+            .position(|l| {
+                l.contains(&format!("[\"{half}\"] = burn("))
+                    || l.contains(&format!("{{\"{half}\": burn("))
+            })
+            .unwrap_or_else(|| panic!("no call of burn for {half} in the workload"))
+    };
+    let stacks = read_folded(&folded);
+    let mut figures = Vec::new();
+    for half in ["first-half", "second-half"] {
+        let frame = format!("work (py_thread_rename.py:{})", line_of(half));
+        let mut by_root: BTreeMap<&str, u64> = BTreeMap::new();
+        for s in stacks.iter().filter(|s| s.frames.contains(&frame)) {
+            *by_root.entry(s.frames[0].as_str()).or_default() += s.count;
+        }
+        let all: u64 = by_root.values().sum();
+        let right = by_root
+            .get(format!("[thread {half}]").as_str())
+            .copied()
+            .unwrap_or(0);
+        figures.push(format!("{half}: {by_root:?}"));
+        if all < 1000 || right * 100 < all * 95 {
+            problems.push(format!(
+                "{right} of the {all} samples in {frame} are under [thread {half}]: {by_root:?}"
+            ));
+        }
+    }
+
+    let prof = decode_pprof(&pprof);
+    let mut by_name: BTreeMap<String, u64> = BTreeMap::new();
+    for sample in prof["samples"].as_array().expect("samples") {
+        if spanprof_tests::sample_num_label(sample, "thread.id") != Some(tid) {
+            continue;
+        }
+        let labels = spanprof_tests::sample_str_labels(sample);
+        let name = labels.get("thread.name").cloned().unwrap_or_default();
+        *by_name.entry(name).or_default() += sample["values"][0].as_u64().expect("a count");
+    }
+    let n = |name: &str| by_name.get(name).copied().unwrap_or(0);
+    let all: u64 = by_name.values().sum();
+    let other = all - n("first-half") - n("second-half");
+    if n("first-half") == 0 || n("second-half") == 0 || other * 50 > all {
+        problems.push(format!(
+            "pprof: the samples of thread.id={tid} by thread.name: {by_name:?}"
+        ));
+    }
+    println!(
+        "{}: {}; pprof {by_name:?}",
+        interp.label,
+        figures.join("; ")
+    );
+    assert!(
+        problems.is_empty(),
+        "{}: a renamed thread:\n- {}\n{out}",
+        interp.label,
+        problems.join("\n- ")
+    );
+}

@@ -63,7 +63,7 @@ use spanprof_tests::{
 use common::{require_span_profiling, Interp, FREQUENCY, WORKLOAD};
 use libraries::{
     osprofiler, osprofiler_fresh_threads, osprofiler_green, osprofiler_otlp, otel_asyncio,
-    otel_green, otel_late, otel_threads,
+    otel_first_spans, otel_green, otel_late, otel_threads,
 };
 use published::{
     native_thread_context, published_osprofiler, published_otel_asyncio, published_otel_threads,
@@ -116,6 +116,16 @@ fn otel_threads_sid_3_15_in_a_container() {
 fn otel_threads_debian_3_11() {
     otel_threads(&Interp::debian_3_11());
 }
+
+// A 1-s command run, spans from the import on: SipHash-2-4 (3.8, 3.10) and SipHash-1-3
+// (3.11–3.13) str hashes.
+per_version!(otel_first_spans:
+    otel_first_spans_of_a_command_run_3_8 => 8,
+    otel_first_spans_of_a_command_run_3_10 => 10,
+    otel_first_spans_of_a_command_run_3_11 => 11,
+    otel_first_spans_of_a_command_run_3_12 => 12,
+    otel_first_spans_of_a_command_run_3_13 => 13,
+);
 
 // ---------------------------------------------------------------------------
 // 2. OpenTelemetry, asyncio tasks

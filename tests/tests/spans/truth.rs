@@ -265,8 +265,8 @@ impl Tally {
         tally
     }
 
-    /// Every threshold missed, as sentences.
-    fn problems(&self) -> Vec<String> {
+    /// Every threshold missed, as sentences; `min_right` is the least recall and precision.
+    fn problems(&self, min_right: f64) -> Vec<String> {
         let share = |n: i64, of: i64| n as f64 / of.max(1) as f64;
         let mut problems = Vec::new();
         if self.in_span < MIN_SPAN_SAMPLES {
@@ -284,25 +284,25 @@ impl Tally {
             ));
         }
         let recall = share(self.right, self.in_span);
-        if recall < MIN_RIGHT {
+        if recall < min_right {
             problems.push(format!(
                 "recall: {} of the {} samples in a span ({:.1}%) carry exactly its ids, \
                  expected at least {:.0}%",
                 self.right,
                 self.in_span,
                 100.0 * recall,
-                100.0 * MIN_RIGHT
+                100.0 * min_right
             ));
         }
         let precision = share(self.right, self.labelled);
-        if self.labelled > 0 && precision < MIN_RIGHT {
+        if self.labelled > 0 && precision < min_right {
             problems.push(format!(
                 "precision: {} of the {} samples in a span with ids ({:.1}%) carry the right \
                  ones, expected at least {:.0}%",
                 self.right,
                 self.labelled,
                 100.0 * precision,
-                100.0 * MIN_RIGHT
+                100.0 * min_right
             ));
         }
         let thread = share(self.right_thread, self.in_span);
@@ -402,11 +402,24 @@ pub(super) fn check_labels(
     keys: &[&'static str],
     out: &RunOutput,
 ) -> serde_json::Value {
+    check_labels_at(interp, mode, pprof, truth, keys, out, MIN_RIGHT)
+}
+
+/// [`check_labels`] with `min_right` as the least recall and precision.
+pub(super) fn check_labels_at(
+    interp: &Interp,
+    mode: &str,
+    pprof: &Path,
+    truth: &Path,
+    keys: &[&'static str],
+    out: &RunOutput,
+    min_right: f64,
+) -> serde_json::Value {
     let truth = read_truth(truth);
     let profile = decode_pprof(pprof);
     let tally = Tally::of(&profile, &truth, keys);
     let table = tally.table();
-    let problems = tally.problems();
+    let problems = tally.problems(min_right);
     if problems.is_empty() {
         // The margins, for `--nocapture` runs.
         println!("{} {mode}: {} spans\n{table}", interp.label, truth.len());

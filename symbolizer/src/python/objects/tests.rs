@@ -200,6 +200,18 @@ fn hamt_hash_folds_like_cpython() {
     assert_eq!(hamt_hash(0x1234_5678), 0x1234_5678);
 }
 
+/// The hashes of CPython 3.10 (SipHash-2-4) and 3.11 (SipHash-1-3) run with
+/// `PYTHONHASHSEED=0` (an all-zero `_Py_HashSecret`): `hash('current-span-0')`, `hash('a')`.
+#[test]
+fn str_hashes_are_cpythons() {
+    let h = |sip13, s: &str| py_hash_bytes(sip13, [0, 0], s.as_bytes()) as i64;
+    assert_eq!(h(false, "current-span-0"), 8825921094536252018);
+    assert_eq!(h(false, "a"), -7583489610679606711);
+    assert_eq!(h(true, "current-span-0"), -2419921713978341468);
+    assert_eq!(h(true, "_SPAN_KEY"), 5117728836703989919);
+    assert_eq!(h(true, ""), 0);
+}
+
 #[test]
 fn every_version_has_a_table() {
     for minor in 8..=crate::python::offsets::NEWEST_MINOR {
