@@ -392,6 +392,7 @@ impl Programs {
             (o.period_ns.clamp(1, 1_000_000_000), o.min_ns)
         });
         let offcpu_runnable = u32::from(opts.off_cpu.is_some_and(|o| o.runnable));
+        let offcpu_enabled = u32::from(opts.off_cpu.is_some());
         let alloc_rate = opts.alloc.map_or(DEFAULT_ALLOC_RATE, |a| a.rate.max(1));
         let alloc_heap = u32::from(opts.alloc.is_some_and(|a| a.heap));
         if opts.alloc.is_none() {
@@ -411,6 +412,7 @@ impl Programs {
             .override_global("offcpu_period_ns", &offcpu_period_ns, true)
             .override_global("offcpu_min_ns", &offcpu_min_ns, true)
             .override_global("offcpu_runnable", &offcpu_runnable, true)
+            .override_global("offcpu_enabled", &offcpu_enabled, true)
             .override_global("alloc_rate", &alloc_rate, true)
             .override_global("alloc_heap", &alloc_heap, true)
             .map_max_entries("samples", opts.ring_buffer_size)
@@ -886,6 +888,10 @@ impl Programs {
         let mut started = 0;
         for tid in threads_of(pid) {
             if !thread_sleeping(pid, tid) {
+                continue;
+            }
+            // One that blocked since the programs were attached has its interval already.
+            if matches!(task_storage(map_fd, tid, None), ThreadState::Known(t) if t.off_ts != 0) {
                 continue;
             }
             // SAFETY: OffCpuTask is integers only: all zeroes is a valid value.

@@ -15,7 +15,7 @@ mod tests;
 
 use crate::profile::OffCpuReason;
 use lists::{
-    GIL_FUNCTIONS, GIL_PRIMITIVES, IO_SYSCALLS, KERNEL_IO, KERNEL_LOCK, KERNEL_SLEEP,
+    GIL_FUNCTIONS, GIL_PRIMITIVES, GIL_TAKERS, IO_SYSCALLS, KERNEL_IO, KERNEL_LOCK, KERNEL_SLEEP,
     LOCK_SYSCALLS, NATIVE_LOCK, NATIVE_SLEEP, SLEEP_IF_ARG0_ZERO,
 };
 
@@ -124,6 +124,25 @@ fn blocking_frames<'a, 'b>(native: &'a [&'b str]) -> &'a [&'b str] {
 /// A Python frame as the profile names it: `qualname (file.py:LINE)` or `qualname (file.py)`.
 fn is_python_frame(frame: &str) -> bool {
     frame.ends_with(".py)") || (frame.ends_with(')') && frame.contains(".py:"))
+}
+
+/// Whether a thread caught on a CPU or runnable (`spanprof dump`) is waiting to take the GIL:
+/// its native frames (innermost first, named as for [`classify`]) have a glibc wait
+/// (`GIL_PRIMITIVES`) inside a function that takes it (`GIL_TAKERS`, the innermost of
+/// `GIL_FUNCTIONS`). One handing the GIL over (`drop_gil`) or on its way out of `take_gil`
+/// (unlocking, the GIL taken) is not: it holds the GIL, or is about to run.
+pub fn waits_for_gil(native: &[&str]) -> bool {
+    let native = blocking_frames(native);
+    let Some(taker) = native
+        .iter()
+        .position(|f| in_list(base_name(f), GIL_FUNCTIONS))
+    else {
+        return false;
+    };
+    in_list(base_name(native[taker]), GIL_TAKERS)
+        && native[..taker]
+            .iter()
+            .any(|f| in_list(base_name(f), GIL_PRIMITIVES))
 }
 
 fn is_gil_wait(native: &[&str]) -> bool {

@@ -9,10 +9,43 @@
  * its saved registers are not where it is now. The reads race with the thread only if it runs
  * meanwhile (then its record mixes two moments, as a sample of a running thread may).
  *
- * Bounds: one hash lookup per task of the system, then for a target's blocked thread one
- * bpf_get_task_stack and send_sample's bounded work, in the iterator's own scratch.
+ * In an off-CPU session (offcpu_enabled) it counts instead the intervals still open: a blocked
+ * thread of a target whose interval started (on_switch, or user space at the start for threads
+ * blocked before it) gets a record of the time from then to now, sampled as any interval
+ * (offcpu.bpf.c), and its interval goes on from now: what a session's end or a daemon's window
+ * would otherwise leave out, a thread stuck for the whole session included.
+ *
+ * Bounds: one hash lookup per task of the system, then for a target's blocked thread one task
+ * storage lookup, one bpf_get_task_stack and send_sample's bounded work, in the iterator's own
+ * scratch.
  */
 #include "send_sample.h"
+
+/*
+ * The weight of the open interval of `task` up to now, 0 when the sampling does not keep it (or
+ * none is open); the interval then starts again at now. Racing with the thread's wake-up on
+ * another CPU can count a few microseconds twice.
+ */
+static __always_inline __u64 open_interval(struct task_struct *task, __u64 *blocked, __u32 *flags)
+{
+	struct spanprof_offcpu_task *t = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+	__u64 now = bpf_ktime_get_ns(), d;
+
+	if (!t || !t->off_ts || t->off_ts >= now)
+		return 0;
+	d = now - t->off_ts;
+	t->off_ts = now;
+	*blocked = d;
+	*flags = t->off_flags;
+	if (d < offcpu_min_ns)
+		return 0;
+	if (d >= offcpu_period_ns)
+		return d;
+	/* As end_interval: kept with probability d / period, weight period. */
+	if ((__u64)bpf_get_prandom_u32() * offcpu_period_ns < (d << 32))
+		return offcpu_period_ns;
+	return 0;
+}
 
 SEC("iter.s/task")
 int dump_threads(struct bpf_iter__task *ctx)
@@ -21,8 +54,8 @@ int dump_threads(struct bpf_iter__task *ctx)
 	struct pt_regs___kernel *regs;
 	struct spanprof_sample *s;
 	struct scratch *w;
-	__u32 tgid, state;
-	__u64 k;
+	__u32 tgid, state, flags = 0;
+	__u64 k, weight = 0, blocked = 0;
 	long n;
 
 	if (!task)
@@ -33,15 +66,31 @@ int dump_threads(struct bpf_iter__task *ctx)
 	state = task->__state;
 	if ((state & TASK_DEAD) || task->on_cpu)
 		return 0;
+	if (offcpu_enabled) {
+		if (!state)
+			return 0;
+		weight = open_interval(task, &blocked, &flags);
+		if (!weight)
+			return 0;
+	}
 	w = get_scratch(0);
 	if (!w)
 		return 0;
 	s = begin_sample(w, ((__u64)tgid << 32) | (__u32)task->pid, 0);
 	bpf_probe_read_kernel_str(s->comm, sizeof(s->comm), task->comm);
-	/* Blocked: not an interval, a weight of 1 ns (the records' count is the threads'). */
-	s->event = state ? SPANPROF_EVENT_OFFCPU : SPANPROF_EVENT_CPU;
-	s->weight = state ? 1 : 0;
-	s->offcpu_flags = BPF_CORE_READ_BITFIELD_PROBED(task, in_iowait) ? SPANPROF_OFFCPU_IOWAIT : 0;
+	if (offcpu_enabled) {
+		s->event = SPANPROF_EVENT_OFFCPU;
+		s->weight = weight;
+		s->blocked_ns = blocked;
+		s->offcpu_flags = flags;
+	} else {
+		/* Blocked: not an interval, a weight of 1 ns (the records' count is the threads'). */
+		s->event = state ? SPANPROF_EVENT_OFFCPU : SPANPROF_EVENT_CPU;
+		s->weight = state ? 1 : 0;
+		s->offcpu_flags = BPF_CORE_READ_BITFIELD_PROBED(task, in_iowait) ?
+					  SPANPROF_OFFCPU_IOWAIT :
+					  0;
+	}
 	regs = (struct pt_regs___kernel *)bpf_task_pt_regs(task);
 	if (regs) {
 		s->syscall_nr = (__s32)BPF_CORE_READ(regs, orig_ax);

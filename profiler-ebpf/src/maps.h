@@ -44,6 +44,11 @@ SPANPROF_SETTING(__u32, stack_copy_bytes, 0);
  */
 SPANPROF_SETTING(__u64, offcpu_period_ns, 10101010);
 SPANPROF_SETTING(__u64, offcpu_min_ns, 5000);
+/*
+ * --event offcpu or wall: blocked intervals are measured (on_switch is attached); the task
+ * iterator then counts the open ones instead of listing blocked threads (dump.task.c).
+ */
+SPANPROF_SETTING(__u32, offcpu_enabled, 0);
 /* --event wall: the time targets' threads wait runnable (preempted) is summed per thread. */
 SPANPROF_SETTING(__u32, offcpu_runnable, 0);
 /*

@@ -13,8 +13,9 @@
 //! 2. a runnable thread (preempted) gets a timer sample's record from the iterator, read the same
 //!    way; a thread on a CPU gets its stack from the timer sampler's next sample of it.
 //!
-//! Each thread's first event from the moment the targets were set wins: the iterator's record,
-//! or the sampler's. A thread neither sampled nor found blocked within [`DUMP_WAIT`] (one that
+//! Each thread's first record of a wait wins (the first pass's, unless it ran then; a timer or
+//! runnable record in the interpreter's GIL functions is a wait for the GIL), else its first
+//! timer sample. A thread neither sampled nor found blocked within [`DUMP_WAIT`] (one that
 //! ran at each pass and was never sampled) is listed with its state unknown; the iterator runs
 //! again every [`PASS_EVERY`] while one is missing.
 //!
@@ -176,6 +177,7 @@ pub fn run(opts: &Options) -> Result<Dump> {
         .iter()
         .flat_map(|&pid| threads_of(pid).into_iter().map(move |tid| (pid, tid)))
         .collect();
+    let pass = SystemTime::now();
     c.programs.dump_blocked_threads()?;
     let start = Instant::now();
     let mut last_pass = start;
@@ -220,24 +222,92 @@ pub fn run(opts: &Options) -> Result<Dump> {
         python,
         ..
     } = c.stop();
-    let profile = agg
-        .into_profile(&mut symbolizer, &python, meta)
-        .into_view(opts.view);
-    Ok(assemble(&profile, &threads, time))
+    let profile = agg.into_profile(&mut symbolizer, &python, meta);
+    let pass_ns = pass
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    Ok(dump_of(profile, pass_ns, &threads, opts.view, time))
 }
 
-/// The first event of each thread in `profile`, and the threads of `listed` without one.
-fn assemble(profile: &Profile, listed: &BTreeSet<(u32, u32)>, time: SystemTime) -> Dump {
-    // (pid, tid) → (time of its first event, the sample).
-    let mut first: BTreeMap<(u32, u32), (u64, &Sample)> = BTreeMap::new();
-    for s in &profile.samples {
+/// The dump of a profile of every record taken, the first pass of the iterator at `pass_ns`:
+/// each thread's record is chosen on the whole stacks (a GIL wait is in the interpreter's own
+/// frames), then shown in `view`.
+fn dump_of(
+    mut profile: Profile,
+    pass_ns: u64,
+    listed: &BTreeSet<(u32, u32)>,
+    view: spanprof_profile::profile::View,
+    time: SystemTime,
+) -> Dump {
+    let chosen = choose(&profile, pass_ns);
+    let mut index = 0;
+    profile.retain_samples(|_, _| {
+        index += 1;
+        chosen.contains_key(&(index - 1))
+    });
+    let gil: BTreeSet<(u32, u32)> = chosen
+        .values()
+        .filter(|&&(_, gil)| gil)
+        .map(|&(key, _)| key)
+        .collect();
+    assemble(&profile.into_view(view), listed, &gil, time)
+}
+
+/// The record each thread is shown with, by index in `profile.samples`, with its (pid, tid) and
+/// whether it is a wait for the GIL though on a CPU or runnable: its record of a wait nearest the
+/// first pass of the task iterator (at `pass_ns`, Unix time), the pass's own for a thread
+/// blocked then, else the timer sample nearest the pass. The threads are then shown at about
+/// one moment: two threads sharing the GIL swap every 5 ms, and their first samples (taken
+/// before the pass, as the sampler starts) showed both running in 4 of 10 dumps.
+fn choose(profile: &Profile, pass_ns: u64) -> BTreeMap<usize, ((u32, u32), bool)> {
+    // (pid, tid) → (whether it runs, distance from the pass, index, GIL wait on a CPU).
+    let mut first: BTreeMap<(u32, u32), (bool, u64, usize, bool)> = BTreeMap::new();
+    for (i, s) in profile.samples.iter().enumerate() {
         let Some(t) = profile.threads.get(s.thread as usize) else {
             continue;
         };
-        let when = s.times.iter().map(|t| t.unix_ns).min().unwrap_or(u64::MAX);
+        let gil = s.off_cpu.is_none() && {
+            let native: Vec<String> = s
+                .frames
+                .iter()
+                .rev()
+                .filter_map(|&f| profile.frames.get(f as usize))
+                .filter(|f| f.kind != FrameKind::Kernel)
+                .map(Frame::display_name)
+                .collect();
+            let native: Vec<&str> = native.iter().map(String::as_str).collect();
+            spanprof_pipeline::offcpu::waits_for_gil(&native)
+        };
+        let when = s
+            .times
+            .iter()
+            .map(|t| t.unix_ns.abs_diff(pass_ns))
+            .min()
+            .unwrap_or(u64::MAX);
+        let rank = (s.off_cpu.is_none() && !gil, when);
         let key = (t.pid, t.tid);
-        if first.get(&key).is_none_or(|&(w, _)| when < w) {
-            first.insert(key, (when, s));
+        if first.get(&key).is_none_or(|&(r, w, ..)| rank < (r, w)) {
+            first.insert(key, (rank.0, when, i, gil));
+        }
+    }
+    first
+        .into_iter()
+        .map(|(key, (_, _, i, gil))| (i, (key, gil)))
+        .collect()
+}
+
+/// The dump of `profile`, which holds one sample per thread ([`choose`]), and the threads of
+/// `listed` without one; those of `gil` wait for the GIL on a CPU.
+fn assemble(
+    profile: &Profile,
+    listed: &BTreeSet<(u32, u32)>,
+    gil: &BTreeSet<(u32, u32)>,
+    time: SystemTime,
+) -> Dump {
+    let mut first: BTreeMap<(u32, u32), &Sample> = BTreeMap::new();
+    for s in &profile.samples {
+        if let Some(t) = profile.threads.get(s.thread as usize) {
+            first.entry((t.pid, t.tid)).or_insert(s);
         }
     }
     let mut processes: BTreeMap<u32, ProcessDump> = BTreeMap::new();
@@ -255,7 +325,13 @@ fn assemble(profile: &Profile, listed: &BTreeSet<(u32, u32)>, time: SystemTime) 
             threads: Vec::new(),
         });
         let thread = match first.get(&(pid, tid)) {
-            Some(&(_, s)) => thread_of(profile, s, tid),
+            Some(&s) => {
+                let mut t = thread_of(profile, s, tid);
+                if gil.contains(&(pid, tid)) {
+                    t.state = State::Blocked(OffCpuReason::Gil);
+                }
+                t
+            }
             None => ThreadDump {
                 tid,
                 name: std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
@@ -471,7 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn each_thread_is_shown_at_its_first_event_and_a_listed_one_without_any_as_unknown() {
+    fn each_thread_is_shown_waiting_if_found_so_and_a_listed_one_without_any_as_unknown() {
         let mut p = fixture::profile();
         let mut pseudo = p.frames[0].clone();
         pseudo.function = Some(OffCpuReason::Lock.frame_name());
@@ -479,16 +555,22 @@ mod tests {
         let pseudo = p.frames.len() as u32 - 1;
         let base = p.samples[0].clone();
         p.samples = vec![
-            // tid 100: blocked first (the iterator's record), sampled running later.
+            // tid 100: blocked at the first pass (at 100), sampled running later.
             sample(&base, 0, 200, None, pseudo),
             sample(&base, 0, 100, Some(OffCpuReason::Lock), pseudo),
-            // tid 101: sampled running first, found blocked by a later pass.
+            // tid 101: sampled running before the pass, found blocked by a later pass.
             sample(&base, 1, 50, None, pseudo),
             sample(&base, 1, 300, Some(OffCpuReason::Sleep), pseudo),
         ];
         // tid 4242 was listed (a thread of pid 100 then) and never seen.
         let listed: BTreeSet<(u32, u32)> = [(100, 100), (100, 101), (100, 4242)].into();
-        let dump = assemble(&p, &listed, SystemTime::UNIX_EPOCH);
+        let dump = dump_of(
+            p,
+            100,
+            &listed,
+            spanprof_profile::profile::View::Full,
+            SystemTime::UNIX_EPOCH,
+        );
         assert_eq!(dump.processes.len(), 1);
         let threads = &dump.processes[0].threads;
         let shown: Vec<(u32, State, Vec<String>)> = threads
@@ -503,7 +585,7 @@ mod tests {
             shown,
             vec![
                 (100, State::Blocked(OffCpuReason::Lock), stack.clone()),
-                (101, State::Running, stack),
+                (101, State::Blocked(OffCpuReason::Sleep), stack),
                 (4242, State::Unknown, Vec::new()),
             ]
         );
@@ -517,7 +599,7 @@ mod tests {
         let json = render_json(&dump);
         let t = &json["processes"][0]["threads"];
         assert_eq!(t[0]["state"], "lock");
-        assert_eq!(t[1]["state"], "running");
+        assert_eq!(t[1]["state"], "sleep");
         assert_eq!(t[2]["state"], "unknown");
         assert_eq!(t[0]["frames"][0]["function"], "compute");
         assert_eq!(t[0]["frames"][0]["kind"], "native");

@@ -282,10 +282,6 @@ pub fn run(opts: &Options) -> Result<Outcome> {
                         continue;
                     }
                 }
-                // Threads asleep now: their time until they wake is counted from here.
-                if events.off_cpu() {
-                    c.programs.start_blocked_threads(pid);
-                }
             }
             let descendants: Vec<u32> = pids.iter().copied().filter(|d| !p.contains(d)).collect();
             if !descendants.is_empty() && opts.progress {
@@ -335,7 +331,21 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         }
         eprintln!("spanprof: profiling {target_desc} {what} {until}; Ctrl-C to stop early");
     }
+    // The pass at the end that counts the threads still blocked, ready to run at once.
+    if events.off_cpu() {
+        if let Err(e) = c.programs.load_task_iterator() {
+            eprintln!(
+                "spanprof: warning: threads still blocked at the end will not be counted: {e}"
+            );
+        }
+    }
     let cpu_at_sampling = c.start_sampling(&pids);
+    // Threads asleep now: their time until they wake is counted from the session's start.
+    if events.off_cpu() && matches!(opts.target, Target::Pids(_)) {
+        for &pid in &pids {
+            c.programs.start_blocked_threads(pid);
+        }
+    }
     let start = Instant::now();
     let start_wall = SystemTime::now();
     let mut progress = Progress::new(
@@ -402,13 +412,22 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     };
     let duration = start.elapsed();
     let mut overhead = c.cost_since_mark();
+    // Threads still blocked count up to the end (a thread stuck for the whole session too).
+    let counted_at = spanprof_pipeline::monotonic_ns();
+    if events.off_cpu() {
+        if let Err(e) = c.programs.count_open_intervals() {
+            eprintln!("spanprof: warning: threads still blocked are not counted to the end: {e}");
+        }
+    }
     c.drain();
     overhead.setup = cpu_at_sampling.saturating_sub(cpu_at_start);
     overhead.records = c.agg.samples();
     progress.finish();
     let errors = c.programs.error_counts();
     c.agg.set_errors(&errors);
-    let off_cpu_unseen = events.off_cpu().then(|| OffCpuUnseen::of(&c.programs));
+    let off_cpu_unseen = events
+        .off_cpu()
+        .then(|| OffCpuUnseen::of(&c.programs, counted_at));
     if events.heap() {
         c.agg.set_live(c.programs.live_allocations());
         let unattributed = c.agg.unattributed_inuse();
@@ -490,7 +509,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
 /// waited runnable for a CPU (neither on nor blocked off it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OffCpuUnseen {
-    /// Threads blocked when the session ended.
+    /// Threads blocked when the session ended whose time was counted up to it.
+    pub counted_threads: u32,
+    /// Threads blocked when the session ended whose time was not (the count failed).
     pub open_threads: u32,
     /// Their time blocked, from their switch out (or the session's start) to the end.
     pub open_ns: u64,
@@ -503,8 +524,9 @@ pub struct OffCpuUnseen {
 }
 
 impl OffCpuUnseen {
-    /// Reads the kernel's per-thread state of every target, at the end of a session.
-    fn of(programs: &Programs) -> OffCpuUnseen {
+    /// Reads the kernel's per-thread state of every target, at the end of a session whose
+    /// threads still blocked were counted up to `counted_at` (their intervals start again then).
+    fn of(programs: &Programs, counted_at: u64) -> OffCpuUnseen {
         let now = spanprof_pipeline::monotonic_ns();
         let mut unseen = OffCpuUnseen {
             runnable_ns: programs.error_counts()[ErrorCode::RunnableNs as usize],
@@ -514,7 +536,9 @@ impl OffCpuUnseen {
             for (_, state) in programs.offcpu_threads(pid) {
                 match state {
                     ThreadState::Known(t) => {
-                        if t.off_ts != 0 && t.off_ts <= now {
+                        if t.off_ts >= counted_at {
+                            unseen.counted_threads += 1;
+                        } else if t.off_ts != 0 && t.off_ts <= now {
                             unseen.open_threads += 1;
                             unseen.open_ns += now - t.off_ts;
                         }
@@ -584,6 +608,7 @@ mod off_cpu_unseen_tests {
     fn says_what_the_profile_does_not_hold() {
         assert_eq!(OffCpuUnseen::default().line(true), None);
         let unseen = OffCpuUnseen {
+            counted_threads: 1,
             open_threads: 2,
             open_ns: 1_500_000,
             pending_ns: 400_000,

@@ -551,3 +551,71 @@ fn daemon_alloc_profiles_allocations() {
         "big_buffers {got} bytes, truth {want}"
     );
 }
+
+/// `events = ["offcpu"]`, windows of 1 s, a process none of whose threads ever wakes (the main
+/// thread sleeping in `longsleep`, ten threads waiting in `idle_wait`: py_idle_threads.py):
+/// each window holds the sleep up to its end, so in every whole window (not the first, cut by
+/// the process's addition, nor the last, cut by SIGTERM) `longsleep`'s off-CPU time is within
+/// 90-102% of the window's duration, and all its threads' together within 90-102% of eleven
+/// times it. Without the count at the window's end, such a thread was in no window at all.
+#[test]
+fn daemon_windows_hold_threads_blocked_throughout() {
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let sink = HttpSink::start();
+    let mut cmd = Command::new(pyenv_python(12));
+    cmd.arg(py_workload_source("py_idle_threads.py")).arg("60");
+    let mut workload = Background::spawn(cmd);
+    workload.wait_for_stderr("ready ", Duration::from_secs(30));
+    let pid = u64::from(workload.pid());
+    let dir = TempDir::new("daemon-idle");
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nevents = [\"offcpu\"]\nwindow = \"1s\"\n[scope]\npids = [{pid}]\n\
+             [export]\nprotocol = \"http/protobuf\"\nendpoint = \"{}\"\n",
+            sink.endpoint()
+        ),
+    );
+    sink.wait_for_requests(5, Duration::from_secs(30));
+    daemon.stop();
+    workload.signal(libc::SIGKILL);
+    let bins = sink.requests();
+    let mut whole = Vec::new();
+    for bin in &bins {
+        let decoded = otlp::decode_file(bin);
+        otlp::assert_valid(&decoded);
+        for (attrs, p) in otlp::profiles(&decoded) {
+            if attrs["process.pid"].as_u64() != Some(pid)
+                || p["sample_type"] != "off_cpu/nanoseconds"
+            {
+                continue;
+            }
+            let window = p["duration_nano"].as_f64().unwrap_or(0.0);
+            let samples = p["samples"].as_array().expect("samples");
+            let sleep: i64 = samples
+                .iter()
+                .filter(|s| otlp::functions(s).contains(&"longsleep"))
+                .map(otlp::sample_weight)
+                .sum();
+            let all: i64 = samples.iter().map(otlp::sample_weight).sum();
+            whole.push((window, sleep as f64, all as f64));
+        }
+    }
+    println!("windows (duration, longsleep, all threads; ns): {whole:?}");
+    // The first window starts before the process was added; the last ends at SIGTERM.
+    let inner = whole.get(1..whole.len().saturating_sub(1)).unwrap_or(&[]);
+    assert!(inner.len() >= 2, "windows of the process: {whole:?}");
+    for &(window, sleep, all) in inner {
+        assert!(
+            (0.9 * window..=1.02 * window).contains(&sleep)
+                && (0.9 * 11.0 * window..=1.02 * 11.0 * window).contains(&all),
+            "a window of {:.1} ms holds {:.1} ms of longsleep and {:.1} ms in all (11 threads): \
+             {whole:?}",
+            window / 1e6,
+            sleep / 1e6,
+            all / 1e6
+        );
+    }
+}

@@ -97,6 +97,19 @@ pub(super) const GIL_FUNCTIONS: &[&str] = &[
     "_PyThreadState_Swap",
 ];
 
+/// The functions of [`GIL_FUNCTIONS`] that take the GIL (the others hand it over).
+pub(super) const GIL_TAKERS: &[&str] = &[
+    "take_gil",
+    "_PyEval_AcquireLock",
+    "_PyThreadState_Attach",
+    "PyEval_RestoreThread",
+    "PyEval_AcquireThread",
+    "PyEval_AcquireLock",
+    "PyGILState_Ensure",
+    "PyThreadState_Swap",
+    "_PyThreadState_Swap",
+];
+
 /// glibc functions CPython calls to wait for the GIL: the only callers of `pthread_cond_*wait`
 /// and `pthread_mutex_lock` in pyenv's 3.8-3.13 are `take_gil`, `drop_gil` and functions they
 /// are inlined into (`PyEval_SaveThread`, `_Py_read` in Debian's 3.11); names as glibc 2.36's

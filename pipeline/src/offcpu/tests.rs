@@ -756,3 +756,26 @@ fn an_event_loop_waiting_in_its_selector_is_asyncio_idle() {
         Some(OffCpuReason::AsyncioIdle)
     );
 }
+
+#[test]
+fn a_thread_on_a_cpu_waits_for_the_gil_only_inside_a_taker_s_wait() {
+    let py = "spin (app.py:3)";
+    // Runnable in the condition wait of take_gil: waiting.
+    assert!(waits_for_gil(&[
+        "__futex_abstimed_wait_common",
+        "___pthread_cond_timedwait64",
+        "PyCOND_TIMEDWAIT (condvar.h:73, inlined)",
+        "take_gil",
+        py,
+    ]));
+    // Handing the GIL over, or leaving take_gil with it: not waiting.
+    assert!(!waits_for_gil(&[
+        "__GI___lll_lock_wake",
+        "__GI___pthread_mutex_unlock_usercnt",
+        "drop_gil",
+        py,
+    ]));
+    assert!(!waits_for_gil(&["___pthread_mutex_unlock", "take_gil", py]));
+    // Running Python code.
+    assert!(!waits_for_gil(&["_PyLong_Add", py]));
+}

@@ -70,6 +70,11 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     metrics.tick();
 
     let mut c = Collector::load(&config.sampling, aggregate_options(&config))?;
+    // The pass that counts, at each window's end, the threads blocked then (see below).
+    let off_cpu = config.sampling.events.off_cpu();
+    if off_cpu {
+        c.programs.load_task_iterator()?;
+    }
     // Allocation probes: on the C library of this process (the host's usual one) now, and on
     // any other one a process in scope maps when it is found.
     c.probe_own_libc()?;
@@ -205,16 +210,25 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         let stop = signals::stop_signal().is_some();
         if stop || window_start.elapsed() >= config.window {
             window_id += 1;
+            let (cut, cut_wall) = (Instant::now(), SystemTime::now());
+            // A thread blocked now has its time so far in this window, the rest in the next:
+            // one stuck for hours is in every window, not in none.
+            if off_cpu {
+                if let Err(e) = c.programs.count_open_intervals() {
+                    eprintln!("spanprof daemon: threads blocked now not counted: {e}");
+                }
+                c.drain();
+            }
             let lost = c.programs.lost_samples();
             let meta = c.meta(
                 config.scope.describe(),
                 window_wall,
-                window_start.elapsed(),
+                cut.duration_since(window_start),
                 lost - lost_before,
             );
             lost_before = lost;
-            window_start = Instant::now();
-            window_wall = SystemTime::now();
+            window_start = cut;
+            window_wall = cut_wall;
             let window = c.agg.take_window();
             samples_total += window.samples();
             dropped_total += window.dropped();
@@ -420,6 +434,9 @@ fn add_in_scope(scanner: &mut Scanner, config: &DaemonConfig, c: &mut Collector,
         if c.add_target(pid).is_err() {
             // The map is full (or the process is gone): counted, and said once in a while.
             ADD_FAILED.fetch_add(1, Ordering::Relaxed);
+        } else if config.sampling.events.off_cpu() {
+            // Threads asleep now are counted from here.
+            c.programs.start_blocked_threads(pid);
         }
     }
 }

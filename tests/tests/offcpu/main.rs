@@ -45,6 +45,7 @@ use spanprof_tests::{profile_pid, profiling_lock, py_workload_source, Background
 use asyncio_idle::asyncio_idle;
 use common::{ms, require_offcpu_profiling, Interp, FREQUENCY, ROUNDS};
 use gil::gil_waits;
+use idle::idle_threads_fill_a_wall_profile;
 use last_wait::last_wait_named;
 use native::native_sleeps;
 use profile::{check_reasons, offcpu_summary, Profile, Table};
@@ -53,6 +54,7 @@ use py_workload::{cpu_and_offcpu, wall};
 mod asyncio_idle;
 mod common;
 mod gil;
+mod idle;
 mod last_wait;
 mod native;
 mod profile;
@@ -268,4 +270,18 @@ fn threads_blocked_before_the_session_count_from_its_start() {
         table.render(),
         offcpu_summary(&out)
     );
+}
+
+// ---------------------------------------------------------------------------
+// A process none of whose threads wakes in the session
+// ---------------------------------------------------------------------------
+
+#[test]
+fn idle_threads_fill_a_wall_profile_3_8() {
+    idle_threads_fill_a_wall_profile(&Interp::pyenv(8));
+}
+
+#[test]
+fn idle_threads_fill_a_wall_profile_3_12() {
+    idle_threads_fill_a_wall_profile(&Interp::pyenv(12));
 }

@@ -109,7 +109,9 @@ fn column(sample: &Sample) -> String {
 }
 
 /// The functions of the workloads a sample is put under: the innermost of these on its stack.
-pub(super) const FUNCTIONS: [&str; 10] = [
+pub(super) const FUNCTIONS: [&str; 12] = [
+    "longsleep",
+    "idle_wait",
     "waiter",
     "sleeper",
     "wait_lock",
