@@ -72,7 +72,7 @@ tasks:
              per endpoint) and demo.pb.gz, and print its report (needs root)
   bench [--rounds N] [--work ROUNDS] [--py-work UNITS] [--python PATH]
         [--unwind-seconds S] [--alloc-units UNITS] [--daemon-seconds S]
-        [--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session]
+        [--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session|dump]
         [--span-kinds both|otel|osprofiler|published]
         [--spanprof BIN]
              deps, workloads, release build, then the overhead benchmark, N
@@ -532,10 +532,11 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
                     "daemon" => bench::Part::Daemon,
                     "sid" => bench::Part::Sid,
                     "session" => bench::Part::Session,
+                    "dump" => bench::Part::Dump,
                     other => {
                         bail!(
                             "invalid --only `{other}` (native, python, spans, unwind, offcpu, \
-                             alloc, daemon, sid or session)"
+                             alloc, daemon, sid, session or dump)"
                         )
                     }
                 }
@@ -568,7 +569,8 @@ fn bench(root: &Path, args: &[String]) -> Result<()> {
         | bench::Part::Alloc
         | bench::Part::Daemon
         | bench::Part::Sid
-        | bench::Part::Session => None,
+        | bench::Part::Session
+        | bench::Part::Dump => None,
     };
     let bin = match spanprof {
         Some(bin) if bin.is_file() => bin,

@@ -68,8 +68,10 @@
 //! - Session (the `bench-session` block): the fixed CPU of a session and the CPU per sample in
 //!   steady state of spanprof, py-spy record and perf record on a shallow Python stack, by the
 //!   difference of two session lengths; method in [`crate::bench::session`].
+//! - Dump (the `bench-dump` block): the wall time of `spanprof dump` and `py-spy dump` on an
+//!   11-thread Python process, in turn; method in [`crate::bench::dump`].
 //!
-//! `--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session` runs one part. Each
+//! `--only native|python|spans|unwind|offcpu|alloc|daemon|sid|session|dump` runs one part. Each
 //! round's raw measurements go to
 //! `target/bench/{native,python,spans,unwind,offcpu,alloc,daemon,session}_rounds.txt`
 //! (`spans_KIND_rounds.txt` for a `--span-kinds` other than both).
@@ -83,6 +85,7 @@ use anyhow::{Context, Result};
 pub mod alloc;
 mod blocks;
 pub mod daemon;
+mod dump;
 mod json;
 mod measure;
 mod native;
@@ -95,6 +98,7 @@ mod unwind;
 
 pub(crate) use blocks::replace_block;
 use blocks::write_block;
+use dump::dump;
 use native::native;
 use offcpu::offcpu;
 use python::{python, sid_pythons};
@@ -120,6 +124,8 @@ pub enum Part {
     /// `--only session`: a session's fixed cost and its cost per sample
     /// ([`crate::bench::session`]).
     Session,
+    /// `--only dump`: `spanprof dump` beside `py-spy dump` ([`crate::bench::dump`]).
+    Dump,
 }
 
 /// What to run and how much.
@@ -265,6 +271,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
     } else {
         None
     };
+    let dump_table = if wants(Part::Dump) {
+        Some(dump(root, spanprof, cfg)?)
+    } else {
+        None
+    };
     drop(stats_off);
     // Each `--span-kinds` has its own block: `bench-spans` (both), `bench-spans-otel`, ….
     let spans_block = cfg.span_kinds.block();
@@ -296,6 +307,11 @@ pub fn run(root: &Path, spanprof: &Path, workloads: Option<&Path>, cfg: &Config)
             session_table,
             "bench-session",
             Some("Session: fixed cost and cost per sample, shallow Python stack"),
+        ),
+        (
+            dump_table,
+            "bench-dump",
+            Some("dump: an 11-thread Python process, beside py-spy dump"),
         ),
         (
             sid_table,
