@@ -15,7 +15,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use symbolizer::unwind::{FailedBy, UnwindStatus};
 use symbolizer::Symbol;
 
-use crate::count::{block_facts, Counter, SampleName};
+use crate::count::{block_facts, Counter};
 use crate::merge::{merge, Piece};
 use crate::offcpu::{classify, is_asyncio_idle};
 use crate::profile::{
@@ -214,17 +214,17 @@ pub fn assemble(
         .map(|(&a, s)| (a, frames.intern(s, FrameKind::Kernel, false)))
         .collect();
 
-    // A thread per (pid, tid, name): a renamed thread's samples keep the name they had. A
-    // sample with only a `comm` gets the thread's latest Python name if it has one (sampled
-    // before the name was read).
+    // A thread per (pid, tid, Python name): a renamed thread's samples keep the name they
+    // had. A sample without one gets the thread's latest Python name if it has one (sampled
+    // before the name was read), else its latest `comm`.
     let sample_thread = |pid: u32, tid: u32, name: u32| -> Thread {
-        let name = match &count.thread_names[name as usize] {
-            SampleName::Python(n) => n.to_string(),
-            SampleName::Comm(comm) => count
+        let name = match name.checked_sub(1) {
+            Some(i) => count.thread_names[i as usize].to_string(),
+            None => count
                 .python_thread_names
                 .get(&(pid, tid))
                 .cloned()
-                .unwrap_or_else(|| comm_string(comm)),
+                .unwrap_or_else(|| comm_string(&count.threads[&(pid, tid)])),
         };
         Thread { pid, tid, name }
     };

@@ -62,20 +62,11 @@ impl StackTable {
     }
 }
 
-/// (pid, tid, the thread's name at the sample (an index into [`Counter::thread_names`]), kernel
-/// stack, user stack, Python stack, span, how the user stack was unwound, off-CPU facts: 0 for
-/// on-CPU samples, else [`crate::resolve::off_cpu_key`]).
+/// (pid, tid, the thread's Python name at the sample (0: none, else an index into
+/// [`Counter::thread_names`] plus one), kernel stack, user stack, Python stack, span, how the
+/// user stack was unwound, off-CPU facts: 0 for on-CPU samples, else
+/// [`crate::resolve::off_cpu_key`]).
 pub type CountKey = (u32, u32, u32, u32, u32, u32, u32, UnwindStatus, u32);
-
-/// A thread's name as a sample had it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SampleName {
-    /// Its `threading.Thread` name, read with the sample or before it.
-    Python(Box<str>),
-    /// Its `comm`, for a sample without a Python name (a C thread, or a Python thread sampled
-    /// before its name was read: [`Counter::python_thread_names`] names those at the end).
-    Comm([u8; TASK_COMM_LEN]),
-}
 
 /// What one count key holds: on-CPU samples, off-CPU nanoseconds, allocations (scaled), and
 /// with [`Options::timestamps`] each event's time and value (`CLOCK_MONOTONIC`, unscaled).
@@ -133,11 +124,11 @@ pub struct Counter {
     /// The latest `threading.Thread` name of each Python (pid, tid) that has one: it names
     /// the thread's samples that have only a `comm`.
     pub(crate) python_thread_names: FxHashMap<(u32, u32), String>,
-    /// The names samples had, by the index in [`CountKey`]: a renamed thread's samples keep
-    /// the name they were taken under.
-    pub(crate) thread_names: Vec<SampleName>,
+    /// The Python names samples had, by the index in [`CountKey`] less one: a renamed thread's
+    /// samples keep the name they were taken under. (A thread's `comm` is not kept per sample:
+    /// a C thread that names itself as it starts would be two threads.)
+    pub(crate) thread_names: Vec<Box<str>>,
     python_name_ids: FxHashMap<Box<str>, u32>,
-    comm_ids: FxHashMap<[u8; TASK_COMM_LEN], u32>,
     pub(crate) processes: BTreeMap<u32, String>,
     /// New user addresses by process, to normalize while the process lives.
     pub(crate) pending: FxHashMap<u32, Vec<u64>>,
@@ -174,7 +165,6 @@ impl Counter {
             python_thread_names: FxHashMap::default(),
             thread_names: Vec::new(),
             python_name_ids: FxHashMap::default(),
-            comm_ids: FxHashMap::default(),
             processes: BTreeMap::new(),
             pending: FxHashMap::default(),
             samples: 0,
@@ -270,7 +260,16 @@ impl Counter {
             EVENT_ALLOC => ALLOC_KEY | r.off_cpu,
             _ => 0,
         };
-        let name = self.name_id(r.thread_name, &r.comm);
+        // A sample read without a name has the thread's last one so far (a recording writes a
+        // name only when it changes: a replay gives the same threads as the live session).
+        let name = match r.thread_name {
+            Some(name) => self.name_id(name),
+            None => self
+                .python_thread_names
+                .get(&(r.pid, r.tid))
+                .and_then(|name| self.python_name_ids.get(name.as_str()).copied())
+                .unwrap_or(0),
+        };
         let key = (r.pid, r.tid, name, kid, uid, pyid, span, r.unwind, off);
         if self.opts.max_keys != 0
             && self.counts.len() >= self.opts.max_keys
@@ -317,27 +316,16 @@ impl Counter {
         false
     }
 
-    /// The index of a sample's thread name in [`Counter::thread_names`]: its Python name, else
-    /// its `comm`. Allocates only for a name seen first.
-    fn name_id(&mut self, python: Option<&str>, comm: &[u8; TASK_COMM_LEN]) -> u32 {
-        let next = self.thread_names.len() as u32;
-        match python {
-            Some(name) => {
-                if let Some(&id) = self.python_name_ids.get(name) {
-                    return id;
-                }
-                self.python_name_ids.insert(name.into(), next);
-                self.thread_names.push(SampleName::Python(name.into()));
-            }
-            None => {
-                if let Some(&id) = self.comm_ids.get(comm) {
-                    return id;
-                }
-                self.comm_ids.insert(*comm, next);
-                self.thread_names.push(SampleName::Comm(*comm));
-            }
+    /// The id of a Python thread name (its index in [`Counter::thread_names`] plus one).
+    /// Allocates only for a name seen first.
+    fn name_id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.python_name_ids.get(name) {
+            return id;
         }
-        next
+        self.thread_names.push(name.into());
+        let id = self.thread_names.len() as u32;
+        self.python_name_ids.insert(name.into(), id);
+        id
     }
 
     /// The id (index + 1) of a span context, 0 for none; allocates only for a context seen

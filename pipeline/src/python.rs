@@ -298,7 +298,7 @@ impl ThreadNames {
     fn get(&mut self, tid: u32) -> Option<&str> {
         let now = Instant::now();
         // The kernel's read is the newest: it is made at the thread's first samples and again
-        // at most once a second while it runs.
+        // at most every 50 ms while it runs.
         if self.from_kernel.contains_key(&tid) {
             return self.from_kernel.get(&tid).map(|(n, _)| n.as_str());
         }

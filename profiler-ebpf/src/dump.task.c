@@ -23,17 +23,22 @@
 
 /*
  * The weight of the open interval of `task` up to now, 0 when the sampling does not keep it (or
- * none is open); the interval then starts again at now. Racing with the thread's wake-up on
- * another CPU can count a few microseconds twice.
+ * none is open); the interval then starts again at now, and `*start` is where it began. Not
+ * atomic (atomics that return a value need BPF v3 code): a thread that wakes on another CPU
+ * between this read and write has its interval counted here and by on_switch, and keeps a
+ * start it will end at its next system call exit (counted as SPANPROF_ERR_OFFCPU_LATE); the
+ * window is these few instructions, once per pass. on_switch drops an interval restarted after
+ * its own clock read.
  */
-static __always_inline __u64 open_interval(struct task_struct *task, __u64 *blocked, __u32 *flags)
+static __always_inline __u64 open_interval(struct spanprof_offcpu_task *t, __u64 *start,
+					   __u64 *blocked, __u32 *flags)
 {
-	struct spanprof_offcpu_task *t = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
 	__u64 now = bpf_ktime_get_ns(), d;
 
-	if (!t || !t->off_ts || t->off_ts >= now)
+	*start = t->off_ts;
+	if (!*start || *start >= now)
 		return 0;
-	d = now - t->off_ts;
+	d = now - *start;
 	t->off_ts = now;
 	*blocked = d;
 	*flags = t->off_flags;
@@ -54,8 +59,9 @@ int dump_threads(struct bpf_iter__task *ctx)
 	struct pt_regs___kernel *regs;
 	struct spanprof_sample *s;
 	struct scratch *w;
+	struct spanprof_offcpu_task *t = 0;
 	__u32 tgid, state, flags = 0;
-	__u64 k, weight = 0, blocked = 0;
+	__u64 k, weight = 0, blocked = 0, start = 0, restarted = 0;
 	long n;
 
 	if (!task)
@@ -69,9 +75,13 @@ int dump_threads(struct bpf_iter__task *ctx)
 	if (offcpu_enabled) {
 		if (!state)
 			return 0;
-		weight = open_interval(task, &blocked, &flags);
+		t = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+		if (!t)
+			return 0;
+		weight = open_interval(t, &start, &blocked, &flags);
 		if (!weight)
 			return 0;
+		restarted = t->off_ts;
 	}
 	w = get_scratch(0);
 	if (!w)
@@ -101,6 +111,11 @@ int dump_threads(struct bpf_iter__task *ctx)
 		count_error(SPANPROF_ERR_KSTACK);
 	s->kstack_len = n < 0 ? (__s32)n : (__s32)(n / sizeof(__u64));
 	k = n > 0 ? (__u64)n / sizeof(__u64) : 0;
-	send_sample(ctx, w, k, 1 TASK_A);
+	/* Not sent (the ring buffer full): the interval is left to be counted later, whole. */
+	if (send_sample(ctx, w, k, 1 TASK_A) && offcpu_enabled) {
+		t = bpf_task_storage_get(&offcpu_tasks, task, 0, 0);
+		if (t && t->off_ts == restarted)
+			t->off_ts = start;
+	}
 	return 0;
 }

@@ -22,10 +22,13 @@
 static __always_inline void end_interval(struct spanprof_offcpu_task *t, __u64 now,
 					 struct task_struct *task)
 {
-	__u64 d = now - t->off_ts, weight;
+	__u64 start = t->off_ts, d = now - start, weight;
 	long n = 0;
 
 	t->off_ts = 0;
+	/* Restarted after `now` was read: by the task iterator's pass (dump.task.c). */
+	if (start >= now)
+		return;
 	if (d < offcpu_min_ns)
 		return;
 	if (d >= offcpu_period_ns)

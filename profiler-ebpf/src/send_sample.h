@@ -69,9 +69,10 @@ static __always_inline struct spanprof_sample *begin_sample(struct scratch *w, _
  * Finishes and sends the sample in w, whose k kernel frames are in place: the user stack (frame
  * pointers, or the stack copy), the Python frames and the span context when `user` is set, then
  * one ring buffer record of only what was captured (a 10-frame stack is 176 bytes, not 47 KiB).
- * `ctx` is the program's context, for bpf_get_stack.
+ * `ctx` is the program's context, for bpf_get_stack. Returns 0 when the record was sent, else
+ * nonzero (the ring buffer was full: counted).
  */
-static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, int user TASK_P)
+static __always_inline int send_sample(void *ctx, struct scratch *w, __u64 k, int user TASK_P)
 {
 	struct spanprof_sample *s = &w->s;
 	struct spanprof_target *t;
@@ -153,8 +154,11 @@ static __always_inline void send_sample(void *ctx, struct scratch *w, __u64 k, i
 		wake = BPF_RB_FORCE_WAKEUP;
 	if (bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > wakeup_bytes)
 		wake = BPF_RB_FORCE_WAKEUP;
-	if (bpf_ringbuf_output(&samples, s, size, wake))
+	if (bpf_ringbuf_output(&samples, s, size, wake)) {
 		count_error(SPANPROF_ERR_RINGBUF_FULL);
+		return 1;
+	}
+	return 0;
 }
 
 #endif /* SPANPROF_SEND_SAMPLE_H */

@@ -88,6 +88,14 @@ int copy_user_stack(__u32 at, __u64 off TASK_GP)
 	tgid = s->pid;
 	size = bpf_map_lookup_elem(&stack_copy_sizes, &tgid);
 	want = (size ? *size : stack_copy_bytes) & ~7U;
+#ifdef SPANPROF_TASK_READS
+	/*
+	 * --unwind fp: the kernel walks the frame pointers of the current thread only; the task
+	 * iterator copies another's stack (16 KiB, --unwind dwarf's default), unwound in user space.
+	 */
+	if (!want)
+		want = 16384;
+#endif
 
 	if (want > SPANPROF_MAX_STACK_COPY)
 		want = SPANPROF_MAX_STACK_COPY;

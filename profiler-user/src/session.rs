@@ -332,13 +332,16 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         eprintln!("spanprof: profiling {target_desc} {what} {until}; Ctrl-C to stop early");
     }
     // The pass at the end that counts the threads still blocked, ready to run at once.
-    if events.off_cpu() {
-        if let Err(e) = c.programs.load_task_iterator() {
-            eprintln!(
-                "spanprof: warning: threads still blocked at the end will not be counted: {e}"
-            );
-        }
-    }
+    let count_at_end = events.off_cpu()
+        && match c.programs.load_task_iterator() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "spanprof: warning: threads still blocked at the end will not be counted: {e}"
+                );
+                false
+            }
+        };
     let cpu_at_sampling = c.start_sampling(&pids);
     // Threads asleep now: their time until they wake is counted from the session's start.
     if events.off_cpu() && matches!(opts.target, Target::Pids(_)) {
@@ -414,10 +417,20 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     let mut overhead = c.cost_since_mark();
     // Threads still blocked count up to the end (a thread stuck for the whole session too).
     let counted_at = spanprof_pipeline::monotonic_ns();
-    if events.off_cpu() {
+    let lost_before = c.programs.lost_samples();
+    if count_at_end {
         if let Err(e) = c.programs.count_open_intervals() {
             eprintln!("spanprof: warning: threads still blocked are not counted to the end: {e}");
         }
+    }
+    let counted = (counted_at, spanprof_pipeline::monotonic_ns());
+    let lost_at_end = c.programs.lost_samples().saturating_sub(lost_before);
+    if count_at_end && lost_at_end > 0 {
+        eprintln!(
+            "spanprof: warning: {lost_at_end} records of threads still blocked at the end were \
+             lost (the ring buffer was full): their time is not in the profile (a larger \
+             --ring-buffer-size keeps them)"
+        );
     }
     c.drain();
     overhead.setup = cpu_at_sampling.saturating_sub(cpu_at_start);
@@ -427,7 +440,7 @@ pub fn run(opts: &Options) -> Result<Outcome> {
     c.agg.set_errors(&errors);
     let off_cpu_unseen = events
         .off_cpu()
-        .then(|| OffCpuUnseen::of(&c.programs, counted_at));
+        .then(|| OffCpuUnseen::of(&c.programs, counted));
     if events.heap() {
         c.agg.set_live(c.programs.live_allocations());
         let unattributed = c.agg.unattributed_inuse();
@@ -525,8 +538,9 @@ pub struct OffCpuUnseen {
 
 impl OffCpuUnseen {
     /// Reads the kernel's per-thread state of every target, at the end of a session whose
-    /// threads still blocked were counted up to `counted_at` (their intervals start again then).
-    fn of(programs: &Programs, counted_at: u64) -> OffCpuUnseen {
+    /// threads still blocked were counted by a pass between `counted` (their intervals start
+    /// again then).
+    fn of(programs: &Programs, counted: (u64, u64)) -> OffCpuUnseen {
         let now = spanprof_pipeline::monotonic_ns();
         let mut unseen = OffCpuUnseen {
             runnable_ns: programs.error_counts()[ErrorCode::RunnableNs as usize],
@@ -536,7 +550,7 @@ impl OffCpuUnseen {
             for (_, state) in programs.offcpu_threads(pid) {
                 match state {
                     ThreadState::Known(t) => {
-                        if t.off_ts >= counted_at {
+                        if (counted.0..=counted.1).contains(&t.off_ts) {
                             unseen.counted_threads += 1;
                         } else if t.off_ts != 0 && t.off_ts <= now {
                             unseen.open_threads += 1;

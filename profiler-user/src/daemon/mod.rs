@@ -71,10 +71,17 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
 
     let mut c = Collector::load(&config.sampling, aggregate_options(&config))?;
     // The pass that counts, at each window's end, the threads blocked then (see below).
-    let off_cpu = config.sampling.events.off_cpu();
-    if off_cpu {
-        c.programs.load_task_iterator()?;
-    }
+    let off_cpu = config.sampling.events.off_cpu()
+        && match c.programs.load_task_iterator() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "spanprof daemon: warning: threads blocked at a window's end are counted \
+                     only when they wake: {e}"
+                );
+                false
+            }
+        };
     // Allocation probes: on the C library of this process (the host's usual one) now, and on
     // any other one a process in scope maps when it is found.
     c.probe_own_libc()?;

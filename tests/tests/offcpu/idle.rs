@@ -14,11 +14,13 @@ use crate::common::{ms, require_offcpu_profiling, Interp};
 use crate::profile::{offcpu_summary, Profile, Table};
 
 /// Ten threads named idle-0 .. idle-9 waiting on an Event and the main thread sleeping in
-/// `longsleep`, for the whole of a 2 s wall session: every thread's wall time is at least 95%
-/// of the session's length and at most 102% (plus 5 ms); the main thread's is at least 95% under
-/// `longsleep`, reason `sleep`, each idle thread's at least 95% under `idle_wait`; the eleven
-/// names (`MainThread`, `idle-N`) are the `thread.name` labels of their own thread ids.
-pub(super) fn idle_threads_fill_a_wall_profile(interp: &Interp) {
+/// `longsleep`, for the whole of a 2 s wall session (with `extra` flags): every thread's wall
+/// time is at least 95% of the session's length and at most 102% (plus 5 ms); the main thread's
+/// is at least 95% under `longsleep`, reason `sleep`, and as much with the C library's sleep on
+/// its stack (native frames, `--unwind fp` too), each idle thread's at least 95%
+/// under `idle_wait`; the eleven names (`MainThread`, `idle-N`) are the `thread.name` labels of
+/// their own thread ids.
+pub(super) fn idle_threads_fill_a_wall_profile(interp: &Interp, extra: &[&str]) {
     require_offcpu_profiling();
     let _lock = profiling_lock();
     let tmp = TempDir::new("offcpu-idle");
@@ -33,7 +35,9 @@ pub(super) fn idle_threads_fill_a_wall_profile(interp: &Interp) {
         .filter_map(|t| t.parse().ok())
         .collect();
     assert_eq!(tids.len(), 11, "thread ids: {ready}");
-    let out = profile_pid(workload.pid(), "2s", 99, &[&pprof], &["--event", "wall"]);
+    let mut flags = vec!["--event", "wall"];
+    flags.extend_from_slice(extra);
+    let out = profile_pid(workload.pid(), "2s", 99, &[&pprof], &flags);
     drop(workload);
     out.assert_success();
 
@@ -79,6 +83,23 @@ pub(super) fn idle_threads_fill_a_wall_profile(interp: &Interp) {
                 reason.map(|r| format!(" as {r}")).unwrap_or_default()
             ));
         }
+    }
+    let native_sleep: i64 = profile
+        .samples
+        .iter()
+        .filter(|s| {
+            s.tid() == Some(tids[0]) && (s.has_function("nanosleep") || s.has_function("select"))
+        })
+        .map(|s| s.value("wall"))
+        .sum();
+    let main_all = table.thread_total("MainThread");
+    if (native_sleep as f64) < 0.95 * main_all {
+        problems.push(format!(
+            "MainThread: {:.1} of its {:.1} ms have the C library's sleep (clock_nanosleep, or \
+             3.8's select) on their stack",
+            ms(native_sleep as f64),
+            ms(main_all)
+        ));
     }
     let mut labelled = BTreeSet::new();
     for sample in json["samples"].as_array().expect("samples") {

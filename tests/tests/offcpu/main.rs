@@ -278,10 +278,15 @@ fn threads_blocked_before_the_session_count_from_its_start() {
 
 #[test]
 fn idle_threads_fill_a_wall_profile_3_8() {
-    idle_threads_fill_a_wall_profile(&Interp::pyenv(8));
+    idle_threads_fill_a_wall_profile(&Interp::pyenv(8), &[]);
 }
 
 #[test]
 fn idle_threads_fill_a_wall_profile_3_12() {
-    idle_threads_fill_a_wall_profile(&Interp::pyenv(12));
+    idle_threads_fill_a_wall_profile(&Interp::pyenv(12), &[]);
+}
+
+#[test]
+fn idle_threads_fill_a_wall_profile_unwind_fp_3_12() {
+    idle_threads_fill_a_wall_profile(&Interp::pyenv(12), &["--unwind", "fp"]);
 }

@@ -28,6 +28,16 @@ impl Sample {
         self.values.get(kind).copied().unwrap_or(0)
     }
 
+    /// Its `thread.id` label.
+    pub(super) fn tid(&self) -> Option<i64> {
+        self.tid
+    }
+
+    /// Whether a function of its stack has `part` in its name.
+    pub(super) fn has_function(&self, part: &str) -> bool {
+        self.functions.iter().any(|f| f.contains(part))
+    }
+
     fn root(&self) -> &str {
         self.functions
             .first()
