@@ -228,20 +228,27 @@ pub fn assemble(
         };
         Thread { pid, tid, name }
     };
-    let mut threads: Vec<Thread> = count
+    let keys: FxHashSet<(u32, u32, u32)> = count
         .counts
         .keys()
         .map(|&(pid, tid, name, ..)| (pid, tid, name))
-        .collect::<FxHashSet<_>>()
-        .into_iter()
-        .map(|(pid, tid, name)| sample_thread(pid, tid, name))
+        .collect();
+    let mut threads: Vec<Thread> = keys
+        .iter()
+        .map(|&(pid, tid, name)| sample_thread(pid, tid, name))
         .collect();
     threads.sort_unstable_by(|a, b| (a.pid, a.tid, &a.name).cmp(&(b.pid, b.tid, &b.name)));
     threads.dedup();
-    let thread_index: FxHashMap<&Thread, u32> = threads
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t, i as u32))
+    // Each (pid, tid, name id) of the counts → its thread's index.
+    let thread_index: FxHashMap<(u32, u32, u32), u32> = keys
+        .into_iter()
+        .map(|(pid, tid, name)| {
+            let t = sample_thread(pid, tid, name);
+            let i = threads
+                .binary_search_by(|u| (u.pid, u.tid, &u.name).cmp(&(t.pid, t.tid, &t.name)))
+                .expect("every key's thread is listed");
+            ((pid, tid, name), i as u32)
+        })
         .collect();
 
     let kernel_stacks = count.kernel.by_id();
@@ -384,7 +391,7 @@ pub fn assemble(
         }
         samples.push(Sample {
             frames: stack,
-            thread: thread_index[&sample_thread(pid, tid, name)],
+            thread: thread_index[&(pid, tid, name)],
             count: counts.samples,
             off_cpu_ns: counts.off_cpu_ns,
             off_cpu: reason,
