@@ -206,15 +206,21 @@ fn python_view_puts_the_users_code_first(waiting: Waiting, tmp: &TempDir) {
         }
     }
 
-    // libz's frames are leaves for about zlib's share of the time, under `squeeze`.
+    // `squeeze` holds zlib's share of the time, and libz's frames are the leaves of most of it
+    // (the rest is the zlib module, memcpy, malloc and page faults: libz's leaves were 80–99%
+    // of squeeze's samples in 27 runs of 3.8–3.13, so their share of all samples, bound to
+    // zlib's measured share, varied with them and failed a 0.8× bound on a loaded machine).
     let total = folded_total(&stacks);
     let libz_names = defined_symbols(&libz_files);
     let is_libz = |f: &str| {
         libz_names.contains(f.split(" (").next().unwrap_or(f))
             || f.starts_with("[unknown] (libz.so")
     };
-    let (mut libz, mut under_squeeze) = (0u64, 0u64);
+    let (mut libz, mut under_squeeze, mut squeeze) = (0u64, 0u64, 0u64);
     for s in &stacks {
+        if s.py_qualnames().contains(&"squeeze") {
+            squeeze += s.count;
+        }
         if !s
             .frames
             .iter()
@@ -229,11 +235,17 @@ fn python_view_puts_the_users_code_first(waiting: Waiting, tmp: &TempDir) {
             under_squeeze += s.count;
         }
     }
-    let libz_share = 100.0 * libz as f64 / total.max(1) as f64;
-    if libz_share < 0.8 * truth_squeeze {
+    let squeeze_share = 100.0 * squeeze as f64 / total.max(1) as f64;
+    if (squeeze_share - truth_squeeze).abs() > 5.0 {
         problems.push(format!(
-            "libz's frames are the leaves of {libz_share:.1}% of the samples, for zlib's \
+            "squeeze's total share {squeeze_share:.1}% is not within ±5 points of the truth \
              {truth_squeeze:.1}%"
+        ));
+    }
+    if (libz as f64) < 0.65 * squeeze as f64 {
+        problems.push(format!(
+            "libz's frames are the leaves of {libz} samples, under two thirds of squeeze's \
+             {squeeze}"
         ));
     }
     if (under_squeeze as f64) < 0.99 * libz as f64 {
