@@ -145,6 +145,14 @@ pub fn waits_for_gil(native: &[&str]) -> bool {
             .any(|f| in_list(base_name(f), GIL_PRIMITIVES))
 }
 
+/// Whether a thread caught on a CPU or runnable (`spanprof dump`) is in the interpreter's GIL
+/// hand-over: a frame of `GIL_FUNCTIONS` (taking, waiting for, or dropping the GIL), or a glibc
+/// wait or lock called by CPython, inside the innermost interpreter call (`native` as for
+/// [`waits_for_gil`]). With another thread holding the GIL, such a thread waits to take it.
+pub fn in_gil_hand_over(native: &[&str]) -> bool {
+    is_gil_wait(blocking_frames(native))
+}
+
 fn is_gil_wait(native: &[&str]) -> bool {
     native.iter().enumerate().any(|(i, f)| {
         let name = base_name(f);

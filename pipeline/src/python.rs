@@ -38,6 +38,7 @@ use symbolizer::python::offsets::{
     DebugOffsets, FrameLayout, PyOffsets, ThreadIdMatch, DEBUG_OFFSETS_LEN, NEWEST_MINOR,
 };
 use symbolizer::python::walk::{CodeInfo, TypeAddrs, STR_HASH};
+pub use symbolizer::python::walk::{GilState, WalkError};
 
 use spans::{span_proc, NativeCtx, Published, Spans};
 use thread_names::ThreadNames;
@@ -706,6 +707,15 @@ impl Python {
             since_ns: u64::MAX,
             spans,
         })
+    }
+
+    /// Who holds the GIL of `pid`'s main interpreter now (read from its memory), if `pid` is a
+    /// Python process spanprof walks; an error when what is read cannot be trusted.
+    pub fn gil_state(&self, pid: u32) -> Option<Result<GilState, WalkError>> {
+        match self.procs.get(&pid) {
+            Some(Proc::Ready(ready)) => Some(ready.threads.gil_state()),
+            _ => None,
+        }
     }
 
     /// The module holding `pid`'s interpreter (as its maps name it), once found (also after

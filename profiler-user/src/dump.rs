@@ -15,7 +15,10 @@
 //!
 //! Each thread's first record of a wait wins (the first pass's, unless it ran then; a timer or
 //! runnable record in the interpreter's GIL functions is a wait for the GIL), else its first
-//! timer sample. A thread neither sampled nor found blocked within [`DUMP_WAIT`] (one that
+//! timer sample. Right after the first pass the GIL of each Python process is read from its
+//! memory ([`GilState`]): its holder is shown running (not waiting for the GIL it has), and
+//! another thread whose record shows it running the interpreter's own code (which needs the
+//! GIL) is shown waiting for the GIL. A thread neither sampled nor found blocked within [`DUMP_WAIT`] (one that
 //! ran at each pass and was never sampled) is listed with its state unknown; the iterator runs
 //! again every [`PASS_EVERY`] while one is missing.
 //!
@@ -33,6 +36,7 @@ use spanprof_collect::bpf::threads_of;
 use spanprof_collect::options::{DEFAULT_RING_BUFFER_BYTES, DEFAULT_STACK_COPY};
 use spanprof_collect::{self as collect, Collector, EventSet, Stopped};
 use spanprof_pipeline::aggregate;
+use spanprof_pipeline::python::GilState;
 use spanprof_profile::profile::{
     hex, uuid, Frame, FrameKind, OffCpuReason, Profile, Sample, SpanContext,
 };
@@ -46,6 +50,10 @@ pub const DUMP_FREQUENCY: u64 = 499;
 pub const DUMP_WAIT: Duration = Duration::from_secs(1);
 /// How often the task iterator runs again while a thread has no event.
 pub const PASS_EVERY: Duration = Duration::from_millis(100);
+/// Reads of a process's GIL after the first pass while it is free or changes hands as read.
+const GIL_READS: usize = 5;
+/// The pause between two of those reads.
+const GIL_READ_PAUSE: Duration = Duration::from_micros(200);
 
 /// What to dump.
 #[derive(Debug, Clone)]
@@ -96,6 +104,8 @@ pub struct ThreadDump {
     pub frames: Vec<Frame>,
     /// The span context it was in.
     pub span: Option<SpanContext>,
+    /// It held its process's GIL when the GIL was read.
+    pub holds_gil: bool,
 }
 
 /// One process of a dump.
@@ -107,6 +117,19 @@ pub struct ProcessDump {
     pub name: String,
     /// Its threads, by thread id.
     pub threads: Vec<ThreadDump>,
+    /// What its GIL was when read: `None` for a process not read as Python.
+    pub gil: Option<Gil>,
+}
+
+/// A Python process's GIL as the dump read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gil {
+    /// Held by this thread.
+    HeldBy(u32),
+    /// No thread held it.
+    Free,
+    /// It could not be read, or changed hands at each read.
+    Unknown,
 }
 
 /// A dump: when, and every process's threads.
@@ -181,6 +204,7 @@ pub fn run(opts: &Options) -> Result<Dump> {
     c.programs.load_task_iterator()?;
     let pass = SystemTime::now();
     c.programs.dump_blocked_threads()?;
+    let gils = read_gils(&c.python, &pids);
     let start = Instant::now();
     let mut last_pass = start;
     let mut waiter = c.waiter(&pids);
@@ -228,16 +252,44 @@ pub fn run(opts: &Options) -> Result<Dump> {
     let pass_ns = pass
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    Ok(dump_of(profile, pass_ns, &threads, opts.view, time))
+    Ok(dump_of(profile, pass_ns, &threads, &gils, opts.view, time))
 }
 
-/// The dump of a profile of every record taken, the first pass of the iterator at `pass_ns`:
-/// each thread's record is chosen on the whole stacks (a GIL wait is in the interpreter's own
-/// frames), then shown in `view`.
+/// The GIL of each Python process of `pids`, read up to [`GIL_READS`] times while it is free
+/// or changes hands as read (two threads sharing it hand it over every 5 ms).
+fn read_gils(python: &spanprof_pipeline::python::Python, pids: &[u32]) -> BTreeMap<u32, Gil> {
+    let mut gils = BTreeMap::new();
+    for &pid in pids {
+        let mut gil = None;
+        for attempt in 0..GIL_READS {
+            if attempt > 0 {
+                std::thread::sleep(GIL_READ_PAUSE);
+            }
+            gil = match python.gil_state(pid) {
+                None => break,
+                Some(Ok(GilState::HeldBy(tid))) => Some(Gil::HeldBy(tid)),
+                Some(Ok(GilState::Free)) => Some(Gil::Free),
+                Some(Err(_)) => Some(Gil::Unknown),
+            };
+            if let Some(Gil::HeldBy(_)) = gil {
+                break;
+            }
+        }
+        if let Some(gil) = gil {
+            gils.insert(pid, gil);
+        }
+    }
+    gils
+}
+
+/// The dump of a profile of every record taken, the first pass of the iterator at `pass_ns`,
+/// the processes' GILs read right after it: each thread's record is chosen on the whole stacks
+/// (a GIL wait is in the interpreter's own frames), then shown in `view`.
 fn dump_of(
     mut profile: Profile,
     pass_ns: u64,
     listed: &BTreeSet<(u32, u32)>,
+    gils: &BTreeMap<u32, Gil>,
     view: spanprof_profile::profile::View,
     time: SystemTime,
 ) -> Dump {
@@ -247,39 +299,77 @@ fn dump_of(
         index += 1;
         chosen.contains_key(&(index - 1))
     });
+    // A thread running the interpreter's code while another holds the GIL has let it go since
+    // its record: it waits to take it back.
     let gil: BTreeSet<(u32, u32)> = chosen
         .values()
-        .filter(|&&(_, gil)| gil)
-        .map(|&(key, _)| key)
+        .filter(|c| {
+            let (pid, tid) = c.key;
+            c.gil_wait
+                || (c.in_interpreter
+                    && matches!(gils.get(&pid), Some(&Gil::HeldBy(holder)) if holder != tid))
+        })
+        .map(|c| c.key)
         .collect();
-    assemble(&profile.into_view(view), listed, &gil, time)
+    assemble(&profile.into_view(view), listed, &gil, gils, time)
 }
 
-/// The record each thread is shown with, by index in `profile.samples`, with its (pid, tid) and
-/// whether it is a wait for the GIL though on a CPU or runnable: its record of a wait nearest the
+/// The record a thread is shown with.
+#[derive(Debug, Clone, Copy)]
+struct Chosen {
+    /// (pid, tid).
+    key: (u32, u32),
+    /// On a CPU or runnable in the interpreter's GIL functions.
+    gil_wait: bool,
+    /// On a CPU or runnable in the interpreter's own code (or Python code), which needs the GIL,
+    /// or in the GIL's hand-over.
+    in_interpreter: bool,
+}
+
+/// The record each thread is shown with, by index in `profile.samples`, with what it shows
+/// ([`Chosen`]): its record of a wait nearest the
 /// first pass of the task iterator (at `pass_ns`, Unix time), the pass's own for a thread
 /// blocked then, else the timer sample nearest the pass. The threads are then shown at about
 /// one moment: two threads sharing the GIL swap every 5 ms, and their first samples (taken
 /// before the pass, as the sampler starts) showed both running in 4 of 10 dumps.
-fn choose(profile: &Profile, pass_ns: u64) -> BTreeMap<usize, ((u32, u32), bool)> {
-    // (pid, tid) → (whether it runs, distance from the pass, index, GIL wait on a CPU).
-    let mut first: BTreeMap<(u32, u32), (bool, u64, usize, bool)> = BTreeMap::new();
+fn choose(profile: &Profile, pass_ns: u64) -> BTreeMap<usize, Chosen> {
+    // (pid, tid) → (rank, index, what it shows); a rank is whether it runs (a wait comes
+    // first), then its distance from the pass.
+    type Best = ((bool, u64), usize, Chosen);
+    let mut first: BTreeMap<(u32, u32), Best> = BTreeMap::new();
     for (i, s) in profile.samples.iter().enumerate() {
         let Some(t) = profile.threads.get(s.thread as usize) else {
             continue;
         };
-        let gil = s.off_cpu.is_none() && {
-            let native: Vec<String> = s
+        // Its native frames, innermost first, as the off-CPU reasons read them.
+        let native: Vec<String> = s
+            .frames
+            .iter()
+            .rev()
+            .filter_map(|&f| profile.frames.get(f as usize))
+            .filter(|f| f.kind != FrameKind::Kernel)
+            .map(Frame::display_name)
+            .collect();
+        let native: Vec<&str> = native.iter().map(String::as_str).collect();
+        let on_cpu = s.off_cpu.is_none();
+        let gil = on_cpu && spanprof_pipeline::offcpu::waits_for_gil(&native);
+        // Running Python (its innermost frame the interpreter's or a Python one), or in the
+        // GIL's hand-over: either needs the GIL next.
+        let in_interpreter = on_cpu
+            && s.frames.iter().any(|&f| {
+                profile
+                    .frames
+                    .get(f as usize)
+                    .is_some_and(|f| f.kind == FrameKind::Python)
+            })
+            && (s
                 .frames
                 .iter()
                 .rev()
                 .filter_map(|&f| profile.frames.get(f as usize))
-                .filter(|f| f.kind != FrameKind::Kernel)
-                .map(Frame::display_name)
-                .collect();
-            let native: Vec<&str> = native.iter().map(String::as_str).collect();
-            spanprof_pipeline::offcpu::waits_for_gil(&native)
-        };
+                .find(|f| f.kind != FrameKind::Kernel)
+                .is_some_and(|f| f.interpreter || f.kind == FrameKind::Python)
+                || spanprof_pipeline::offcpu::in_gil_hand_over(&native));
         let when = s
             .times
             .iter()
@@ -288,22 +378,25 @@ fn choose(profile: &Profile, pass_ns: u64) -> BTreeMap<usize, ((u32, u32), bool)
             .unwrap_or(u64::MAX);
         let rank = (s.off_cpu.is_none() && !gil, when);
         let key = (t.pid, t.tid);
-        if first.get(&key).is_none_or(|&(r, w, ..)| rank < (r, w)) {
-            first.insert(key, (rank.0, when, i, gil));
+        if first.get(&key).is_none_or(|&(r, ..)| rank < r) {
+            let chosen = Chosen {
+                key,
+                gil_wait: gil,
+                in_interpreter,
+            };
+            first.insert(key, (rank, i, chosen));
         }
     }
-    first
-        .into_iter()
-        .map(|(key, (_, _, i, gil))| (i, (key, gil)))
-        .collect()
+    first.into_values().map(|(_, i, c)| (i, c)).collect()
 }
 
 /// The dump of `profile`, which holds one sample per thread ([`choose`]), and the threads of
-/// `listed` without one; those of `gil` wait for the GIL on a CPU.
+/// `listed` without one; those of `gil` wait for the GIL on a CPU, the holders of `gils` run.
 fn assemble(
     profile: &Profile,
     listed: &BTreeSet<(u32, u32)>,
     gil: &BTreeSet<(u32, u32)>,
+    gils: &BTreeMap<u32, Gil>,
     time: SystemTime,
 ) -> Dump {
     let mut first: BTreeMap<(u32, u32), &Sample> = BTreeMap::new();
@@ -325,11 +418,19 @@ fn assemble(
                 .or_else(|| preflight::check_pid(pid).ok().map(|s| s.comm))
                 .unwrap_or_default(),
             threads: Vec::new(),
+            gil: gils.get(&pid).copied(),
         });
+        let holds_gil = gils.get(&pid) == Some(&Gil::HeldBy(tid));
         let thread = match first.get(&(pid, tid)) {
             Some(&s) => {
                 let mut t = thread_of(profile, s, tid);
-                if gil.contains(&(pid, tid)) {
+                if holds_gil {
+                    // It took the GIL since its record of a wait for it.
+                    t.holds_gil = true;
+                    if t.state == State::Blocked(OffCpuReason::Gil) {
+                        t.state = State::Running;
+                    }
+                } else if gil.contains(&(pid, tid)) {
                     t.state = State::Blocked(OffCpuReason::Gil);
                 }
                 t
@@ -342,6 +443,7 @@ fn assemble(
                 state: State::Unknown,
                 frames: Vec::new(),
                 span: None,
+                holds_gil,
             },
         };
         entry.threads.push(thread);
@@ -373,6 +475,7 @@ fn thread_of(profile: &Profile, s: &Sample, tid: u32) -> ThreadDump {
         state: s.off_cpu.map_or(State::Running, State::Blocked),
         frames,
         span: profile.span_of(s).copied(),
+        holds_gil: false,
     }
 }
 
@@ -409,8 +512,14 @@ pub fn render_text(dump: &Dump) -> String {
     let mut out = String::new();
     let when = humantime::format_rfc3339_millis(dump.time);
     for p in &dump.processes {
+        let gil = match p.gil {
+            Some(Gil::HeldBy(tid)) => format!(", the GIL held by thread {tid}"),
+            Some(Gil::Free) => ", the GIL free".to_string(),
+            Some(Gil::Unknown) => ", the GIL's holder unknown".to_string(),
+            None => String::new(),
+        };
         out.push_str(&format!(
-            "Process {} ({}): {} threads at {when}\n",
+            "Process {} ({}): {} threads at {when}{gil}\n",
             p.pid,
             p.name,
             p.threads.len()
@@ -424,7 +533,11 @@ pub fn render_text(dump: &Dump) -> String {
                     humantime::format_duration(DUMP_WAIT)
                 ),
             };
-            out.push_str(&format!("\nThread {} \"{}\" {state}\n", t.tid, t.name));
+            let holds = if t.holds_gil { ", holds the GIL" } else { "" };
+            out.push_str(&format!(
+                "\nThread {} \"{}\" {state}{holds}\n",
+                t.tid, t.name
+            ));
             for line in t.span.iter().flat_map(span_lines) {
                 out.push_str(&format!("    {line}\n"));
             }
@@ -491,13 +604,20 @@ pub fn render_json(dump: &Dump) -> Value {
                         "tid": t.tid,
                         "name": t.name,
                         "state": t.state.name(),
+                        "holds_gil": t.holds_gil,
                         "span": otel,
                         "osprofiler": osp,
                         "frames": frames,
                     })
                 })
                 .collect();
-            json!({"pid": p.pid, "name": p.name, "threads": threads})
+            let gil = match p.gil {
+                Some(Gil::HeldBy(tid)) => json!({"state": "held", "holder": tid}),
+                Some(Gil::Free) => json!({"state": "free", "holder": null}),
+                Some(Gil::Unknown) => json!({"state": "unknown", "holder": null}),
+                None => Value::Null,
+            };
+            json!({"pid": p.pid, "name": p.name, "gil": gil, "threads": threads})
         })
         .collect();
     json!({
@@ -570,6 +690,7 @@ mod tests {
             p,
             100,
             &listed,
+            &BTreeMap::new(),
             spanprof_profile::profile::View::Full,
             SystemTime::UNIX_EPOCH,
         );
@@ -605,5 +726,76 @@ mod tests {
         assert_eq!(t[2]["state"], "unknown");
         assert_eq!(t[0]["frames"][0]["function"], "compute");
         assert_eq!(t[0]["frames"][0]["kind"], "native");
+    }
+
+    /// With the GIL read held by tid 101: 101, whose record is a wait for the GIL, is shown
+    /// running and holding it; 100, whose record runs the interpreter's code under a Python
+    /// frame, waits for the GIL; so does neither when the GIL's holder is not known.
+    #[test]
+    fn the_gil_s_holder_runs_and_a_thread_in_the_interpreter_waits_for_it() {
+        let mut p = fixture::profile();
+        let mut pseudo = p.frames[0].clone();
+        pseudo.function = Some(OffCpuReason::Gil.frame_name());
+        p.frames.push(pseudo);
+        let pseudo = p.frames.len() as u32 - 1;
+        // `compute` is the interpreter's; a Python frame `work` calls it.
+        p.frames[1].interpreter = true;
+        let mut work = p.frames[0].clone();
+        work.kind = FrameKind::Python;
+        work.function = Some("work".to_string());
+        p.frames.push(work);
+        let work = p.frames.len() as u32 - 1;
+        let base = p.samples[0].clone();
+        let mut running = sample(&base, 0, 90, None, pseudo);
+        running.frames = vec![0, work, 1];
+        p.samples = vec![
+            running,
+            sample(&base, 1, 95, Some(OffCpuReason::Gil), pseudo),
+        ];
+        let listed: BTreeSet<(u32, u32)> = [(100, 100), (100, 101)].into();
+        let show = |gils: &BTreeMap<u32, Gil>| {
+            let dump = dump_of(
+                p.clone(),
+                100,
+                &listed,
+                gils,
+                spanprof_profile::profile::View::Full,
+                SystemTime::UNIX_EPOCH,
+            );
+            let states: Vec<(u32, State, bool)> = dump.processes[0]
+                .threads
+                .iter()
+                .map(|t| (t.tid, t.state, t.holds_gil))
+                .collect();
+            (dump, states)
+        };
+        let (dump, states) = show(&[(100, Gil::HeldBy(101))].into());
+        assert_eq!(
+            states,
+            vec![
+                (100, State::Blocked(OffCpuReason::Gil), false),
+                (101, State::Running, true),
+            ]
+        );
+        let text = render_text(&dump);
+        assert!(text.contains("the GIL held by thread 101\n"), "{text}");
+        assert!(
+            text.contains("Thread 101 \"worker\" running, holds the GIL\n"),
+            "{text}"
+        );
+        let json = render_json(&dump);
+        assert_eq!(json["processes"][0]["gil"]["holder"], 101);
+        assert_eq!(json["processes"][0]["threads"][1]["holds_gil"], true);
+        for gils in [[(100, Gil::Unknown)].into(), BTreeMap::new()] {
+            let (_, states) = show(&gils);
+            assert_eq!(
+                states,
+                vec![
+                    (100, State::Running, false),
+                    (101, State::Blocked(OffCpuReason::Gil), false),
+                ],
+                "{gils:?}"
+            );
+        }
     }
 }

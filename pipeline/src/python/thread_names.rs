@@ -7,6 +7,7 @@ use rustc_hash::FxHashMap;
 use symbolizer::python::memory::LiveMemory;
 use symbolizer::python::objects::{ObjectOffsets, Objects};
 use symbolizer::python::offsets::PyOffsets;
+use symbolizer::python::walk;
 
 /// `threading.Thread` names of one process, read from `threading._active` in user space: when a
 /// thread not named yet is sampled (at most every [`THREAD_NAMES_EVERY`]; a thread still not
@@ -42,6 +43,11 @@ const THREAD_NAMES_REFRESH: Duration = Duration::from_secs(5);
 const MAX_THREAD_MISSES: usize = 4096;
 
 impl ThreadNames {
+    /// Who holds the process's GIL now ([`walk::gil_state`]).
+    pub(super) fn gil_state(&self) -> Result<walk::GilState, walk::WalkError> {
+        walk::gil_state(&self.mem, self.py, self.runtime_addr)
+    }
+
     pub(super) fn new(
         mem: LiveMemory,
         py: &'static PyOffsets,

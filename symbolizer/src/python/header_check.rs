@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::objects::{DictLayout, ObjectOffsets, TPFLAGS_INLINE_VALUES, TPFLAGS_MANAGED_DICT};
-use super::offsets::{self, FrameLayout, PyOffsets, ThreadIdMatch};
+use super::offsets::{self, FrameLayout, GilAt, PyOffsets, ThreadIdMatch};
 
 /// One C integer constant expression and the value the table says it has.
 struct Check {
@@ -267,6 +267,38 @@ fn checks(o: &PyOffsets) -> Vec<Check> {
             o.tstate_thread_id,
         ),
     ];
+    match o.gil {
+        GilAt::Runtime(off) => c.push(check("gil", "offsetof(_PyRuntimeState, ceval.gil)", off)),
+        GilAt::InterpreterPointer(off) => {
+            c.push(check("gil", "offsetof(PyInterpreterState, ceval.gil)", off));
+            // A pointer to the state, not the state (`->` compiles on a pointer only).
+            c.push(check(
+                "gil (pointer)",
+                "sizeof(((PyInterpreterState *)0)->ceval.gil->locked)",
+                4,
+            ));
+        }
+    }
+    c.push(check(
+        "GIL_LAST_HOLDER",
+        "offsetof(struct _gil_runtime_state, last_holder)",
+        offsets::GIL_LAST_HOLDER,
+    ));
+    c.push(check(
+        "GIL_LOCKED",
+        "offsetof(struct _gil_runtime_state, locked)",
+        offsets::GIL_LOCKED,
+    ));
+    c.push(check(
+        "GIL_SWITCH_NUMBER",
+        "offsetof(struct _gil_runtime_state, switch_number)",
+        offsets::GIL_SWITCH_NUMBER,
+    ));
+    c.push(check(
+        "GIL_LOCKED (size)",
+        "sizeof(((struct _gil_runtime_state *)0)->locked)",
+        4,
+    ));
     match o.thread_match {
         ThreadIdMatch::NativeThreadId(off) => c.push(check(
             "thread_match",

@@ -35,6 +35,27 @@ pub enum ThreadIdMatch {
     PthreadId,
 }
 
+/// Where the GIL's state (`struct _gil_runtime_state`) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilAt {
+    /// 3.8–3.11: in `_PyRuntime`, at `offsetof(_PyRuntimeState, ceval.gil)`.
+    Runtime(u64),
+    /// 3.12+: each interpreter points at the GIL it uses: `offsetof(PyInterpreterState,
+    /// ceval.gil)` holds a `struct _gil_runtime_state *`.
+    InterpreterPointer(u64),
+}
+
+/// `offsetof(struct _gil_runtime_state, last_holder)`: the `PyThreadState *` that holds or last
+/// held the GIL (3.8–3.15, GIL builds: after `unsigned long interval`).
+pub const GIL_LAST_HOLDER: u64 = 8;
+/// `offsetof(struct _gil_runtime_state, locked)`: an `int`, 1 while a thread holds the GIL, 0
+/// when free, -1 before it is created.
+pub const GIL_LOCKED: u64 = 16;
+
+/// `offsetof(struct _gil_runtime_state, switch_number)`: an `unsigned long` bumped at every
+/// hand-over of the GIL.
+pub const GIL_SWITCH_NUMBER: u64 = 24;
+
 /// `offsetof(struct pthread, tid)` in glibc on x86_64 (nptl/descr.h; 720 since glibc 2.x and
 /// measured on Debian 12's glibc 2.36). Not valid for musl.
 pub const GLIBC_PTHREAD_TID_OFFSET: u64 = 720;
@@ -64,6 +85,8 @@ pub struct PyOffsets {
     pub interp_threads_head: u64,
     /// `offsetof(PyThreadState, next)`.
     pub tstate_next: u64,
+    /// Where the GIL's state is.
+    pub gil: GilAt,
     /// `offsetof(PyThreadState, thread_id)` (`pthread_self()` of the thread).
     pub tstate_thread_id: u64,
     /// How to match a thread state with a kernel tid.
@@ -117,6 +140,7 @@ const PY38: PyOffsets = PyOffsets {
     runtime_interpreters_head: 32,
     interp_threads_head: 8,
     tstate_next: 8,
+    gil: GilAt::Runtime(1152),
     tstate_thread_id: 176,
     thread_match: ThreadIdMatch::PthreadId,
     tstate_frame: 24,
@@ -146,6 +170,7 @@ const PY38: PyOffsets = PyOffsets {
 // Include/cpython/code.h, Include/cpython/unicodeobject.h; v3.9.18.
 const PY39: PyOffsets = PyOffsets {
     version: (3, 9),
+    gil: GilAt::Runtime(352),
     ..PY38
 };
 
@@ -155,6 +180,7 @@ const PY39: PyOffsets = PyOffsets {
 // v3.10.13.
 const PY310: PyOffsets = PyOffsets {
     version: (3, 10),
+    gil: GilAt::Runtime(352),
     frame_layout: FrameLayout::FrameObject {
         lasti_in_code_units: true,
     },
@@ -171,6 +197,7 @@ const PY311: PyOffsets = PyOffsets {
     runtime_interpreters_head: 40,
     interp_threads_head: 16,
     tstate_next: 8,
+    gil: GilAt::Runtime(360),
     tstate_thread_id: 152,
     thread_match: ThreadIdMatch::NativeThreadId(160),
     tstate_frame: 56,
@@ -204,6 +231,7 @@ const PY312: PyOffsets = PyOffsets {
     runtime_interpreters_head: 40,
     interp_threads_head: 72,
     tstate_next: 8,
+    gil: GilAt::InterpreterPointer(384),
     tstate_thread_id: 136,
     thread_match: ThreadIdMatch::NativeThreadId(144),
     tstate_frame: 56,
@@ -235,6 +263,7 @@ const PY313: PyOffsets = PyOffsets {
     runtime_interpreters_head: 632,
     interp_threads_head: 7344,
     tstate_next: 8,
+    gil: GilAt::InterpreterPointer(16),
     tstate_thread_id: 152,
     thread_match: ThreadIdMatch::NativeThreadId(160),
     tstate_frame: 72,

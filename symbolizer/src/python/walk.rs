@@ -14,7 +14,8 @@ use super::lines::{line_for_prefix, LineTableFormat, MAX_LINE_TABLE};
 use super::memory::{MemError, ProcessMemory};
 use super::offsets::GLIBC_PTHREAD_TID_OFFSET;
 use super::offsets::{
-    FrameLayout, PyOffsets, ThreadIdMatch, FRAME_OWNED_BY_SHIM, STACKREF_TAG_MASK,
+    FrameLayout, GilAt, PyOffsets, ThreadIdMatch, FRAME_OWNED_BY_SHIM, GIL_LAST_HOLDER, GIL_LOCKED,
+    GIL_SWITCH_NUMBER, STACKREF_TAG_MASK,
 };
 
 /// At most this many frames are walked; a deeper stack is marked truncated.
@@ -179,6 +180,79 @@ fn thread_matches<M: ProcessMemory>(
                 .read_i32(pthread.wrapping_add(GLIBC_PTHREAD_TID_OFFSET))
                 .is_ok_and(|t| t as u32 == tid))
         }
+    }
+}
+
+/// Who holds the main interpreter's GIL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilState {
+    /// No thread holds it (`locked` is 0, or -1 before the GIL exists).
+    Free,
+    /// The thread of this kernel id holds it.
+    HeldBy(u32),
+}
+
+/// Reads who holds the main interpreter's GIL now: `locked` and `last_holder` of its
+/// `struct _gil_runtime_state`, twice, with `switch_number` (bumped at every hand-over): a
+/// state that changed between the two reads is an error, not a guess. The holder must be one
+/// of the interpreter's thread states (at most [`MAX_THREADS`] visited), and names its thread as
+/// a sample's walk does (`native_thread_id`, or glibc's `struct pthread` before 3.11).
+pub fn gil_state<M: ProcessMemory>(
+    mem: &M,
+    off: &PyOffsets,
+    runtime_addr: u64,
+) -> Result<GilState, WalkError> {
+    let gil = match off.gil {
+        GilAt::Runtime(at) => runtime_addr.wrapping_add(at),
+        GilAt::InterpreterPointer(at) => {
+            let interp = mem.read_ptr(runtime_addr.wrapping_add(off.runtime_interpreters_head))?;
+            if interp == 0 {
+                return Err(WalkError::NoInterpreter);
+            }
+            mem.read_ptr(interp.wrapping_add(at))?
+        }
+    };
+    // `interval`, `last_holder`, `locked` (and padding), `switch_number`.
+    let read = || -> Result<(u64, i32, u64), WalkError> {
+        let mut b = [0u8; 32];
+        mem.read(gil, &mut b)?;
+        let word = |at: u64| {
+            let at = at as usize;
+            u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+        };
+        let locked = i32::from_le_bytes(
+            b[GIL_LOCKED as usize..GIL_LOCKED as usize + 4]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        Ok((word(GIL_LAST_HOLDER), locked, word(GIL_SWITCH_NUMBER)))
+    };
+    let first = read()?;
+    let (holder, locked, _) = first;
+    match locked {
+        1 => {}
+        0 | -1 => return Ok(GilState::Free),
+        _ => return Err(WalkError::Invalid("GIL lock state")),
+    }
+    if read()? != first {
+        return Err(WalkError::Invalid(
+            "GIL state (it changed hands while read)",
+        ));
+    }
+    let known = each_thread_state(mem, off, runtime_addr, |tstate| Ok(tstate == holder))?;
+    if !known {
+        return Err(WalkError::Invalid("GIL holder (not a thread state)"));
+    }
+    let tid = match off.thread_match {
+        ThreadIdMatch::NativeThreadId(at) => mem.read_u64(holder.wrapping_add(at))?,
+        ThreadIdMatch::PthreadId => {
+            let pthread = mem.read_u64(holder.wrapping_add(off.tstate_thread_id))?;
+            mem.read_i32(pthread.wrapping_add(GLIBC_PTHREAD_TID_OFFSET))? as u64
+        }
+    };
+    match u32::try_from(tid) {
+        Ok(tid) if tid > 0 && tid < i32::MAX as u32 => Ok(GilState::HeldBy(tid)),
+        _ => Err(WalkError::Invalid("GIL holder's thread id")),
     }
 }
 
@@ -493,6 +567,62 @@ mod tests {
             assert!(bytes
                 .read(bytes.base + bytes.len as u64, &mut [0u8; 1])
                 .is_err());
+        }
+    }
+
+    /// The GIL's holder read from a fixture of each version's layout: held, free, a holder
+    /// that is not a thread state, and a lock state no interpreter writes.
+    #[test]
+    fn gil_state_names_the_holder_and_rejects_garbage() {
+        for off in ALL {
+            let runtime = 0x10_0000u64;
+            let interp = 0x20_0000u64;
+            let gil_ptr_target = 0x30_0000u64;
+            let (t1, t2) = (0x40_0000u64, 0x50_0000u64);
+            let pthread = 0x60_0000u64;
+            let mut mem = FixtureMemory::new();
+            mem.insert(runtime, vec![0; 4096])
+                .insert(interp, vec![0; 8192])
+                .insert(gil_ptr_target, vec![0; 64])
+                .insert(t1, vec![0; 512])
+                .insert(t2, vec![0; 512])
+                .insert(pthread, vec![0; 1024]);
+            mem.write_u64(runtime + off.runtime_interpreters_head, interp)
+                .write_u64(interp + off.interp_threads_head, t1)
+                .write_u64(t1 + off.tstate_next, t2);
+            let gil = match off.gil {
+                GilAt::Runtime(at) => runtime + at,
+                GilAt::InterpreterPointer(at) => {
+                    mem.write_u64(interp + at, gil_ptr_target);
+                    gil_ptr_target
+                }
+            };
+            match off.thread_match {
+                ThreadIdMatch::NativeThreadId(at) => {
+                    mem.write_u64(t2 + at, 4242);
+                }
+                ThreadIdMatch::PthreadId => {
+                    mem.write_u64(t2 + off.tstate_thread_id, pthread)
+                        .write(pthread + GLIBC_PTHREAD_TID_OFFSET, &4242i32.to_le_bytes());
+                }
+            }
+            let v = off.version;
+            mem.write_u64(gil + GIL_LAST_HOLDER, t2)
+                .write(gil + GIL_LOCKED, &1i32.to_le_bytes());
+            assert_eq!(
+                gil_state(&mem, off, runtime),
+                Ok(GilState::HeldBy(4242)),
+                "{v:?}"
+            );
+            mem.write(gil + GIL_LOCKED, &0i32.to_le_bytes());
+            assert_eq!(gil_state(&mem, off, runtime), Ok(GilState::Free), "{v:?}");
+            mem.write(gil + GIL_LOCKED, &(-1i32).to_le_bytes());
+            assert_eq!(gil_state(&mem, off, runtime), Ok(GilState::Free), "{v:?}");
+            mem.write(gil + GIL_LOCKED, &7i32.to_le_bytes());
+            assert!(gil_state(&mem, off, runtime).is_err(), "{v:?}");
+            mem.write(gil + GIL_LOCKED, &1i32.to_le_bytes())
+                .write_u64(gil + GIL_LAST_HOLDER, 0x70_0000);
+            assert!(gil_state(&mem, off, runtime).is_err(), "{v:?}");
         }
     }
 }
