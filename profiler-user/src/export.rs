@@ -95,6 +95,35 @@ pub struct ExporterConfig {
     base_endpoint: Option<String>,
 }
 
+/// `text` with the user info (`user:password@`) of every URL in it left out: what follows a
+/// `scheme://` up to the last `@` before the authority's end (`/`, `?`, `#`, a quote, a space
+/// or a bracket). For every line that may hold an endpoint: a URL of a configuration, or an
+/// error of the HTTP and gRPC clients, which print the URL they were given.
+pub fn without_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| {
+                matches!(
+                    c,
+                    '/' | '?' | '#' | '"' | '\'' | '(' | ')' | '<' | '>' | '['
+                ) || c.is_whitespace()
+            })
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        let host = authority
+            .rfind('@')
+            .map_or(authority, |i| &authority[i + 1..]);
+        out.push_str(host);
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Where the configuration was read, for error messages.
 fn var(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(String, String)> {
     for full in [
@@ -123,6 +152,12 @@ fn with_http_path(url: &str) -> String {
 }
 
 impl ExporterConfig {
+    /// The endpoint as printed: without the user info of the URL (`user:password@`), which
+    /// HTTP sends as basic authentication and no log line may show.
+    pub fn shown_endpoint(&self) -> String {
+        without_userinfo(&self.endpoint)
+    }
+
     /// The configuration from the process environment.
     pub fn from_env() -> Result<ExporterConfig, String> {
         Self::from_vars(&|name| std::env::var(name).ok())
@@ -239,7 +274,7 @@ impl ExporterConfig {
         if !(self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://")) {
             return Err(format!(
                 "OTLP endpoint {:?} must start with http:// or https://",
-                self.endpoint
+                self.shown_endpoint()
             ));
         }
         Ok(())
@@ -271,10 +306,11 @@ pub struct ExportError {
 }
 
 impl ExportError {
+    /// An error whose message has no URL user info ([`without_userinfo`]).
     fn new(retryable: bool, message: impl Into<String>) -> Self {
         ExportError {
             retryable,
-            message: message.into(),
+            message: without_userinfo(&message.into()),
         }
     }
 }
@@ -322,7 +358,12 @@ impl Exporter {
                 use tonic::codec::CompressionEncoding;
                 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
                 let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
-                    .map_err(|e| format!("invalid OTLP endpoint {:?}: {e}", config.endpoint))?
+                    .map_err(|e| {
+                        without_userinfo(&format!(
+                            "invalid OTLP endpoint {:?}: {e}",
+                            config.endpoint
+                        ))
+                    })?
                     .timeout(config.timeout)
                     .connect_timeout(config.timeout);
                 if config.endpoint.starts_with("https://") {
@@ -333,9 +374,9 @@ impl Exporter {
                     if let Some((c, k)) = &identity {
                         tls = tls.identity(Identity::from_pem(c, k));
                     }
-                    endpoint = endpoint
-                        .tls_config(tls)
-                        .map_err(|e| format!("TLS set-up for {}: {e}", config.endpoint))?;
+                    endpoint = endpoint.tls_config(tls).map_err(|e| {
+                        without_userinfo(&format!("TLS set-up for {}: {e}", config.endpoint))
+                    })?;
                 }
                 let mut client = ProfilesServiceClient::new(endpoint.connect_lazy())
                     .accept_compressed(CompressionEncoding::Gzip);
@@ -533,6 +574,32 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_secs(10));
         let c = config(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]).unwrap();
         assert_eq!(c.endpoint, "http://localhost:4318/v1development/profiles");
+    }
+
+    #[test]
+    fn printed_urls_leave_out_their_user_info() {
+        for (text, shown) in [
+            ("http://u:pw@host:4318/v1", "http://host:4318/v1"),
+            ("https://pw@host", "https://host"),
+            ("http://host:4317", "http://host:4317"),
+            (
+                "error sending request for url (http://a:b@c:1/x): refused",
+                "error sending request for url (http://c:1/x): refused",
+            ),
+            (
+                "\"http://a:p@ss@h\" and http://x@y?q=1#f",
+                "\"http://h\" and http://y?q=1#f",
+            ),
+            ("no url here, user@host", "no url here, user@host"),
+            ("trailing ://", "trailing ://"),
+        ] {
+            assert_eq!(without_userinfo(text), shown, "{text}");
+        }
+        let mut c = ExporterConfig::from_vars(&|_| None).unwrap();
+        c.set_endpoint("http://me:s3cret@collector:4317").unwrap();
+        assert_eq!(c.shown_endpoint(), "http://collector:4317");
+        let e = c.set_endpoint("ftp://me:s3cret@collector").unwrap_err();
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]

@@ -384,7 +384,7 @@ fn verify(args: VerifyArgs) -> Result<u8, Failure> {
 
 /// Sends the profile to the collector; prints what happened and returns whether it was taken.
 fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
-    let endpoint = config.endpoint.clone();
+    let endpoint = config.shown_endpoint();
     let protocol = config.protocol.name();
     let request = spanprof_profile::format::otlp::request(profile);
     let profiles = spanprof_profile::format::otlp::profile_count(&request);
@@ -1081,7 +1081,11 @@ fn main() -> ExitCode {
             // One line, like every other error (and a hint when one applies); `--help` has
             // the rest.
             let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            eprintln!("{}", usage::explain(&e, &args));
+            // A value echoed back (an endpoint) shows no password.
+            eprintln!(
+                "{}",
+                spanprof::export::without_userinfo(&usage::explain(&e, &args))
+            );
             return ExitCode::from(EXIT_USAGE);
         }
     };

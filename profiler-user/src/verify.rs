@@ -696,7 +696,7 @@ fn span_check(profile: &Profile, truth: &Path, status: i32) -> Check {
 
 fn export_check(profile: &Profile, config: ExporterConfig) -> Check {
     const NAME: &str = "OTLP export";
-    let endpoint = format!("{} ({})", config.endpoint, config.protocol.name());
+    let endpoint = format!("{} ({})", config.shown_endpoint(), config.protocol.name());
     let request = crate::format::otlp::request(profile);
     let profiles = crate::format::otlp::profile_count(&request);
     let result = crate::export::export_once(config, &request);

@@ -326,6 +326,48 @@ fn endpoint_down_then_back() {
     workload.signal(libc::SIGKILL);
 }
 
+/// A password in the export endpoint's URL shows on no daemon line: the start line, the
+/// failures while nobody listens (gRPC), nor the shutdown.
+#[test]
+fn daemon_lines_show_no_password() {
+    const PASSWORD: &str = "N0t-for-logs-7f3a";
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let workload = split_workload("20");
+    let pid = workload.pid();
+    let dir = TempDir::new("daemon-password");
+    let daemon = Daemon::start(
+        &dir,
+        &format!(
+            "[sampling]\nfrequency = 99\nwindow = \"1s\"\n[scope]\npids = [{pid}]\n\
+             [export]\nprotocol = \"grpc\"\n\
+             endpoint = \"http://spanuser:{PASSWORD}@127.0.0.1:{port}\"\ntimeout = \"1s\"\n\
+             max_backoff = \"1s\"\n"
+        ),
+    );
+    daemon.wait_metric(
+        "spanprof_export_failures_total",
+        2.0,
+        Duration::from_secs(30),
+    );
+    let stderr = daemon.stop();
+    workload.signal(libc::SIGKILL);
+    assert!(
+        stderr.contains(&format!("cannot export to http://127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(PASSWORD),
+        "the password is on the daemon's stderr:\n{stderr}"
+    );
+}
+
 /// 50 short-lived Python processes (150 ms of CPU each), started one after the other by a
 /// profiled parent during one window, each appear with a resource of their own (pid, command
 /// line, executable, runtime), delivered by the SIGTERM flush.

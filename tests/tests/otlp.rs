@@ -14,7 +14,8 @@ use serde_json::Value;
 use spanprof_tests::otlp::{self, read_otel_truth, ready_pid, GrpcSink, HttpSink};
 use spanprof_tests::{
     parse_summary, profiling_lock, py_workload_source, pyenv_python, require_root,
-    require_span_libs, run_with_timeout, span_libs, spanprof_bin, spanprof_command, TempDir,
+    require_span_libs, run_with_timeout, span_libs, spanprof_bin, spanprof_command, RunOutput,
+    TempDir,
 };
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -498,4 +499,100 @@ fn grpc_export_over_tls_trusts_the_configured_ca() {
         run.stderr
     );
     assert_eq!(server.requests().len(), 1, "nothing more arrived");
+}
+
+/// A password in the endpoint's URL (`user:password@`): HTTP sends it as basic authentication,
+/// and no line of any run shows it — the summary of a sent profile, the error of a collector
+/// nobody listens on (HTTP and gRPC), a refused endpoint — nor does any output file.
+#[test]
+fn no_line_shows_the_collector_s_password() {
+    const PASSWORD: &str = "N0t-for-logs-7f3a";
+    require_root();
+    spanprof_bin();
+    let _lock = profiling_lock();
+    let with_password = |url: &str| url.replacen("://", &format!("://spanuser:{PASSWORD}@"), 1);
+    let no_password = |what: &str, run: &RunOutput, dir: &TempDir| {
+        for (stream, text) in [("stdout", &run.stdout), ("stderr", &run.stderr)] {
+            assert!(
+                !text.contains(PASSWORD),
+                "{what}: the password is on {stream}:\n{text}"
+            );
+        }
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(
+                !bytes
+                    .windows(PASSWORD.len())
+                    .any(|w| w == PASSWORD.as_bytes()),
+                "{what}: the password is in {}",
+                path.display()
+            );
+        }
+    };
+
+    // Sent over HTTP: the receiver gets basic authentication; the line names the host only.
+    let sink = HttpSink::start();
+    let dir = TempDir::new("otlp-password-sent");
+    let run = run_with_timeout(
+        split_command(
+            &dir,
+            &with_password(&sink.endpoint()),
+            &["--otlp-protocol", "http/protobuf"],
+        ),
+        RUN_TIMEOUT,
+    );
+    run.assert_success();
+    no_password("sent", &run, &dir);
+    assert!(
+        run.stderr.contains(&format!("to {}", sink.profiles_url())),
+        "{}",
+        run.stderr
+    );
+    let bins = sink.wait_for_requests(1, Duration::from_secs(10));
+    // base64("spanuser:N0t-for-logs-7f3a")
+    assert_eq!(
+        sink.headers(&bins[0])["authorization"],
+        "Basic c3BhbnVzZXI6TjB0LWZvci1sb2dzLTdmM2E="
+    );
+
+    // Nobody listening, over both protocols: an error line, without the password.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for protocol in ["http/protobuf", "grpc"] {
+        let dir = TempDir::new("otlp-password-down");
+        let run = run_with_timeout(
+            split_command(
+                &dir,
+                &with_password(&format!("http://127.0.0.1:{port}")),
+                &["--otlp-protocol", protocol],
+            ),
+            RUN_TIMEOUT,
+        );
+        assert_eq!(run.code(), 1, "{}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("cannot send the profile to http://127.0.0.1:"),
+            "{}",
+            run.stderr
+        );
+        no_password(protocol, &run, &dir);
+    }
+
+    // A refused endpoint: a usage error, without the password.
+    let dir = TempDir::new("otlp-password-refused");
+    let run = run_with_timeout(
+        split_command(&dir, &with_password("ftp://collector:4317"), &[]),
+        RUN_TIMEOUT,
+    );
+    assert_eq!(run.code(), 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("ftp://collector:4317"),
+        "{}",
+        run.stderr
+    );
+    no_password("refused", &run, &dir);
 }

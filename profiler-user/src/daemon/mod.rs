@@ -136,7 +136,7 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
         config.sampling.frequency,
         config.sampling.events.name(),
         config.window.as_secs_f64(),
-        config.exporter.endpoint,
+        config.exporter.shown_endpoint(),
         config.exporter.protocol.name(),
         config
             .metrics

@@ -193,7 +193,7 @@ pub async fn run_exporter(
                             .fetch_add(accepted.rejected_profiles as u64, Ordering::Relaxed);
                         eprintln!(
                             "spanprof daemon: {} rejected {} profiles of window {}: {}",
-                            exporter.config().endpoint,
+                            exporter.config().shown_endpoint(),
                             accepted.rejected_profiles,
                             window.id,
                             accepted.message
@@ -204,7 +204,7 @@ pub async fn run_exporter(
                         eprintln!(
                             "spanprof daemon: export to {} works again after {failures} failed \
                              attempts in {:.0} s",
-                            exporter.config().endpoint,
+                            exporter.config().shown_endpoint(),
                             since.elapsed().as_secs_f64()
                         );
                     }
@@ -221,7 +221,7 @@ pub async fn run_exporter(
                         }
                         eprintln!(
                             "spanprof daemon: {} refused window {} (dropped): {e}",
-                            exporter.config().endpoint,
+                            exporter.config().shown_endpoint(),
                             window.id
                         );
                         break;
@@ -231,7 +231,7 @@ pub async fn run_exporter(
                         eprintln!(
                             "spanprof daemon: cannot export to {}: {e}; retrying with backoff \
                              (up to {} s), keeping at most the newest windows",
-                            exporter.config().endpoint,
+                            exporter.config().shown_endpoint(),
                             max_backoff.as_secs()
                         );
                     }
