@@ -12,7 +12,15 @@
 //! written into instead: never replaced, never
 //! truncated, no temporary file next to it. A character device is opened at once (so a
 //! refusal comes before the session); a FIFO only when the bytes are ready, since opening one
-//! waits for its reader. Block devices, sockets and other special files are refused.
+//! waits for its reader: at most [`FIFO_WAIT`] for a reader to open it, and as long again for
+//! one that stops reading, and never past a stop signal (`commit_until`'s `give_up`). Block
+//! devices, sockets and other special files are refused.
+//!
+//! A node spanprof did not create is written into only if it is spanprof's own standard
+//! input, output or error, or is owned by root or the invoking user (the real user id, or
+//! under sudo `SUDO_UID`), and never through a symbolic link another user owns: in a shared
+//! directory (`/tmp`), another user's FIFO or link to their terminal must not receive a
+//! privileged spanprof's profile.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -24,6 +32,12 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 use anyhow::{Context, Result};
+
+/// How long a FIFO output waits for a reader to open it, and for a reader that stopped
+/// reading to take more.
+pub const FIFO_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The pause between two looks for a FIFO's reader.
+const FIFO_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// An output file being prepared.
 #[derive(Debug)]
@@ -93,15 +107,30 @@ impl PendingOutput {
             .with_context(|| format!("cannot write output {shown}: not a file name"))?;
         // NB: `metadata` follows a symlink: `/dev/stdout` is one, to `/proc/self/fd/1`.
         let followed = dest.metadata().ok().map(|m| m.file_type());
-        let is_link = dest
+        let link = dest
             .symlink_metadata()
-            .is_ok_and(|m| m.file_type().is_symlink());
+            .ok()
+            .filter(|m| m.file_type().is_symlink());
+        let is_link = link.is_some();
+        if let Some(link) = &link {
+            use std::os::unix::fs::MetadataExt;
+            if followed.is_some_and(|t| t.is_char_device() || t.is_fifo())
+                && !trusted_owner(link.uid())
+            {
+                anyhow::bail!(
+                    "cannot write output {shown}: it is a symbolic link owned by another user \
+                     (uid {}), and outputs are never written through one",
+                    link.uid()
+                );
+            }
+        }
         match followed {
             Some(t) if t.is_dir() => {
                 anyhow::bail!("cannot write output {shown}: is a directory")
             }
             Some(t) if t.is_char_device() => {
-                let file = open_special(dest, false)?;
+                let file = open_device(dest)?;
+                check_owner(&file, dest)?;
                 // Through a symlink, only what `/dev/stdout` leads to: a terminal or the null
                 // device (a planted link must not make a privileged spanprof write elsewhere).
                 if is_link && !terminal_or_null(&file) {
@@ -116,10 +145,15 @@ impl PendingOutput {
                 });
             }
             Some(t) if t.is_fifo() => {
+                // Checked now, so a refusal comes before the session, and again when opened.
+                let meta = dest
+                    .metadata()
+                    .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?;
+                owner_allowed(&meta, shown)?;
                 return Ok(PendingOutput {
                     dest: dest.to_path_buf(),
                     sink: Sink::Fifo,
-                })
+                });
             }
             Some(t) if !t.is_file() => {
                 anyhow::bail!(
@@ -168,7 +202,13 @@ impl PendingOutput {
 
     /// Writes `bytes` and moves the file into place (or writes them into the device or FIFO).
     /// The error does not repeat the path.
-    pub fn commit(mut self, bytes: &[u8]) -> Result<()> {
+    pub fn commit(self, bytes: &[u8]) -> Result<()> {
+        self.commit_until(bytes, &|| false)
+    }
+
+    /// As [`PendingOutput::commit`]; a FIFO's wait for its reader ends when `give_up` says so
+    /// (a stop signal came), as after [`FIFO_WAIT`].
+    pub fn commit_until(mut self, bytes: &[u8], give_up: &dyn Fn() -> bool) -> Result<()> {
         // NB: the caller names the output; these errors are only the cause.
         match &mut self.sink {
             Sink::Rename { tmp, file, .. } => {
@@ -184,18 +224,19 @@ impl PendingOutput {
                 file.write_all(bytes)?;
             }
             Sink::Fifo => {
-                // Blocks until something opens the FIFO for reading, as `cat > fifo` would.
-                open_special(&self.dest, true)?.write_all(bytes)?;
+                let file = open_fifo(&self.dest, give_up)?;
+                check_owner(&file, &self.dest)?;
+                write_fifo(&file, bytes, give_up)?;
             }
         }
         Ok(())
     }
 }
 
-/// Opens the character device (`fifo` false) or FIFO at `path` for writing, without creating
-/// or truncating anything, and checks that the file opened is still of that kind (the path may
-/// have changed since it was looked at).
-fn open_special(path: &Path, fifo: bool) -> Result<File> {
+/// Opens the character device at `path` for writing, without creating or truncating
+/// anything, and checks that the file opened is still one (the path may have changed since it
+/// was looked at).
+fn open_device(path: &Path) -> Result<File> {
     let shown = path.display();
     let file = OpenOptions::new()
         .write(true)
@@ -206,18 +247,130 @@ fn open_special(path: &Path, fifo: bool) -> Result<File> {
         .metadata()
         .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?
         .file_type();
-    let expected = if fifo {
-        kind.is_fifo()
-    } else {
-        kind.is_char_device()
-    };
-    if !expected {
+    if !kind.is_char_device() {
         anyhow::bail!(
             "cannot write output {shown}: it changed to a {} while spanprof opened it",
             special_kind(kind)
         );
     }
     Ok(file)
+}
+
+/// Opens the FIFO at `path` for writing once a reader has it open: looks every [`FIFO_POLL`]
+/// for [`FIFO_WAIT`] at most, or until `give_up`. Non-blocking, so that [`write_fifo`] can
+/// give up too.
+fn open_fifo(path: &Path, give_up: &dyn Fn() -> bool) -> Result<File> {
+    let started = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        let opened = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Ok(file) => {
+                if !file.metadata()?.file_type().is_fifo() {
+                    anyhow::bail!("it changed to another kind of file while spanprof opened it");
+                }
+                return Ok(file);
+            }
+            // No reader yet.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                if give_up() {
+                    anyhow::bail!("a stop signal came while waiting for a reader of the FIFO");
+                }
+                if started.elapsed() >= FIFO_WAIT {
+                    anyhow::bail!("no reader opened the FIFO within {} s", FIFO_WAIT.as_secs());
+                }
+                if !said && started.elapsed() >= std::time::Duration::from_secs(1) {
+                    said = true;
+                    eprintln!(
+                        "spanprof: waiting up to {} s for a reader of the FIFO {}",
+                        FIFO_WAIT.as_secs(),
+                        path.display()
+                    );
+                }
+                std::thread::sleep(FIFO_POLL);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Writes `bytes` into the FIFO `file` (non-blocking): waits while its reader takes nothing, for
+/// [`FIFO_WAIT`] at most, or until `give_up`.
+fn write_fifo(mut file: &File, bytes: &[u8], give_up: &dyn Fn() -> bool) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut rest = bytes;
+    let mut progress = std::time::Instant::now();
+    while !rest.is_empty() {
+        match file.write(rest) {
+            Ok(n) => {
+                rest = &rest[n..];
+                progress = std::time::Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if give_up() {
+                    anyhow::bail!("a stop signal came while the FIFO's reader took nothing");
+                }
+                if progress.elapsed() >= FIFO_WAIT {
+                    anyhow::bail!(
+                        "the FIFO's reader took nothing for {} s",
+                        FIFO_WAIT.as_secs()
+                    );
+                }
+                let mut fd = libc::pollfd {
+                    fd: file.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a timeout in ms.
+                unsafe { libc::poll(&mut fd, 1, FIFO_POLL.as_millis() as libc::c_int) };
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a node owned by `uid` may receive outputs: root's, or the invoking user's (the real
+/// user id; under sudo, `SUDO_UID`).
+fn trusted_owner(uid: u32) -> bool {
+    // SAFETY: getuid has no preconditions.
+    uid == 0 || uid == unsafe { libc::getuid() } || sudo_user().is_some_and(|(u, _)| u == uid)
+}
+
+/// Whether `meta` is the file of spanprof's standard input, output or error.
+fn is_own_stdio(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (0..3).any(|fd| {
+        // SAFETY: a zeroed plain C struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat into that struct; a closed descriptor fails.
+        let ok = unsafe { libc::fstat(fd, &mut st) } == 0;
+        ok && st.st_dev == meta.dev() && st.st_ino == meta.ino()
+    })
+}
+
+/// Refuses a node owned by another user ([`trusted_owner`]) unless it is spanprof's own
+/// standard stream.
+fn owner_allowed(meta: &std::fs::Metadata, shown: std::path::Display<'_>) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if trusted_owner(meta.uid()) || is_own_stdio(meta) {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "cannot write output {shown}: it is a {} owned by another user (uid {}); outputs go \
+         only into nodes of root or of the user running spanprof",
+        special_kind(meta.file_type()),
+        meta.uid()
+    )
+}
+
+/// [`owner_allowed`] on an opened file.
+fn check_owner(file: &File, path: &Path) -> Result<()> {
+    owner_allowed(&file.metadata()?, path.display())
 }
 
 /// Whether `file` is a terminal or the null device (1:3).

@@ -635,9 +635,13 @@ fn commit_outputs<F: Copy + std::fmt::Display>(
     render: impl Fn(F) -> Result<Vec<u8>>,
 ) -> u8 {
     let mut status = 0;
+    // A stop signal that comes while a FIFO waits for its reader ends that wait (a second one
+    // ends spanprof).
+    let at_start = spanprof_collect::signals::stop_signal();
+    let give_up = move || spanprof_collect::signals::stop_signal() != at_start;
     for (out, format) in outputs {
         let dest = out.dest().display().to_string();
-        match render(format).and_then(|bytes| out.commit(&bytes)) {
+        match render(format).and_then(|bytes| out.commit_until(&bytes, &give_up)) {
             Ok(()) => eprintln!("wrote {dest} ({format})"),
             Err(e) => {
                 eprintln!("error: cannot write output {dest}: {e:#}");

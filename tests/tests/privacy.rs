@@ -1,6 +1,7 @@
 //! Privacy controls: `--redact-paths` leaves no directory name in any output format,
-//! `--drop-label` leaves the label out of pprof and OTLP, and output files are 0600 and never
-//! written through a symlink.
+//! `--drop-label` leaves the label out of pprof and OTLP, output files are 0600 and never
+//! written through a symlink, another user's FIFO or terminal link gets no output, and a FIFO
+//! without a reader does not hold the session.
 //!
 //! The workload is a Python script in a directory whose name is a needle
 //! (`very-private-checkout`); CPython 3.12 from pyenv runs it, so the profile holds the paths of
@@ -9,8 +10,10 @@
 //! also decoded by the independent decoders to check what was kept.
 
 use std::io::Read;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use serde_json::Value;
 use spanprof_tests::otlp;
@@ -419,4 +422,173 @@ fn privacy_flags_are_checked() {
     assert_error(&out, 2, &["--drop-label 'thread'", "thread.name"]);
     let out = run_spanprof(args!["report", &profile, "--redact-paths=full"]);
     assert_error(&out, 2, &["--redact-paths=full", "basename or hash"]);
+}
+
+/// The longest an output test's run may take.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The uid of `nobody`: "another user" of the tests below.
+const OTHER_UID: u32 = 65534;
+
+/// A `profile` run short enough for output tests: a shell loop of a few ms of CPU.
+fn short_profile(outputs: &[&Path]) -> std::process::Command {
+    let mut cmd = spanprof_tests::spanprof_command(["profile"]);
+    for o in outputs {
+        cmd.arg("-o").arg(o);
+    }
+    cmd.args([
+        "--",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
+    ]);
+    cmd
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0, "mkfifo");
+}
+
+/// Changes the owner of `path` itself (not what a link points to) to [`OTHER_UID`].
+fn give_to_other_user(path: &Path) {
+    std::os::unix::fs::lchown(path, Some(OTHER_UID), Some(OTHER_UID)).expect("lchown");
+}
+
+/// Reads what is waiting at the non-blocking descriptor `fd`, without waiting.
+fn pending_bytes(fd: i32) -> usize {
+    let mut buf = [0u8; 65536];
+    // SAFETY: reading into a local buffer of its size.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    n.max(0) as usize
+}
+
+/// In a sticky shared directory, another user's FIFO (with a reader of theirs waiting) and
+/// another user's symbolic link to a terminal are planted at root's output paths: each output
+/// is refused with a line naming the owner, no byte reaches the reader or the terminal, and
+/// the session's other output is written.
+#[test]
+fn another_user_s_fifo_or_terminal_link_gets_no_output() {
+    spanprof_tests::require_root();
+    let tmp = TempDir::new("privacy-planted");
+    let shared = tmp.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+
+    // Their FIFO, a reader of theirs already waiting on it.
+    let fifo = shared.join("flame.svg");
+    mkfifo(&fifo);
+    give_to_other_user(&fifo);
+    let reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    // Their link to a terminal (a pseudo-terminal the test opens; its reading end is kept).
+    // SAFETY: posix_openpt, grantpt, unlockpt and ptsname on the descriptor just opened.
+    let (master, pts) = unsafe {
+        let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK);
+        assert!(m >= 0, "posix_openpt");
+        assert_eq!(libc::grantpt(m), 0);
+        assert_eq!(libc::unlockpt(m), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(m))
+            .to_str()
+            .unwrap()
+            .to_owned();
+        (m, PathBuf::from(name))
+    };
+    // The slave must be open for the master to read anything written to it.
+    let _slave = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&pts)
+        .unwrap();
+    let link = shared.join("run.folded");
+    std::os::unix::fs::symlink(&pts, &link).unwrap();
+    give_to_other_user(&link);
+    let mine = tmp.join("mine.folded");
+
+    for (planted, what) in [
+        (&fifo, "FIFO owned by another user (uid 65534)"),
+        (&link, "symbolic link owned by another user (uid 65534)"),
+    ] {
+        let out = spanprof_tests::run_with_timeout(short_profile(&[planted, &mine]), RUN_TIMEOUT);
+        assert_error(
+            &out,
+            FAILURE,
+            &[what, planted.file_name().unwrap().to_str().unwrap()],
+        );
+    }
+    // The report writes into such nodes no more than a session does.
+    let r = runs();
+    let out = run_spanprof(args!["report", r.path("u.pb.gz"), "-o", &fifo]);
+    assert_error(&out, FAILURE, &["owned by another user"]);
+    use std::os::fd::AsRawFd;
+    assert_eq!(
+        pending_bytes(reader.as_raw_fd()),
+        0,
+        "bytes reached their FIFO"
+    );
+    assert_eq!(pending_bytes(master), 0, "bytes reached their terminal");
+    // SAFETY: closing the master the test opened.
+    unsafe { libc::close(master) };
+
+    // Root's own FIFO in the same place is written into.
+    let own = shared.join("own.folded");
+    mkfifo(&own);
+    let taker = {
+        let own = own.clone();
+        std::thread::spawn(move || std::fs::read(own).unwrap())
+    };
+    let out = spanprof_tests::run_with_timeout(short_profile(&[&own, &mine]), RUN_TIMEOUT);
+    out.assert_success();
+    assert!(
+        !taker.join().unwrap().is_empty(),
+        "nothing came through root's own FIFO"
+    );
+    assert!(mine.is_file());
+}
+
+/// A FIFO output nobody reads: the session gives up on it after its bound
+/// (`write::FIFO_WAIT`, 10 s) with a line, and writes its other output; a SIGTERM during that
+/// wait ends it at once, the other output written too.
+#[test]
+fn a_fifo_without_a_reader_does_not_hold_the_session() {
+    spanprof_tests::require_root();
+    let tmp = TempDir::new("privacy-fifo-wait");
+    let fifo = tmp.join("nobody.folded");
+    mkfifo(&fifo);
+    let other = tmp.join("other.svg");
+    let failed_with = |out: &RunOutput, line: &str| {
+        assert_eq!(out.code(), FAILURE, "{out}");
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.starts_with("error: cannot write output")
+                    && l.contains("nobody.folded")
+                    && l.ends_with(line)),
+            "no line ending {line:?}: {out}"
+        );
+        assert!(out.stderr.contains("wrote "), "{out}");
+        assert!(other.is_file(), "{out}");
+    };
+    let out = spanprof_tests::run_with_timeout(short_profile(&[&fifo, &other]), RUN_TIMEOUT);
+    failed_with(&out, "no reader opened the FIFO within 10 s");
+    assert!(
+        out.stderr.contains("waiting up to 10 s for a reader"),
+        "{out}"
+    );
+
+    std::fs::remove_file(&other).unwrap();
+    let mut session = spanprof_tests::Background::spawn(short_profile(&[&fifo, &other]));
+    session.wait_for_stderr("waiting up to 10 s for a reader", RUN_TIMEOUT);
+    session.signal(libc::SIGTERM);
+    let out = session.finish(RUN_TIMEOUT);
+    failed_with(
+        &out,
+        "a stop signal came while waiting for a reader of the FIFO",
+    );
 }
