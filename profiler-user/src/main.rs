@@ -27,6 +27,7 @@ use spanprof::session::{self, Ending, Options, Target};
 use spanprof_analysis::filter::Filter;
 use spanprof_collect as collect;
 use spanprof_pipeline::aggregate;
+use spanprof_profile::format::budget::ReadBudget;
 use spanprof_profile::format::speedscope::Threads;
 use spanprof_profile::format::{self, Format};
 use spanprof_profile::profile::{GroupBy, Profile, View};
@@ -421,7 +422,9 @@ fn send_otlp(profile: &Profile, config: ExporterConfig) -> bool {
 /// Only a regular file of at most [`MAX_INPUT_BYTES`] is read: the file is opened without
 /// blocking (a FIFO or a device would otherwise hang the open or be read without end) and its
 /// size is checked before any byte is read. Gzip data is decompressed as it is read, up to
-/// [`MAX_INPUT_BYTES`] of output, so neither a huge file nor a gzip bomb fills the memory.
+/// [`MAX_INPUT_BYTES`] of output and a quarter of what a file of its size may take to read
+/// ([`ReadBudget`]), and the readers check what decoding would take before they do, so neither
+/// a huge file, a gzip bomb nor a small file that decodes big fills the memory.
 fn read_profile(path: &Path) -> Result<Profile, Failure> {
     use std::io::Read as _;
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -448,13 +451,15 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
     if meta.len() > MAX_INPUT_BYTES {
         return Err(too_large());
     }
+    let budget = ReadBudget::for_file(meta.len());
     let mut input = std::io::BufReader::new(file.take(MAX_INPUT_BYTES + 1));
     let gzip = std::io::BufRead::fill_buf(&mut input)
         .map_err(cannot)?
         .starts_with(&[0x1f, 0x8b]);
     let mut bytes = Vec::with_capacity(if gzip { 0 } else { meta.len() as usize });
     let read = if gzip {
-        read_capped(flate2::bufread::GzDecoder::new(input), &mut bytes)
+        let cap = MAX_INPUT_BYTES.min(budget.max_uncompressed());
+        read_capped(flate2::bufread::GzDecoder::new(input), &mut bytes, cap)
     } else {
         input.read_to_end(&mut bytes)
     };
@@ -471,26 +476,29 @@ fn read_profile(path: &Path) -> Result<Profile, Failure> {
             cannot(e)
         }
     })?;
-    if bytes.len() as u64 > MAX_INPUT_BYTES {
-        return Err(if gzip {
-            Failure(
-                EXIT_FAILURE,
+    if gzip && bytes.len() as u64 > MAX_INPUT_BYTES.min(budget.max_uncompressed()) {
+        return Err(Failure(
+            EXIT_FAILURE,
+            if bytes.len() as u64 > MAX_INPUT_BYTES {
                 format!(
                     "{shown}: more than {} MiB uncompressed",
                     MAX_INPUT_BYTES >> 20
-                ),
-            )
-        } else {
-            too_large()
-        });
+                )
+            } else {
+                format!("{shown}: {}", budget.decompressed_too_much())
+            },
+        ));
+    }
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        return Err(too_large());
     }
     // A name that says nothing (py-spy's `--format raw` has no extension of its own): folded
     // text if every line is `STACK COUNT`, else pprof.
     let format = Format::from_path(path).or_else(|| looks_folded(&bytes).then_some(Format::Folded));
     let read = match format {
         Some(Format::Folded) => spanprof_profile::format::folded::read_folded(&bytes),
-        Some(Format::Otlp) => spanprof_profile::format::otlp::read_otlp(&bytes),
-        _ => spanprof_profile::format::pprof::read_pprof(&bytes),
+        Some(Format::Otlp) => spanprof_profile::format::otlp::read_otlp_within(&bytes, budget),
+        _ => spanprof_profile::format::pprof::read_pprof_within(&bytes, budget),
     };
     read.map_err(|e| {
         Failure(
@@ -518,10 +526,14 @@ fn looks_folded(bytes: &[u8]) -> bool {
         })
 }
 
-/// Reads `from` into `bytes` up to one byte past [`MAX_INPUT_BYTES`], growing the buffer at
-/// most to that size (`read_to_end` would double it past the bound on its last byte).
-fn read_capped(mut from: impl std::io::Read, bytes: &mut Vec<u8>) -> std::io::Result<usize> {
-    let cap = MAX_INPUT_BYTES as usize + 1;
+/// Reads `from` into `bytes` up to one byte past `limit`, growing the buffer at most to that
+/// size (`read_to_end` would double it past the bound on its last byte).
+fn read_capped(
+    mut from: impl std::io::Read,
+    bytes: &mut Vec<u8>,
+    limit: u64,
+) -> std::io::Result<usize> {
+    let cap = limit as usize + 1;
     let mut chunk = vec![0u8; 1 << 20];
     loop {
         let n = match from.read(&mut chunk) {

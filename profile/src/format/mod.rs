@@ -86,6 +86,7 @@ use std::{fmt, io, path::Path};
 
 use crate::profile::Profile;
 
+pub mod budget;
 pub mod folded;
 pub mod otlp;
 pub mod pprof;
@@ -115,6 +116,9 @@ pub enum ReadError {
     /// Not an OTLP profiles request: bad gzip data or protobuf.
     #[error("not an OTLP profiles request")]
     NotOtlp(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Reading it would take more memory than a file of its size may ([`budget`]).
+    #[error("{0}")]
+    TooBig(String),
 }
 
 /// A file format a [`Profile`] can be rendered to.

@@ -4,10 +4,12 @@
 //! - `overhead`: the self-reported overhead of a session with lost records, against `/proc`;
 //! - `backoff`: the daemon's export backoff with its collector down and its queue full;
 //! - `memory`: the daemon's memory while hundreds of distinct binaries come and go;
-//! - `children`: short-lived children of `profile -- CMD`, named though they have exited.
+//! - `children`: short-lived children of `profile -- CMD`, named though they have exited;
+//! - `decode`: small profile files that would decode into gigabytes.
 
 mod backoff;
 mod children;
+mod decode;
 mod io;
 mod memory;
 mod overhead;

@@ -4,5 +4,5 @@
 pub mod read;
 mod write;
 
-pub use read::read_otlp;
+pub use read::{read_otlp, read_otlp_within};
 pub use write::*;

@@ -25,6 +25,7 @@ use prost::Message;
 use symbolizer::build_id::ModuleIds;
 use symbolizer::unwind::UnwindStatus;
 
+use crate::format::budget::{self, ReadBudget};
 use crate::format::otlp::write::{BUILD_ID_GNU, BUILD_ID_HTLHASH, INTERPRETER};
 use crate::format::pprof::read::MAX_LINES;
 use crate::format::ReadError;
@@ -168,26 +169,72 @@ impl<'a> Dict<'a> {
 
 /// Reads an OTLP profiles request that spanprof wrote (see the module docs).
 pub fn read_otlp(bytes: &[u8]) -> Result<Profile, ReadError> {
+    read_otlp_within(bytes, ReadBudget::for_file(bytes.len() as u64))
+}
+
+/// [`read_otlp`] within `budget` (that of the file `bytes` were read from: gzip data is
+/// decompressed before it comes here).
+pub fn read_otlp_within(bytes: &[u8], budget: ReadBudget) -> Result<Profile, ReadError> {
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let cap = MAX_REQUEST.min(budget.max_uncompressed());
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(bytes)
-            .take(MAX_REQUEST + 1)
+            .take(cap + 1)
             .read_to_end(&mut raw)
             .map_err(|e| ReadError::NotOtlp(Box::new(e)))?;
-        if raw.len() as u64 > MAX_REQUEST {
-            return Err(damaged(format!(
-                "more than {} MiB uncompressed",
-                MAX_REQUEST >> 20
-            )));
+        if raw.len() as u64 > cap {
+            return Err(budget.decompressed_too_much());
         }
         raw
     } else {
         bytes.to_vec()
     };
+    let cost = budget::message_cost(&raw)
+        .ok_or_else(|| ReadError::NotOtlp("not a protobuf message".into()))?;
+    budget.check("decoding it", cost)?;
     let request = ExportProfilesServiceRequest::decode(raw.as_slice())
         .map_err(|e| ReadError::NotOtlp(Box::new(e)))?;
     let empty = ProfilesDictionary::default();
     let dict = Dict(request.dictionary.as_ref().unwrap_or(&empty));
+    // The samples' stacks, counted before they are made: a few bytes of stack indices can name
+    // a stack of many locations of many lines many times.
+    let stack_frames: Vec<u64> = dict
+        .0
+        .stack_table
+        .iter()
+        .map(|stack| {
+            stack
+                .location_indices
+                .iter()
+                .map(|&l| {
+                    usize::try_from(l)
+                        .ok()
+                        .and_then(|l| dict.0.location_table.get(l))
+                        .map_or(1, |loc| loc.lines.len().max(1) as u64)
+                })
+                .sum()
+        })
+        .collect();
+    let (mut frames_made, mut sample_count) = (0u64, 0u64);
+    for p in request
+        .resource_profiles
+        .iter()
+        .flat_map(|rp| &rp.scope_profiles)
+        .flat_map(|sp| &sp.profiles)
+    {
+        sample_count += p.samples.len() as u64;
+        for s in &p.samples {
+            let of = usize::try_from(s.stack_index)
+                .ok()
+                .and_then(|i| stack_frames.get(i));
+            frames_made = frames_made.saturating_add(of.copied().unwrap_or(0));
+        }
+    }
+    let need = frames_made.saturating_mul(std::mem::size_of::<u32>() as u64)
+        + sample_count * std::mem::size_of::<Sample>() as u64;
+    if need > budget.bytes().saturating_sub(cost) {
+        return Err(budget.exceeded("its samples' stacks", need));
+    }
     let mut frames: Vec<Frame> = Vec::new();
     let mut frame_ids: HashMap<Frame, u32> = HashMap::new();
     // Each location's frames, made once.

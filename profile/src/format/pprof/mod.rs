@@ -6,5 +6,5 @@
 pub mod read;
 mod write;
 
-pub use read::read_pprof;
+pub use read::{read_pprof, read_pprof_within};
 pub use write::*;

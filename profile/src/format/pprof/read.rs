@@ -68,6 +68,7 @@ use flate2::read::GzDecoder;
 use symbolizer::build_id::ModuleIds;
 use symbolizer::unwind::UnwindStatus;
 
+use crate::format::budget::{self, ReadBudget};
 use crate::format::pprof::{
     Shape, ALLOC_OBJECTS_TYPE, ALLOC_SPACE_TYPE, BRANCH_COMMENT, COMMIT_COMMENT, CPU_TYPE,
     DROPPED_COMMENT, HOST_COMMENT, INTERPRETER_COMMENT, INUSE_OBJECTS_TYPE, INUSE_SPACE_TYPE,
@@ -90,32 +91,49 @@ pub const NOT_NAMED_IN_FILE: &str = "no function name in the pprof file";
 /// Lines of one location at most: inlined functions nest far less deep.
 pub const MAX_LINES: usize = 64;
 
-/// Reads a pprof profile that spanprof wrote, gzipped or not, back into a [`Profile`].
+/// Reads a pprof profile that spanprof wrote, gzipped or not, back into a [`Profile`], within
+/// the memory a file of `bytes`' size may take ([`ReadBudget::for_file`]).
 pub fn read_pprof(bytes: &[u8]) -> Result<Profile, ReadError> {
+    read_pprof_within(bytes, ReadBudget::for_file(bytes.len() as u64))
+}
+
+/// [`read_pprof`] within `budget` (that of the file `bytes` were read from: gzip data is
+/// decompressed before it comes here).
+pub fn read_pprof_within(bytes: &[u8], budget: ReadBudget) -> Result<Profile, ReadError> {
     let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
         // A bound against a gzip bomb: spanprof's profiles are far smaller.
+        let cap = MAX_PROFILE.min(budget.max_uncompressed());
         let mut raw = Vec::new();
         GzDecoder::new(bytes)
-            .take(MAX_PROFILE + 1)
+            .take(cap + 1)
             .read_to_end(&mut raw)
             .map_err(ReadError::Gzip)?;
-        if raw.len() as u64 > MAX_PROFILE {
-            return Err(ReadError::Damaged(format!(
-                "more than {} MiB uncompressed",
-                MAX_PROFILE >> 20
-            )));
+        if raw.len() as u64 > cap {
+            return Err(budget.decompressed_too_much());
         }
         raw
     } else {
         bytes.to_vec()
     };
+    let cost = budget::message_cost(&raw)
+        .ok_or_else(|| ReadError::Decode("not a protobuf message".into()))?;
+    budget.check("decoding it", cost)?;
     let p = PprofProfile::decode(raw.as_slice()).map_err(|e| ReadError::Decode(Box::new(e)))?;
-    Reader { p: &p }.profile()
+    Reader {
+        p: &p,
+        budget: budget.bytes().saturating_sub(cost),
+        whole: budget,
+    }
+    .profile()
 }
 
 /// The decoded message, with string and table lookups that fail as [`ReadError::Damaged`].
 struct Reader<'a> {
     p: &'a PprofProfile,
+    /// What the profile made of the message may take.
+    budget: u64,
+    /// The file's budget, for the error.
+    whole: ReadBudget,
 }
 
 fn damaged(msg: impl Into<String>) -> ReadError {
@@ -259,6 +277,19 @@ impl Reader<'_> {
         let mut thread_ids: HashMap<Thread, u32> = HashMap::new();
         let mut spans: Vec<SpanContext> = Vec::new();
         let mut span_ids: HashMap<SpanContext, u32> = HashMap::new();
+        // The samples' stacks, counted before they are made: a few bytes of location ids can
+        // name a location of many lines many times.
+        let stack_frames: u64 = p
+            .sample
+            .iter()
+            .flat_map(|s| &s.location_id)
+            .map(|id| frame_of_location.get(id).map_or(0, |f| f.len() as u64))
+            .sum();
+        let need = stack_frames * std::mem::size_of::<u32>() as u64
+            + p.sample.len() as u64 * std::mem::size_of::<Sample>() as u64;
+        if need > self.budget {
+            return Err(self.whole.exceeded("its samples' stacks", need));
+        }
         let mut samples = Vec::with_capacity(p.sample.len());
         for (i, s) in p.sample.iter().enumerate() {
             let mut frames_of = Vec::with_capacity(s.location_id.len());
