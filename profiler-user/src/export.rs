@@ -30,6 +30,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+use symbolizer::debuginfod::without_credentials;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
 use opentelemetry_proto::tonic::collector::profiles::v1development::{
@@ -95,35 +96,6 @@ pub struct ExporterConfig {
     base_endpoint: Option<String>,
 }
 
-/// `text` with the user info (`user:password@`) of every URL in it left out: what follows a
-/// `scheme://` up to the last `@` before the authority's end (`/`, `?`, `#`, a quote, a space
-/// or a bracket). For every line that may hold an endpoint: a URL of a configuration, or an
-/// error of the HTTP and gRPC clients, which print the URL they were given.
-pub fn without_userinfo(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("://") {
-        let (head, tail) = rest.split_at(at + 3);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| {
-                matches!(
-                    c,
-                    '/' | '?' | '#' | '"' | '\'' | '(' | ')' | '<' | '>' | '['
-                ) || c.is_whitespace()
-            })
-            .unwrap_or(tail.len());
-        let authority = &tail[..end];
-        let host = authority
-            .rfind('@')
-            .map_or(authority, |i| &authority[i + 1..]);
-        out.push_str(host);
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
 /// Where the configuration was read, for error messages.
 fn var(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<(String, String)> {
     for full in [
@@ -152,10 +124,10 @@ fn with_http_path(url: &str) -> String {
 }
 
 impl ExporterConfig {
-    /// The endpoint as printed: without the user info of the URL (`user:password@`), which
-    /// HTTP sends as basic authentication and no log line may show.
+    /// The endpoint as printed: the URL's user info (`user:password@`, which HTTP sends as basic
+    /// authentication) as `***@`.
     pub fn shown_endpoint(&self) -> String {
-        without_userinfo(&self.endpoint)
+        without_credentials(&self.endpoint)
     }
 
     /// The configuration from the process environment.
@@ -306,11 +278,11 @@ pub struct ExportError {
 }
 
 impl ExportError {
-    /// An error whose message has no URL user info ([`without_userinfo`]).
+    /// An error whose message has no URL user info ([`without_credentials`]).
     fn new(retryable: bool, message: impl Into<String>) -> Self {
         ExportError {
             retryable,
-            message: without_userinfo(&message.into()),
+            message: without_credentials(&message.into()),
         }
     }
 }
@@ -359,7 +331,7 @@ impl Exporter {
                 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
                 let mut endpoint = Endpoint::from_shared(config.endpoint.clone())
                     .map_err(|e| {
-                        without_userinfo(&format!(
+                        without_credentials(&format!(
                             "invalid OTLP endpoint {:?}: {e}",
                             config.endpoint
                         ))
@@ -375,7 +347,7 @@ impl Exporter {
                         tls = tls.identity(Identity::from_pem(c, k));
                     }
                     endpoint = endpoint.tls_config(tls).map_err(|e| {
-                        without_userinfo(&format!("TLS set-up for {}: {e}", config.endpoint))
+                        without_credentials(&format!("TLS set-up for {}: {e}", config.endpoint))
                     })?;
                 }
                 let mut client = ProfilesServiceClient::new(endpoint.connect_lazy())
@@ -577,27 +549,27 @@ mod tests {
     }
 
     #[test]
-    fn printed_urls_leave_out_their_user_info() {
+    fn printed_urls_hide_their_user_info() {
         for (text, shown) in [
-            ("http://u:pw@host:4318/v1", "http://host:4318/v1"),
-            ("https://pw@host", "https://host"),
+            ("http://u:pw@host:4318/v1", "http://***@host:4318/v1"),
+            ("https://pw@host", "https://***@host"),
             ("http://host:4317", "http://host:4317"),
             (
                 "error sending request for url (http://a:b@c:1/x): refused",
-                "error sending request for url (http://c:1/x): refused",
+                "error sending request for url (http://***@c:1/x): refused",
             ),
             (
                 "\"http://a:p@ss@h\" and http://x@y?q=1#f",
-                "\"http://h\" and http://y?q=1#f",
+                "\"http://***@h\" and http://***@y?q=1#f",
             ),
             ("no url here, user@host", "no url here, user@host"),
             ("trailing ://", "trailing ://"),
         ] {
-            assert_eq!(without_userinfo(text), shown, "{text}");
+            assert_eq!(without_credentials(text), shown, "{text}");
         }
         let mut c = ExporterConfig::from_vars(&|_| None).unwrap();
         c.set_endpoint("http://me:s3cret@collector:4317").unwrap();
-        assert_eq!(c.shown_endpoint(), "http://collector:4317");
+        assert_eq!(c.shown_endpoint(), "http://***@collector:4317");
         let e = c.set_endpoint("ftp://me:s3cret@collector").unwrap_err();
         assert!(!e.contains("s3cret"), "{e}");
     }

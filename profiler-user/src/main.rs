@@ -1100,7 +1100,7 @@ fn main() -> ExitCode {
             // A value echoed back (an endpoint) shows no password.
             eprintln!(
                 "{}",
-                spanprof::export::without_userinfo(&usage::explain(&e, &args))
+                symbolizer::debuginfod::without_credentials(&usage::explain(&e, &args))
             );
             return ExitCode::from(EXIT_USAGE);
         }

@@ -320,7 +320,7 @@ impl Servers {
             spent += began.elapsed();
             match got {
                 Ok(file) => return (Ok(file), spent),
-                Err(err) => last = format!("{}: {err}", without_credentials(&url)),
+                Err(err) => last = without_credentials(&format!("{url}: {err}")),
             }
         }
         (Err(last), spent)
@@ -423,17 +423,37 @@ fn remove_abandoned_parts(dir: &Path) {
     }
 }
 
-/// `url` for messages: a user name and password in it (`http://user:secret@host/`) become
-/// `***` (`DEBUGINFOD_URLS` may hold them; a summary or a log is no place for them).
-pub fn without_credentials(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_string(),
+/// `text` for messages: the user name and password of every URL in it
+/// (`http://user:secret@host/`) become `***` (`DEBUGINFOD_URLS` and an OTLP endpoint may hold
+/// them, and the HTTP clients' errors repeat the URL they were given; a summary or a log is no
+/// place for them). A URL's user info is what follows `scheme://` up to the last `@` before the
+/// authority's end (`/`, `?`, `#`, a quote, a bracket or a space).
+pub fn without_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| {
+                matches!(
+                    c,
+                    '/' | '?' | '#' | '"' | '\'' | '(' | ')' | '<' | '>' | '['
+                ) || c.is_whitespace()
+            })
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(i) => {
+                out.push_str("***");
+                out.push_str(&authority[i..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
     }
+    out.push_str(rest);
+    out
 }
 
 /// A build id as a path component: 2 to 128 lower-case hex digits.

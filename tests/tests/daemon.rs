@@ -359,7 +359,7 @@ fn daemon_lines_show_no_password() {
     let stderr = daemon.stop();
     workload.signal(libc::SIGKILL);
     assert!(
-        stderr.contains(&format!("cannot export to http://127.0.0.1:{port}")),
+        stderr.contains(&format!("cannot export to http://***@127.0.0.1:{port}")),
         "{stderr}"
     );
     assert!(

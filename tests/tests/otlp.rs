@@ -502,7 +502,7 @@ fn grpc_export_over_tls_trusts_the_configured_ca() {
 }
 
 /// A password in the endpoint's URL (`user:password@`): HTTP sends it as basic authentication,
-/// and no line of any run shows it — the summary of a sent profile, the error of a collector
+/// and no line of any run shows it (`***` stands for it) — the summary of a sent profile, the error of a collector
 /// nobody listens on (HTTP and gRPC), a refused endpoint — nor does any output file.
 #[test]
 fn no_line_shows_the_collector_s_password() {
@@ -545,7 +545,10 @@ fn no_line_shows_the_collector_s_password() {
     run.assert_success();
     no_password("sent", &run, &dir);
     assert!(
-        run.stderr.contains(&format!("to {}", sink.profiles_url())),
+        run.stderr.contains(&format!(
+            "to {}",
+            sink.profiles_url().replace("://", "://***@")
+        )),
         "{}",
         run.stderr
     );
@@ -575,7 +578,7 @@ fn no_line_shows_the_collector_s_password() {
         assert_eq!(run.code(), 1, "{}", run.stderr);
         assert!(
             run.stderr
-                .contains("cannot send the profile to http://127.0.0.1:"),
+                .contains("cannot send the profile to http://***@127.0.0.1:"),
             "{}",
             run.stderr
         );
@@ -590,7 +593,7 @@ fn no_line_shows_the_collector_s_password() {
     );
     assert_eq!(run.code(), 2, "{}", run.stderr);
     assert!(
-        run.stderr.contains("ftp://collector:4317"),
+        run.stderr.contains("ftp://***@collector:4317"),
         "{}",
         run.stderr
     );
