@@ -501,6 +501,9 @@ pub fn run(opts: &Options) -> Result<Outcome> {
             eprintln!("{line}");
         }
     }
+    if let Some(line) = refused_files_line(&symbolizer, 0) {
+        eprintln!("spanprof: warning: {line}");
+    }
     Ok(Outcome {
         profile,
         ending,
@@ -514,6 +517,32 @@ pub fn run(opts: &Options) -> Result<Outcome> {
         overhead,
         recording,
     })
+}
+
+/// What the symbolizer refused to parse past the first `skip` files ([`symbolizer::elf_check`]):
+/// how many, and each kept one's path and reason; `None` when nothing more was refused.
+pub fn refused_files_line(symbolizer: &symbolizer::Symbolizer, skip: u64) -> Option<String> {
+    let (kept, all) = symbolizer.refused_files();
+    if all <= skip {
+        return None;
+    }
+    let shown: Vec<String> = kept
+        .iter()
+        .skip(skip as usize)
+        .map(|(path, why)| format!("{}: {why}", path.display()))
+        .collect();
+    let more = (all - skip).saturating_sub(shown.len() as u64);
+    Some(format!(
+        "{} module file{} refused as unsafe to parse, their frames left unnamed ({}{})",
+        all - skip,
+        if all - skip == 1 { "" } else { "s" },
+        shown.join("; "),
+        if more > 0 {
+            format!("; {more} more")
+        } else {
+            String::new()
+        }
+    ))
 }
 
 /// Off-CPU time of the targets' threads that the profile does not hold: intervals still open

@@ -13,7 +13,9 @@
 //!
 //! A candidate that is not a regular file, or whose build id or CRC differs, is skipped: the
 //! host's debug file of a container's library of the same path is another build's, and names
-//! read from it would be wrong names.
+//! read from it would be wrong names. A path under the target's root is resolved inside that
+//! root (`openat2` with `RESOLVE_IN_ROOT`): a container's symbolic link to `/etc/shadow` at a
+//! debug file's path names the container's `/etc/shadow`, never the host's.
 
 use std::fs::File;
 use std::io::Read;
@@ -24,14 +26,19 @@ use std::path::{Path, PathBuf};
 use object::read::elf::ElfFile64;
 use object::{Object, ObjectSection};
 
-/// The largest debug file whose CRC is computed (a debug link candidate is read whole).
-const MAX_CRC_FILE: u64 = 2 << 30;
+/// The largest debug file whose CRC is computed (a debug link candidate is read whole, while
+/// the process is looked at: a planted 2 GiB file stalled a session for 17 s).
+const MAX_CRC_FILE: u64 = 256 << 20;
 
 /// A module's separate debug file, open, and how to turn the module's file offsets into the
 /// virtual addresses both files share.
 #[derive(Debug)]
 pub struct DebugFile {
     pub file: File,
+    /// Found in spanprof's own root (not the target's, nor fetched from a server), owned by
+    /// root and writable by no one else: its compressed sections need not be inflated to be
+    /// checked ([`crate::elf_check::trusted`]).
+    pub trusted: bool,
     /// The module's `PT_LOAD`s: `(p_offset, p_vaddr, p_filesz)`.
     loads: Vec<(u64, u64, u64)>,
 }
@@ -42,6 +49,7 @@ impl DebugFile {
     pub fn fetched(module: &File, debug: File) -> Option<DebugFile> {
         Some(DebugFile {
             file: debug,
+            trusted: false,
             loads: links(module)?.loads,
         })
     }
@@ -102,6 +110,40 @@ fn parse_debug_link(data: &[u8]) -> Option<(String, u32)> {
     Some((name.to_string(), crc))
 }
 
+/// Opens `path` (absolute, as the target sees it) under `root` for reading if it is a regular
+/// file, resolving it inside `root`: absolute symbolic links and `..` stay in it
+/// (`RESOLVE_IN_ROOT`), and no `/proc` magic link is followed (`RESOLVE_NO_MAGICLINKS`).
+/// Through `O_PATH` first, as [`open_regular`].
+pub fn open_regular_in(root: &Path, path: &str) -> Option<File> {
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(root)
+        .ok()?;
+    let rel = std::ffi::CString::new(path.trim_start_matches('/')).ok()?;
+    // SAFETY: a zeroed plain C struct (the kernel's `struct open_how`).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2 with a valid directory descriptor, a NUL-terminated path and a
+    // struct of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            rel.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor openat2 just returned, owned by nothing else.
+    let handle = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    reopen_regular(&handle)
+}
+
 /// Opens `path` for reading if it is a regular file (through `O_PATH` first: a FIFO there would
 /// block, a device would act).
 pub fn open_regular(path: &Path) -> Option<File> {
@@ -110,6 +152,11 @@ pub fn open_regular(path: &Path) -> Option<File> {
         .custom_flags(libc::O_PATH)
         .open(path)
         .ok()?;
+    reopen_regular(&handle)
+}
+
+/// The file of the `O_PATH` descriptor `handle`, opened for reading if it is a regular file.
+fn reopen_regular(handle: &File) -> Option<File> {
     if !handle.metadata().ok()?.is_file() {
         return None;
     }
@@ -142,29 +189,38 @@ fn crc32_of(file: &File) -> Option<u32> {
 /// then under spanprof's own root; `None` when there is none that belongs to it.
 pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<DebugFile> {
     let own = links(module)?;
-    let roots: Vec<PathBuf> = target_root
-        .map(Path::to_path_buf)
+    // The target's root (resolved inside it), then spanprof's.
+    let roots: Vec<Option<&Path>> = target_root
+        .map(Some)
         .into_iter()
-        .chain(std::iter::once(PathBuf::from("/")))
+        .chain(std::iter::once(None))
         .collect();
-    let inside = |root: &Path, p: &str| root.join(p.trim_start_matches('/'));
+    let open = |root: Option<&Path>, p: &str| match root {
+        Some(root) => open_regular_in(root, p),
+        None => open_regular(Path::new(p)),
+    };
+    let found = |file: File, root: Option<&Path>, loads| {
+        let trusted = root.is_none() && crate::elf_check::trusted(&file);
+        DebugFile {
+            file,
+            trusted,
+            loads,
+        }
+    };
     if let Some(id) = &own.build_id {
         let rel = format!(
             ".build-id/{}/{}.debug",
             crate::build_id::hex(&id[..1]),
             crate::build_id::hex(&id[1..])
         );
-        for root in &roots {
-            for dir in ["usr/lib/debug", "lib/debug"] {
-                let Some(file) = open_regular(&inside(root, &format!("{dir}/{rel}"))) else {
+        for &root in &roots {
+            for dir in ["/usr/lib/debug", "/lib/debug"] {
+                let Some(file) = open(root, &format!("{dir}/{rel}")) else {
                     continue;
                 };
                 let same = links(&file).and_then(|l| l.build_id).as_ref() == Some(id);
                 if same {
-                    return Some(DebugFile {
-                        file,
-                        loads: own.loads,
-                    });
+                    return Some(found(file, root, own.loads));
                 }
             }
         }
@@ -174,23 +230,20 @@ pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<Deb
             .parent()
             .and_then(Path::to_str)
             .unwrap_or("/");
-        for root in &roots {
+        for &root in &roots {
             let candidates = [
                 format!("{dir}/{name}"),
                 format!("{dir}/.debug/{name}"),
                 format!("/usr/lib/debug/{dir}/{name}"),
             ];
             for c in candidates {
-                let Some(file) = open_regular(&inside(root, &c)) else {
+                let Some(file) = open(root, &c) else {
                     continue;
                 };
                 // NB: the module itself can be a candidate (a link naming itself): its CRC
                 // differs from the link's, so it is skipped.
                 if crc32_of(&file) == Some(*crc) {
-                    return Some(DebugFile {
-                        file,
-                        loads: own.loads,
-                    });
+                    return Some(found(file, root, own.loads));
                 }
             }
         }
@@ -218,10 +271,44 @@ mod tests {
         assert_eq!(parse_debug_link(b"a\0\0"), None);
     }
 
+    /// A root's absolute and `..` links resolve inside it: a link to a file outside opens the
+    /// root's own file of that path, or nothing.
+    #[test]
+    fn paths_under_a_root_stay_in_it() {
+        let host = tempfile::tempdir().unwrap();
+        let secret = host.path().join("secret");
+        std::fs::write(&secret, "host's").unwrap();
+        let root = host.path().join("root");
+        std::fs::create_dir_all(root.join("usr/lib/debug")).unwrap();
+        std::fs::write(root.join("own"), "root's").unwrap();
+        let read = |f: Option<File>| {
+            f.map(|mut f| {
+                let mut s = String::new();
+                f.read_to_string(&mut s).unwrap();
+                s
+            })
+        };
+        std::os::unix::fs::symlink(&secret, root.join("usr/lib/debug/abs")).unwrap();
+        std::os::unix::fs::symlink("../../../../secret", root.join("usr/lib/debug/up")).unwrap();
+        std::os::unix::fs::symlink("/own", root.join("usr/lib/debug/inside")).unwrap();
+        assert_eq!(read(open_regular_in(&root, "/usr/lib/debug/abs")), None);
+        assert_eq!(read(open_regular_in(&root, "/usr/lib/debug/up")), None);
+        assert_eq!(
+            read(open_regular_in(&root, "/usr/lib/debug/inside")).as_deref(),
+            Some("root's")
+        );
+        // Outside a root, the same link leads out, as a path of spanprof's own does.
+        assert_eq!(
+            read(open_regular(&root.join("usr/lib/debug/abs"))).as_deref(),
+            Some("host's")
+        );
+    }
+
     #[test]
     fn offsets_become_addresses_through_the_load_segments() {
         let d = DebugFile {
             file: File::open("/proc/self/exe").unwrap(),
+            trusted: false,
             loads: vec![(0, 0x400000, 0x1000), (0x1000, 0x401000, 0x2000)],
         };
         assert_eq!(d.vaddr(0x10), Some(0x400010));

@@ -28,6 +28,7 @@ mod blaze;
 pub mod build_id;
 pub mod debug_file;
 pub mod debuginfod;
+pub mod elf_check;
 pub mod greenlet;
 mod kernel_text;
 pub mod mapped;
@@ -159,6 +160,9 @@ struct Module {
     path: PathBuf,
     /// The open file; `None` when it could not be opened, with the reason.
     file: Result<std::fs::File, String>,
+    /// The file is in spanprof's own root and only root can have made it
+    /// ([`elf_check::trusted`]).
+    trusted: bool,
     /// Its GNU build id and `htlhash`, read when it was opened.
     ids: Option<std::sync::Arc<build_id::ModuleIds>>,
     /// Its separate debug file, found while the process lived ([`debug_file::find`]: the
@@ -346,7 +350,13 @@ pub struct Symbolizer {
     drains: u64,
     /// Where debug files of stripped modules are fetched from, if anywhere.
     debuginfod: Option<debuginfod::Debuginfod>,
+    /// Module and debug files [`elf_check::check`] refused, with why (at most
+    /// [`MAX_REFUSED_KEPT`]), and how many in all.
+    refused: (Vec<(PathBuf, String)>, u64),
 }
+
+/// Refused files whose path and reason are kept for the summary.
+const MAX_REFUSED_KEPT: usize = 16;
 
 impl Default for Symbolizer {
     fn default() -> Self {
@@ -373,6 +383,7 @@ impl Symbolizer {
             calls: 0,
             drains: 1,
             debuginfod: None,
+            refused: (Vec::new(), 0),
         }
     }
 
@@ -632,6 +643,8 @@ impl Symbolizer {
                 .expect("an interned module is open");
             if module.file.is_err() {
                 if let Ok((file, _)) = mapped::open_mapped(pid, line) {
+                    module.trusted =
+                        mapped::foreign_root(pid).is_none() && elf_check::trusted(&file);
                     module.ids = build_id::ModuleIds::read(&file).map(std::sync::Arc::new);
                     module.debug = debug_file::find(
                         &file,
@@ -654,9 +667,12 @@ impl Symbolizer {
             .ok()
             .and_then(build_id::ModuleIds::read)
             .map(std::sync::Arc::new);
+        let trusted =
+            mapped::foreign_root(pid).is_none() && file.as_ref().is_ok_and(elf_check::trusted);
         let module = Module {
             key,
             path: PathBuf::from(line.file_path()),
+            trusted,
             file,
             ids,
             debug,
@@ -674,6 +690,21 @@ impl Symbolizer {
         };
         self.module_ids.insert(key, id);
         id
+    }
+
+    /// Counts a refused file (module `path`'s, or its debug file) and keeps why, for the first
+    /// [`MAX_REFUSED_KEPT`].
+    fn note_refused(refused: &mut (Vec<(PathBuf, String)>, u64), path: &Path, why: &str) {
+        refused.1 += 1;
+        if refused.0.len() < MAX_REFUSED_KEPT {
+            refused.0.push((path.to_path_buf(), why.to_string()));
+        }
+    }
+
+    /// The files refused as unsafe to parse ([`elf_check::check`]), at most the first
+    /// [`MAX_REFUSED_KEPT`] with why, and how many in all.
+    pub fn refused_files(&self) -> (&[(PathBuf, String)], u64) {
+        (&self.refused.0, self.refused.1)
     }
 
     /// Drops parsed symbols, least recently used first, until what is kept is within the
@@ -767,11 +798,31 @@ impl Symbolizer {
             let Module {
                 path,
                 file,
+                trusted,
                 ids,
                 debug,
                 parsed,
                 ..
             } = module;
+            // What blazesym would allocate from their headers, checked before it parses them.
+            if parsed.is_none() {
+                if let Ok(f) = file {
+                    if let Err(why) = elf_check::check(f, *trusted) {
+                        Self::note_refused(&mut self.refused, path, &why);
+                        *file = Err(format!("refused: {why}"));
+                    }
+                }
+                if let Some(d) = debug {
+                    if let Err(why) = elf_check::check(&d.file, d.trusted) {
+                        Self::note_refused(
+                            &mut self.refused,
+                            path,
+                            &format!("its debug file: {why}"),
+                        );
+                        *debug = None;
+                    }
+                }
+            }
             let file = match file {
                 Ok(file) => file,
                 Err(reason) => {

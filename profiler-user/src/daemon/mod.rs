@@ -128,6 +128,8 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
     c.symbolizer.set_cache_limit(config.symbol_cache_bytes);
     c.symbolizer.set_debuginfod(debuginfod_client(&config));
     let mut debuginfod_said = Default::default();
+    // Refused module files said so far.
+    let mut refused_said = 0u64;
     add_in_scope(&mut scanner, &config, &mut c, me);
     eprintln!(
         "spanprof daemon: profiling {} at {} Hz ({}), a profile every {} s to {} ({}); \
@@ -195,6 +197,10 @@ pub fn run(config_path: Option<PathBuf>) -> Result<()> {
                 .store(c.programs.lost_samples(), Ordering::Relaxed);
             metrics.set_caches(&c.symbolizer.cache_stats(), c.agg.unwind_table_bytes());
             say_debuginfod(&c.symbolizer, &mut debuginfod_said);
+            if let Some(line) = crate::session::refused_files_line(&c.symbolizer, refused_said) {
+                eprintln!("spanprof daemon: {line}");
+                refused_said = c.symbolizer.refused_files().1;
+            }
         }
         // The last window's symbolization goes on a part at a time: processes that start and
         // exit meanwhile are drained (and their modules read) while they live.

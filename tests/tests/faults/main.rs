@@ -5,11 +5,13 @@
 //! - `backoff`: the daemon's export backoff with its collector down and its queue full;
 //! - `memory`: the daemon's memory while hundreds of distinct binaries come and go;
 //! - `children`: short-lived children of `profile -- CMD`, named though they have exited;
-//! - `decode`: small profile files that would decode into gigabytes.
+//! - `decode`: small profile files that would decode into gigabytes;
+//! - `modules`: module files whose debug sections would make the symbolizer allocate without bound.
 
 mod backoff;
 mod children;
 mod decode;
 mod io;
 mod memory;
+mod modules;
 mod overhead;

@@ -1,0 +1,183 @@
+//! Module files a profiled process maps that would make the symbolizer allocate without bound
+//! (issue 42, item 5 and the zlib bomb of item 6): a compressed `.debug_info` whose header
+//! claims 1 TiB (blazesym made a vector of that capacity, and spanprof aborted), and one whose
+//! zlib stream inflates to 512 MiB past a 4 MiB claim. Each is a copy of a small C program
+//! built with `-gz=zlib`, its section header patched here, owned by another user (`nobody`);
+//! a third, unpatched copy runs beside them.
+
+use std::path::Path;
+
+use spanprof_tests::{parse_folded, profiling_lock, require_root, spanprof_bin, TempDir};
+
+const SOURCE: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) static unsigned long burn(unsigned long n) {
+    unsigned long x = 7;
+    for (unsigned long i = 0; i < n; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
+    return x;
+}
+int main(int argc, char **argv) {
+    printf("%lu\n", burn(strtoul(argv[1], 0, 10)));
+    return 0;
+}
+"#;
+
+fn u16_at(b: &[u8], at: usize) -> usize {
+    u16::from_le_bytes(b[at..at + 2].try_into().unwrap()) as usize
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+/// The file offset of the ELF64 section header named `name`.
+fn section_header(b: &[u8], name: &str) -> usize {
+    let (shoff, shent, shnum, shstrndx) = (
+        u64_at(b, 0x28) as usize,
+        u16_at(b, 0x3a),
+        u16_at(b, 0x3c),
+        u16_at(b, 0x3e),
+    );
+    let strtab = u64_at(b, shoff + shstrndx * shent + 0x18) as usize;
+    (0..shnum)
+        .map(|i| shoff + i * shent)
+        .find(|&h| {
+            let at = strtab + u32::from_le_bytes(b[h..h + 4].try_into().unwrap()) as usize;
+            b[at..].split(|&c| c == 0).next() == Some(name.as_bytes())
+        })
+        .unwrap_or_else(|| panic!("no section {name}"))
+}
+
+/// `ru_maxrss` (KiB) and the exit status of `cmd`, waited for with `wait4`.
+fn run_measured(mut cmd: std::process::Command) -> (u64, std::process::ExitStatus) {
+    use std::os::unix::process::ExitStatusExt;
+    let child = cmd.spawn().expect("spawn");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: a zeroed plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, into locals.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(rc, pid, "wait4: {}", std::io::Error::last_os_error());
+    std::mem::forget(child);
+    (
+        usage.ru_maxrss as u64,
+        std::process::ExitStatus::from_raw(status),
+    )
+}
+
+#[test]
+fn hostile_debug_sections_are_refused_and_the_session_goes_on() {
+    require_root();
+    let tmp = TempDir::new("hostile-modules");
+    let src = tmp.join("burn.c");
+    std::fs::write(&src, SOURCE).unwrap();
+    let built = tmp.join("cotarget");
+    let cc = std::process::Command::new("cc")
+        .args(["-O1", "-g", "-gz=zlib", "-o"])
+        .arg(&built)
+        .arg(&src)
+        .status()
+        .expect("run cc");
+    assert!(cc.success(), "cc failed");
+    let original = std::fs::read(&built).unwrap();
+    let info = section_header(&original, ".debug_info");
+    let info_offset = u64_at(&original, info + 0x18) as usize;
+    // 1 TiB claimed in the section's Elf64_Chdr (ch_size at 8).
+    let mut tib = original.clone();
+    tib[info_offset + 8..info_offset + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    // A 4 MiB claim over 512 MiB of zeros, appended, the header pointing at it.
+    let mut bomb = original.clone();
+    let zeros = vec![0u8; 512 << 20];
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut z, &zeros).unwrap();
+    let z = z.finish().unwrap();
+    let mut section = Vec::new();
+    section.extend_from_slice(&1u32.to_le_bytes());
+    section.extend_from_slice(&0u32.to_le_bytes());
+    section.extend_from_slice(&(4u64 << 20).to_le_bytes());
+    section.extend_from_slice(&1u64.to_le_bytes());
+    section.extend_from_slice(&z);
+    let at = bomb.len() as u64;
+    bomb.extend_from_slice(&section);
+    bomb[info + 0x18..info + 0x20].copy_from_slice(&at.to_le_bytes());
+    bomb[info + 0x20..info + 0x28].copy_from_slice(&(section.len() as u64).to_le_bytes());
+    let write_exe = |name: &str, bytes: &[u8]| {
+        use std::os::unix::fs::PermissionsExt;
+        let p = tmp.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Another user's program: a file of root's outside a container is trusted not to be a
+        // bomb (its streams are not inflated to be checked; its claims are).
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        p
+    };
+    write_exe("hostile_tib", &tib);
+    write_exe("hostile_bomb", &bomb);
+
+    let folded = tmp.join("run.folded");
+    let stderr = tmp.join("stderr");
+    let mut cmd = std::process::Command::new(spanprof_bin());
+    cmd.current_dir(tmp.path())
+        .args(["profile", "-F", "499", "--group-by", "process", "-o"])
+        .arg(&folded)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "./hostile_tib 300000000 & ./hostile_bomb 300000000 & ./cotarget 300000000; wait",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr).unwrap());
+    let (maxrss_kib, status) = {
+        let _lock = profiling_lock();
+        run_measured(cmd)
+    };
+    let err = std::fs::read_to_string(&stderr).unwrap();
+    assert!(status.success(), "{status}: {err}");
+    println!("spanprof's peak RSS: {} MiB", maxrss_kib >> 10);
+    assert!(maxrss_kib < 256 << 10, "peak RSS {maxrss_kib} KiB:\n{err}");
+    assert!(
+        err.contains("2 module files refused as unsafe to parse")
+            && err.contains("hostile_tib: section .debug_info claims 1099511627776 bytes")
+            && err.contains("hostile_bomb: section .debug_info inflates past the 4194304 bytes"),
+        "{err}"
+    );
+    let stacks = parse_folded(&std::fs::read_to_string(&folded).unwrap()).unwrap();
+    let of = |name: &str| -> Vec<_> {
+        stacks
+            .iter()
+            .filter(|s| s.frames[0].ends_with(&format!("({name})]")))
+            .collect()
+    };
+    // The co-target's stacks are whole: its own function named under main.
+    let co = of("cotarget");
+    let co_all: u64 = co.iter().map(|s| s.count).sum();
+    let co_named: u64 = co
+        .iter()
+        .filter(|s| s.contains_seq(&["main", "burn"]))
+        .map(|s| s.count)
+        .sum();
+    assert!(
+        co_all >= 50 && co_named * 100 >= co_all * 95,
+        "cotarget: {co_named} of {co_all} samples in main;burn\n{err}"
+    );
+    // The hostile ones are sampled, their frames unnamed, never another module's name.
+    for name in ["hostile_tib", "hostile_bomb"] {
+        let own = of(name);
+        assert!(
+            own.iter().map(|s| s.count).sum::<u64>() >= 50,
+            "{name}: {err}"
+        );
+        for s in own {
+            for f in &s.frames[1..] {
+                assert!(
+                    !f.contains("burn") && (!f.contains(name) || f.starts_with("[unknown]")),
+                    "{name}: frame {f}"
+                );
+            }
+        }
+    }
+    assert!(Path::new(&folded).is_file());
+}
