@@ -181,3 +181,97 @@ fn hostile_debug_sections_are_refused_and_the_session_goes_on() {
     }
     assert!(Path::new(&folded).is_file());
 }
+
+/// A container's (here a chroot's) debug file path that is a symbolic link to a host file:
+/// the link resolves inside the container's root, so the host's debug file of the very same
+/// build is not used (the stripped program's frames stay unnamed), while a link to the
+/// container's own copy is followed (they are named).
+#[test]
+fn a_container_s_debug_link_to_a_host_file_is_resolved_in_its_root() {
+    require_root();
+    let tmp = TempDir::new("debug-link-escape");
+    let src = tmp.join("burn.c");
+    std::fs::write(&src, SOURCE).unwrap();
+    let full = tmp.join("full");
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().expect("run a build tool");
+        assert!(out.status.success(), "{cmd:?}: {out:?}");
+    };
+    run(std::process::Command::new("cc")
+        .args(["-static", "-O1", "-g", "-o"])
+        .arg(&full)
+        .arg(&src));
+    let debug = tmp.join("full.debug");
+    run(std::process::Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&full)
+        .arg(&debug));
+    let stripped = tmp.join("stripped");
+    run(std::process::Command::new("strip")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&full));
+    // Its build id, from the note (readelf, not spanprof).
+    let notes = std::process::Command::new("readelf")
+        .arg("-n")
+        .arg(&stripped)
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("a build id")
+        .to_string();
+    let debug_path = format!("usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    let root_with = |name: &str, target: &Path| {
+        let root = tmp.join(name);
+        let link = root.join(&debug_path);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::fs::copy(&stripped, root.join("burn")).unwrap();
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        root
+    };
+    // To the host's file, by its absolute host path; to the root's own copy, by `/own.debug`.
+    let escaping = root_with("escaping", &debug);
+    let own = root_with("own", Path::new("/own.debug"));
+    std::fs::copy(&debug, own.join("own.debug")).unwrap();
+    let named = |root: &Path| -> (u64, u64) {
+        let folded = root.with_extension("folded");
+        let out = {
+            let _lock = profiling_lock();
+            spanprof_tests::run_spanprof(spanprof_tests::args![
+                "profile",
+                "-F",
+                "499",
+                "-o",
+                &folded,
+                "--",
+                "chroot",
+                root,
+                "/burn",
+                "300000000"
+            ])
+        };
+        out.assert_success();
+        let stacks = parse_folded(&std::fs::read_to_string(&folded).unwrap()).unwrap();
+        let all = stacks.iter().map(|s| s.count).sum();
+        let burn = stacks
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == "burn"))
+            .map(|s| s.count)
+            .sum();
+        (burn, all)
+    };
+    let (burn, all) = named(&escaping);
+    assert!(all >= 50, "{all} samples");
+    assert_eq!(
+        burn, 0,
+        "the host's debug file named {burn} of {all} samples"
+    );
+    let (burn, all) = named(&own);
+    assert!(
+        burn * 100 >= all * 90,
+        "the root's own debug file named {burn} of {all} samples"
+    );
+}
