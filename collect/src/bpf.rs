@@ -368,6 +368,7 @@ impl Programs {
             )
         };
         let follow: u32 = opts.follow_children.into();
+        let (guard_exec, guard_uid, guard_gid, guard_caps) = crate::preflight::exec_guard();
         let wakeup_bytes = u64::from(opts.ring_buffer_size / 2);
         let stack_copy_bytes = opts
             .stack_copy_bytes
@@ -407,6 +408,10 @@ impl Programs {
             // the BPF programs use it.
             .allow_unsupported_maps()
             .override_global("follow_children", &follow, true)
+            .override_global("guard_exec", &guard_exec, true)
+            .override_global("guard_uid", &guard_uid, true)
+            .override_global("guard_gid", &guard_gid, true)
+            .override_global("guard_caps", &guard_caps, true)
             .override_global("wakeup_bytes", &wakeup_bytes, true)
             .override_global("stack_copy_bytes", &stack_copy_bytes, true)
             .override_global("offcpu_period_ns", &offcpu_period_ns, true)

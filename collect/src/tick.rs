@@ -92,6 +92,18 @@ impl Collector {
                     symbolizer.exec(e.pid);
                 }
                 Some(Record::Exit(e)) => agg.exited(e.pid),
+                Some(Record::Refused(e)) => {
+                    let comm = std::fs::read_to_string(format!("/proc/{}/comm", e.pid))
+                        .map(|c| c.trim_end().to_string())
+                        .unwrap_or_default();
+                    eprintln!(
+                        "spanprof: warning: pid {} ({comm}) started a program that runs with \
+                         other credentials (setuid, setgid or file capabilities): no longer \
+                         profiled, as --pid refuses such a process without CAP_SYS_PTRACE",
+                        e.pid
+                    );
+                    agg.exited(e.pid);
+                }
                 None => {}
             }
             // A long drain (a backlog, cold module tables) still hands new interpreters to the

@@ -31,6 +31,9 @@ pub const RECORD_EXEC: u32 = 2;
 /// Record kind of an [`ExecRecord`] telling of a process that exited (every sample of it is
 /// before the record in the ring buffer).
 pub const RECORD_EXIT: u32 = 3;
+/// Record kind of an [`ExecRecord`] telling of a target the kernel dropped at its exec: its new
+/// program runs with other credentials than a guarded spanprof's (`guard_exec`).
+pub const RECORD_REFUSED: u32 = 4;
 
 /// [`SampleHeader::py_status`]: not a Python process (or not detected yet).
 pub const PY_NONE: u32 = 0;
@@ -657,7 +660,7 @@ fn mix(h: u64, x: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct ExecRecord {
-    /// [`RECORD_EXEC`], or [`RECORD_EXIT`] for an exit notice.
+    /// [`RECORD_EXEC`], [`RECORD_EXIT`] for an exit notice, or [`RECORD_REFUSED`].
     pub kind: u32,
     /// Process id (tgid).
     pub pid: u32,
@@ -764,6 +767,8 @@ pub enum Record<'a> {
     Exec(&'a ExecRecord),
     /// A process exited.
     Exit(&'a ExecRecord),
+    /// A target exec'd a program of other credentials and is no longer profiled.
+    Refused(&'a ExecRecord),
 }
 
 impl<'a> Record<'a> {
@@ -783,6 +788,12 @@ impl<'a> Record<'a> {
             RECORD_EXIT if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
                 // SAFETY: length and alignment checked; ExecRecord is Pod.
                 Some(Record::Exit(unsafe {
+                    &*(bytes.as_ptr() as *const ExecRecord)
+                }))
+            }
+            RECORD_REFUSED if bytes.len() >= core::mem::size_of::<ExecRecord>() => {
+                // SAFETY: length and alignment checked; ExecRecord is Pod.
+                Some(Record::Refused(unsafe {
                     &*(bytes.as_ptr() as *const ExecRecord)
                 }))
             }

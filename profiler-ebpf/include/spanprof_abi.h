@@ -57,6 +57,8 @@ typedef uint64_t __u64;
 #define SPANPROF_RECORD_SAMPLE 1
 #define SPANPROF_RECORD_EXEC 2 /* struct spanprof_exec */
 #define SPANPROF_RECORD_EXIT 3 /* struct spanprof_exec, of a process that exited */
+/* struct spanprof_exec, of a target dropped at its exec: other credentials (guard_exec). */
+#define SPANPROF_RECORD_REFUSED 4
 
 /* Indexes of the per-CPU error counters (map `errors`). */
 enum spanprof_error {
@@ -354,7 +356,7 @@ struct spanprof_offcpu_task {
  * kind SPANPROF_RECORD_EXIT, a process that exited: every sample of it is before this record.
  */
 struct spanprof_exec {
-	__u32 kind; /* SPANPROF_RECORD_EXEC or SPANPROF_RECORD_EXIT */
+	__u32 kind; /* SPANPROF_RECORD_EXEC, _EXIT or _REFUSED */
 	__u32 pid;  /* tgid */
 	__u64 time_ns;
 };

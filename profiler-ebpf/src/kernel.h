@@ -46,6 +46,22 @@ struct mm_struct {
 	unsigned long start_stack; /* the main thread's initial stack pointer (argc) */
 } __attribute__((preserve_access_index));
 
+/* A kuid_t or kgid_t (a struct of one id, so that the two are not mixed). */
+struct spanprof_kid {
+	unsigned int val;
+};
+
+/* The capability set of 6.3+ (before: two 32-bit words, `cap`, not read here). */
+struct spanprof_kcap {
+	unsigned long long val;
+};
+
+/* A task's credentials (include/linux/cred.h): what an exec may have changed. */
+struct cred {
+	struct spanprof_kid uid, gid, suid, sgid, euid, egid;
+	struct spanprof_kcap cap_permitted;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
@@ -56,6 +72,7 @@ struct task_struct {
 	struct thread_struct thread;
 	struct uprobe_task *utask;
 	struct mm_struct *mm;
+	const struct cred *cred;
 } __attribute__((preserve_access_index));
 
 /*

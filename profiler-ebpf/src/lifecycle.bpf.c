@@ -11,8 +11,28 @@
 #include "helpers.h"
 
 /*
+ * Whether the program `task` just exec'd runs with credentials a guarded spanprof may not read
+ * (see guard_exec): any of its user and group ids other than spanprof's, or a capability
+ * spanprof lacks. The capability set is read on 6.3+ only (its layout before differs).
+ */
+static __always_inline int other_credentials(struct task_struct *task)
+{
+	const struct cred *c = BPF_CORE_READ(task, cred);
+	__u32 uid = guard_uid, gid = guard_gid;
+
+	if (BPF_CORE_READ(c, uid.val) != uid || BPF_CORE_READ(c, euid.val) != uid ||
+	    BPF_CORE_READ(c, suid.val) != uid || BPF_CORE_READ(c, gid.val) != gid ||
+	    BPF_CORE_READ(c, egid.val) != gid || BPF_CORE_READ(c, sgid.val) != gid)
+		return 1;
+	if (bpf_core_field_exists(c->cap_permitted.val))
+		return (BPF_CORE_READ(c, cap_permitted.val) & ~guard_caps) != 0;
+	return 0;
+}
+
+/*
  * execve replaces the address space: the process's CPython (if any) is gone, and user space,
- * told by an exec record, looks again.
+ * told by an exec record, looks again. A guarded spanprof (guard_exec) drops a target whose
+ * new program has other credentials, before it runs, and tells user space.
  */
 SEC("raw_tp/sched_process_exec")
 int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
@@ -23,6 +43,20 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 
 	if (!t)
 		return 0;
+	if (guard_exec && other_credentials(task)) {
+		bpf_map_delete_elem(&target_pids, &tgid);
+		bpf_map_delete_elem(&py_procs, &tgid);
+		bpf_map_delete_elem(&span_procs, &tgid);
+		bpf_map_delete_elem(&stack_copy_sizes, &tgid);
+		bpf_map_delete_elem(&py_threads, &old);
+		bpf_map_delete_elem(&py_threads, &tgid);
+		e.kind = SPANPROF_RECORD_REFUSED;
+		e.pid = tgid;
+		e.time_ns = bpf_ktime_get_ns();
+		if (bpf_ringbuf_output(&samples, &e, sizeof(e), BPF_RB_FORCE_WAKEUP))
+			count_error(SPANPROF_ERR_RINGBUF_FULL);
+		return 0;
+	}
 	/* A new program: its first samples wake user space again (see send_sample). */
 	t->flags &= ~(SPANPROF_TARGET_SEEN | SPANPROF_TARGET_SEEN_MAIN);
 	bpf_map_delete_elem(&py_procs, &tgid);

@@ -27,6 +27,16 @@
 /* --follow-children: on_fork makes the children of targets targets. */
 SPANPROF_SETTING(__u32, follow_children, 0);
 /*
+ * A spanprof that may not read other users' processes (not root, no CAP_SYS_PTRACE): on_exec
+ * drops a target whose new program runs with other credentials than these (a setuid or setgid
+ * program) or with capabilities spanprof does not hold (file capabilities), as --pid refuses
+ * such a process. guard_exec 0: no check (root).
+ */
+SPANPROF_SETTING(__u32, guard_exec, 0);
+SPANPROF_SETTING(__u32, guard_uid, 0);
+SPANPROF_SETTING(__u32, guard_gid, 0);
+SPANPROF_SETTING(__u64, guard_caps, 0);
+/*
  * User space drains the ring buffer on a timer; it is woken early only when more than this many
  * bytes wait, so a sample does not cost a wake-up of user space (half the ring by default).
  */

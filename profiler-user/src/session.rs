@@ -267,8 +267,17 @@ pub fn run(opts: &Options) -> Result<Outcome> {
                 let given = p.contains(&pid);
                 // Before the pid is a target, so its first samples have their Python frames
                 // (found after, the 6-8 ms the look takes were sampled without them).
-                let added = c
-                    .discover(pid)
+                // A descendant is checked as a given pid is (a setuid program's process is
+                // refused without CAP_SYS_PTRACE), before anything of it is read.
+                let checked = if given {
+                    Ok(())
+                } else {
+                    collect::preflight::check_pid(pid)
+                        .map(drop)
+                        .map_err(anyhow::Error::from)
+                };
+                let added = checked
+                    .and_then(|()| c.discover(pid))
                     .map(|()| c.flush_discovered())
                     .and_then(|()| c.add_target(pid).map_err(anyhow::Error::from));
                 match added {

@@ -10,7 +10,7 @@ use std::process::Command;
 use spanprof_tests::{
     args, assert_error, assert_private_output, folded_total, profiling_lock, read_folded,
     require_profiling, run_spanprof, run_with_timeout, spanprof_bin, spanprof_command, unused_pid,
-    RunOutput, TempDir, Workload, RUN_TIMEOUT,
+    workload_path, RunOutput, TempDir, Workload, RUN_TIMEOUT,
 };
 
 /// Exit code of usage errors (bad arguments).
@@ -394,6 +394,51 @@ fn run_as_nobody(caps: &str, dir: &TempDir, args: Vec<std::ffi::OsString>) -> Ru
         out = run_with_timeout(clone_command(&setpriv), RUN_TIMEOUT);
     }
     out
+}
+
+/// A non-root user holding what their own processes need (CAP_BPF, CAP_PERFMON): `-- CMD` of
+/// a setuid-root copy of a workload is dropped at its exec, with a line, as `--pid` refuses a
+/// setuid process without CAP_SYS_PTRACE (no sample of it in the output); the same copy without
+/// the setuid bit is profiled (issue 42, item 2).
+#[test]
+fn a_setuid_command_is_not_profiled_by_a_non_root_user() {
+    require_profiling();
+    let tmp = TempDir::new("err-setuid");
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let plain = tmp.join("plain_split");
+    let setuid = tmp.join("setuid_split");
+    for (path, mode) in [(&plain, 0o755), (&setuid, 0o4755)] {
+        std::fs::copy(workload_path("cpu_split"), path).unwrap();
+        std::os::unix::fs::chown(path, Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let _lock = profiling_lock();
+    let run = |program: &Path, name: &str| {
+        let out = tmp.join(name);
+        let run = run_as_nobody(
+            "+bpf,+perfmon",
+            &tmp,
+            args!["profile", "-F", "499", "-o", &out, "--", program, "0.5"],
+        );
+        let stacks = std::fs::read_to_string(&out).unwrap_or_default();
+        let hot: u64 = spanprof_tests::parse_folded(&stacks)
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| s.frames.iter().any(|f| f == "hot_alpha"))
+            .map(|s| s.count)
+            .sum();
+        (run, hot)
+    };
+    let (out, hot) = run(&plain, "plain.folded");
+    out.assert_success();
+    assert!(hot > 0, "the plain copy was not profiled\n{out}");
+    let (out, hot) = run(&setuid, "setuid.folded");
+    assert!(
+        out.stderr
+            .contains("started a program that runs with other credentials"),
+        "{out}"
+    );
+    assert_eq!(hot, 0, "the setuid copy was profiled\n{out}");
 }
 
 /// A non-root user holding only the documented capabilities profiles a root-owned CPython
