@@ -542,7 +542,8 @@ pub fn refused_files_line(symbolizer: &symbolizer::Symbolizer, skip: u64) -> Opt
         .collect();
     let more = (all - skip).saturating_sub(shown.len() as u64);
     Some(format!(
-        "{} module file{} refused as unsafe to parse, their frames left unnamed ({}{})",
+        "{} module or debug file{} refused as unsafe or too large to read ({}{}); a refused \
+         module's frames stay unnamed",
         all - skip,
         if all - skip == 1 { "" } else { "s" },
         shown.join("; "),

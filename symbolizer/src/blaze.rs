@@ -65,8 +65,9 @@ pub(crate) fn with_debug_file<'a>(
         .iter()
         .map(|&o| debug.vaddr(o))
         .collect::<Option<_>>()?;
-    let src = Source::Elf(Elf::new(debug.path()));
-    Some(symbolizer.symbolize(&src, Input::VirtOffset(&vaddrs)))
+    let mut elf = Elf::new(debug.path());
+    elf.debug_syms = debug.dwarf;
+    Some(symbolizer.symbolize(&Source::Elf(elf), Input::VirtOffset(&vaddrs)))
 }
 
 pub(crate) fn unknown(module: Option<&Path>, address: u64, reason: &str) -> Symbol {

@@ -28,7 +28,7 @@ use object::{Object, ObjectSection};
 
 /// The largest debug file whose CRC is computed (a debug link candidate is read whole, while
 /// the process is looked at: a planted 2 GiB file stalled a session for 17 s).
-const MAX_CRC_FILE: u64 = 256 << 20;
+pub const MAX_CRC_FILE: u64 = 256 << 20;
 
 /// A module's separate debug file, open, and how to turn the module's file offsets into the
 /// virtual addresses both files share.
@@ -39,6 +39,9 @@ pub struct DebugFile {
     /// root and writable by no one else: its compressed sections need not be inflated to be
     /// checked ([`crate::elf_check::trusted`]).
     pub trusted: bool,
+    /// blazesym may read its DWARF: it is trusted, or names no other file it would open by
+    /// path ([`crate::elf_check::links_elsewhere`]).
+    pub dwarf: bool,
     /// The module's `PT_LOAD`s: `(p_offset, p_vaddr, p_filesz)`.
     loads: Vec<(u64, u64, u64)>,
 }
@@ -47,11 +50,17 @@ impl DebugFile {
     /// `debug`, a debug file found elsewhere (debuginfod) whose build id the caller checked,
     /// as the debug file of `module`; `None` when the module cannot be read.
     pub fn fetched(module: &File, debug: File) -> Option<DebugFile> {
-        Some(DebugFile {
-            file: debug,
-            trusted: false,
-            loads: links(module)?.loads,
-        })
+        Some(DebugFile::new(debug, false, links(module)?.loads))
+    }
+
+    fn new(file: File, trusted: bool, loads: Vec<(u64, u64, u64)>) -> DebugFile {
+        let dwarf = trusted || !crate::elf_check::links_elsewhere(&file);
+        DebugFile {
+            file,
+            trusted,
+            dwarf,
+            loads,
+        }
     }
 
     /// The virtual address of a file offset of the module, if a load segment maps it.
@@ -184,10 +193,61 @@ fn crc32_of(file: &File) -> Option<u32> {
     Some(hasher.finalize())
 }
 
+/// Debug-link candidates of a module, opened while its process lived; whether one belongs to
+/// it (its CRC-32 is the link's) is found later ([`PendingLink::resolve`]): reading a candidate
+/// whole is no work for the sampling loop.
+#[derive(Debug)]
+pub struct PendingLink {
+    /// The candidates in the order they are tried, each with whether it is trusted (see
+    /// [`DebugFile::trusted`]).
+    candidates: Vec<(File, bool)>,
+    crc: u32,
+    loads: Vec<(u64, u64, u64)>,
+}
+
+impl PendingLink {
+    /// The first candidate whose CRC is the link's, and how many were larger than
+    /// [`MAX_CRC_FILE`] (not read).
+    pub fn resolve(self) -> (Option<DebugFile>, usize) {
+        let mut too_large = 0;
+        for (file, trusted) in self.candidates {
+            if file.metadata().is_ok_and(|m| m.len() > MAX_CRC_FILE) {
+                too_large += 1;
+                continue;
+            }
+            // NB: the module itself can be a candidate (a link naming itself): its CRC
+            // differs from the link's, so it is skipped.
+            if crc32_of(&file) == Some(self.crc) {
+                return (Some(DebugFile::new(file, trusted, self.loads)), too_large);
+            }
+        }
+        (None, too_large)
+    }
+}
+
+/// A module's debug file as found while its process lived.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Found by its build id.
+    Found(DebugFile),
+    /// Debug-link candidates, to be checked by their CRC.
+    Pending(PendingLink),
+}
+
 /// The separate debug file of `module` (open), mapped at `path` as the target names it, looked
 /// for under `target_root` (a directory reaching the target's `/`, e.g. `/proc/PID/root`) and
-/// then under spanprof's own root; `None` when there is none that belongs to it.
+/// then under spanprof's own root; `None` when there is none that belongs to it. Reads
+/// debug-link candidates whole (at most [`MAX_CRC_FILE`] each): see [`lookup`].
 pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<DebugFile> {
+    match lookup(module, path, target_root)? {
+        Lookup::Found(d) => Some(d),
+        Lookup::Pending(p) => p.resolve().0,
+    }
+}
+
+/// As [`find`], except that debug-link candidates are only opened: their CRCs are left to
+/// [`PendingLink::resolve`].
+pub fn lookup(module: &File, path: &str, target_root: Option<&Path>) -> Option<Lookup> {
     let own = links(module)?;
     // The target's root (resolved inside it), then spanprof's.
     let roots: Vec<Option<&Path>> = target_root
@@ -201,11 +261,7 @@ pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<Deb
     };
     let found = |file: File, root: Option<&Path>, loads| {
         let trusted = root.is_none() && crate::elf_check::trusted(&file);
-        DebugFile {
-            file,
-            trusted,
-            loads,
-        }
+        DebugFile::new(file, trusted, loads)
     };
     if let Some(id) = &own.build_id {
         let rel = format!(
@@ -220,7 +276,7 @@ pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<Deb
                 };
                 let same = links(&file).and_then(|l| l.build_id).as_ref() == Some(id);
                 if same {
-                    return Some(found(file, root, own.loads));
+                    return Some(Lookup::Found(found(file, root, own.loads)));
                 }
             }
         }
@@ -230,22 +286,25 @@ pub fn find(module: &File, path: &str, target_root: Option<&Path>) -> Option<Deb
             .parent()
             .and_then(Path::to_str)
             .unwrap_or("/");
+        let mut candidates = Vec::new();
         for &root in &roots {
-            let candidates = [
+            for c in [
                 format!("{dir}/{name}"),
                 format!("{dir}/.debug/{name}"),
                 format!("/usr/lib/debug/{dir}/{name}"),
-            ];
-            for c in candidates {
-                let Some(file) = open(root, &c) else {
-                    continue;
-                };
-                // NB: the module itself can be a candidate (a link naming itself): its CRC
-                // differs from the link's, so it is skipped.
-                if crc32_of(&file) == Some(*crc) {
-                    return Some(found(file, root, own.loads));
+            ] {
+                if let Some(file) = open(root, &c) {
+                    let trusted = root.is_none() && crate::elf_check::trusted(&file);
+                    candidates.push((file, trusted));
                 }
             }
+        }
+        if !candidates.is_empty() {
+            return Some(Lookup::Pending(PendingLink {
+                candidates,
+                crc: *crc,
+                loads: own.loads,
+            }));
         }
     }
     None
@@ -309,6 +368,7 @@ mod tests {
         let d = DebugFile {
             file: File::open("/proc/self/exe").unwrap(),
             trusted: false,
+            dwarf: true,
             loads: vec![(0, 0x400000, 0x1000), (0x1000, 0x401000, 0x2000)],
         };
         assert_eq!(d.vaddr(0x10), Some(0x400010));

@@ -40,6 +40,23 @@ pub fn trusted(file: &File) -> bool {
         .is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0)
 }
 
+/// Whether `file` names other files blazesym would open by path if it read its DWARF: a
+/// `.gnu_debuglink` (looked for beside the file's real path, which for a container's module is
+/// a host path), a `.gnu_debugaltlink` or a `.debug_sup`. Such a file's own DWARF is read only
+/// when it is [`trusted`]; its symbol tables always are.
+pub fn links_elsewhere(file: &File) -> bool {
+    let cache = object::ReadCache::new(file);
+    let Ok(obj) = object::File::parse(&cache) else {
+        return false;
+    };
+    obj.sections().take(MAX_SECTIONS).any(|s| {
+        matches!(
+            s.name(),
+            Ok(".gnu_debuglink" | ".gnu_debugaltlink" | ".debug_sup")
+        )
+    })
+}
+
 /// Checks `file`'s compressed sections (see the module), inflating their streams unless
 /// `trusted` ([`trusted`]); `Err` says why it is refused. A file that is not ELF, or whose
 /// headers do not parse, passes: blazesym refuses it itself.

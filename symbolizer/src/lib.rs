@@ -165,9 +165,12 @@ struct Module {
     trusted: bool,
     /// Its GNU build id and `htlhash`, read when it was opened.
     ids: Option<std::sync::Arc<build_id::ModuleIds>>,
-    /// Its separate debug file, found while the process lived ([`debug_file::find`]: the
+    /// Its separate debug file, found while the process lived ([`debug_file::lookup`]: the
     /// target's root first, only one of the same build).
     debug: Option<debug_file::DebugFile>,
+    /// Debug-link candidates opened while the process lived, whose CRCs are read when the
+    /// module is first parsed, not in the sampling loop.
+    debug_pending: Option<debug_file::PendingLink>,
     /// Its symbols as blazesym parsed them, kept between calls of [`Symbolizer::symbolize`]
     /// within [`Symbolizer::set_cache_limit`].
     parsed: Option<Parsed>,
@@ -177,6 +180,9 @@ struct Module {
 /// alone.
 struct Parsed {
     symbolizer: blazesym::symbolize::Symbolizer,
+    /// blazesym may read the module's own DWARF: the module is trusted, or names no other
+    /// file it would open by path ([`elf_check::links_elsewhere`]).
+    dwarf: bool,
     /// Names of its PLT stubs ([`plt::PltTable`]), which no symbol table covers.
     plt: Option<plt::PltTable>,
     /// What keeping it costs, estimated ([`parse_cost`]).
@@ -353,6 +359,20 @@ pub struct Symbolizer {
     /// Module and debug files [`elf_check::check`] refused, with why (at most
     /// [`MAX_REFUSED_KEPT`]), and how many in all.
     refused: (Vec<(PathBuf, String)>, u64),
+}
+
+/// A lookup's debug file, or its pending debug-link candidates.
+fn split_lookup(
+    lookup: Option<debug_file::Lookup>,
+) -> (
+    Option<debug_file::DebugFile>,
+    Option<debug_file::PendingLink>,
+) {
+    match lookup {
+        Some(debug_file::Lookup::Found(d)) => (Some(d), None),
+        Some(debug_file::Lookup::Pending(p)) => (None, Some(p)),
+        None => (None, None),
+    }
 }
 
 /// Refused files whose path and reason are kept for the summary.
@@ -646,11 +666,11 @@ impl Symbolizer {
                     module.trusted =
                         mapped::foreign_root(pid).is_none() && elf_check::trusted(&file);
                     module.ids = build_id::ModuleIds::read(&file).map(std::sync::Arc::new);
-                    module.debug = debug_file::find(
+                    (module.debug, module.debug_pending) = split_lookup(debug_file::lookup(
                         &file,
                         line.file_path(),
                         mapped::foreign_root(pid).as_deref(),
-                    );
+                    ));
                     module.file = Ok(file);
                 }
             }
@@ -659,9 +679,9 @@ impl Symbolizer {
         let file = mapped::open_mapped(pid, line)
             .map(|(f, _)| f)
             .map_err(|e| format!("cannot open the file the process maps: {e}"));
-        let debug = file.as_ref().ok().and_then(|f| {
-            debug_file::find(f, line.file_path(), mapped::foreign_root(pid).as_deref())
-        });
+        let (debug, debug_pending) = split_lookup(file.as_ref().ok().and_then(|f| {
+            debug_file::lookup(f, line.file_path(), mapped::foreign_root(pid).as_deref())
+        }));
         let ids = file
             .as_ref()
             .ok()
@@ -676,6 +696,7 @@ impl Symbolizer {
             file,
             ids,
             debug,
+            debug_pending,
             parsed: None,
         };
         let id = match self.free.pop() {
@@ -801,9 +822,27 @@ impl Symbolizer {
                 trusted,
                 ids,
                 debug,
+                debug_pending,
                 parsed,
                 ..
             } = module;
+            // Debug-link candidates are read for their CRCs now, out of the sampling loop.
+            if let Some(pending) = debug_pending.take() {
+                let (found, too_large) = pending.resolve();
+                if too_large > 0 {
+                    Self::note_refused(
+                        &mut self.refused,
+                        path,
+                        &format!(
+                            "{too_large} debug-link candidate(s) larger than {} MiB not read",
+                            debug_file::MAX_CRC_FILE >> 20
+                        ),
+                    );
+                }
+                if debug.is_none() {
+                    *debug = found;
+                }
+            }
             // What blazesym would allocate from their headers, checked before it parses them.
             if parsed.is_none() {
                 if let Ok(f) = file {
@@ -837,6 +876,7 @@ impl Symbolizer {
                 self.parsed_bytes += bytes;
                 Parsed {
                     symbolizer: new_blazesym(),
+                    dwarf: *trusted || !elf_check::links_elsewhere(file),
                     plt: plt::PltTable::read(file),
                     bytes,
                     used: calls,
@@ -853,16 +893,17 @@ impl Symbolizer {
                     result = found.map_err(Some);
                 }
             }
-            if result.is_err() {
+            if result.is_err() && parsed.dwarf {
                 let src = Source::Elf(Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd())));
                 result = symbolizer
                     .symbolize(&src, Input::FileOffset(&offsets))
                     .map_err(Some);
             }
             if result.is_err() {
-                // A separate debug file that blazesym found by itself but cannot use (a debug
-                // link next to the module whose checksum does not match): the module's own
-                // symbol tables still name its functions.
+                // A module whose DWARF is not read (it links to files blazesym would look for
+                // by path: see `Parsed::dwarf`), or a separate debug file that blazesym found by
+                // itself but cannot use (a trusted module's debug link whose checksum does not
+                // match): the module's own symbol tables still name its functions.
                 let mut elf = Elf::new(format!("/proc/self/fd/{}", file.as_raw_fd()));
                 elf.debug_syms = false;
                 result = symbolizer
@@ -904,6 +945,16 @@ impl Symbolizer {
                     *debug = client
                         .fetch(gnu)
                         .and_then(|fetched| debug_file::DebugFile::fetched(file, fetched));
+                    // A server's file is untrusted input too.
+                    if let Some(Err(why)) = debug.as_ref().map(|d| elf_check::check(&d.file, false))
+                    {
+                        Self::note_refused(
+                            &mut self.refused,
+                            path,
+                            &format!("its debug file from debuginfod: {why}"),
+                        );
+                        *debug = None;
+                    }
                 }
                 if let (Some(found), false) = (debug.as_ref(), unknown.is_empty()) {
                     let offsets: Vec<u64> = unknown.iter().map(|&(_, o)| o).collect();

@@ -1,7 +1,8 @@
 //! Module files a profiled process maps that would make the symbolizer allocate without bound
 //! (issue 42, item 5 and the zlib bomb of item 6): a compressed `.debug_info` whose header
 //! claims 1 TiB (blazesym made a vector of that capacity, and spanprof aborted), and one whose
-//! zlib stream inflates to 512 MiB past a 4 MiB claim. Each is a copy of a small C program
+//! zlib stream inflates to 512 MiB past a 4 MiB claim; and one whose debug link names a 2 GiB
+//! file beside it (read whole for its CRC, in the sampling loop). Each is a copy of a small C program
 //! built with `-gz=zlib`, its section header patched here, owned by another user (`nobody`);
 //! a third, unpatched copy runs beside them.
 
@@ -115,6 +116,24 @@ fn hostile_debug_sections_are_refused_and_the_session_goes_on() {
     };
     write_exe("hostile_tib", &tib);
     write_exe("hostile_bomb", &bomb);
+    // A debug link to `big.debug` next to it, which is then a 2 GiB (sparse) file: read whole
+    // for its CRC, it held the sampling loop for 17 s.
+    let big = tmp.join("big.debug");
+    std::fs::write(&big, b"small for now").unwrap();
+    let linked = tmp.join("hostile_link");
+    let objcopy = std::process::Command::new("objcopy")
+        .current_dir(tmp.path())
+        .arg("--add-gnu-debuglink=big.debug")
+        .arg(&built)
+        .arg(&linked)
+        .status()
+        .expect("run objcopy");
+    assert!(objcopy.success());
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    std::os::unix::fs::chown(&linked, Some(65534), Some(65534)).unwrap();
 
     let folded = tmp.join("run.folded");
     let stderr = tmp.join("stderr");
@@ -126,7 +145,8 @@ fn hostile_debug_sections_are_refused_and_the_session_goes_on() {
             "--",
             "sh",
             "-c",
-            "./hostile_tib 300000000 & ./hostile_bomb 300000000 & ./cotarget 300000000; wait",
+            "./hostile_tib 300000000 & ./hostile_bomb 300000000 & ./hostile_link 300000000 & \
+             ./cotarget 300000000; wait",
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&stderr).unwrap());
@@ -139,9 +159,10 @@ fn hostile_debug_sections_are_refused_and_the_session_goes_on() {
     println!("spanprof's peak RSS: {} MiB", maxrss_kib >> 10);
     assert!(maxrss_kib < 256 << 10, "peak RSS {maxrss_kib} KiB:\n{err}");
     assert!(
-        err.contains("2 module files refused as unsafe to parse")
+        err.contains("3 module or debug files refused as unsafe or too large to read")
             && err.contains("hostile_tib: section .debug_info claims 1099511627776 bytes")
-            && err.contains("hostile_bomb: section .debug_info inflates past the 4194304 bytes"),
+            && err.contains("hostile_bomb: section .debug_info inflates past the 4194304 bytes")
+            && err.contains("hostile_link: 1 debug-link candidate(s) larger than 256 MiB not read"),
         "{err}"
     );
     let stacks = parse_folded(&std::fs::read_to_string(&folded).unwrap()).unwrap();
