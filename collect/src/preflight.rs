@@ -81,20 +81,15 @@ fn effective_caps() -> u64 {
 /// maps.h): on for a spanprof that is not root and lacks CAP_SYS_PTRACE, which `--pid` refuses
 /// another user's (or a setuid) process, so that a command or a child of its own that execs a
 /// setuid, setgid or file-capability program is dropped there too. Its real ids and its
-/// permitted capabilities are what the new program may have.
+/// effective capabilities are what the new program may have.
 pub fn exec_guard() -> (u32, u32, u32, u64) {
     // SAFETY: geteuid, getuid and getgid have no preconditions.
     let (euid, uid, gid) = unsafe { (libc::geteuid(), libc::getuid(), libc::getgid()) };
     if euid == 0 || has(CAP_SYS_PTRACE) {
         return (0, 0, 0, 0);
     }
-    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let permitted = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapPrm:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap_or(0);
-    (1, uid, gid, permitted)
+    // The kernel's ptrace check (PTRACE_MODE_FSCREDS) compares with the effective set.
+    (1, uid, gid, effective_caps())
 }
 
 /// Checks for CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN, which implies both), naming the

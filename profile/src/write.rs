@@ -129,8 +129,16 @@ impl PendingOutput {
                 anyhow::bail!("cannot write output {shown}: is a directory")
             }
             Some(t) if t.is_char_device() => {
+                // The owner is checked before the device is opened (opening one can act), and
+                // again on what was opened.
+                let meta = dest
+                    .metadata()
+                    .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?;
+                let refused =
+                    |e: anyhow::Error| anyhow::anyhow!("cannot write output {shown}: {e}");
+                owner_allowed(&meta).map_err(refused)?;
                 let file = open_device(dest)?;
-                check_owner(&file, dest)?;
+                check_owner(&file).map_err(refused)?;
                 // Through a symlink, only what `/dev/stdout` leads to: a terminal or the null
                 // device (a planted link must not make a privileged spanprof write elsewhere).
                 if is_link && !terminal_or_null(&file) {
@@ -149,7 +157,8 @@ impl PendingOutput {
                 let meta = dest
                     .metadata()
                     .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?;
-                owner_allowed(&meta, shown)?;
+                owner_allowed(&meta)
+                    .map_err(|e| anyhow::anyhow!("cannot write output {shown}: {e}"))?;
                 return Ok(PendingOutput {
                     dest: dest.to_path_buf(),
                     sink: Sink::Fifo,
@@ -225,7 +234,7 @@ impl PendingOutput {
             }
             Sink::Fifo => {
                 let file = open_fifo(&self.dest, give_up)?;
-                check_owner(&file, &self.dest)?;
+                check_owner(&file)?;
                 write_fifo(&file, bytes, give_up)?;
             }
         }
@@ -354,23 +363,23 @@ fn is_own_stdio(meta: &std::fs::Metadata) -> bool {
 }
 
 /// Refuses a node owned by another user ([`trusted_owner`]) unless it is spanprof's own
-/// standard stream.
-fn owner_allowed(meta: &std::fs::Metadata, shown: std::path::Display<'_>) -> Result<()> {
+/// standard stream. The error is only the cause, as [`PendingOutput::commit`]'s are.
+fn owner_allowed(meta: &std::fs::Metadata) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     if trusted_owner(meta.uid()) || is_own_stdio(meta) {
         return Ok(());
     }
     anyhow::bail!(
-        "cannot write output {shown}: it is a {} owned by another user (uid {}); outputs go \
-         only into nodes of root or of the user running spanprof",
+        "it is a {} owned by another user (uid {}); outputs go only into nodes of root or of \
+         the user running spanprof",
         special_kind(meta.file_type()),
         meta.uid()
     )
 }
 
 /// [`owner_allowed`] on an opened file.
-fn check_owner(file: &File, path: &Path) -> Result<()> {
-    owner_allowed(&file.metadata()?, path.display())
+fn check_owner(file: &File) -> Result<()> {
+    owner_allowed(&file.metadata()?)
 }
 
 /// Whether `file` is a terminal or the null device (1:3).

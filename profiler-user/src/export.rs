@@ -563,6 +563,8 @@ mod tests {
                 "\"http://***@h\" and http://***@y?q=1#f",
             ),
             ("no url here, user@host", "no url here, user@host"),
+            ("(http://u:pa(ss)@h)", "(http://***@h)"),
+            ("http://u:p@[::1]:4317", "http://***@[::1]:4317"),
             ("trailing ://", "trailing ://"),
         ] {
             assert_eq!(without_credentials(text), shown, "{text}");

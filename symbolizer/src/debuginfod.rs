@@ -427,7 +427,9 @@ fn remove_abandoned_parts(dir: &Path) {
 /// (`http://user:secret@host/`) become `***` (`DEBUGINFOD_URLS` and an OTLP endpoint may hold
 /// them, and the HTTP clients' errors repeat the URL they were given; a summary or a log is no
 /// place for them). A URL's user info is what follows `scheme://` up to the last `@` before the
-/// authority's end (`/`, `?`, `#`, a quote, a bracket or a space).
+/// authority's end: `/`, `?`, `#`, a space, or a character a URL's user info cannot hold
+/// unencoded (`"`, `<`, `>`, `[`); `'`, `(` and `)` can be in a password, so they do not end
+/// it (a `)` after a URL without a path stays after the host).
 pub fn without_credentials(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -436,10 +438,7 @@ pub fn without_credentials(text: &str) -> String {
         out.push_str(head);
         let end = tail
             .find(|c: char| {
-                matches!(
-                    c,
-                    '/' | '?' | '#' | '"' | '\'' | '(' | ')' | '<' | '>' | '['
-                ) || c.is_whitespace()
+                matches!(c, '/' | '?' | '#' | '"' | '<' | '>' | '[') || c.is_whitespace()
             })
             .unwrap_or(tail.len());
         let authority = &tail[..end];

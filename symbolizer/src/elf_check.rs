@@ -46,8 +46,9 @@ pub fn trusted(file: &File) -> bool {
 /// when it is [`trusted`]; its symbol tables always are.
 pub fn links_elsewhere(file: &File) -> bool {
     let cache = object::ReadCache::new(file);
+    // A file whose headers do not parse here may still parse in blazesym: assume the worst.
     let Ok(obj) = object::File::parse(&cache) else {
-        return false;
+        return true;
     };
     obj.sections().take(MAX_SECTIONS).any(|s| {
         matches!(
@@ -58,13 +59,35 @@ pub fn links_elsewhere(file: &File) -> bool {
 }
 
 /// Checks `file`'s compressed sections (see the module), inflating their streams unless
-/// `trusted` ([`trusted`]); `Err` says why it is refused. A file that is not ELF, or whose
-/// headers do not parse, passes: blazesym refuses it itself.
+/// `trusted` ([`trusted`]); `Err` says why it is refused. A file without the ELF magic passes
+/// (blazesym refuses it itself); one with it must be a 64-bit little-endian ELF file whose
+/// headers parse here: blazesym checks little more than the magic and the class, so a file
+/// the `object` crate reads otherwise (another byte order, a bad version or header size)
+/// would show it other sections than the ones checked.
 pub fn check(file: &File, trusted: bool) -> Result<(), String> {
     let file_len = file.metadata().map_err(|e| e.to_string())?.len();
     let cache = object::ReadCache::new(file);
-    let Ok(obj) = object::File::parse(&cache) else {
+    let ident = object::ReadRef::read_bytes_at(&cache, 0, 16).unwrap_or(&[]);
+    if !ident.starts_with(b"\x7fELF") {
         return Ok(());
+    }
+    // EI_CLASS 2 (64-bit), EI_DATA 1 (little-endian), EI_VERSION 1.
+    if ident[4..7] != [2, 1, 1] {
+        return Err("not a 64-bit little-endian ELF file of version 1".to_string());
+    }
+    let header = object::ReadRef::read_bytes_at(&cache, 0, 64).unwrap_or(&[]);
+    // e_shentsize: blazesym reads section headers as 64-byte records whatever this says (a
+    // file without section headers may leave it 0).
+    if header.len() < 64 {
+        return Err("its ELF header is cut short".to_string());
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([header[at], header[at + 1]]);
+    let has_sections = u16_at(60) != 0 || header[40..48] != [0; 8];
+    if has_sections && u16_at(58) != 64 {
+        return Err("its section header size is not 64".to_string());
+    }
+    let Ok(obj) = object::File::parse(&cache) else {
+        return Err("its ELF headers do not parse".to_string());
     };
     // (name, offset, compressed size, claimed size) of the zlib sections.
     let mut zlib = Vec::new();
@@ -226,5 +249,19 @@ mod tests {
         assert!(err.contains("inflates past the 1000 bytes"), "{err}");
         // Not ELF at all: blazesym's to refuse.
         assert_eq!(run_on(b"not an ELF file".to_vec()), Ok(()));
+        // ELF that blazesym would read otherwise than the `object` crate: refused.
+        let honest = elf_with_compressed(text.len() as u64, &z);
+        let mut big_endian = honest.clone();
+        big_endian[5] = 2;
+        assert!(run_on(big_endian).unwrap_err().contains("little-endian"));
+        let mut bad_version = honest.clone();
+        bad_version[6] = 0;
+        assert!(run_on(bad_version).is_err());
+        let mut bad_entry = honest.clone();
+        bad_entry[58] = 65;
+        assert!(run_on(bad_entry).unwrap_err().contains("header size"));
+        let mut truncated = honest;
+        truncated.truncate(40);
+        assert!(run_on(truncated).is_err());
     }
 }

@@ -17,9 +17,9 @@ pub const FLOOR: u64 = 64 << 20;
 /// What each byte of the file adds to the bound.
 pub const PER_FILE_BYTE: u64 = 256;
 
-/// Bytes a decoded message struct is counted for, at least (the largest of pprof's and OTLP's
-/// are under it).
-const STRUCT_BYTES: u64 = 128;
+/// Bytes a decoded message struct is counted for, at least (the largest of pprof's and OTLP's,
+/// OTLP's `Profile`, is 176).
+const STRUCT_BYTES: u64 = 192;
 /// Nesting looked into, at most (prost's own recursion limit is 100).
 const MAX_DEPTH: u32 = 32;
 
@@ -88,14 +88,25 @@ impl ReadBudget {
 /// most it could decode to: a scalar as 8 bytes (an element of a repeated field); a
 /// length-delimited field of `n` bytes as the largest of a packed array (8 bytes an element, at
 /// most `n` elements), a string (`n` bytes and its 24-byte header) and, when its bytes parse as
-/// a message, that message ([`STRUCT_BYTES`] plus its own bound). The total is doubled for the
-/// spare capacity of growing vectors. Work is linear in the bytes times the nesting looked into
-/// ([`MAX_DEPTH`]).
+/// a message, that message ([`STRUCT_BYTES`] plus its own bound). An unknown group, which the
+/// decoder skips, costs nothing, and what follows it is counted. The total is doubled for the
+/// spare capacity of growing vectors (NB: a vector of one element has room for four, so a
+/// chain of one-element repeated messages can take up to about twice this bound). Work is
+/// linear in the bytes times the nesting looked into ([`MAX_DEPTH`]).
 pub fn message_cost(bytes: &[u8]) -> Option<u64> {
     fields_cost(bytes, 0).map(|c| c.saturating_mul(2))
 }
 
-fn fields_cost(mut bytes: &[u8], depth: u32) -> Option<u64> {
+fn fields_cost(bytes: &[u8], depth: u32) -> Option<u64> {
+    let (cost, rest) = fields_until(bytes, depth, None)?;
+    rest.is_empty().then_some(cost)
+}
+
+/// The cost of the fields of `bytes` up to the end-group key of field `group` (when in a
+/// group; the end of `bytes` otherwise), and what follows that key. prost skips an unknown
+/// group (proto3 has none), allocating nothing for it, but decodes what comes after it: a
+/// group is looked through, not counted as the end of the message.
+fn fields_until(mut bytes: &[u8], depth: u32, group: Option<u64>) -> Option<(u64, &[u8])> {
     let mut total: u64 = 0;
     while !bytes.is_empty() {
         let key = varint(&mut bytes)?;
@@ -103,6 +114,17 @@ fn fields_cost(mut bytes: &[u8], depth: u32) -> Option<u64> {
             return None;
         }
         let cost = match key & 7 {
+            3 => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                let (_, rest) = fields_until(bytes, depth + 1, Some(key >> 3))?;
+                bytes = rest;
+                0
+            }
+            4 => {
+                return (group == Some(key >> 3)).then_some((total, bytes));
+            }
             0 => {
                 varint(&mut bytes)?;
                 8
@@ -138,7 +160,8 @@ fn fields_cost(mut bytes: &[u8], depth: u32) -> Option<u64> {
         };
         total = total.saturating_add(cost);
     }
-    Some(total)
+    // A group must end before its message does.
+    group.is_none().then_some((total, bytes))
 }
 
 /// Reads a base-128 varint (at most 10 bytes).
@@ -183,9 +206,17 @@ mod tests {
         let cost = message_cost(&profile).unwrap();
         assert!(cost >= 2 * 8 * (1 << 20), "{cost}");
         assert!(cost < 2 * 8 * (1 << 20) + 4096, "{cost}");
-        // A field number 0, a group, a length past the end: not messages.
+        // A field number 0, an unended group, a length past the end: not messages.
         assert_eq!(message_cost(&[0x00, 0x01]), None);
         assert_eq!(message_cost(&[0x0b]), None);
+        // A group (field 1: start 0x0b, end 0x0c) is looked through: what follows it counts.
+        let mut grouped = vec![0x0b, 0x08, 0x01, 0x0c];
+        grouped.extend(ld(2, &zeros));
+        let after = message_cost(&grouped).unwrap();
+        assert!(after >= 2 * 8 * (1 << 20), "{after}");
+        // An end-group key of another field, or none, is no message.
+        assert_eq!(message_cost(&[0x0b, 0x14]), None);
+        assert_eq!(message_cost(&[0x0c]), None);
         assert_eq!(message_cost(&[0x12, 0x05, 0x01]), None);
         assert_eq!(message_cost(&[]), Some(0));
     }
