@@ -252,7 +252,9 @@ impl DaemonConfig {
 
     /// Parses the text of a configuration file over the exporter settings `exporter`.
     pub fn parse(text: &str, mut exporter: ExporterConfig) -> Result<DaemonConfig, String> {
-        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        // NB: the parser's error quotes the line, which may be an endpoint with a password.
+        let file: File = toml::from_str(text)
+            .map_err(|e| symbolizer::debuginfod::without_credentials(&e.to_string()))?;
         let s = file.sampling;
         let defaults = Options::default();
         let events = s.events.unwrap_or_else(|| vec!["cpu".to_string()]);
@@ -456,6 +458,17 @@ mod tests {
 
     fn base() -> ExporterConfig {
         ExporterConfig::from_vars(&|_| None).unwrap()
+    }
+
+    #[test]
+    fn a_syntax_error_does_not_show_the_endpoint_s_password() {
+        let err = DaemonConfig::parse(
+            "[export]\nendpoint = \"http://me:s3cret@collector:4317\" oops\n",
+            base(),
+        )
+        .unwrap_err();
+        assert!(err.contains("http://***@collector:4317"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
     }
 
     #[test]
