@@ -10,6 +10,15 @@
  */
 #include "helpers.h"
 
+/* Forgets process `tgid`: no longer a target, nothing kept of its program. */
+static __always_inline void forget_process(__u32 tgid)
+{
+	bpf_map_delete_elem(&target_pids, &tgid);
+	bpf_map_delete_elem(&py_procs, &tgid);
+	bpf_map_delete_elem(&span_procs, &tgid);
+	bpf_map_delete_elem(&stack_copy_sizes, &tgid);
+}
+
 /*
  * Whether the program `task` just exec'd runs with credentials a guarded spanprof may not read
  * (see guard_exec): any of its user and group ids other than spanprof's, or a capability
@@ -44,10 +53,7 @@ int BPF_PROG(on_exec, struct task_struct *task, int old_pid)
 	if (!t)
 		return 0;
 	if (guard_exec && other_credentials(task)) {
-		bpf_map_delete_elem(&target_pids, &tgid);
-		bpf_map_delete_elem(&py_procs, &tgid);
-		bpf_map_delete_elem(&span_procs, &tgid);
-		bpf_map_delete_elem(&stack_copy_sizes, &tgid);
+		forget_process(tgid);
 		bpf_map_delete_elem(&py_threads, &old);
 		bpf_map_delete_elem(&py_threads, &tgid);
 		e.kind = SPANPROF_RECORD_REFUSED;
@@ -104,10 +110,7 @@ int BPF_PROG(on_process_exit, struct task_struct *task)
 			if (bpf_ringbuf_output(&samples, &e, sizeof(e), 0))
 				count_error(SPANPROF_ERR_RINGBUF_FULL);
 		}
-		bpf_map_delete_elem(&target_pids, &tgid);
-		bpf_map_delete_elem(&py_procs, &tgid);
-		bpf_map_delete_elem(&span_procs, &tgid);
-		bpf_map_delete_elem(&stack_copy_sizes, &tgid);
+		forget_process(tgid);
 	}
 	return 0;
 }

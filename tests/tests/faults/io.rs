@@ -9,12 +9,11 @@ use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use spanprof_tests::{
-    args, assert_error, parse_folded, profiling_lock, require_root, run_spanprof, run_with_timeout,
-    spanprof_bin, workload_path, TempDir,
+    args, assert_error, parse_folded, profiling_lock, require_root, run_spanprof, spanprof_bin,
+    workload_path, TempDir,
 };
 
 /// `mknod PATH` with `mode` (file type and permissions) and device `major:minor`.
@@ -240,43 +239,6 @@ fn block_devices_and_sockets_are_refused_as_outputs() {
     assert!(file_type(&block).is_block_device());
 }
 
-/// Runs spanprof with `args` under a small Python parent that reports the peak RSS of its child
-/// (`RUSAGE_CHILDREN`; measured from a parent of our own, a child of this test process would
-/// carry the test's own peak into its figure), killed after `limit`: (exit status, stderr, time
-/// taken, peak RSS in bytes).
-fn run_bounded(args: &[&std::ffi::OsStr], limit: Duration) -> (i32, String, Duration, u64) {
-    const PARENT: &str = "import resource, subprocess, sys, time\n\
-        t = time.monotonic()\n\
-        try:\n    p = subprocess.run(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, \
-        stderr=subprocess.PIPE, timeout=float(sys.argv[1]))\n\
-        except subprocess.TimeoutExpired:\n    print('timeout'); sys.exit(0)\n\
-        took = time.monotonic() - t\n\
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n\
-        sys.stderr.buffer.write(p.stderr)\n\
-        print(p.returncode, took, rss * 1024)\n";
-    let mut cmd = Command::new(spanprof_tests::python());
-    cmd.args(["-c", PARENT])
-        .arg(format!("{}", limit.as_secs_f64()))
-        .arg(spanprof_bin())
-        .args(args);
-    let out = run_with_timeout(cmd, limit + Duration::from_secs(30));
-    let words: Vec<&str> = out.stdout.split_whitespace().collect();
-    assert_ne!(
-        words,
-        ["timeout"],
-        "{args:?} still ran after {limit:?}: {out}"
-    );
-    let [code, took, rss] = words[..] else {
-        panic!("the measuring parent printed {:?}: {out}", out.stdout)
-    };
-    (
-        code.parse().unwrap(),
-        out.stderr.clone(),
-        Duration::from_secs_f64(took.parse().unwrap()),
-        rss.parse().unwrap(),
-    )
-}
-
 /// `report`, `check` and `diff` given a FIFO nobody writes to, or a character device that
 /// never ends (the zero device), exit at once with one error line; a 2 GB sparse file is
 /// refused before it is read, with little memory.
@@ -312,7 +274,7 @@ fn special_and_huge_inputs_are_refused_at_once() {
             vec!["diff".as_ref(), good.as_os_str(), input.as_os_str()],
         ];
         for run in &runs {
-            let (code, stderr, took, rss) = run_bounded(run, Duration::from_secs(10));
+            let (code, stderr, took, rss) = crate::run_bounded(run, Duration::from_secs(10));
             eprintln!(
                 "{run:?}: exit {code} in {took:?}, peak RSS {} MB: {}",
                 rss >> 20,

@@ -15,3 +15,45 @@ mod io;
 mod memory;
 mod modules;
 mod overhead;
+
+use std::time::Duration;
+
+/// Runs spanprof with `args` under a small Python parent that reports the peak RSS of its child
+/// (`RUSAGE_CHILDREN`; measured from a parent of our own, a child of this test process would
+/// carry the test's own peak into its figure), killed after `limit`: (exit status, stderr, time
+/// taken, peak RSS in bytes).
+pub(crate) fn run_bounded(
+    args: &[&std::ffi::OsStr],
+    limit: Duration,
+) -> (i32, String, Duration, u64) {
+    const PARENT: &str = "import resource, subprocess, sys, time\n\
+        t = time.monotonic()\n\
+        try:\n    p = subprocess.run(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, \
+        stderr=subprocess.PIPE, timeout=float(sys.argv[1]))\n\
+        except subprocess.TimeoutExpired:\n    print('timeout'); sys.exit(0)\n\
+        took = time.monotonic() - t\n\
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n\
+        sys.stderr.buffer.write(p.stderr)\n\
+        print(p.returncode, took, rss * 1024)\n";
+    let mut cmd = std::process::Command::new(spanprof_tests::python());
+    cmd.args(["-c", PARENT])
+        .arg(format!("{}", limit.as_secs_f64()))
+        .arg(spanprof_tests::spanprof_bin())
+        .args(args);
+    let out = spanprof_tests::run_with_timeout(cmd, limit + Duration::from_secs(30));
+    let words: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_ne!(
+        words,
+        ["timeout"],
+        "{args:?} still ran after {limit:?}: {out}"
+    );
+    let [code, took, rss] = words[..] else {
+        panic!("the measuring parent printed {:?}: {out}", out.stdout)
+    };
+    (
+        code.parse().unwrap(),
+        out.stderr.clone(),
+        Duration::from_secs_f64(took.parse().unwrap()),
+        rss.parse().unwrap(),
+    )
+}

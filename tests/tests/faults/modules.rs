@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use spanprof_tests::{parse_folded, profiling_lock, require_root, spanprof_bin, TempDir};
+use spanprof_tests::{parse_folded, profiling_lock, require_root, TempDir};
 
 const SOURCE: &str = r#"
 #include <stdio.h>
@@ -48,29 +48,6 @@ fn section_header(b: &[u8], name: &str) -> usize {
             b[at..].split(|&c| c == 0).next() == Some(name.as_bytes())
         })
         .unwrap_or_else(|| panic!("no section {name}"))
-}
-
-/// The peak resident set (KiB, `VmHWM` of its `/proc/PID/status`, read every 10 ms while it
-/// runs) and the exit status of `cmd`. Not `wait4`'s `ru_maxrss`: that includes the resident
-/// set of the address space the child had before its exec, this test process's (which other
-/// tests of the binary grow by hundreds of MB).
-fn run_measured(cmd: &mut std::process::Command) -> (u64, std::process::ExitStatus) {
-    let mut child = cmd.spawn().expect("spawn");
-    let status_path = format!("/proc/{}/status", child.id());
-    let mut peak = 0u64;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&status_path) {
-            let hwm = text
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-            peak = peak.max(hwm.unwrap_or(0));
-        }
-        if let Some(status) = child.try_wait().expect("wait") {
-            return (peak, status);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
 }
 
 #[test]
@@ -141,42 +118,40 @@ fn hostile_debug_sections_are_refused_and_the_session_goes_on() {
     std::os::unix::fs::chown(&linked, Some(65534), Some(65534)).unwrap();
 
     let folded = tmp.join("run.folded");
-    let stderr = tmp.join("stderr");
-    let mut cmd = std::process::Command::new(spanprof_bin());
-    cmd.current_dir(tmp.path())
-        .args(["profile", "-F", "499", "--group-by", "process", "-o"])
-        .arg(&folded)
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "./hostile_tib 300000000 & ./hostile_bomb 300000000 & ./hostile_link 300000000 & \
-             ./cotarget 300000000; wait",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&stderr).unwrap());
+    let script = format!(
+        "cd '{}' || exit 1; ./hostile_tib 300000000 & ./hostile_bomb 300000000 & \
+         ./hostile_link 300000000 & ./cotarget 300000000; wait",
+        tmp.path().display()
+    );
+    let words = [
+        "profile",
+        "-F",
+        "499",
+        "--group-by",
+        "process",
+        "-o",
+        folded.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ];
+    let args: Vec<&std::ffi::OsStr> = words.iter().map(std::ffi::OsStr::new).collect();
     let _lock = profiling_lock();
     // NB: a test thread that forks while this one still holds a fresh executable open for
     // writing makes its exec fail with ETXTBSY until that child execs; run again then.
-    let (mut maxrss_kib, mut status) = run_measured(&mut cmd);
-    let mut err = std::fs::read_to_string(&stderr).unwrap();
+    let mut run = crate::run_bounded(&args, std::time::Duration::from_secs(120));
     for _ in 0..20 {
-        if !err.contains("Text file busy") {
+        if !run.1.contains("Text file busy") {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let mut again = std::process::Command::new(spanprof_bin());
-        again
-            .current_dir(tmp.path())
-            .args(cmd.get_args())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap());
-        (maxrss_kib, status) = run_measured(&mut again);
-        err = std::fs::read_to_string(&stderr).unwrap();
+        run = crate::run_bounded(&args, std::time::Duration::from_secs(120));
     }
-    assert!(status.success(), "{status}: {err}");
-    println!("spanprof's peak RSS: {} MiB", maxrss_kib >> 10);
-    assert!(maxrss_kib < 256 << 10, "peak RSS {maxrss_kib} KiB:\n{err}");
+    let (code, err, _, peak) = run;
+    assert_eq!(code, 0, "{err}");
+    println!("spanprof's peak RSS: {} MiB", peak >> 20);
+    assert!(peak < 256 << 20, "peak RSS {peak} bytes:\n{err}");
     assert!(
         err.contains("3 module or debug files refused as unsafe or too large to read")
             && err.contains("hostile_tib: section .debug_info claims 1099511627776 bytes")
